@@ -1,0 +1,65 @@
+"""Shared fixtures: the real engine, the demo models, and a guard that no llama.cpp process outlives a test."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tuner import demo, engine
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _llama_pids() -> set[int]:
+    found = set()
+    for proc in psutil.process_iter(["name", "status"]):
+        try:
+            if (proc.info["name"] or "").startswith("llama-") and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                found.add(proc.pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+@pytest.fixture(autouse=True)
+def no_llama_process_left_behind():
+    before = _llama_pids()
+    yield
+    deadline = time.monotonic() + 3
+    while (left := _llama_pids() - before) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not left, f"llama.cpp processes left running: {sorted(left)}"
+
+
+@pytest.fixture(scope="session")
+def engine_loc() -> engine.EngineLocation:
+    return engine.locate_engine()
+
+
+@pytest.fixture(scope="session")
+def demo_models(engine_loc, tmp_path_factory) -> dict[tuple[str, str], Path]:
+    """Both demo architectures at F16, Q8_0 and Q4_K_M, written once per test session."""
+    out = tmp_path_factory.mktemp("demo")
+    models = {}
+    for arch in ("qwen3moe", "qwen35moe"):
+        files = demo.make_demo_models(arch=arch, quants=["Q8_0", "Q4_K_M"], out=out / arch, engine=engine_loc)
+        for f in files:
+            models[(arch, f.quant)] = f.path
+    return models
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """Run the installed console script the way a user would."""
+    exe = Path(sys.executable).parent / "moe-tune"
+    full_env = dict(os.environ)
+    full_env.pop("MOE_TUNE_DEBUG", None)
+    full_env["COLUMNS"] = "200"
+    if env:
+        full_env.update(env)
+    return subprocess.run([str(exe), *args], capture_output=True, text=True, env=full_env, timeout=timeout)

@@ -1,0 +1,74 @@
+"""Process handling: timeouts and Ctrl-C kill the whole group; llama-server always stops."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import psutil
+import pytest
+
+from tuner import flags, runner
+from tuner.config import LaunchConfig
+from tuner.errors import ProcessFailedError, ProcessTimeoutError
+
+
+def _children_of_group_gone(pgid: int) -> bool:
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
+                return False
+        except (ProcessLookupError, psutil.NoSuchProcess, PermissionError):
+            continue
+    return True
+
+
+def test_output_and_exit_code():
+    res = runner.run_process(["sh", "-c", "echo out; echo err >&2"], timeout_s=10, what="sh", fix="none")
+    assert res.returncode == 0 and res.stdout == "out\n" and res.stderr_tail == "err"
+    with pytest.raises(ProcessFailedError, match=r"sh failed \(exit 3\): boom; fix it"):
+        runner.run_process(["sh", "-c", "echo boom >&2; exit 3"], timeout_s=10, what="sh", fix="fix it")
+
+
+def test_timeout_kills_the_whole_group(tmp_path):
+    pidfile = tmp_path / "grandchild.pid"
+    with pytest.raises(ProcessTimeoutError) as info:
+        runner.run_process(["sh", "-c", f"sleep 60 & echo $! > {pidfile}; wait"], timeout_s=0.5, what="sh",
+                           fix="none")
+    assert info.value.returncode is None
+    grandchild = int(pidfile.read_text())
+    time.sleep(0.2)
+    assert not psutil.pid_exists(grandchild) or psutil.Process(grandchild).status() == psutil.STATUS_ZOMBIE
+
+
+def test_ctrl_c_stops_the_child(tmp_path):
+    pidfile = tmp_path / "child.pid"
+    timer = threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        runner.run_process(["sh", "-c", f"echo $$ > {pidfile}; sleep 60"], timeout_s=30, what="sh", fix="none")
+    child = int(pidfile.read_text())
+    assert _children_of_group_gone(child)
+
+
+def test_server_serves_and_is_gone_afterwards(engine_loc, demo_models, tmp_path):
+    cfg = LaunchConfig(model=demo_models[("qwen3moe", "Q4_K_M")], ctx=1024, parallel=1, threads=2)
+    argv = flags.server_argv(engine_loc.tool("llama-server"), cfg)
+    with runner.serve(argv, log_dir=tmp_path) as server:
+        pid = server.proc.pid
+        body = server.complete("The quick brown fox", n_predict=12)
+        assert body["timings"]["predicted_n"] == 12
+        assert body["timings"]["predicted_per_second"] > 0
+        assert body["tokens_predicted"] == 12
+    assert server.proc.poll() is not None
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_server_that_cannot_start_reports_its_log(engine_loc, tmp_path):
+    bogus = tmp_path / "not-a-model.gguf"
+    bogus.write_bytes(b"GGUF" + b"\0" * 64)
+    argv = flags.server_argv(engine_loc.tool("llama-server"), LaunchConfig(model=bogus))
+    with pytest.raises(ProcessFailedError, match="llama-server failed"), runner.serve(argv, log_dir=tmp_path):
+        pass
