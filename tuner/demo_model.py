@@ -15,6 +15,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import gguf
 import numpy as np
@@ -131,7 +132,7 @@ class _PlannedTensor:
     name: str
     shape: tuple[int, ...]  # numpy order: the reverse of ggml's ne
     dtype: type[np.floating]
-    fill: str  # "normal", "ones", "decay" (ssm_a), "zeros"
+    fill: Literal["normal", "ones", "zeros", "decay"]  # "decay" is ssm_a's negative rates
 
 
 def _tensor_plan(spec: DemoSpec) -> list[_PlannedTensor]:
@@ -234,8 +235,8 @@ def write_demo_model(path: Path, arch: str = "qwen3moe", size: str = "tiny", see
     # Same directory, so the final rename is atomic; readers never see a half-written model.
     tmp_path = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     plan = _tensor_plan(spec)
+    writer = gguf.GGUFWriter(tmp_path, spec.arch)
     try:
-        writer = gguf.GGUFWriter(tmp_path, spec.arch)
         _add_metadata(writer, spec, vocab)
         for tensor in plan:
             nbytes = int(np.prod(tensor.shape)) * np.dtype(tensor.dtype).itemsize
@@ -249,6 +250,7 @@ def write_demo_model(path: Path, arch: str = "qwen3moe", size: str = "tiny", see
         writer.close()
         os.replace(tmp_path, path)
     except BaseException:
+        writer.close()
         tmp_path.unlink(missing_ok=True)
         raise
     return path

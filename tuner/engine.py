@@ -185,8 +185,9 @@ def parse_help_flags(text: str) -> tuple[str, ...]:
         stripped = line.lstrip()
         if not stripped.startswith("-"):
             continue
-        # The option column ends where two spaces start the description.
-        column = re.split(r"\s{2,}", stripped, maxsplit=1)[0]
+        # Aliases are separated by a comma and padding ("-fa,   --flash-attn"); the option column ends where
+        # two spaces start the description.
+        column = re.split(r"\s{2,}", re.sub(r",\s+", ", ", stripped), maxsplit=1)[0]
         flags.update(_FLAG_RE.findall(column))
     return tuple(sorted(flags))
 
