@@ -62,6 +62,14 @@ def friendly(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def _facts_table() -> Table:
+    """Two columns, label and value; values fold instead of being cut, so paths stay copyable."""
+    table = Table(show_header=False, box=None)
+    table.add_column("what", no_wrap=True)
+    table.add_column("value", overflow="fold")
+    return table
+
+
 def _mib(n_bytes: float) -> str:
     return f"{n_bytes / 2**20:,.1f} MiB"
 
@@ -131,7 +139,7 @@ def engine_info(llama_cpp_dir: LlamaDir = None, as_json: JsonFlag = False) -> No
     if as_json:
         out.print_json(json.dumps(info))
         return
-    table = Table(show_header=False, box=None)
+    table = _facts_table()
     table.add_row("path", f"{loc.bin_dir} ({loc.source})")
     table.add_row("version", f"build {caps.build_number}, commit {caps.commit} (pinned {engine.PIN.commit})")
     table.add_row("backend", caps.backend)
@@ -155,7 +163,7 @@ def doctor_cmd(llama_cpp_dir: LlamaDir = None, as_json: JsonFlag = False) -> Non
     if as_json:
         out.print_json(json.dumps(report.to_dict()))
     else:
-        table = Table(show_header=False, box=None)
+        table = _facts_table()
         eng = report.engine
         if eng.get("path"):
             table.add_row("engine", f"{eng['path']} ({eng['source']})")
@@ -260,7 +268,8 @@ def bench_cmd(
             "launch_line": flags.launch_line(cfg), "rows": [asdict(r) for r in result.rows],
         }))
         return
-    table = Table(title=f"{model.name}  (llama.cpp {engine.PIN.commit})")
+    out.print(f"{model.name}  (llama-bench, llama.cpp {engine.PIN.commit})", highlight=False, soft_wrap=True)
+    table = Table()
     for col in ("test", "depth", "tok/s", "± stddev"):
         table.add_column(col, justify="right")
     for row in result.rows:
