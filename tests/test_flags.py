@@ -29,7 +29,7 @@ def test_server_and_bench_spell_the_same_config():
     assert "-c" not in bench  # llama-bench has no context flag; depth stands in
     assert bench[bench.index("-d") + 1] == "4096"
     assert bench[bench.index("-ncmoe") + 1] == "20"
-    assert bench[bench.index("-fa") + 1] == "1"
+    assert bench[bench.index("-fa") + 1] == "on"
 
 
 def test_launch_line_round_trips_through_a_shell():

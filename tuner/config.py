@@ -42,6 +42,13 @@ class LaunchConfig:
     ctx: int | None = None
     parallel: int | None = None
     threads: int | None = None
+    threads_batch: int | None = None
     batch: int | None = None
     ubatch: int | None = None
+    # None: the engine's default (unified KV when -np is left at its default of auto).
+    kv_unified: bool | None = None
+    # SWA layers keep a full-size cache instead of the window (``--swa-full``).
+    swa_full: bool = False
     mmap: bool = True
+    # CPU backend repacks some weights into faster layouts (a separate buffer); ``--no-repack`` turns it off.
+    repack: bool = True

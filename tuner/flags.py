@@ -40,6 +40,8 @@ def _common(cfg: LaunchConfig, tool: str) -> list[str]:
         argv += ["-ctv", cfg.cache_type_v.value]
     if cfg.threads is not None:
         argv += ["-t", str(cfg.threads)]
+    if cfg.threads_batch is not None and tool != "bench":
+        argv += ["-tb", str(cfg.threads_batch)]
     if cfg.batch is not None:
         argv += ["-b", str(cfg.batch)]
     if cfg.ubatch is not None:
@@ -63,10 +65,11 @@ def bench_argv(
         argv += ["-d", str(depth)]
     argv += _common(cfg, "bench")
     if cfg.flash_attn is not FlashAttn.AUTO:
-        # llama-bench spells flash attention as 0/1 and has no "auto".
-        argv += ["-fa", "1" if cfg.flash_attn is FlashAttn.ON else "0"]
+        argv += ["-fa", cfg.flash_attn.value]
     if not cfg.mmap:
-        argv += ["-mmp", "0"]
+        argv += ["-lm", "none"]
+    if not cfg.repack:
+        argv += ["--repack", "0"]
     return argv + ["-o", "jsonl"]
 
 
@@ -80,8 +83,56 @@ def server_argv(binary: Path, cfg: LaunchConfig) -> list[str]:
     argv += _common(cfg, "server")
     if cfg.flash_attn is not FlashAttn.AUTO:
         argv += ["-fa", cfg.flash_attn.value]
+    argv += _context_flags(cfg)
+    return argv
+
+
+def _context_flags(cfg: LaunchConfig) -> list[str]:
+    """Flags llama-server and llama-perplexity share (llama-bench has none of these)."""
+    argv: list[str] = []
+    if cfg.kv_unified is True:
+        argv += ["--kv-unified"]
+    elif cfg.kv_unified is False:
+        argv += ["--no-kv-unified"]
+    if cfg.swa_full:
+        argv += ["--swa-full"]
     if not cfg.mmap:
-        argv += ["--no-mmap"]
+        argv += ["-lm", "none"]  # read weights into anonymous memory instead of mapping the file
+    if not cfg.repack:
+        argv += ["--no-repack"]
+    return argv
+
+
+def perplexity_argv(
+    binary: Path,
+    cfg: LaunchConfig,
+    *,
+    text_file: Path,
+    ctx: int,
+    chunks: int | None = None,
+    kld_base: Path | None = None,
+    kld: bool = False,
+) -> list[str]:
+    """llama-perplexity over ``text_file`` in chunks of ``ctx`` tokens.
+
+    With ``kld_base`` and not ``kld``: write the reference logits to that file. With both: compare against it.
+    """
+    validate(cfg)
+    argv = [str(binary), "-m", str(cfg.model), "-f", str(text_file), "-c", str(ctx)]
+    if chunks is not None:
+        argv += ["--chunks", str(chunks)]
+    if cfg.parallel is not None:
+        argv += ["-np", str(cfg.parallel)]
+    argv += _common(cfg, "server")
+    if cfg.flash_attn is not FlashAttn.AUTO:
+        argv += ["-fa", cfg.flash_attn.value]
+    argv += _context_flags(cfg)
+    if kld_base is not None:
+        argv += ["--kl-divergence-base", str(kld_base)]
+        if kld:
+            argv += ["--kl-divergence"]
+    elif kld:
+        raise UsageError("KL-divergence needs a reference logits file: pass kld_base")
     return argv
 
 

@@ -1,0 +1,83 @@
+"""Shared pieces of the command line: the typer app, consoles, option types and the error wrapper."""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from tuner import __version__, engine
+from tuner.errors import TunerError
+
+app = typer.Typer(
+    name="moe-tune",
+    help="Find the fastest llama.cpp settings for a Mixture-of-Experts model on your GPU, measured for real.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+engine_app = typer.Typer(help="Install, locate and inspect the llama.cpp engine.", no_args_is_help=True)
+app.add_typer(engine_app, name="engine")
+
+out = Console()
+err = Console(stderr=True)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+LlamaDir = Annotated[
+    Path | None,
+    typer.Option("--llama-cpp-dir", help="Folder with llama.cpp binaries (overrides LLAMA_CPP_DIR and PATH)."),
+]
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of tables.")]
+
+
+def friendly(func: F) -> F:
+    """Turn the tool's own errors into one line on stderr and exit 1; Ctrl-C into exit 130."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except TunerError as exc:
+            if os.environ.get("MOE_TUNE_DEBUG"):
+                raise
+            err.print(f"[bold red]error:[/] {exc}", markup=True, highlight=False, soft_wrap=True)
+            raise typer.Exit(exc.exit_code) from None
+        except KeyboardInterrupt:
+            err.print("interrupted", highlight=False)
+            raise typer.Exit(130) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def facts_table() -> Table:
+    """Two columns, label and value; values fold instead of being cut, so paths stay copyable."""
+    table = Table(show_header=False, box=None)
+    table.add_column("what", no_wrap=True)
+    table.add_column("value", overflow="fold")
+    return table
+
+
+def mib(n_bytes: float) -> str:
+    return f"{n_bytes / 2**20:,.1f} MiB"
+
+
+def _version_callback(value: bool) -> None:
+    if value:
+        out.print(f"moe-tune {__version__} (llama.cpp {engine.PIN.commit})", highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version_callback, is_eager=True, help="Print the version.")
+    ] = False,
+) -> None:
+    """moe-tune: measured llama.cpp settings for MoE models on one consumer GPU."""

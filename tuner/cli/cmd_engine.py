@@ -1,0 +1,86 @@
+"""`moe-tune engine install | path | info`."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict
+from typing import Annotated
+
+import typer
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from tuner import engine
+from tuner.cli.app import JsonFlag, LlamaDir, engine_app, err, facts_table, friendly, out
+
+
+@engine_app.command("install")
+@friendly
+def engine_install(
+    backend: Annotated[engine.Backend, typer.Option(help="auto: CUDA when nvcc and an NVIDIA GPU are present.")]
+    = engine.Backend.AUTO,
+    force: Annotated[bool, typer.Option(help="Rebuild even if a matching build exists.")] = False,
+    jobs: Annotated[int | None, typer.Option("--jobs", "-j", help="Parallel compile jobs (default: all cores).")]
+    = None,
+) -> None:
+    """Build the pinned llama.cpp tools into the per-user cache (a no-op once built).
+
+    Example: moe-tune engine install --backend cpu
+    """
+    start = time.monotonic()
+    with Progress(
+        SpinnerColumn(), TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.fields[step]}"),
+        TimeElapsedColumn(), console=err, transient=True,
+    ) as progress:
+        task = progress.add_task("llama.cpp", total=None, step="")
+
+        def on_phase(name: str) -> None:
+            elapsed = time.monotonic() - start
+            err.print(f"[{elapsed:6.1f}s] {name}", highlight=False)
+            progress.update(task, description=name, step="")
+
+        def on_progress(done: int, total: int) -> None:
+            progress.update(task, total=total, completed=done, step=f"{done}/{total}")
+
+        result = engine.install(backend, force=force, jobs=jobs, on_phase=on_phase, on_progress=on_progress)
+    if result.built:
+        err.print(f"built {result.backend.value} engine in {result.elapsed_s:.0f} s", highlight=False)
+    else:
+        err.print(f"{result.backend.value} engine already built (llama.cpp {engine.PIN.commit})", highlight=False)
+    out.print(str(result.bin_dir), highlight=False, soft_wrap=True)
+
+
+@engine_app.command("path")
+@friendly
+def engine_path(llama_cpp_dir: LlamaDir = None) -> None:
+    """Print the folder holding the llama.cpp binaries that every command will use.
+
+    Example: ls "$(moe-tune engine path)"
+    """
+    out.print(str(engine.locate_engine(llama_cpp_dir).bin_dir), highlight=False, soft_wrap=True)
+
+
+@engine_app.command("info")
+@friendly
+def engine_info(llama_cpp_dir: LlamaDir = None, as_json: JsonFlag = False) -> None:
+    """Version, commit, backend, devices and supported flags of the engine.
+
+    Example: moe-tune engine info --json
+    """
+    loc = engine.locate_engine(llama_cpp_dir)
+    caps = engine.capabilities(loc)
+    info = {
+        "path": str(loc.bin_dir), "source": loc.source, "pinned_commit": engine.PIN.commit,
+        **asdict(caps), "build": engine.build_info(loc.bin_dir),
+    }
+    if as_json:
+        out.print_json(json.dumps(info))
+        return
+    table = facts_table()
+    table.add_row("path", f"{loc.bin_dir} ({loc.source})")
+    table.add_row("version", f"build {caps.build_number}, commit {caps.commit} (pinned {engine.PIN.commit})")
+    table.add_row("backend", caps.backend)
+    table.add_row("devices", "\n".join(caps.devices) or "CPU only")
+    for tool, tool_flags in caps.flags.items():
+        table.add_row(tool, f"{len(tool_flags)} flags")
+    out.print(table)
