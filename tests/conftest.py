@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -16,11 +17,36 @@ from tuner import demo, engine
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _llama_pids() -> set[int]:
+def pytest_configure(config):
+    # A shell that starts pytest in the background ignores SIGINT, and Python then keeps it ignored; the Ctrl-C
+    # tests need the normal KeyboardInterrupt behaviour however the suite was launched.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _ours_or_orphaned(proc: psutil.Process, me: int) -> bool:
+    """Started by this test process (at any depth), or orphaned and adopted by init."""
+    try:
+        parents = proc.parents()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+    return any(p.pid == me for p in parents) or proc.ppid() == 1
+
+
+def _llama_pids(since: float) -> set[int]:
+    """Live llama.cpp processes that this test run could have left behind.
+
+    Other programs on the machine may run llama.cpp too; only our descendants and orphans count.
+    """
+    me = os.getpid()
     found = set()
-    for proc in psutil.process_iter(["name", "status"]):
+    for proc in psutil.process_iter(["name", "status", "create_time"]):
         try:
-            if (proc.info["name"] or "").startswith("llama-") and proc.info["status"] != psutil.STATUS_ZOMBIE:
+            if (
+                (proc.info["name"] or "").startswith("llama-")
+                and proc.info["status"] != psutil.STATUS_ZOMBIE
+                and proc.info["create_time"] >= since
+                and _ours_or_orphaned(proc, me)
+            ):
                 found.add(proc.pid)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
@@ -29,10 +55,10 @@ def _llama_pids() -> set[int]:
 
 @pytest.fixture(autouse=True)
 def no_llama_process_left_behind():
-    before = _llama_pids()
+    since = time.time() - 1
     yield
     deadline = time.monotonic() + 3
-    while (left := _llama_pids() - before) and time.monotonic() < deadline:
+    while (left := _llama_pids(since)) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not left, f"llama.cpp processes left running: {sorted(left)}"
 
