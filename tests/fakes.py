@@ -20,8 +20,9 @@ class FakeNVML:
     """Stands in for the ``pynvml`` module: a driver with the given cards, or none at all."""
 
     def __init__(self, cards: list[tuple[str, int, int]] | None = None, driver: str = "570.86.10",
-                 init_error: str | None = None) -> None:
+                 init_error: str | None = None, extras: dict[str, float | None] | None = None) -> None:
         self.cards = cards or []
+        self.extras = extras or {}
         self.driver = driver
         self.init_error = init_error
         self.initialized = False
@@ -52,3 +53,29 @@ class FakeNVML:
 
     def nvmlDeviceGetUUID(self, handle: int) -> str:  # noqa: N802
         return f"GPU-fake-{handle}"
+
+    # Spec-like figures of an RTX 3090 (384-bit GDDR6X, NVML reports 9751 MHz memory clock), unless
+    # ``extras`` says otherwise; a key mapped to None raises, as a driver that lacks the query does.
+    NVML_CLOCK_MEM = 2
+
+    def _extra(self, key: str, default: float) -> float:
+        value = self.extras.get(key, default)
+        if value is None:
+            raise FakeNVMLError(f"{key} not supported")
+        return value
+
+    def nvmlDeviceGetMemoryBusWidth(self, handle: int) -> int:  # noqa: N802
+        return int(self._extra("bus_width", 384))
+
+    def nvmlDeviceGetMaxClockInfo(self, handle: int, clock: int) -> int:  # noqa: N802
+        assert clock == self.NVML_CLOCK_MEM
+        return int(self._extra("mem_clock", 9751))
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, handle: int) -> int:  # noqa: N802
+        return int(self._extra("pcie_gen", 4))
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, handle: int) -> int:  # noqa: N802
+        return int(self._extra("pcie_width", 16))
+
+    def nvmlDeviceGetPowerManagementLimit(self, handle: int) -> int:  # noqa: N802
+        return int(self._extra("power_mw", 350_000))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,27 @@ class GpuInfo:
     used_bytes: int
     driver_version: str
     uuid: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class GpuDetails:
+    """What the roofline needs beyond memory size; 0 where the driver does not say."""
+
+    index: int
+    # bandwidth = 2 (double data rate) x memory clock x bus width / 8
+    memory_bus_width_bits: int = 0
+    memory_clock_mhz: int = 0
+    pcie_generation: int = 0
+    pcie_width: int = 0
+    power_limit_w: float = 0.0
+
+    @property
+    def bandwidth_bytes_s(self) -> float:
+        return 2.0 * self.memory_clock_mhz * 1e6 * self.memory_bus_width_bits / 8
+
+    @property
+    def pcie_bandwidth_bytes_s(self) -> float:
+        return pcie_bandwidth_bytes_s(self.pcie_generation, self.pcie_width)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,10 +94,7 @@ def probe_gpus(nvml: Any = None) -> GpuProbe:
         for index in range(int(nvml.nvmlDeviceGetCount())):
             handle = nvml.nvmlDeviceGetHandleByIndex(index)
             mem = nvml.nvmlDeviceGetMemoryInfo(handle)
-            try:
-                uuid = _text(nvml.nvmlDeviceGetUUID(handle))
-            except Exception:
-                uuid = ""
+            uuid = _text(_optional(nvml, "nvmlDeviceGetUUID", handle, ""))
             gpus.append(
                 GpuInfo(
                     index=index,
@@ -93,6 +112,68 @@ def probe_gpus(nvml: Any = None) -> GpuProbe:
     if not gpus:
         return GpuProbe((), "no NVIDIA GPU found (the driver lists none)")
     return GpuProbe(tuple(gpus))
+
+
+def probe_gpu_details(nvml: Any = None) -> tuple[GpuDetails, ...]:
+    """Bus width, memory clock, PCIe link and power limit of each GPU; empty without a driver."""
+    if nvml is None:
+        try:
+            nvml = _load_nvml()
+        except ImportError:
+            return ()
+    try:
+        nvml.nvmlInit()
+    except Exception:
+        return ()
+    try:
+        details = []
+        for index in range(int(nvml.nvmlDeviceGetCount())):
+            h = nvml.nvmlDeviceGetHandleByIndex(index)
+            # NVML's memory clock is the base clock of the double-data-rate bus; see bandwidth_bytes_s.
+            mem_clock = _optional(nvml, "nvmlDeviceGetMaxClockInfo", h, 0, getattr(nvml, "NVML_CLOCK_MEM", 2))
+            details.append(GpuDetails(
+                index=index,
+                memory_bus_width_bits=int(_optional(nvml, "nvmlDeviceGetMemoryBusWidth", h, 0)),
+                memory_clock_mhz=int(mem_clock),
+                pcie_generation=int(_optional(nvml, "nvmlDeviceGetMaxPcieLinkGeneration", h, 0)),
+                pcie_width=int(_optional(nvml, "nvmlDeviceGetMaxPcieLinkWidth", h, 0)),
+                power_limit_w=float(_optional(nvml, "nvmlDeviceGetPowerManagementLimit", h, 0)) / 1000,
+            ))
+    finally:
+        with contextlib.suppress(Exception):
+            nvml.nvmlShutdown()
+    return tuple(details)
+
+
+def _optional(nvml: Any, fn: str, handle: Any, default: Any, *args: Any) -> Any:
+    """One NVML query that older drivers or laptop parts may not answer: ``default`` then."""
+    try:
+        return getattr(nvml, fn)(handle, *args)
+    except Exception:
+        return default
+
+
+def pcie_bandwidth_bytes_s(generation: int, width: int) -> float:
+    """Usable one-way PCIe bandwidth: per-lane GT/s after line encoding, times lanes."""
+    per_lane = {1: 0.25e9, 2: 0.5e9, 3: 0.985e9, 4: 1.969e9, 5: 3.938e9, 6: 7.563e9}.get(generation, 0.0)
+    return per_lane * width
+
+
+def measure_host_bandwidth(seconds: float = 1.0, block_bytes: int = 256 * 2**20) -> float:
+    """Host RAM read+write bandwidth in bytes/s: repeated copies of a buffer larger than any CPU cache."""
+    import numpy as np
+
+    src = np.ones(block_bytes // 8, dtype=np.float64)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)  # touch pages first
+    best = 0.0
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        dt = time.perf_counter() - t0
+        best = max(best, 2 * block_bytes / dt)  # one read plus one write per byte copied
+    return best
 
 
 def probe_host() -> HostInfo:
@@ -116,3 +197,52 @@ def free_disk_bytes(path: Path) -> int:
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
     return shutil.disk_usage(probe).free
+
+
+@dataclass(frozen=True, slots=True)
+class Hardware:
+    """What the memory model and roofline plan for: one GPU (or none) and the host.
+
+    ``source`` says where the GPU figures came from: "probed" (NVML), "catalog" (a card's spec sheet,
+    for planning a card that is not present) or "none" (CPU only).
+    """
+
+    gpu_name: str
+    vram_total_bytes: int
+    vram_free_bytes: int
+    gpu_bandwidth_bytes_s: float
+    pcie_bandwidth_bytes_s: float
+    ram_total_bytes: int
+    ram_available_bytes: int
+    swap_total_bytes: int
+    host_bandwidth_bytes_s: float
+    physical_cores: int
+    source: str = "probed"
+
+    @property
+    def has_gpu(self) -> bool:
+        return self.vram_total_bytes > 0
+
+    def describe(self) -> str:
+        host = f"{self.ram_total_bytes / 2**30:.0f} GiB RAM, {self.physical_cores} cores"
+        if not self.has_gpu:
+            return f"CPU only ({host})"
+        return f"{self.gpu_name}, {self.vram_total_bytes / 2**30:.1f} GiB VRAM ({self.source}); {host}"
+
+
+def probe_hardware(nvml: Any = None, host_bandwidth_s: float = 1.0) -> Hardware:
+    """The machine as it is: the first NVIDIA GPU (or CPU only), RAM, and a measured host bandwidth."""
+    probe = probe_gpus(nvml)
+    host = probe_host()
+    bw = measure_host_bandwidth(host_bandwidth_s) if host_bandwidth_s > 0 else 0.0
+    gpu = probe.gpus[0] if probe.gpus else None
+    details = probe_gpu_details(nvml) if gpu else ()
+    detail = details[0] if details else GpuDetails(0)
+    return Hardware(
+        gpu_name=gpu.name if gpu else "", vram_total_bytes=gpu.total_bytes if gpu else 0,
+        vram_free_bytes=gpu.free_bytes if gpu else 0,
+        gpu_bandwidth_bytes_s=detail.bandwidth_bytes_s, pcie_bandwidth_bytes_s=detail.pcie_bandwidth_bytes_s,
+        ram_total_bytes=host.ram_total_bytes, ram_available_bytes=host.ram_available_bytes,
+        swap_total_bytes=host.swap_total_bytes, host_bandwidth_bytes_s=bw,
+        physical_cores=host.physical_cores, source="probed" if gpu else "none",
+    )

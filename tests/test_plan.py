@@ -1,0 +1,69 @@
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+from tests.conftest import run_cli
+from tuner import cards, inspect, plan, roofline
+from tuner.config import LaunchConfig
+from tuner.memory import FIT_MARGIN_BYTES
+
+
+def test_plan_rows_and_summaries(demo_models):
+    info = inspect.inspect_model(demo_models[("qwen3moe", "Q4_K_M")])
+    hw = cards.find_card("RTX 3060").hardware(32 * 2**30, 30 * 2**30, 40e9)
+    p = plan.make_plan(info, LaunchConfig(model=info.paths[0], ctx=8192), hw, kv_choices=plan.KV_CHOICES)
+    assert [r.n_cpu_moe for r in p.rows] == list(range(info.n_layer + 1))
+    vram = [r.estimate.gpu.total_bytes for r in p.rows]
+    assert vram == sorted(vram, reverse=True) and vram[0] > vram[-1]
+    assert all(r.fits for r in p.rows)
+    assert p.smallest_fits[0].n_cpu_moe == 0
+    assert all(lc.ctx == info.ctx_train for lc in p.largest_ctx)  # the tiny model fits at its full context
+    # Ceilings fall as experts move to the host; pp is PCIe-bound only once experts are offloaded.
+    tg = [r.roofline.gen_tok_s for r in p.rows]
+    assert tg == sorted(tg, reverse=True) and p.rows[0].roofline.prompt_tok_s is None
+    assert p.rows[1].roofline.prompt_tok_s and p.rows[1].roofline.prompt_tok_s > 0
+
+
+def test_smallest_fit_on_a_small_card(demo_models):
+    info = inspect.inspect_model(demo_models[("qwen3moe", "F16")])
+    hw = cards.find_card("RTX 3060").hardware(32 * 2**30, 30 * 2**30, 40e9)
+    # A card just big enough for everything but a few layers' experts, plus the 1 GiB margin.
+    need_all = plan.plan_rows(info, LaunchConfig(model=info.paths[0], ctx=4096), hw)
+    small = replace(hw, vram_total_bytes=need_all[3].estimate.gpu.total_bytes + FIT_MARGIN_BYTES)
+    cfg = LaunchConfig(model=info.paths[0], ctx=4096)
+    assert plan.smallest_fitting_n_cpu_moe(info, cfg, small) == 3
+
+
+def test_roofline_arithmetic(demo_models):
+    info = inspect.inspect_model(demo_models[("qwen3moe", "F16")])
+    hw = cards.find_card("RTX 3090").hardware(32 * 2**30, 30 * 2**30, 50e9)
+    cfg = LaunchConfig(model=info.paths[0], ctx=4096, n_cpu_moe=info.n_layer)
+    r = roofline.roofline(info, cfg, hw)
+    experts = info.bytes_by_class()[inspect.TensorClass.ROUTED_EXPERTS]
+    assert r.host_bytes_per_token == int(experts * info.n_expert_used / info.n_expert)
+    expect = 1 / (r.gpu_bytes_per_token / hw.gpu_bandwidth_bytes_s + r.host_bytes_per_token / 50e9)
+    assert abs(r.gen_tok_s - expect) / expect < 1e-6
+    assert r.percent_of_ceiling(r.gen_tok_s / 2) == 50.0
+
+
+def test_cli_plan_for_a_card_without_gpu(demo_models):
+    model = demo_models[("qwen35moe", "Q4_K_M")]
+    res = run_cli("plan", str(model), "--gpu", "RTX 4060 Ti 16GB", "--ram", "32", "-c", "8192,16384",
+                  "-ctk", "q8_0", "-ctv", "q8_0", "--json")
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert "RTX 4060 Ti 16GB" in data["hardware"] and len(data["rows"]) == 9
+    assert {s["ctx"] for s in data["smallest_n_cpu_moe"]} == {8192, 16384}
+    assert data["rows"][0]["verdict"] == "fits" and data["rows"][0]["gpu"]["recurrent"] > 0
+
+
+def test_cli_plan_errors(demo_models, tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF\x03\x00\x00\x00")
+    res = run_cli("plan", str(bad))
+    assert res.returncode == 1 and "truncated" in res.stderr and "Traceback" not in res.stderr
+    res = run_cli("plan", str(demo_models[("qwen3moe", "Q8_0")]), "--gpu", "RTX 1234")
+    assert res.returncode == 1 and "no card matches" in res.stderr
+    res = run_cli("plan", str(demo_models[("qwen3moe", "Q8_0")]), "-ctv", "q8_0", "-fa", "off")
+    assert res.returncode == 1 and "flash attention" in res.stderr

@@ -1,0 +1,121 @@
+"""Plans without launching: for each --n-cpu-moe value, what a config needs in VRAM and RAM, whether it
+fits, and its speed ceilings; the smallest --n-cpu-moe that fits each ctx/KV combination; the largest
+context that fits at each KV type. Pure, like tuner.memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from tuner.config import CacheType, FlashAttn, LaunchConfig
+from tuner.hardware import Hardware
+from tuner.inspect import ModelInfo
+from tuner.memory import CTX_PAD, MemoryEstimate, Verdict, estimate
+from tuner.roofline import Roofline, roofline
+
+KV_CHOICES: tuple[tuple[CacheType, CacheType], ...] = (
+    (CacheType.F16, CacheType.F16), (CacheType.Q8_0, CacheType.Q8_0), (CacheType.Q4_0, CacheType.Q4_0),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class PlanRow:
+    n_cpu_moe: int
+    estimate: MemoryEstimate
+    roofline: Roofline
+
+    @property
+    def fits(self) -> bool:
+        return self.estimate.verdict is Verdict.FITS
+
+
+@dataclass(frozen=True, slots=True)
+class SmallestFit:
+    ctx: int
+    cache_type_k: CacheType
+    cache_type_v: CacheType
+    n_cpu_moe: int | None  # None: does not fit even with every expert on the host
+
+
+@dataclass(frozen=True, slots=True)
+class LargestCtx:
+    cache_type_k: CacheType
+    cache_type_v: CacheType
+    n_cpu_moe: int
+    ctx: int  # 0: not even the smallest context fits
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    model: ModelInfo
+    hardware: Hardware
+    base: LaunchConfig
+    rows: tuple[PlanRow, ...]
+    smallest_fits: tuple[SmallestFit, ...]
+    largest_ctx: tuple[LargestCtx, ...]
+    n_configs: int
+
+
+def plan_rows(model: ModelInfo, base: LaunchConfig, hw: Hardware) -> tuple[PlanRow, ...]:
+    rows = []
+    for n in range(model.n_layer + 1):
+        cfg = replace(base, n_cpu_moe=n)
+        rows.append(PlanRow(n, estimate(model, cfg, hw), roofline(model, cfg, hw)))
+    return tuple(rows)
+
+
+def smallest_fitting_n_cpu_moe(model: ModelInfo, cfg: LaunchConfig, hw: Hardware) -> int | None:
+    """Fewest layers' experts on the host that still fit; VRAM falls as n_cpu_moe grows (monotone)."""
+    lo, hi = 0, model.n_layer
+    if estimate(model, replace(cfg, n_cpu_moe=hi), hw).verdict is not Verdict.FITS:
+        return None
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if estimate(model, replace(cfg, n_cpu_moe=mid), hw).verdict is Verdict.FITS:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def largest_fitting_ctx(model: ModelInfo, cfg: LaunchConfig, hw: Hardware) -> int:
+    """Largest context (a multiple of 256, at most the training context) that fits with ``cfg``."""
+    def fits(ctx: int) -> bool:
+        return estimate(model, replace(cfg, ctx=ctx), hw).verdict is Verdict.FITS
+
+    lo, hi = 0, max(1, model.ctx_train // CTX_PAD)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fits(mid * CTX_PAD):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo * CTX_PAD
+
+
+def make_plan(model: ModelInfo, base: LaunchConfig, hw: Hardware, ctxs: Sequence[int] = (),
+              kv_choices: Sequence[tuple[CacheType, CacheType]] = ()) -> Plan:
+    """The table for ``base`` (its ctx and KV types) at every n_cpu_moe, plus the two summaries."""
+    ctxs = list(ctxs) or [base.ctx or model.ctx_train]
+    kv = list(dict.fromkeys([(base.cache_type_k, base.cache_type_v), *kv_choices]))
+    rows = plan_rows(model, replace(base, ctx=ctxs[0]), hw)
+    n = len(rows)
+    smallest = []
+    for ctx in ctxs:
+        for ctk, ctv in kv:
+            cfg = _with_kv(replace(base, ctx=ctx), ctk, ctv)
+            smallest.append(SmallestFit(ctx, ctk, ctv, smallest_fitting_n_cpu_moe(model, cfg, hw)))
+            n += model.n_layer.bit_length() + 1
+    largest = []
+    for ctk, ctv in kv:
+        cfg = _with_kv(replace(base, n_cpu_moe=model.n_layer), ctk, ctv)
+        largest.append(LargestCtx(ctk, ctv, model.n_layer, largest_fitting_ctx(model, cfg, hw)))
+        n += (model.ctx_train // CTX_PAD).bit_length() + 1
+    return Plan(model, hw, base, rows, tuple(smallest), tuple(largest), n)
+
+
+def _with_kv(cfg: LaunchConfig, ctk: CacheType, ctv: CacheType) -> LaunchConfig:
+    # A quantized V cache needs flash attention: turn it on rather than plan a config the engine refuses.
+    fa = FlashAttn.ON if ctv.is_quantized and cfg.flash_attn is FlashAttn.OFF else cfg.flash_attn
+    return replace(cfg, cache_type_k=ctk, cache_type_v=ctv, flash_attn=fa)
