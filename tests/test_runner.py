@@ -10,9 +10,10 @@ import time
 import psutil
 import pytest
 
-from tuner import flags, runner
+from tuner import failures, flags, runner
 from tuner.config import LaunchConfig
 from tuner.errors import ProcessFailedError, ProcessTimeoutError
+from tuner.failures import FailureKind
 
 
 def _children_of_group_gone(pgid: int) -> bool:
@@ -72,3 +73,41 @@ def test_server_that_cannot_start_reports_its_log(engine_loc, tmp_path):
     argv = flags.server_argv(engine_loc.tool("llama-server"), LaunchConfig(model=bogus))
     with pytest.raises(ProcessFailedError, match="llama-server failed"), runner.serve(argv, log_dir=tmp_path):
         pass
+
+
+# ------------------------------------------------------------------------------ classification, streaming
+
+OOM_CUDA = ("ggml_backend_cuda_buffer_type_alloc_buffer: allocating 1536.00 MiB on device 0: cudaMalloc failed: "
+            "out of memory\nalloc_tensor_range: failed to allocate CUDA0 buffer of size 1610612736\n"
+            "llama_model_load: error loading model: unable to allocate CUDA0 buffer")
+
+
+@pytest.mark.parametrize("returncode,tail,kind,signal_name", [
+    (1, OOM_CUDA, FailureKind.OUT_OF_MEMORY, None),
+    (1, "llama_init_from_model: failed to initialize the context: failed to allocate buffer for kv cache",
+     FailureKind.OUT_OF_MEMORY, None),
+    (1, "llama_init_from_model: failed to initialize the context: quantized V cache was requested, but this "
+        "requires Flash Attention", FailureKind.REJECTED_CONFIG, None),
+    (1, "error: invalid argument: 1024", FailureKind.REJECTED_CONFIG, None),
+    (-6, "GGML_ASSERT(n_tokens <= n_batch) failed", FailureKind.CRASHED, "SIGABRT"),
+    (-9, "load_tensors: loading model", FailureKind.CRASHED, "SIGKILL"),
+    (3, "something odd", FailureKind.CRASHED, None),
+])
+def test_failures_are_classified_from_the_engines_own_messages(returncode, tail, kind, signal_name):
+    f = failures.classify_exit(["llama-server", "-m", "x.gguf"], returncode, tail)
+    assert f.kind is kind and f.signal_name == signal_name and f.argv == ("llama-server", "-m", "x.gguf")
+    assert f.stderr_tail == tail and "\n" not in f.summary()
+    if kind is FailureKind.OUT_OF_MEMORY:
+        assert "alloc" in f.reason or "memory" in f.reason
+
+
+def test_streamed_completion_times_the_first_token_and_keeps_timings(engine_loc, demo_models, tmp_path):
+    cfg = LaunchConfig(model=demo_models[("qwen3moe", "Q8_0")], ctx=512, parallel=1, threads=2)
+    argv = flags.server_argv(engine_loc.tool("llama-server"), cfg)
+    with runner.serve(argv, log_dir=tmp_path, log_jsonl=True) as server:
+        tokens = server.tokenize("def main():\n    return 42\n" * 4)
+        done = server.stream_complete(tokens, n_predict=6)
+        tail = server.log_tail()
+    assert done.timings["prompt_n"] == len(tokens) and done.timings["predicted_n"] == 6
+    assert done.tokens_predicted == 6 and 0 < done.ttft_s <= done.elapsed_s
+    assert "listening on" in tail and '{"type"' not in tail  # JSONL records read back as plain text

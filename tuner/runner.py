@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import http.client
 import json
 import os
 import signal
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tuner import flags
 from tuner.errors import EngineError, ProcessFailedError, ProcessTimeoutError
 
 STDERR_TAIL_LINES = 40
@@ -74,11 +76,13 @@ def run_process(
     cwd: Path | None = None,
     on_line: Callable[[str], None] | None = None,
     check: bool = True,
+    on_start: Callable[[int], None] | None = None,
 ) -> ProcessResult:
     """Run ``argv`` to completion and return its output.
 
     stdout is captured whole; stderr keeps its last lines. With ``on_line`` the child's stdout and stderr
     are merged and each line is passed on as it arrives (build progress), and ``stdout`` holds the tail.
+    ``on_start`` gets the child's pid once it runs (the memory sampler watches it).
     """
     argv = [str(a) for a in argv]
     start = time.monotonic()
@@ -125,6 +129,8 @@ def run_process(
     for t in pumps:
         t.start()
     try:
+        if on_start is not None:
+            on_start(proc.pid)
         try:
             returncode = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -155,6 +161,28 @@ def free_port(host: str = "127.0.0.1") -> int:
         return port
 
 
+@dataclass(frozen=True, slots=True)
+class StreamedCompletion:
+    """One streamed /completion: client-side times and the server's own ``timings`` record."""
+
+    ttft_s: float  # request sent → first generated token received
+    elapsed_s: float  # request sent → last byte received
+    timings: dict[str, Any]
+    tokens_predicted: int
+    started_s: float = 0.0  # time.monotonic() when the request was sent
+
+
+class ServerGoneError(ProcessFailedError):
+    """llama-server exited while requests were in flight."""
+
+
+_NET_ERRORS = (urllib.error.URLError, http.client.HTTPException, OSError, json.JSONDecodeError)
+
+
+class RequestRejectedError(ProcessFailedError):
+    """llama-server answered a request with an HTTP error (e.g. the prompt exceeds the slot's context)."""
+
+
 class ServerProcess:
     """A running llama-server on loopback. Use through :func:`serve`."""
 
@@ -169,12 +197,39 @@ class ServerProcess:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    def log_tail(self, lines: int = STDERR_TAIL_LINES) -> str:
+    def _log_lines(self) -> list[str]:
+        """The log as plain text lines; ``--log-jsonl`` records are reduced to their message."""
         try:
             text = self.log.read_text(errors="replace")
         except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
+            return []
+        lines: list[str] = []
+        for line in text.splitlines():
+            if line.startswith('{"type":'):
+                with contextlib.suppress(ValueError):
+                    record = json.loads(line)
+                    if record.get("type") == "log":
+                        lines.extend(str(record.get("msg", "")).rstrip("\n").splitlines())
+                    continue
+            lines.append(line)
+        return lines
+
+    def log_tail(self, lines: int = STDERR_TAIL_LINES) -> str:
+        return "\n".join(self._log_lines()[-lines:])
+
+    def log_records(self) -> list[dict[str, Any]]:
+        """Machine records other than plain log lines (e.g. ``fit_memory_breakdown``) from ``--log-jsonl``."""
+        records: list[dict[str, Any]] = []
+        with contextlib.suppress(OSError):
+            for line in self.log.read_text(errors="replace").splitlines():
+                if line.startswith("{") and '"type":"log"' not in line:
+                    with contextlib.suppress(ValueError):
+                        records.append(json.loads(line))
+        return records
+
+    def gone_error(self) -> ServerGoneError:
+        return ServerGoneError("llama-server", self.argv, self.proc.poll(), self.log_tail(),
+                               "it stopped during the trial; see the log tail")
 
     def request(self, path: str, payload: dict[str, Any] | None = None, timeout_s: float = 120.0) -> dict[str, Any]:
         data = None if payload is None else json.dumps(payload).encode()
@@ -205,13 +260,61 @@ class ServerProcess:
             f"it was not healthy within {timeout_s:.0f} s; a large model may need a longer --load-timeout",
         )
 
-    def complete(self, prompt: str, n_predict: int, timeout_s: float = 300.0) -> dict[str, Any]:
+    def complete(self, prompt: str | list[int], n_predict: int, timeout_s: float = 300.0) -> dict[str, Any]:
         """One /completion request; random-weight models stop anywhere, so EOS is ignored."""
         return self.request(
             "/completion",
             {"prompt": prompt, "n_predict": n_predict, "ignore_eos": True, "cache_prompt": False},
             timeout_s=timeout_s,
         )
+
+    def tokenize(self, text: str) -> list[int]:
+        try:
+            body = self.request("/tokenize", {"content": text, "add_special": False})
+        except _NET_ERRORS as exc:
+            raise self._request_failed(exc) from None
+        return [int(t) for t in body["tokens"]]
+
+    def _request_failed(self, exc: BaseException) -> ProcessFailedError:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=2)  # a dying server closes sockets before it is reaped
+        if self.proc.poll() is not None:
+            return self.gone_error()
+        return ProcessFailedError("llama-server", self.argv, None, self.log_tail(),
+                                  f"a request failed ({exc}); see the log tail")
+
+    def stream_complete(self, prompt: str | list[int], n_predict: int, timeout_s: float = 300.0) -> StreamedCompletion:
+        """A streamed /completion, timing the first token as the client sees it."""
+        payload = {"prompt": prompt, "n_predict": n_predict, "ignore_eos": True, "cache_prompt": False,
+                   "stream": True}
+        req = urllib.request.Request(self.url + "/completion", data=json.dumps(payload).encode(),
+                                     headers={"Content-Type": "application/json"}, method="POST")
+        start = time.monotonic()
+        ttft_s: float | None = None
+        final: dict[str, Any] = {}
+        try:
+            with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+                for raw in resp:
+                    line = raw.decode(errors="replace").strip()
+                    if not line.startswith("data: "):
+                        continue
+                    event = json.loads(line[6:])
+                    if ttft_s is None and event.get("tokens"):
+                        ttft_s = time.monotonic() - start
+                    if event.get("stop"):
+                        final = event
+        except urllib.error.HTTPError as exc:
+            body = exc.read().decode(errors="replace")[:300]
+            raise RequestRejectedError("llama-server", self.argv, None, f"HTTP {exc.code}: {body}",
+                                       "the server refused the request; fit -p/-n into the per-slot context") from None
+        except _NET_ERRORS as exc:
+            raise self._request_failed(exc) from None
+        elapsed = time.monotonic() - start
+        if "timings" not in final:
+            raise ProcessFailedError("llama-server", self.argv, self.proc.poll(), self.log_tail(),
+                                     "the stream ended without timings; see the log tail")
+        return StreamedCompletion(ttft_s if ttft_s is not None else elapsed, elapsed, dict(final["timings"]),
+                                  int(final.get("tokens_predicted", 0)), start)
 
 
 @contextlib.contextmanager
@@ -222,10 +325,14 @@ def serve(
     host: str = "127.0.0.1",
     load_timeout_s: float = 300.0,
     env: Mapping[str, str] | None = None,
+    log_jsonl: bool = False,
 ) -> Iterator[ServerProcess]:
-    """Start llama-server on a free loopback port, wait for /health, and always stop it afterwards."""
+    """Start llama-server on a free loopback port, wait for /health, and always stop it afterwards.
+
+    ``log_jsonl`` makes the server log machine records (memory breakdown) next to its messages.
+    """
     port = free_port(host)
-    argv = [str(a) for a in argv_without_port] + ["--host", host, "--port", str(port)]
+    argv = [str(a) for a in argv_without_port] + flags.listen_argv(host, port, log_jsonl=log_jsonl)
     log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / f"llama-server-{port}.log"
     with log.open("w") as log_fh:
@@ -234,6 +341,8 @@ def serve(
                 argv, stdin=subprocess.DEVNULL, stdout=log_fh, stderr=subprocess.STDOUT,
                 env=_child_env(env), start_new_session=True,
             )
+        except FileNotFoundError as exc:
+            raise EngineError(f"{argv[0]} could not be started ({exc.strerror}): run `moe-tune doctor`") from exc
         except OSError as exc:
             raise EngineError(f"{argv[0]} could not be started ({exc}): run `moe-tune doctor`") from exc
         server = ServerProcess(proc, host, port, argv, log)

@@ -1,65 +1,148 @@
-"""`moe-tune bench`: one config measured with llama-bench."""
+"""`moe-tune bench`: one config measured end to end — llama-bench at depth, then a llama-server workload."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
-from tuner import bench, demo, engine, flags
-from tuner.cli.app import JsonFlag, LlamaDir, app, err, friendly, out
+from tuner import bench, demo, engine, flags, paths, workload
+from tuner.cli.app import JsonFlag, LlamaDir, app, err, friendly, mib, out
 from tuner.config import CacheType, FlashAttn, LaunchConfig
-from tuner.errors import TunerError
+from tuner.errors import TunerError, UsageError
 
 
 @app.command("bench")
 @friendly
 def bench_cmd(
     model: Annotated[Path | None, typer.Argument(help="GGUF file; default: the embedded demo model.")] = None,
-    n_prompt: Annotated[int, typer.Option("-p", "--n-prompt", help="Prompt tokens per test.")] = 512,
-    n_gen: Annotated[int, typer.Option("-n", "--n-gen", help="Generated tokens per test.")] = 128,
-    repetitions: Annotated[int, typer.Option("-r", "--repetitions", help="Repetitions per test.")] = 3,
-    depth: Annotated[int, typer.Option("-d", "--depth", help="Context already filled before measuring.")] = 0,
-    n_cpu_moe: Annotated[int | None, typer.Option("--n-cpu-moe", help="Layers whose experts stay in RAM.")] = None,
-    cache_type_k: Annotated[CacheType, typer.Option("-ctk", "--cache-type-k")] = CacheType.F16,
-    cache_type_v: Annotated[CacheType, typer.Option("-ctv", "--cache-type-v")] = CacheType.F16,
-    flash_attn: Annotated[FlashAttn, typer.Option("-fa", "--flash-attn")] = FlashAttn.AUTO,
+    from_cmd: Annotated[str | None, typer.Option("--from-cmd", help="A pasted llama-server command to measure.")]
+    = None,
+    n_cpu_moe: Annotated[int | None, typer.Option("--n-cpu-moe", "-ncmoe", help="Layers whose experts stay in RAM.")]
+    = None,
+    n_gpu_layers: Annotated[int | None, typer.Option("-ngl", "--n-gpu-layers", help="Layers on the GPU.")] = None,
+    cache_type_k: Annotated[CacheType | None, typer.Option("-ctk", "--cache-type-k")] = None,
+    cache_type_v: Annotated[CacheType | None, typer.Option("-ctv", "--cache-type-v")] = None,
+    flash_attn: Annotated[FlashAttn | None, typer.Option("-fa", "--flash-attn")] = None,
+    ctx: Annotated[int | None, typer.Option("-c", "--ctx-size", help="Server context (all slots).")] = None,
+    parallel: Annotated[int | None, typer.Option("-np", "--parallel", help="Server slots; measured 1..N.")] = None,
     threads: Annotated[int | None, typer.Option("-t", "--threads")] = None,
+    threads_batch: Annotated[int | None, typer.Option("-tb", "--threads-batch")] = None,
+    batch: Annotated[int | None, typer.Option("-b", "--batch-size")] = None,
+    ubatch: Annotated[int | None, typer.Option("-ub", "--ubatch-size")] = None,
+    kv_unified: Annotated[bool | None, typer.Option("--kv-unified/--no-kv-unified")] = None,
+    no_mmap: Annotated[bool, typer.Option("--no-mmap", help="Load weights into RAM (-lm none).")] = False,
+    no_repack: Annotated[bool, typer.Option("--no-repack")] = False,
+    n_prompt: Annotated[int | None, typer.Option("-p", "--n-prompt", help="Prompt tokens (P).")] = None,
+    n_gen: Annotated[int | None, typer.Option("-n", "--n-gen", help="Generated tokens (G).")] = None,
+    repetitions: Annotated[int | None, typer.Option(
+        "-r", "--repetitions", help="Exact llama-bench repetitions; default: repeat until RSE <= 3 %.")] = None,
+    depth: Annotated[int, typer.Option("-d", "--depth", help="Context already filled before measuring.")] = 0,
+    workload_kind: Annotated[workload.WorkloadKind, typer.Option("--workload", help="Server workload.")]
+    = workload.WorkloadKind.CHAT,
+    no_server: Annotated[bool, typer.Option("--no-server", help="Only llama-bench; skip the server trial.")]
+    = False,
     llama_cpp_dir: LlamaDir = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Measure prompt and generation tok/s of one config with llama-bench.
+    """Measure one config: pp/tg at depth (llama-bench, with CV), then TTFT and per-request vs aggregate
+    tok/s per concurrency (llama-server), memory peak and spill verdict.
 
-    Example: moe-tune bench model.gguf -p 512 -n 128 -ctk q8_0 -ctv q8_0 -fa on
+    Example: moe-tune bench model.gguf --n-cpu-moe 20 -ctk q8_0 -ctv q8_0 -fa on -c 32768 -np 2 -d 8192
+
+    Example: moe-tune bench --from-cmd "llama-server -m x.gguf -ncmoe 20 -c 32768"
     """
+    given: dict[str, Any] = {
+        "n_cpu_moe": n_cpu_moe, "n_gpu_layers": n_gpu_layers, "cache_type_k": cache_type_k,
+        "cache_type_v": cache_type_v, "flash_attn": flash_attn, "ctx": ctx, "parallel": parallel,
+        "threads": threads, "threads_batch": threads_batch, "batch": batch, "ubatch": ubatch,
+        "kv_unified": kv_unified, "mmap": False if no_mmap else None, "repack": False if no_repack else None,
+    }
+    given = {k: v for k, v in given.items() if v is not None}
     loc = engine.locate_engine(llama_cpp_dir)
-    if model is None:
-        model = demo.default_model(loc, on_step=lambda msg: err.print(msg, highlight=False))
-    elif not model.is_file():
-        raise TunerError(f"model file {model} not found: check the path")
-    cfg = LaunchConfig(
-        model=model, n_cpu_moe=n_cpu_moe, cache_type_k=cache_type_k, cache_type_v=cache_type_v,
-        flash_attn=flash_attn, threads=threads,
-    )
-    with err.status(f"llama-bench on {model.name} ({repetitions} repetitions)"):
-        result = bench.run_bench(loc, cfg, n_prompt=n_prompt, n_gen=n_gen, repetitions=repetitions, depth=depth)
+    if from_cmd is not None:
+        if given:
+            raise UsageError(f"--from-cmd already holds the flags; drop {', '.join(sorted(given))} or edit the command")
+        parsed = flags.parse_command(from_cmd)
+        cfg = parsed.config if model is None else flags.with_overrides(parsed.config, model=model)
+        if parsed.ignored and not as_json:
+            err.print(f"not measured (no effect on speed): {' '.join(parsed.ignored)}", highlight=False)
+    else:
+        if model is None:
+            model = demo.default_model(loc, on_step=lambda msg: err.print(msg, highlight=False))
+        cfg = LaunchConfig(model=model, **given)
+    if not cfg.model.is_file():
+        raise TunerError(f"model file {cfg.model} not found: check the path")
+    flags.validate(cfg)
+    load = workload.preset(workload_kind, n_prompt, n_gen)
+    caps = engine.capabilities(loc)
+
+    with err.status(f"llama-bench on {cfg.model.name} (pp{load.prompt_tokens}, tg{load.gen_tokens}, depth {depth})"):
+        result = bench.run_bench(loc, cfg, n_prompt=load.prompt_tokens, n_gen=load.gen_tokens,
+                                 repetitions=repetitions, depth=depth, caps=caps)
+    trial = None
+    if not no_server:
+        with err.status(f"llama-server {load.kind.value} workload at concurrency 1..{cfg.parallel or 1}"):
+            trial = bench.run_server_trial(loc, cfg, load, log_dir=paths.cache_root() / "logs", caps=caps)
     if as_json:
-        out.print_json(json.dumps({
-            "model": str(model), "argv": list(result.argv), "elapsed_s": result.elapsed_s,
-            "launch_line": flags.launch_line(cfg), "rows": [asdict(r) for r in result.rows],
-        }))
+        out.print_json(json.dumps(_report(cfg, result, trial)))
         return
-    out.print(f"{model.name}  (llama-bench, llama.cpp {engine.PIN.commit})", highlight=False, soft_wrap=True)
-    table = Table()
-    for col in ("test", "depth", "tok/s", "± stddev"):
+    _print(cfg, result, trial)
+
+
+def _report(cfg: LaunchConfig, result: bench.BenchResult, trial: bench.ServerTrial | None) -> dict[str, Any]:
+    report: dict[str, Any] = {
+        "model": str(cfg.model), "argv": list(result.argv), "elapsed_s": result.elapsed_s,
+        "launch_line": flags.launch_line(cfg), "runs": result.runs, "rows": [r.to_dict() for r in result.rows],
+    }
+    if trial is not None:
+        mem = trial.memory
+        report["server"] = {
+            "argv": list(trial.argv), "workload": trial.workload.kind.value,
+            "prompt_tokens": trial.workload.prompt_tokens, "gen_tokens": trial.workload.gen_tokens,
+            "levels": [lvl.to_dict() for lvl in trial.levels],
+            "memory": {"rss_peak_bytes": mem.rss_peak_bytes, "vram_peak_bytes": mem.vram_peak_bytes,
+                       "vram_total_bytes": mem.vram_total_bytes, "proc_vram_peak_bytes": mem.proc_vram_peak_bytes,
+                       "swap_growth_bytes": mem.swap_growth_bytes, "energy_j": mem.energy_j,
+                       "samples": mem.n_samples},
+            "tokens_per_joule": trial.tokens_per_joule, "roofline_tok_s": trial.roofline_tok_s,
+            "spill": {"verdict": trial.spill.kind.value, "evidence": trial.spill.evidence},
+            "log": str(trial.log_path),
+        }
+    return report
+
+
+def _print(cfg: LaunchConfig, result: bench.BenchResult, trial: bench.ServerTrial | None) -> None:
+    out.print(f"{cfg.model.name}  (llama.cpp {engine.PIN.commit})", highlight=False, soft_wrap=True)
+    table = Table(title="llama-bench")
+    for col in ("test", "depth", "median tok/s", "CV %", "samples"):
         table.add_column(col, justify="right")
     for row in result.rows:
+        s = row.spread
         test = f"pp{row.n_prompt}" if row.kind == "pp" else f"tg{row.n_gen}"
-        table.add_row(test, str(row.n_depth), f"{row.avg_tok_s:,.1f}", f"{row.stddev_tok_s:,.1f}")
+        table.add_row(test, str(row.n_depth), f"{s.median:,.1f}", f"{s.cv_pct:.1f}", str(s.n))
     out.print(table)
-    out.print(f"prompt {result.prompt_tok_s:,.1f} tok/s, generation {result.gen_tok_s:,.1f} tok/s", highlight=False)
+    if trial is not None:
+        t = Table(title=f"llama-server, {trial.workload.kind.value} workload "
+                        f"(P={trial.workload.prompt_tokens}, G={trial.workload.gen_tokens})")
+        for col in ("concurrent", "TTFT ms", "prompt tok/s per request", "gen tok/s per request",
+                    "aggregate gen tok/s", "end-to-end gen tok/s"):
+            t.add_column(col, justify="right")
+        for lvl in trial.levels:
+            t.add_row(str(lvl.concurrency), f"{1000 * lvl.ttft_s:,.0f}", f"{lvl.per_request_prompt_tok_s:,.1f}",
+                      f"{lvl.per_request_gen_tok_s:,.1f}", f"{lvl.aggregate_gen_tok_s:,.1f}",
+                      f"{lvl.end_to_end_gen_tok_s:,.1f}")
+        out.print(t)
+        mem = trial.memory
+        vram = "n/a (no NVIDIA GPU)" if mem.vram_peak_bytes is None else mib(mem.vram_peak_bytes)
+        rss = "n/a" if mem.rss_peak_bytes is None else mib(mem.rss_peak_bytes)
+        tpj = "n/a (no power reading)" if trial.tokens_per_joule is None else f"{trial.tokens_per_joule:,.2f} tok/J"
+        roof = "n/a" if not trial.roofline_tok_s else \
+            f"{100 * trial.levels[0].per_request_gen_tok_s / trial.roofline_tok_s:.0f} % of roofline"
+        out.print(f"memory peak: VRAM {vram}, server RSS {rss}, swap +{mib(mem.swap_growth_bytes)}", highlight=False)
+        out.print(f"spill: {trial.spill.kind.value} ({trial.spill.evidence})", highlight=False, soft_wrap=True)
+        out.print(f"energy: {tpj}; roofline: {roof}", highlight=False)
     out.print(f"launch line: {flags.launch_line(cfg)}", highlight=False, soft_wrap=True)
