@@ -1,0 +1,80 @@
+"""`moe-tune quality`: perplexity and KL-divergence of a model file at given KV cache types."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from tuner import corpus, engine, quality
+from tuner.cli.app import JsonFlag, LlamaDir, app, err, facts_table, friendly, mib, out
+from tuner.config import CacheType, FlashAttn
+
+
+def _pm(value: float | None, error: float | None, fmt: str, unit: str = "") -> str:
+    if value is None:
+        return "—"
+    return f"{value:{fmt}} ± {error or 0.0:{fmt}}{unit}"
+
+
+@app.command("quality")
+@friendly
+def quality_cmd(
+    model: Annotated[Path, typer.Argument(help="GGUF file to measure.")],
+    reference: Annotated[
+        Path | None,
+        typer.Option("--reference", help="Reference GGUF (default: the highest-precision file of the same model "
+                                         "next to MODEL: F32/BF16/F16/Q8_0)."),
+    ] = None,
+    cache_type_k: Annotated[CacheType, typer.Option("-ctk", "--cache-type-k")] = CacheType.F16,
+    cache_type_v: Annotated[CacheType, typer.Option("-ctv", "--cache-type-v")] = CacheType.F16,
+    flash_attn: Annotated[FlashAttn, typer.Option("-fa", "--flash-attn")] = FlashAttn.AUTO,
+    ctx: Annotated[int, typer.Option("-c", "--ctx-size", help="Tokens per chunk.")] = quality.DEFAULT_CTX,
+    chunks: Annotated[int, typer.Option("--chunks", help="Chunks to evaluate.")] = quality.DEFAULT_CHUNKS,
+    text_file: Annotated[
+        Path | None, typer.Option("-f", "--file", help="Evaluate on this text instead of the bundled corpus.")
+    ] = None,
+    disk_budget_gib: Annotated[
+        float, typer.Option("--disk-budget-gib", help="Most disk the cached reference logits may take.")
+    ] = quality.DEFAULT_DISK_BUDGET_BYTES / 2**30,
+    threads: Annotated[int | None, typer.Option("-t", "--threads")] = None,
+    no_cache: Annotated[bool, typer.Option("--no-cache", help="Measure again even if a result is cached.")] = False,
+    llama_cpp_dir: LlamaDir = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Measure perplexity and KL-divergence against a reference (llama-perplexity), cached.
+
+    Example: moe-tune quality model-Q4_K_M.gguf -ctk q8_0 -ctv q8_0 --chunks 32
+    """
+    loc = engine.locate_engine(llama_cpp_dir)
+    with err.status(f"measuring {model.name}") as status:
+        result = quality.measure(
+            loc, model, reference=reference, cache_type_k=cache_type_k, cache_type_v=cache_type_v,
+            flash_attn=flash_attn, threads=threads, ctx=ctx, chunks=chunks, text_file=text_file,
+            disk_budget_bytes=int(disk_budget_gib * 2**30), use_cache=not no_cache,
+            on_step=lambda msg: status.update(msg),
+        )
+    if as_json:
+        out.print_json(json.dumps(result.to_json()))
+        return
+    table = facts_table()
+    table.add_row("model", result.model)
+    table.add_row("reference", result.reference or "none found (perplexity only; name one with --reference)")
+    if result.reference_logits:
+        table.add_row("reference logits", f"{result.reference_logits} ({mib(result.reference_logits_bytes or 0)})")
+        table.add_row("reference PPL", f"{result.reference_ppl:.4f}")
+    text = "bundled corpus" if text_file is None else str(text_file)
+    if text_file is None:
+        text += f" ({len(corpus.documents())} documents)"
+    table.add_row("text", f"{text}, sha256 {result.corpus_sha256[:16]}")
+    table.add_row("chunks", f"{result.chunks} × {result.ctx} tokens")
+    table.add_row("KV cache", f"{result.cache_type_k}/{result.cache_type_v}")
+    table.add_row("PPL", _pm(result.ppl, result.ppl_error, ".4f"))
+    table.add_row("mean KLD", _pm(result.kld_mean, result.kld_mean_error, ".6f"))
+    table.add_row("99th pct KLD", "—" if result.kld_p99 is None else f"{result.kld_p99:.6f}")
+    table.add_row("same top token", _pm(result.same_top_pct, result.same_top_pct_error, ".3f", " %"))
+    source = "cache" if result.from_cache else f"llama.cpp {result.engine_commit}"
+    table.add_row("measured", f"{result.elapsed_s:.2f} s ({source})")
+    out.print(table)
