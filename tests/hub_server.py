@@ -1,0 +1,422 @@
+"""A real HTTP server on 127.0.0.1 that speaks the Hugging Face Hub routes huggingface_hub uses.
+
+Routes (models and datasets): ``GET /api/{models,datasets}/REPO[/revision/REV]`` (repo info),
+``GET /api/{models,datasets}/REPO/tree/REV[/PATH]?recursive=true`` (tree with sizes and LFS sha256),
+``HEAD|GET /[datasets/]REPO/resolve/REV/PATH`` with ``Range`` and the headers the client reads
+(``X-Repo-Commit``, ``ETag``/``X-Linked-Etag``, ``X-Linked-Size``, ``Content-Length``, ``Content-Range``).
+Errors carry ``X-Error-Code`` the way the Hub sends them (RepoNotFound, GatedRepo, RevisionNotFound,
+EntryNotFound), so the client raises its own typed errors.
+
+Test hooks: ``cut_next_download`` (close the socket mid-body), ``corrupt`` (serve different bytes than
+the advertised sha256), gated repos answering 401/403 unless a granted token is sent. Every request is
+recorded with the body bytes it sent, so tests can assert how much was transferred.
+
+Also here: ``split_gguf`` writes real llama.cpp split GGUFs (``split.no``/``split.count``/
+``split.tensors.count``) with the gguf package, and helpers that lay out demo models as Hub repos.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlparse
+
+import gguf
+
+CHUNK_BYTES = 64 * 1024
+LFS_SUFFIXES = (".gguf", ".bin", ".safetensors", ".parquet")
+
+
+@dataclass
+class HubFile:
+    path: str
+    data: bytes
+    lfs: bool
+
+    @property
+    def size(self) -> int:
+        return len(self.data)
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.data).hexdigest()
+
+    @property
+    def git_oid(self) -> str:
+        return hashlib.sha1(b"blob %d\0" % len(self.data) + self.data).hexdigest()
+
+
+@dataclass
+class HubRepo:
+    repo_id: str
+    repo_type: str
+    files: dict[str, HubFile]
+    commit: str
+    gated: bool = False
+
+
+@dataclass(frozen=True)
+class Request:
+    method: str
+    path: str
+    range: str | None
+    status: int
+    body_bytes: int
+    authorization: str | None
+
+
+@dataclass
+class _Hooks:
+    cut_after: dict[str, list[int]] = field(default_factory=dict)  # file url path → byte counts, one per GET
+    corrupt: set[str] = field(default_factory=set)
+
+
+class HubServer:
+    """Start with ``with HubServer() as hub:``; ``hub.endpoint`` goes into HF_ENDPOINT or ``endpoint=``.
+
+    With ``cdn_redirect=True``, LFS files answer ``resolve`` with a 302 to ``http://localhost:PORT/cdn/...``
+    (another host name for the same server), as the Hub redirects to its CDN: the metadata then travels
+    on the redirect response and clients must not forward the token to the CDN host.
+    """
+
+    def __init__(self, cdn_redirect: bool = False) -> None:
+        self.cdn_redirect = cdn_redirect
+        self.repos: dict[tuple[str, str], HubRepo] = {}
+        self.granted_tokens: set[str] = set()
+        self.requests: list[Request] = []
+        self._hooks = _Hooks()
+        self._lock = threading.Lock()
+        self._httpd: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- repos -------------------------------------------------------------------------------------
+
+    def add_repo(
+        self, repo_id: str, files: Mapping[str, Path | bytes], *, repo_type: str = "model", gated: bool = False
+    ) -> HubRepo:
+        entries = {}
+        for path, source in files.items():
+            data = source if isinstance(source, bytes) else Path(source).read_bytes()
+            entries[path] = HubFile(path, data, lfs=path.endswith(LFS_SUFFIXES))
+        digest = hashlib.sha1(repo_id.encode())
+        for path in sorted(entries):
+            digest.update(path.encode() + entries[path].sha256.encode())
+        repo = HubRepo(repo_id, repo_type, entries, digest.hexdigest(), gated)
+        self.repos[(repo_type, repo_id)] = repo
+        return repo
+
+    # -- hooks -------------------------------------------------------------------------------------
+
+    def cut_next_download(self, repo_id: str, path: str, after_bytes: int, times: int = 1) -> None:
+        """The next ``times`` GETs of this file send full headers, then ``after_bytes`` of body, then close."""
+        with self._lock:
+            self._hooks.cut_after.setdefault(f"{repo_id}/{path}", []).extend([after_bytes] * times)
+
+    def corrupt(self, repo_id: str, path: str) -> None:
+        """Serve this file with one byte flipped while the listing and headers keep the true sha256."""
+        self._hooks.corrupt.add(f"{repo_id}/{path}")
+
+    def body_bytes(self, path_contains: str = "") -> int:
+        with self._lock:
+            return sum(r.body_bytes for r in self.requests if path_contains in r.path)
+
+    def ranges_requested(self, path_contains: str) -> list[str | None]:
+        with self._lock:
+            return [r.range for r in self.requests if r.method == "GET" and path_contains in r.path]
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+
+    @property
+    def endpoint(self) -> str:
+        assert self._httpd is not None, "server not started"
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def start(self) -> HubServer:
+        handler = type("BoundHandler", (_Handler,), {"hub": self})
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self._httpd.daemon_threads = True
+        self._thread = threading.Thread(target=self._httpd.serve_forever, name="hub-server", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._httpd = None
+
+    def __enter__(self) -> HubServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- used by the handler -----------------------------------------------------------------------
+
+    def _record(self, req: Request) -> None:
+        with self._lock:
+            self.requests.append(req)
+
+    def _take_cut(self, key: str) -> int | None:
+        with self._lock:
+            pending = self._hooks.cut_after.get(key)
+            return pending.pop(0) if pending else None
+
+
+_RESOLVE = re.compile(r"^/(?:(?P<kind>datasets|spaces)/)?(?P<repo>[^/]+/[^/]+)/resolve/(?P<rev>[^/]+)/(?P<path>.+)$")
+_API = re.compile(r"^/api/(?P<kind>models|datasets|spaces)/(?P<repo>[^/]+/[^/]+)(?P<rest>/.*)?$")
+_CDN = re.compile(r"^/cdn/(?P<kind>models|datasets)/(?P<repo>[^/]+/[^/]+)/(?P<path>.+)$")
+_RANGE = re.compile(r"^bytes=(\d+)-(\d*)$")
+
+
+class _Handler(BaseHTTPRequestHandler):
+    hub: HubServer
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - silence the default stderr log
+        pass
+
+    def do_HEAD(self) -> None:
+        self._dispatch(head=True)
+
+    def do_GET(self) -> None:
+        self._dispatch(head=False)
+
+    # -- routing -----------------------------------------------------------------------------------
+
+    def _dispatch(self, head: bool) -> None:
+        url = urlparse(self.path)
+        path = unquote(url.path)
+        sent = 0
+        status = 404
+        try:
+            if m := _API.match(path):
+                status, sent = self._api(m.group("kind")[:-1], m.group("repo"), m.group("rest") or "", url.query)
+            elif m := _RESOLVE.match(path):
+                kind = (m.group("kind") or "models")[:-1]
+                status, sent = self._resolve(kind, m.group("repo"), m.group("rev"), m.group("path"), head)
+            elif m := _CDN.match(path):
+                repo = self._repo(m.group("kind")[:-1], m.group("repo"))
+                entry = repo.files.get(m.group("path")) if repo is not None else None
+                if repo is None or entry is None:
+                    status, sent = self._error(404, "EntryNotFound", "No such object")
+                else:
+                    status, sent = self._serve(repo, entry, head)
+            else:
+                status, sent = self._error(404, "RepoNotFound", "Not found")
+        finally:
+            self.hub._record(Request(self.command, path, self.headers.get("Range"), status, sent,
+                                     self.headers.get("Authorization")))
+
+    def _repo(self, kind: str, repo_id: str) -> HubRepo | None:
+        return self.hub.repos.get((kind, repo_id))
+
+    def _revision_ok(self, repo: HubRepo, rev: str) -> bool:
+        return rev in ("main", repo.commit)
+
+    def _api(self, kind: str, repo_id: str, rest: str, query: str) -> tuple[int, int]:
+        repo = self._repo(kind, repo_id)
+        if repo is None:
+            return self._error(404, "RepoNotFound", "Repository not found")
+        if rest in ("", "/") or rest.startswith("/revision/"):
+            rev = rest.removeprefix("/revision/") if rest.startswith("/revision/") else "main"
+            if not self._revision_ok(repo, rev):
+                return self._error(404, "RevisionNotFound", "Invalid rev id")
+            info = {
+                "_id": repo.commit[:24], "id": repo.repo_id, "author": repo.repo_id.split("/")[0],
+                "sha": repo.commit, "private": False, "gated": "manual" if repo.gated else False,
+                "disabled": False, "tags": ["gguf"], "library_name": "gguf",
+                "siblings": [{"rfilename": p} for p in sorted(repo.files)],
+            }
+            return self._json(200, info, repo)
+        if m := re.match(r"^/tree/(?P<rev>[^/]+)(?:/(?P<sub>.*))?$", rest):
+            if not self._revision_ok(repo, m.group("rev")):
+                return self._error(404, "RevisionNotFound", "Invalid rev id")
+            recursive = parse_qs(query).get("recursive", ["false"])[0].lower() in ("true", "1")
+            return self._json(200, _tree(repo, (m.group("sub") or "").strip("/"), recursive), repo)
+        return self._error(404, "RepoNotFound", "Unknown route")
+
+    def _resolve(self, kind: str, repo_id: str, rev: str, path: str, head: bool) -> tuple[int, int]:
+        repo = self._repo(kind, repo_id)
+        if repo is None:
+            return self._error(404, "RepoNotFound", "Repository not found")
+        if repo.gated:
+            auth = self.headers.get("Authorization") or ""
+            token = auth.removeprefix("Bearer ").strip()
+            if token not in self.hub.granted_tokens:
+                status = 403 if token else 401
+                return self._error(status, "GatedRepo", f"Access to model {repo_id} is restricted.")
+        if not self._revision_ok(repo, rev):
+            return self._error(404, "RevisionNotFound", "Invalid rev id")
+        entry = repo.files.get(path)
+        if entry is None:
+            return self._error(404, "EntryNotFound", "Entry not found", repo)
+        if self.hub.cdn_redirect and entry.lfs:
+            port = self.server.server_address[1]
+            self.send_response(302)
+            self.send_header("Location", f"http://localhost:{port}/cdn/{kind}s/{repo_id}/{path}?sig=test")
+            self.send_header("X-Repo-Commit", repo.commit)
+            self.send_header("X-Linked-Etag", f'"{entry.sha256}"')
+            self.send_header("X-Linked-Size", str(entry.size))
+            self.send_header("ETag", f'"{entry.git_oid}"')
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return 302, 0
+        return self._serve(repo, entry, head)
+
+    def _serve(self, repo: HubRepo, entry: HubFile, head: bool) -> tuple[int, int]:
+        key = f"{repo.repo_id}/{entry.path}"
+        data = entry.data
+        if key in self.hub._hooks.corrupt:
+            data = bytes([data[0] ^ 0xFF]) + data[1:]
+        total = len(data)
+        start, end = 0, total - 1
+        status = 200
+        if (rng := self.headers.get("Range")) and (m := _RANGE.match(rng.strip())):
+            start = int(m.group(1))
+            end = min(int(m.group(2)), total - 1) if m.group(2) else total - 1
+            if start >= total:
+                self.send_response(416)
+                self.send_header("Content-Range", f"bytes */{total}")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return 416, 0
+            status = 206
+        etag = entry.sha256 if entry.lfs else entry.git_oid
+        self.send_response(status)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Accept-Ranges", "bytes")
+        self.send_header("Content-Length", str(end - start + 1))
+        if status == 206:
+            self.send_header("Content-Range", f"bytes {start}-{end}/{total}")
+        self.send_header("ETag", f'"{etag}"')
+        if entry.lfs:
+            self.send_header("X-Linked-Etag", f'"{etag}"')
+            self.send_header("X-Linked-Size", str(entry.size))
+        self.send_header("X-Repo-Commit", repo.commit)
+        self.end_headers()
+        if head:
+            return status, 0
+        cut = self.hub._take_cut(key)
+        body = memoryview(data)[start:end + 1]
+        limit = len(body) if cut is None else min(cut, len(body))
+        sent = 0
+        try:
+            while sent < limit:
+                chunk = body[sent:min(sent + CHUNK_BYTES, limit)]
+                self.wfile.write(chunk)
+                sent += len(chunk)
+            self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        if cut is not None and limit < len(body):
+            self.close_connection = True
+            self.connection.shutdown(2)  # the client sees the body end early: a cut connection
+        return status, sent
+
+    # -- responses ---------------------------------------------------------------------------------
+
+    def _json(self, status: int, payload: Any, repo: HubRepo) -> tuple[int, int]:
+        body = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("X-Repo-Commit", repo.commit)
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+        return status, len(body)
+
+    def _error(self, status: int, code: str, message: str, repo: HubRepo | None = None) -> tuple[int, int]:
+        body = json.dumps({"error": message}).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("X-Error-Code", code)
+        self.send_header("X-Error-Message", message)
+        if repo is not None:
+            self.send_header("X-Repo-Commit", repo.commit)
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+        return status, len(body)
+
+
+def _tree(repo: HubRepo, sub: str, recursive: bool) -> list[dict[str, Any]]:
+    prefix = f"{sub}/" if sub else ""
+    folders: set[str] = set()
+    entries: list[dict[str, Any]] = []
+    for path in sorted(repo.files):
+        if not path.startswith(prefix):
+            continue
+        rel = path[len(prefix):]
+        parts = rel.split("/")
+        for depth in range(1, len(parts)):
+            if recursive or depth == 1:
+                folders.add(prefix + "/".join(parts[:depth]))
+        if not recursive and len(parts) > 1:
+            continue
+        f = repo.files[path]
+        entry: dict[str, Any] = {"type": "file", "oid": f.git_oid, "size": f.size, "path": path}
+        if f.lfs:
+            entry["lfs"] = {"oid": f.sha256, "size": f.size, "pointerSize": 134}
+        entries.append(entry)
+    dirs = [{"type": "directory", "oid": hashlib.sha1(d.encode()).hexdigest(), "path": d} for d in sorted(folders)]
+    return dirs + entries
+
+
+# -- GGUF layouts ------------------------------------------------------------------------------------
+
+
+def split_gguf(source: Path, dest: Path, n_parts: int) -> list[Path]:
+    """Write ``source`` as ``n_parts`` llama.cpp split files named ``dest.stem-0000k-of-0000n.gguf``.
+
+    The first part carries every metadata key plus ``split.no``/``split.count``/``split.tensors.count``;
+    the others carry only the split keys, as llama.cpp's gguf-split writes them.
+    """
+    reader = gguf.GGUFReader(source)
+    n_tensors = len(reader.tensors)
+    arch = str(reader.fields["general.architecture"].contents())
+    writer = gguf.GGUFWriter(dest, arch, split_max_tensors=-(-n_tensors // n_parts))
+    for name, fld in reader.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture" or name.startswith("split."):
+            continue
+        main_type = fld.types[0]
+        sub_type = fld.types[-1] if main_type == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(name, fld.contents(), main_type, sub_type=sub_type)
+    for tensor in reader.tensors:
+        writer.add_tensor_info(tensor.name, tensor.data.shape, tensor.data.dtype, tensor.data.nbytes,
+                               tensor.tensor_type)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    writer.write_header_to_file(dest)
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    for tensor in reader.tensors:
+        writer.write_tensor_data(tensor.data)
+    writer.close()
+    return writer.format_shard_names(dest)
+
+
+def root_layout(models: Mapping[str, Path], base: str) -> dict[str, Path]:
+    """``{quant: file}`` → repo paths ``base-QUANT.gguf`` at the root."""
+    return {f"{base}-{quant}.gguf": path for quant, path in models.items()}
+
+
+def subfolder_layout(models: Mapping[str, Path], base: str, work: Path, n_parts: int = 2) -> dict[str, Path]:
+    """``{quant: file}`` → ``QUANT/base-QUANT-0000k-of-0000n.gguf`` split parts in per-quant folders."""
+    files: dict[str, Path] = {}
+    for quant, path in models.items():
+        parts = split_gguf(path, work / quant / f"{base}-{quant}.gguf", n_parts)
+        for part in parts:
+            files[f"{quant}/{part.name}"] = part
+    return files

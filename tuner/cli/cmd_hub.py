@@ -1,0 +1,197 @@
+"""`moe-tune quants` and `moe-tune download`: Hugging Face repos as the user names them."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from typing import Annotated, Any
+
+import typer
+from rich import progress as rp
+from rich.table import Table
+
+from tuner import catalog, hub, hub_download, hub_header
+from tuner.cli.app import JsonFlag, app, err, facts_table, friendly, mib, out
+from tuner.errors import UsageError
+from tuner.inspect import ModelInfo
+
+Offline = Annotated[bool, typer.Option("--offline", help="Only the local Hugging Face cache (as HF_HUB_OFFLINE=1).")]
+Revision = Annotated[str, typer.Option("--revision", help="Branch, tag or commit of the repo.")]
+
+ARCH_FACTS = ("n_layer", "n_expert", "n_expert_used", "n_expert_shared", "n_embd", "n_head", "head_dim_k",
+              "head_dim_v", "n_vocab", "ctx_train", "n_swa", "full_attention_interval", "mla_kv_lora_rank")
+
+
+def fit_verdict(quant: hub.Quant, model: ModelInfo | None, ctx_tokens: int) -> str | None:
+    """Whether ``quant`` fits this machine's GPU at ``ctx_tokens``: "VRAM", "offload", "no", or None (unknown).
+
+    ``model`` is the quant's own header (exact tensor bytes) for the quant whose header was read, else
+    None (scale by ``quant.total_bytes``). The memory model (tuner/memory.py) answers this; until it is
+    wired here, every verdict is unknown.
+    """
+    return None
+
+
+def _options(offline: bool) -> hub.HubOptions:
+    return hub.HubOptions(offline=True if offline else None)
+
+
+def _ref(name: str) -> hub.HubRef:
+    ref = hub.parse_hub_ref(name)
+    if ref is None:
+        raise UsageError(f"{name} is not a Hugging Face repo name: use owner/name or owner/name:QUANT, "
+                         "e.g. unsloth/Qwen3-30B-A3B-GGUF:Q4_K_M")
+    return ref
+
+
+@app.command("quants")
+@friendly
+def quants_cmd(
+    repo: Annotated[str, typer.Argument(help="owner/name, optionally :QUANT to read that quant's header.")],
+    ctx: Annotated[int, typer.Option("-c", "--ctx-size", help="Context (tokens) the fit verdict is for.")] = 8192,
+    revision: Revision = "main",
+    offline: Offline = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """List every quant in a Hugging Face repo with its size, parts and fit verdict.
+
+    Architecture facts come from the GGUF header of the first part, read with HTTP range requests
+    (no tensor data is downloaded). Example: moe-tune quants unsloth/Qwen3-30B-A3B-GGUF -c 32768
+    """
+    ref = _ref(repo)
+    options = _options(offline)
+    listing = hub.list_quants(ref.repo_id, revision=revision, options=options)
+    if not listing.quants:
+        raise hub.HubError(f"{ref.repo_id} holds no GGUF files: pick a GGUF repo (names often end in -GGUF)")
+    probe = listing.get(ref.quant) if ref.quant else _probe_quant(listing)
+    headers = hub_header.read_quant_headers(ref.repo_id, probe, commit=listing.commit or revision, options=options)
+    model = headers.model_info()
+    verdicts = {q.name: fit_verdict(q, model if q is probe else None, ctx) for q in listing.quants}
+    known = catalog.find_model(ref.repo_id)
+    published = {q.name: _published(known, q.name) for q in listing.quants}
+    if as_json:
+        out.print_json(json.dumps({
+            "repo": listing.repo_id, "revision": listing.revision, "commit": listing.commit,
+            "from_cache": listing.from_cache, "ctx": ctx,
+            "quants": [
+                {"name": q.name, "n_parts": q.n_parts, "total_bytes": q.total_bytes, "fit": verdicts[q.name],
+                 "files": [asdict(f) for f in q.files],
+                 "published": [{"gpu": f.gpu, "ctx": f.ctx, "settings": f.settings, "figures": dict(f.figures),
+                                "source": known.sources[f.source]} for f in published[q.name]] if known else []}
+                for q in listing.quants
+            ],
+            "header": _header_json(headers, model),
+        }))
+        return
+    out.print(f"{listing.repo_id} @ {(listing.commit or revision)[:12]}"
+              f"{'  (from the local cache)' if listing.from_cache else ''}", highlight=False, soft_wrap=True)
+    facts = facts_table()
+    facts.add_row("architecture", model.arch)
+    for key in ARCH_FACTS:
+        value = getattr(model, key)
+        if value:
+            facts.add_row(key, f"{value:,}")
+    facts.add_row("n_head_kv", ", ".join(str(n) for n in sorted(set(model.n_head_kv))))
+    facts.add_row("header of", f"{probe.name}: {probe.n_parts} part(s), {mib(headers.bytes_read)} fetched, "
+                  f"tensors {mib(model.tensor_bytes)}")
+    out.print(facts)
+    table = Table()
+    table.add_column("quant")
+    table.add_column("parts", justify="right")
+    table.add_column("size", justify="right")
+    table.add_column(f"fits at -c {ctx}")
+    if known:
+        table.add_column("published (catalog, not measured here)")
+    for q in listing.quants:
+        row = [q.name, str(q.n_parts), _size(q.total_bytes), verdicts[q.name] or "n/a"]
+        if known:
+            row.append(_published_text(published[q.name]))
+        table.add_row(*row)
+    out.print(table)
+    if known:
+        cited = sorted({known.sources[f.source].split(":")[0] for fs in published.values() for f in fs})
+        out.print(f"catalog: {known.name}" + (f"; published figures from {', '.join(cited)}" if cited else ""),
+                  highlight=False, soft_wrap=True)
+
+
+def _published(known: catalog.CatalogModel | None, quant: str) -> list[catalog.QualityFigure]:
+    return [f for f in known.quality if f.quant.upper() == quant.upper()] if known else []
+
+
+def _published_text(figures: list[catalog.QualityFigure]) -> str:
+    if not figures:
+        return ""
+    f = figures[0]
+    parts = [f"PPL {f.figures['ppl']}" if "ppl" in f.figures else "",
+             f"{f.figures['gen_tok_s']:g} tok/s" if "gen_tok_s" in f.figures else ""]
+    where = f"{f.gpu or '?'}" + (f", c {f.ctx}" if f.ctx else "")
+    return f"{', '.join(p for p in parts if p)} ({where})"
+
+
+def _size(n_bytes: int) -> str:
+    return f"{n_bytes / 2**30:,.2f} GiB" if n_bytes >= 2**30 else mib(n_bytes)
+
+
+def _probe_quant(listing: hub.RepoQuants) -> hub.Quant:
+    """The quant whose header stands for the repo: Q4_K_M when present, else the smallest."""
+    try:
+        return listing.get(hub.DEFAULT_QUANT)
+    except hub.UnknownQuantError:
+        return listing.quants[0]
+
+
+def _header_json(headers: hub_header.QuantHeaders, model: ModelInfo) -> dict[str, Any]:
+    return {
+        "quant": headers.quant.name, "bytes_read": headers.bytes_read,
+        "parts": [{"path": p.path, "header_bytes": p.header_bytes, "file_size_bytes": p.file_size_bytes,
+                   "local_path": str(p.local_path)} for p in headers.parts],
+        "architecture": model.arch, "n_tensors": len(model.tensors), "tensor_bytes": model.tensor_bytes,
+        **{key: getattr(model, key) for key in ARCH_FACTS},
+        "n_head_kv": list(model.n_head_kv),
+    }
+
+
+@app.command("download")
+@friendly
+def download_cmd(
+    name: Annotated[str, typer.Argument(help="owner/name:QUANT (without :QUANT, Q4_K_M or the only quant).")],
+    revision: Revision = "main",
+    offline: Offline = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Download every part of a quant into the Hugging Face cache and print the first part's path.
+
+    Reuses what the cache holds, resumes an interrupted download, checks each file's sha256 against
+    the Hub. Example: moe-tune download unsloth/Qwen3-30B-A3B-GGUF:Q4_K_M
+    """
+    ref = _ref(name)
+    options = _options(offline)
+    columns = (rp.TextColumn("{task.description}"), rp.BarColumn(), rp.DownloadColumn(), rp.TransferSpeedColumn(),
+               rp.TimeRemainingColumn())
+    with rp.Progress(*columns, console=err, transient=True, disable=not err.is_terminal) as progress:
+        tasks: dict[str, rp.TaskID] = {}
+
+        def on_progress(p: hub_download.DownloadProgress) -> None:
+            if p.path not in tasks:
+                tasks[p.path] = progress.add_task(p.path.rsplit("/", 1)[-1], total=p.total_bytes)
+            progress.update(tasks[p.path], completed=p.done_bytes)
+
+        try:
+            result = hub_download.download_quant(ref.repo_id, ref.quant, revision=revision, options=options,
+                                                 on_progress=on_progress)
+        except KeyboardInterrupt:
+            progress.stop()
+            err.print("interrupted: the partial download is kept; run the same command again to resume",
+                      highlight=False)
+            raise typer.Exit(130) from None
+    if as_json:
+        out.print_json(json.dumps({
+            "repo": result.repo_id, "quant": result.quant, "commit": result.commit,
+            "first_path": str(result.first_path), "paths": [str(p) for p in result.paths],
+            "downloaded_bytes": result.downloaded_bytes, "reused_bytes": result.reused_bytes,
+            "resumed_from_bytes": result.resumed_from_bytes,
+        }))
+        return
+    err.print(f"{result.repo_id}:{result.quant}: {len(result.paths)} file(s), {mib(result.downloaded_bytes)} "
+              f"downloaded, {mib(result.reused_bytes)} reused from the cache", highlight=False)
+    out.print(str(result.first_path), highlight=False, soft_wrap=True)
