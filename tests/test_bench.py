@@ -104,7 +104,8 @@ def test_server_trial_at_parallel_two(engine_loc, model, tmp_path):
     assert trial.memory.rss_peak_bytes and trial.memory.rss_peak_bytes > 2**20
     assert trial.spill.kind is SpillKind.NONE and trial.tokens_per_joule is None  # no GPU, no power
     assert {r["type"] for r in trial.log_records} >= {"fit_memory_breakdown"}
-    assert trial.memory_breakdown is None  # hook for tuner.breakdown
+    host = trial.memory_breakdown.row("Host")  # llama.cpp's own figures, parsed by tuner.breakdown
+    assert host is not None and host.model_mib > 0 and host.context_mib > 0 and host.compute_mib > 0
 
 
 def test_prompt_that_cannot_fit_the_slot_is_refused_before_launch(engine_loc, model, tmp_path):

@@ -139,3 +139,12 @@ def test_group_argv_uses_comma_lists_and_refuses_mixed_models():
 def test_ubatch_larger_than_batch_is_refused():
     with pytest.raises(UsageError, match="use -ub <= -b"):
         flags.validate(LaunchConfig(model=MODEL, batch=256, ubatch=512))
+
+
+def test_fit_params_projects_the_server_config():
+    cfg = LaunchConfig(model=MODEL, ctx=8192, cache_type_k=CacheType.Q8_0, flash_attn=FlashAttn.ON)
+    argv = flags.fit_params_argv(Path("llama-fit-params"), cfg)
+    assert argv[1:-3] == flags.server_argv(Path("llama-server"), cfg)[1:]
+    assert argv[-3:] == ["-fitp", "on", "--log-jsonl"]
+    with pytest.raises(UsageError, match="kv-unified"):
+        flags.fit_params_argv(Path("llama-fit-params"), LaunchConfig(model=MODEL, kv_unified=True))

@@ -16,7 +16,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from tuner import failures, flags, runner, workload
+from tuner import breakdown, failures, flags, runner, workload
+from tuner.breakdown import MemoryBreakdown
 from tuner.config import FlashAttn, LaunchConfig
 from tuner.engine import Capabilities, EngineLocation
 from tuner.errors import EngineNotFoundError, ProcessFailedError, TunerError, UsageError
@@ -319,8 +320,9 @@ class ServerTrial:
     log_path: Path
     # Machine records from --log-jsonl (fit_memory_breakdown at start and exit), raw for tuner.breakdown.
     log_records: tuple[dict[str, Any], ...] = ()
-    # Hooks filled by the integration: the parsed memory breakdown and the roofline ceiling in tok/s.
-    memory_breakdown: Any = None
+    # llama.cpp's own memory breakdown (the at-exit record; the projected one when the exit record was lost).
+    memory_breakdown: MemoryBreakdown | None = None
+    # The generation ceiling from tuner.roofline for this config and machine, when known.
     roofline_tok_s: float | None = None
 
     @property
@@ -378,5 +380,6 @@ def run_server_trial(
     gen = levels[0].per_request_gen_tok_s if levels else None
     verdict = spill_verdict(memory, gen_tok_s=gen, roofline_tok_s=roofline_tok_s)
     records = tuple(server.log_records())
+    found = breakdown.parse_log_jsonl(server.log.read_text(errors="replace")) if log_jsonl else []
     return ServerTrial(tuple(server.argv), cfg, load, levels, memory, verdict, server.log, records,
-                       roofline_tok_s=roofline_tok_s)
+                       memory_breakdown=found[-1] if found else None, roofline_tok_s=roofline_tok_s)

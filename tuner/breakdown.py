@@ -131,7 +131,7 @@ def parse_fit_params(stdout: str) -> MemoryBreakdown:
 
 def fit_params_breakdown(engine: EngineLocation, cfg: LaunchConfig, timeout_s: float = 120) -> MemoryBreakdown:
     """The engine's projection (``llama-fit-params -fitp on``): header only, no weights loaded."""
-    argv = flags.server_argv(engine.tool("llama-fit-params"), cfg) + ["-fitp", "on", "--log-jsonl"]
+    argv = flags.fit_params_argv(engine.tool("llama-fit-params"), cfg)
     res = runner.run_process(argv, timeout_s=timeout_s, what="llama-fit-params",
                              fix="check the model file and flags")
     return parse_fit_params(res.stdout)

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 SERVER = "llama-server"
 BENCH = "llama-bench"
 PERPLEXITY = "llama-perplexity"
+FIT_PARAMS = "llama-fit-params"
 
 # Setting → spellings, preferred first. llama-bench prefers the short forms its own --help lists first.
 _SPELL: dict[str, tuple[str, ...]] = {
@@ -43,6 +44,8 @@ _SPELL: dict[str, tuple[str, ...]] = {
     "swa_full": ("--swa-full",),
     "load_mode": ("-lm", "--load-mode"),
     "no_repack": ("--no-repack", "-nr"),
+    "fit_print": ("-fitp", "--fit-print"),
+    "log_jsonl": ("--log-jsonl",),
 }
 _BENCH_SPELL = {"n_cpu_moe": ("-ncmoe", "--n-cpu-moe"), "repack": ("--repack",), "depth": ("-d", "--n-depth")}
 
@@ -266,6 +269,21 @@ def perplexity_argv(
     elif kld:
         raise UsageError("KL-divergence needs a reference logits file: pass kld_base")
     return a.argv
+
+
+def fit_params_argv(binary: Path, cfg: LaunchConfig, caps: Capabilities | None = None) -> list[str]:
+    """llama-fit-params projecting ``cfg``'s memory (header only, nothing allocated), with JSON records."""
+    if cfg.kv_unified is not None:
+        # llama-fit-params has no --kv-unified / --no-kv-unified (its -np default is 1, where they agree).
+        raise UnsupportedFlagError(
+            "llama-fit-params cannot project --kv-unified / --no-kv-unified: leave kv_unified at the default "
+            "or measure the breakdown with llama-server"
+        )
+    argv = server_argv(binary, cfg, caps)
+    a = _Argv(binary, FIT_PARAMS, caps)
+    a.add("fit_print", "on")
+    a.add("log_jsonl")
+    return argv + a.argv[1:]
 
 
 def launch_line(cfg: LaunchConfig, binary: str = "llama-server") -> str:

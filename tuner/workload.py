@@ -57,10 +57,10 @@ def preset(kind: WorkloadKind, prompt_tokens: int | None = None, gen_tokens: int
 
 
 def prompt_text() -> str:
-    """The real text prompts are cut from (CPython's pydoc topics until the bundled corpus lands)."""
-    from tuner.vocab import corpus_texts
+    """The real text prompts are cut from: the bundled corpus (prose, technical text, code and dialogue)."""
+    from tuner import corpus
 
-    return "\n\n".join(corpus_texts())
+    return corpus.text()
 
 
 def prompt_windows(tokenize: Callable[[str], list[int]], n_tokens: int, count: int) -> list[list[int]]:

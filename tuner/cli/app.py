@@ -56,6 +56,19 @@ def friendly(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def model_path(name: str) -> Path:
+    """A model argument as the user typed it: a .gguf path, or ``REPO[:QUANT]`` fetched from the Hub.
+
+    The Hub client is imported only when a name is not a local file: it costs a noticeable share of start-up.
+    """
+    path = Path(name).expanduser()
+    if path.is_file():
+        return path
+    from tuner.hub_download import resolve_model
+
+    return resolve_model(name)
+
+
 def facts_table() -> Table:
     """Two columns, label and value; values fold instead of being cut, so paths stay copyable."""
     table = Table(show_header=False, box=None)

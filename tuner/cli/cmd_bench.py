@@ -3,22 +3,23 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
-from tuner import bench, demo, engine, flags, paths, workload
-from tuner.cli.app import JsonFlag, LlamaDir, app, err, friendly, mib, out
+from tuner import bench, demo, engine, flags, hardware, paths, roofline, workload
+from tuner.cli.app import JsonFlag, LlamaDir, app, err, friendly, mib, model_path, out
 from tuner.config import CacheType, FlashAttn, LaunchConfig
 from tuner.errors import TunerError, UsageError
+from tuner.inspect import inspect_model
 
 
 @app.command("bench")
 @friendly
 def bench_cmd(
-    model: Annotated[Path | None, typer.Argument(help="GGUF file; default: the embedded demo model.")] = None,
+    model: Annotated[str | None, typer.Argument(
+        help="GGUF file or Hugging Face REPO:QUANT (downloaded); default: the embedded demo model.")] = None,
     from_cmd: Annotated[str | None, typer.Option("--from-cmd", help="A pasted llama-server command to measure.")]
     = None,
     n_cpu_moe: Annotated[int | None, typer.Option("--n-cpu-moe", "-ncmoe", help="Layers whose experts stay in RAM.")]
@@ -67,13 +68,15 @@ def bench_cmd(
         if given:
             raise UsageError(f"--from-cmd already holds the flags; drop {', '.join(sorted(given))} or edit the command")
         parsed = flags.parse_command(from_cmd)
-        cfg = parsed.config if model is None else flags.with_overrides(parsed.config, model=model)
+        cfg = parsed.config if model is None else flags.with_overrides(parsed.config, model=model_path(model))
         if parsed.ignored and not as_json:
             err.print(f"not measured (no effect on speed): {' '.join(parsed.ignored)}", highlight=False)
     else:
         if model is None:
-            model = demo.default_model(loc, on_step=lambda msg: err.print(msg, highlight=False))
-        cfg = LaunchConfig(model=model, **given)
+            path = demo.default_model(loc, on_step=lambda msg: err.print(msg, highlight=False))
+        else:
+            path = model_path(model)
+        cfg = LaunchConfig(model=path, **given)
     if not cfg.model.is_file():
         raise TunerError(f"model file {cfg.model} not found: check the path")
     flags.validate(cfg)
@@ -83,21 +86,36 @@ def bench_cmd(
     with err.status(f"llama-bench on {cfg.model.name} (pp{load.prompt_tokens}, tg{load.gen_tokens}, depth {depth})"):
         result = bench.run_bench(loc, cfg, n_prompt=load.prompt_tokens, n_gen=load.gen_tokens,
                                  repetitions=repetitions, depth=depth, caps=caps)
+    with err.status("measuring host memory bandwidth for the roofline"):
+        hw = hardware.probe_hardware(host_bandwidth_s=1.0)
+    roof = roofline.roofline(inspect_model(cfg.model), cfg, hw, depth_tokens=depth)
     trial = None
     if not no_server:
         with err.status(f"llama-server {load.kind.value} workload at concurrency 1..{cfg.parallel or 1}"):
-            trial = bench.run_server_trial(loc, cfg, load, log_dir=paths.cache_root() / "logs", caps=caps)
+            trial = bench.run_server_trial(loc, cfg, load, log_dir=paths.cache_root() / "logs", caps=caps,
+                                           roofline_tok_s=roof.gen_tok_s or None)
     if as_json:
-        out.print_json(json.dumps(_report(cfg, result, trial)))
+        out.print_json(json.dumps(_report(cfg, result, trial, roof)))
         return
-    _print(cfg, result, trial)
+    _print(cfg, result, trial, roof)
 
 
-def _report(cfg: LaunchConfig, result: bench.BenchResult, trial: bench.ServerTrial | None) -> dict[str, Any]:
+def _percent(measured_tok_s: float, ceiling_tok_s: float | None) -> float | None:
+    return 100.0 * measured_tok_s / ceiling_tok_s if ceiling_tok_s else None
+
+
+def _report(cfg: LaunchConfig, result: bench.BenchResult, trial: bench.ServerTrial | None,
+            roof: roofline.Roofline) -> dict[str, Any]:
     report: dict[str, Any] = {
         "model": str(cfg.model), "argv": list(result.argv), "elapsed_s": result.elapsed_s,
         "launch_line": flags.launch_line(cfg), "runs": result.runs, "rows": [r.to_dict() for r in result.rows],
+        "roofline": {"gen_tok_s": roof.gen_tok_s or None, "prompt_tok_s": roof.prompt_tok_s,
+                     "gpu_bytes_per_token": roof.gpu_bytes_per_token,
+                     "host_bytes_per_token": roof.host_bytes_per_token},
     }
+    for row in report["rows"]:
+        if row["n_gen"]:
+            row["percent_of_roofline"] = _percent(row["median_tok_s"], roof.gen_tok_s)
     if trial is not None:
         mem = trial.memory
         report["server"] = {
@@ -110,20 +128,27 @@ def _report(cfg: LaunchConfig, result: bench.BenchResult, trial: bench.ServerTri
                        "samples": mem.n_samples},
             "tokens_per_joule": trial.tokens_per_joule, "roofline_tok_s": trial.roofline_tok_s,
             "spill": {"verdict": trial.spill.kind.value, "evidence": trial.spill.evidence},
+            "llama_cpp_memory_mib": None if trial.memory_breakdown is None else [
+                {"buffer": r.name, "model": r.model_mib, "context": r.context_mib, "compute": r.compute_mib}
+                for r in trial.memory_breakdown.rows
+            ],
             "log": str(trial.log_path),
         }
     return report
 
 
-def _print(cfg: LaunchConfig, result: bench.BenchResult, trial: bench.ServerTrial | None) -> None:
+def _print(cfg: LaunchConfig, result: bench.BenchResult, trial: bench.ServerTrial | None,
+           roof: roofline.Roofline) -> None:
     out.print(f"{cfg.model.name}  (llama.cpp {engine.PIN.commit})", highlight=False, soft_wrap=True)
     table = Table(title="llama-bench")
-    for col in ("test", "depth", "median tok/s", "CV %", "samples"):
+    for col in ("test", "depth", "median tok/s", "CV %", "samples", "% of ceiling"):
         table.add_column(col, justify="right")
     for row in result.rows:
         s = row.spread
         test = f"pp{row.n_prompt}" if row.kind == "pp" else f"tg{row.n_gen}"
-        table.add_row(test, str(row.n_depth), f"{s.median:,.1f}", f"{s.cv_pct:.1f}", str(s.n))
+        pct = _percent(s.median, roof.gen_tok_s) if row.kind == "tg" else None
+        table.add_row(test, str(row.n_depth), f"{s.median:,.1f}", f"{s.cv_pct:.1f}", str(s.n),
+                      "" if pct is None else f"{pct:.0f} %")
     out.print(table)
     if trial is not None:
         t = Table(title=f"llama-server, {trial.workload.kind.value} workload "
@@ -140,9 +165,13 @@ def _print(cfg: LaunchConfig, result: bench.BenchResult, trial: bench.ServerTria
         vram = "n/a (no NVIDIA GPU)" if mem.vram_peak_bytes is None else mib(mem.vram_peak_bytes)
         rss = "n/a" if mem.rss_peak_bytes is None else mib(mem.rss_peak_bytes)
         tpj = "n/a (no power reading)" if trial.tokens_per_joule is None else f"{trial.tokens_per_joule:,.2f} tok/J"
-        roof = "n/a" if not trial.roofline_tok_s else \
+        roof_text = "n/a" if not trial.roofline_tok_s else \
             f"{100 * trial.levels[0].per_request_gen_tok_s / trial.roofline_tok_s:.0f} % of roofline"
         out.print(f"memory peak: VRAM {vram}, server RSS {rss}, swap +{mib(mem.swap_growth_bytes)}", highlight=False)
         out.print(f"spill: {trial.spill.kind.value} ({trial.spill.evidence})", highlight=False, soft_wrap=True)
-        out.print(f"energy: {tpj}; roofline: {roof}", highlight=False)
+        out.print(f"energy: {tpj}; roofline: {roof_text}", highlight=False)
+        if trial.memory_breakdown is not None:
+            parts = [f"{r.name} model {r.model_mib} + context {r.context_mib} + compute {r.compute_mib} MiB"
+                     for r in trial.memory_breakdown.rows if r.self_mib]
+            out.print(f"llama.cpp memory: {'; '.join(parts)}", highlight=False, soft_wrap=True)
     out.print(f"launch line: {flags.launch_line(cfg)}", highlight=False, soft_wrap=True)

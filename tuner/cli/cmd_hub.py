@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Annotated, Any
 
 import typer
 from rich import progress as rp
 from rich.table import Table
 
-from tuner import catalog, hub, hub_download, hub_header
+from tuner import cards, catalog, hardware, hub, hub_download, hub_header, memory, plan
 from tuner.cli.app import JsonFlag, app, err, facts_table, friendly, mib, out
+from tuner.config import LaunchConfig
 from tuner.errors import UsageError
+from tuner.hardware import Hardware
 from tuner.inspect import ModelInfo
 
 Offline = Annotated[bool, typer.Option("--offline", help="Only the local Hugging Face cache (as HF_HUB_OFFLINE=1).")]
@@ -22,14 +24,33 @@ ARCH_FACTS = ("n_layer", "n_expert", "n_expert_used", "n_expert_shared", "n_embd
               "head_dim_v", "n_vocab", "ctx_train", "n_swa", "full_attention_interval", "mla_kv_lora_rank")
 
 
-def fit_verdict(quant: hub.Quant, model: ModelInfo | None, ctx_tokens: int) -> str | None:
-    """Whether ``quant`` fits this machine's GPU at ``ctx_tokens``: "VRAM", "offload", "no", or None (unknown).
+def fit_verdict(quant: hub.Quant, model: ModelInfo, probe: hub.Quant, ctx_tokens: int, hw: Hardware) -> str:
+    """Whether ``quant`` runs on ``hw`` at ``ctx_tokens``, from the memory model.
 
-    ``model`` is the quant's own header (exact tensor bytes) for the quant whose header was read, else
-    None (scale by ``quant.total_bytes``). The memory model (tuner/memory.py) answers this; until it is
-    wired here, every verdict is unknown.
+    "VRAM": everything on the GPU; "offload N": with --n-cpu-moe N; "no": not even with every expert in RAM;
+    "RAM (no GPU)": a machine without a GPU holds it in RAM.
+    ``model`` is the header of ``probe``; other quants of the same model are that header with every tensor
+    scaled by the size ratio (same shapes, other types), which is what their files differ by.
     """
-    return None
+    if quant is not probe and probe.total_bytes:
+        ratio = quant.total_bytes / probe.total_bytes
+        model = replace(model, tensors=tuple(replace(t, n_bytes=round(t.n_bytes * ratio)) for t in model.tensors))
+    cfg = LaunchConfig(model=model.paths[0], ctx=ctx_tokens, parallel=1)
+    if not hw.has_gpu:
+        return "RAM (no GPU)" if memory.estimate(model, cfg, hw).verdict is memory.Verdict.FITS else "no"
+    n_cpu_moe = plan.smallest_fitting_n_cpu_moe(model, cfg, hw)
+    if n_cpu_moe is None:
+        return "no"
+    return "VRAM" if n_cpu_moe == 0 else f"offload {n_cpu_moe}"
+
+
+def _fit_hardware(gpu: str | None) -> Hardware:
+    """This machine, or the named card in it (bandwidth is not needed for a fit verdict)."""
+    if not gpu:
+        return hardware.probe_hardware(host_bandwidth_s=0)
+    host = hardware.probe_host()
+    return cards.find_card(gpu).hardware(host.ram_total_bytes, host.ram_available_bytes, 0.0,
+                                         host.physical_cores, host.swap_total_bytes)
 
 
 def _options(offline: bool) -> hub.HubOptions:
@@ -49,6 +70,8 @@ def _ref(name: str) -> hub.HubRef:
 def quants_cmd(
     repo: Annotated[str, typer.Argument(help="owner/name, optionally :QUANT to read that quant's header.")],
     ctx: Annotated[int, typer.Option("-c", "--ctx-size", help="Context (tokens) the fit verdict is for.")] = 8192,
+    gpu: Annotated[str | None, typer.Option("--gpu", help="Judge the fit for this card, e.g. \"RTX 3060 12GB\".")]
+    = None,
     revision: Revision = "main",
     offline: Offline = False,
     as_json: JsonFlag = False,
@@ -66,7 +89,8 @@ def quants_cmd(
     probe = listing.get(ref.quant) if ref.quant else _probe_quant(listing)
     headers = hub_header.read_quant_headers(ref.repo_id, probe, commit=listing.commit or revision, options=options)
     model = headers.model_info()
-    verdicts = {q.name: fit_verdict(q, model if q is probe else None, ctx) for q in listing.quants}
+    hw = _fit_hardware(gpu)
+    verdicts = {q.name: fit_verdict(q, model, probe, ctx, hw) for q in listing.quants}
     known = catalog.find_model(ref.repo_id)
     published = {q.name: _published(known, q.name) for q in listing.quants}
     if as_json:
@@ -99,11 +123,11 @@ def quants_cmd(
     table.add_column("quant")
     table.add_column("parts", justify="right")
     table.add_column("size", justify="right")
-    table.add_column(f"fits at -c {ctx}")
+    table.add_column(f"fits {hw.describe()} at -c {ctx}")
     if known:
         table.add_column("published (catalog, not measured here)")
     for q in listing.quants:
-        row = [q.name, str(q.n_parts), _size(q.total_bytes), verdicts[q.name] or "n/a"]
+        row = [q.name, str(q.n_parts), _size(q.total_bytes), verdicts[q.name]]
         if known:
             row.append(_published_text(published[q.name]))
         table.add_row(*row)

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from tuner import corpus, engine, quality
-from tuner.cli.app import JsonFlag, LlamaDir, app, err, facts_table, friendly, mib, out
+from tuner.cli.app import JsonFlag, LlamaDir, app, err, facts_table, friendly, mib, model_path, out
 from tuner.config import CacheType, FlashAttn
 
 
@@ -22,9 +22,9 @@ def _pm(value: float | None, error: float | None, fmt: str, unit: str = "") -> s
 @app.command("quality")
 @friendly
 def quality_cmd(
-    model: Annotated[Path, typer.Argument(help="GGUF file to measure.")],
-    reference: Annotated[
-        Path | None,
+    model_name: Annotated[str, typer.Argument(metavar="MODEL", help="GGUF file or Hugging Face REPO:QUANT.")],
+    reference_name: Annotated[
+        str | None,
         typer.Option("--reference", help="Reference GGUF (default: the highest-precision file of the same model "
                                          "next to MODEL: F32/BF16/F16/Q8_0)."),
     ] = None,
@@ -49,6 +49,8 @@ def quality_cmd(
     Example: moe-tune quality model-Q4_K_M.gguf -ctk q8_0 -ctv q8_0 --chunks 32
     """
     loc = engine.locate_engine(llama_cpp_dir)
+    model = model_path(model_name)
+    reference = model_path(reference_name) if reference_name else None
     with err.status(f"measuring {model.name}") as status:
         result = quality.measure(
             loc, model, reference=reference, cache_type_k=cache_type_k, cache_type_v=cache_type_v,
