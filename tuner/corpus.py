@@ -18,6 +18,7 @@ from pathlib import Path
 
 from tuner import paths
 from tuner.errors import TunerError
+from tuner.fileio import sha256_file
 
 MANIFEST_NAME = "manifest.json"
 # About 500 tokens of English with a 150k-token vocabulary: one segment per kind in each 512-token chunk.
@@ -167,8 +168,4 @@ def text_file() -> Path:
 
 def file_sha256(path: Path) -> str:
     """sha256 of a user's own evaluation text, so results on it name it exactly."""
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    return sha256_file(path)

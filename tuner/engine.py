@@ -31,6 +31,7 @@ from tuner.errors import (
     ProcessFailedError,
     UsageError,
 )
+from tuner.fileio import sha256_file
 
 
 @dataclass(frozen=True, slots=True)
@@ -344,7 +345,7 @@ def _build_lock(root: Path, key: str) -> Iterator[None]:
 
 def _fetch_sdist(src_dir: Path, on_line: Callable[[str], None] | None) -> Path:
     tarball = src_dir / PIN.sdist_name
-    if tarball.is_file() and _sha256(tarball) == PIN.sdist_sha256:
+    if tarball.is_file() and sha256_file(tarball) == PIN.sdist_sha256:
         return tarball
     src_dir.mkdir(parents=True, exist_ok=True)
     runner.run_process(
@@ -355,18 +356,10 @@ def _fetch_sdist(src_dir: Path, on_line: Callable[[str], None] | None) -> Path:
     )
     if not tarball.is_file():
         raise BuildFailedError("download", ["pip", "download"], 1, f"{tarball.name} missing after download", tarball)
-    if _sha256(tarball) != PIN.sdist_sha256:
+    if sha256_file(tarball) != PIN.sdist_sha256:
         tarball.unlink()
         raise BuildFailedError("verify", ["sha256"], 1, "sdist checksum does not match the pin", tarball)
     return tarball
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _extract_llama_cpp(tarball: Path, dest: Path) -> Path:
