@@ -11,6 +11,7 @@ import typer
 from tuner import corpus, engine, quality
 from tuner.cli.app import JsonFlag, LlamaDir, app, err, facts_table, friendly, mib, model_path, out
 from tuner.config import CacheType, FlashAttn
+from tuner.errors import UsageError
 
 
 def _pm(value: float | None, error: float | None, fmt: str, unit: str = "") -> str:
@@ -36,6 +37,9 @@ def quality_cmd(
     text_file: Annotated[
         Path | None, typer.Option("-f", "--file", help="Evaluate on this text instead of the bundled corpus.")
     ] = None,
+    dataset: Annotated[
+        str | None, typer.Option("--dataset", help="Evaluate on a standard text from the Hub: wikitext-2.")
+    ] = None,
     disk_budget_gib: Annotated[
         float, typer.Option("--disk-budget-gib", help="Most disk the cached reference logits may take.")
     ] = quality.DEFAULT_DISK_BUDGET_BYTES / 2**30,
@@ -47,7 +51,16 @@ def quality_cmd(
     """Measure perplexity and KL-divergence against a reference (llama-perplexity), cached.
 
     Example: moe-tune quality model-Q4_K_M.gguf -ctk q8_0 -ctv q8_0 --chunks 32
+
+    Example: moe-tune quality unsloth/Qwen3-30B-A3B-GGUF:Q4_K_M --dataset wikitext-2 -c 512 --chunks 64
     """
+    if dataset is not None:
+        if text_file is not None:
+            raise UsageError("-f and --dataset both name the text: keep one")
+        from tuner import datasets
+
+        with err.status(f"fetching {dataset}"):
+            text_file = datasets.fetch(dataset)
     loc = engine.locate_engine(llama_cpp_dir)
     model = model_path(model_name)
     reference = model_path(reference_name) if reference_name else None
@@ -67,7 +80,7 @@ def quality_cmd(
     if result.reference_logits:
         table.add_row("reference logits", f"{result.reference_logits} ({mib(result.reference_logits_bytes or 0)})")
         table.add_row("reference PPL", f"{result.reference_ppl:.4f}")
-    text = "bundled corpus" if text_file is None else str(text_file)
+    text = "bundled corpus" if text_file is None else (f"{dataset} ({text_file})" if dataset else str(text_file))
     if text_file is None:
         text += f" ({len(corpus.documents())} documents)"
     table.add_row("text", f"{text}, sha256 {result.corpus_sha256[:16]}")
