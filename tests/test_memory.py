@@ -93,3 +93,46 @@ def test_verdicts(demo_models):
     assert memory.estimate(info, cfg, tiny_card).verdict is memory.Verdict.NEEDS_SPILL
     no_ram = replace(CPU, ram_available_bytes=10 * MIB)
     assert memory.estimate(info, cfg, no_ram).verdict is memory.Verdict.EXCEEDS_RAM
+
+
+# Figures llama-fit-params -fitp on printed for shape-true real models (CPU build at the pinned commit,
+# -np 1); scripts/bench_memory_model.py re-measures them. (target, ctx, fa, ubatch, component, MiB)
+REAL_SCALE = [
+    ("Qwen3-30B-A3B:Q4_K_M", 262144, FlashAttn.ON, None, "compute", 344),
+    ("Qwen3-30B-A3B:Q4_K_M", 131072, FlashAttn.OFF, None, "compute", 8478),
+    ("Qwen3-30B-A3B:Q4_K_M", 32768, FlashAttn.ON, 2048, "compute", 1219),
+    ("Qwen3-30B-A3B:Q4_K_M", 32768, FlashAttn.ON, None, "context", 3072),
+    ("GLM-4.5-Air:Q4_K_M", 262144, FlashAttn.ON, None, "compute", 426),
+    ("GLM-4.5-Air:Q4_K_M", 32768, FlashAttn.OFF, None, "compute", 6292),
+    ("GLM-4.5-Air:Q4_K_M", 32768, FlashAttn.ON, None, "context", 5888),  # 46 layers: the NextN block has no KV
+    ("gpt-oss-20b:MXFP4_MOE", 32768, FlashAttn.ON, 2048, "compute", 1638),
+    ("gpt-oss-20b:MXFP4_MOE", 32768, FlashAttn.OFF, None, "compute", 4198),
+]
+
+
+@pytest.fixture(scope="module")
+def real_shapes(tmp_path_factory):
+    from tuner import shape_model
+
+    out = tmp_path_factory.mktemp("real")
+    targets = {t[0] for t in REAL_SCALE}
+    return {t: inspect.inspect_model(shape_model.write_catalog_model(t, out / f"{t.replace(':', '-')}.gguf").path)
+            for t in targets}
+
+
+@pytest.mark.parametrize(("target", "ctx", "fa", "ub", "component", "engine_mib"), REAL_SCALE)
+def test_real_scale_figures(target, ctx, fa, ub, component, engine_mib, real_shapes):
+    info = real_shapes[target]
+    cfg = LaunchConfig(model=info.paths[0], ctx=ctx, flash_attn=fa, ubatch=ub, batch=2048, parallel=1)
+    est = memory.estimate(info, cfg, CPU)
+    got = est.host.compute_bytes if component == "compute" else est.host.context_bytes
+    assert abs(got // MIB - engine_mib) <= max(16, 0.02 * engine_mib), (got // MIB, engine_mib)
+
+
+def test_nextn_block_weights_are_not_loaded(real_shapes):
+    info = real_shapes["GLM-4.5-Air:Q4_K_M"]
+    assert memory.mtp_layers(info) == {46}
+    est = memory.estimate(info, LaunchConfig(model=info.paths[0], ctx=4096, repack=False), CPU)
+    nextn = sum(t.n_bytes for t in info.tensors if t.layer == 46)
+    assert est.host.weights_bytes == info.tensor_bytes - nextn
+    assert abs(est.host.weights_bytes // MIB - 67175) <= 16  # llama-fit-params --no-repack

@@ -4,9 +4,13 @@ import json
 from dataclasses import replace
 
 from tests.conftest import run_cli
+from tests.hub_server import HubServer, root_layout
 from tuner import cards, inspect, plan, roofline
 from tuner.config import LaunchConfig
-from tuner.memory import FIT_MARGIN_BYTES
+from tuner.hardware import Hardware
+from tuner.memory import FIT_MARGIN_BYTES, estimate
+
+CPU_ONLY = Hardware("", 0, 0, 0.0, 0.0, 64 * 2**30, 64 * 2**30, 0, 20e9, 8, "none")
 
 
 def test_plan_rows_and_summaries(demo_models):
@@ -67,3 +71,47 @@ def test_cli_plan_errors(demo_models, tmp_path):
     assert res.returncode == 1 and "no card matches" in res.stderr
     res = run_cli("plan", str(demo_models[("qwen3moe", "Q8_0")]), "-ctv", "q8_0", "-fa", "off")
     assert res.returncode == 1 and "flash attention" in res.stderr
+
+
+def test_plan_row_tolerance_and_engine_check_rows(demo_models):
+    info = inspect.inspect_model(demo_models[("qwen3moe", "Q4_K_M")])
+    cfg = LaunchConfig(model=info.paths[0], ctx=4096, parallel=1)
+    est = estimate(info, cfg, CPU_ONLY)
+    mib = 2**20
+    host = {"model": (est.host.weights_bytes - est.repack_bytes) // mib + 3, "context": est.host.context_bytes // mib,
+            "compute": est.host.compute_bytes // mib + 40}
+    rows = plan.engine_check_rows(est, True, host, None)
+    assert [(r.component, r.error_mib, r.agrees) for r in rows] == [
+        ("weights", -3, True), ("context", 0, True), ("compute", -40, False)]
+
+
+def test_cli_plan_catalog_shape_with_engine_check(tmp_path, engine_loc):
+    env = {"MOE_TUNE_CACHE": str(tmp_path / "mt"), "LLAMA_CPP_DIR": str(engine_loc.bin_dir)}
+    res = run_cli("plan", "qwen3-30b-a3b:Q4_K_M", "--gpu", "RTX 3060 12GB", "--ram", "64", "-c", "32768",
+                  "--engine-check", "--json", env=env)
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert "quant catalog" in data["model_source"] and "memory model" in data["figures_from"]
+    assert len(data["rows"]) == 49 and data["rows"][0]["verdict"] == "needs spill"  # 17 GiB of weights, 12 GB card
+    assert data["rows"][-1]["verdict"] == "fits"
+    check = {c["component"]: c for c in data["engine_check"]}
+    assert check["context"]["engine_mib"] == 3072 and check["context"]["model_mib"] == 3072  # 48 layers × 64 KiB
+    assert all(c["agrees"] for c in data["engine_check"]), data["engine_check"]
+    res = run_cli("plan", "qwen3-30b-a3b:Q4_K_M", "-c", "8192", env=env)
+    assert res.returncode == 0 and "--engine-check" in res.stdout and "memory model" in res.stdout
+
+
+def test_cli_plan_reads_a_hub_quant_header_only(demo_models, tmp_path):
+    model = demo_models[("qwen35moe", "Q4_K_M")]
+    with HubServer() as srv:
+        srv.add_repo("demo/Plan-GGUF", root_layout({"Q4_K_M": model}, "Plan"))
+        env = {"HF_ENDPOINT": srv.endpoint, "HF_HUB_CACHE": str(tmp_path / "hf"),
+               "MOE_TUNE_CACHE": str(tmp_path / "mt"), "HF_HUB_DISABLE_TELEMETRY": "1", "HF_TOKEN": ""}
+        res = run_cli("plan", "demo/Plan-GGUF:Q4_K_M", "-c", "8192", "--json", env=env)
+        assert res.returncode == 0, res.stderr
+        assert srv.body_bytes("Plan-Q4_K_M") < model.stat().st_size // 2  # the header, not the weights
+    data = json.loads(res.stdout)
+    assert "range requests" in data["model_source"]
+    assert len(data["rows"]) == inspect.inspect_model(model).n_layer + 1
+    res = run_cli("plan", "no-such-model:Q4_K_M")
+    assert res.returncode == 1 and "Qwen3-30B-A3B" in res.stderr and "Traceback" not in res.stderr

@@ -16,14 +16,23 @@ from tuner.errors import ProcessFailedError, ProcessTimeoutError
 from tuner.failures import FailureKind
 
 
-def _children_of_group_gone(pgid: int) -> bool:
-    for proc in psutil.process_iter(["pid"]):
-        try:
-            if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
-                return False
-        except (ProcessLookupError, psutil.NoSuchProcess, PermissionError):
-            continue
-    return True
+def _children_of_group_gone(pgid: int, within_s: float = 3.0) -> bool:
+    """True once no live process is left in the group (a killed process may take a moment on a busy machine)."""
+    deadline = time.monotonic() + within_s
+    while True:
+        alive = False
+        for proc in psutil.process_iter(["pid"]):
+            try:
+                if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
+                    alive = True
+                    break
+            except (ProcessLookupError, psutil.NoSuchProcess, PermissionError):
+                continue
+        if not alive:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
 
 
 def test_output_and_exit_code():

@@ -160,29 +160,47 @@ def compute_bytes(model: ModelInfo, r: Resolved) -> int:
     """Peak of llama.cpp's graph allocator for one ubatch: the larger of the attention and output peaks.
 
     Attention: the KQ mask (f16 with flash attention, f32 without) over every cell of a stream, the f32
-    KQ scores without flash attention, plus per-token activations. Output: the logits of every token.
-    Coefficients were fitted to the CPU backend's own figures on both demo architectures.
+    KQ scores without flash attention, plus per-token activations; with flash attention the routed-expert
+    activations of a layer while the mask is live. Output: the logits of every token plus three
+    embedding-wide tensors. Coefficients were fitted to the CPU backend's own figures on both demo
+    architectures and on six shape-true real models (scripts/bench_memory_model.py).
     """
     n_tok = r.n_ubatch
     n_q = model.n_head * model.head_dim_k
+    # Routed experts of one layer: gate, up and activation per used expert, the expert outputs, and a few
+    # embedding-wide residual tensors. At long contexts this, with the mask still live, is the peak.
+    moe = n_tok * 4 * (model.n_expert_used * (3 * model.n_ff_exp + model.n_embd) + 5 * model.n_embd)
     # Unified: one stream of n_ctx cells. Split: n_seq streams of n_ctx / n_seq cells, n_tok / n_seq tokens each.
     cells = r.n_ctx if r.unified or r.n_seq <= 1 else r.n_ctx // r.n_seq
     if r.flash_attn:
-        attn = cells * n_tok * 2 + n_tok * 4 * (3 * model.n_embd + 7 * n_q)
+        attn = cells * n_tok * 2 + moe
     else:
         heads = model.n_head
         attn = cells * n_tok * 4 * (1 + heads) + n_tok * 4 * (5 * model.n_embd + n_q)
         if model.is_hybrid:  # gated attention (qwen3.5): the output gate half of the q projection stays live
             attn += n_tok * 4 * n_q
-    output = n_tok * 4 * (model.n_vocab + 2 * model.n_embd)
+        if any(t.name.endswith(".attn_q.bias") for t in model.tensors):
+            # Biased q/k/v projections (GLM-4.5, gpt-oss) keep more alive; fitted on both at real scale.
+            kv_width = (model.n_head_kv[0] or max(model.n_head_kv)) * model.head_dim_k
+            attn += n_tok * 4 * max(0, n_q - 2 * kv_width)
+    output = n_tok * 4 * (model.n_vocab + 3 * model.n_embd)
     return int(max(attn, output))
+
+
+def mtp_layers(model: ModelInfo) -> frozenset[int]:
+    """NextN / multi-token-prediction blocks (GLM-4.5's last block): llama.cpp skips their tensors and
+    gives them no KV unless speculative decoding with MTP is asked for."""
+    return frozenset(t.layer for t in model.tensors if t.layer is not None and ".nextn." in t.name)
 
 
 def estimate(model: ModelInfo, cfg: LaunchConfig, hw: Hardware) -> MemoryEstimate:
     backend = "cuda" if hw.has_gpu else "cpu"
     r = resolve(model, cfg, backend)
+    skipped = mtp_layers(model)
     gpu_w = host_w = repack = 0
     for t in model.tensors:
+        if t.layer in skipped:
+            continue
         if tensor_on_gpu(model, r, t):
             gpu_w += t.n_bytes
         else:
@@ -199,6 +217,8 @@ def estimate(model: ModelInfo, cfg: LaunchConfig, hw: Hardware) -> MemoryEstimat
     gpu_rec = host_rec = 0
     rec_per_layer = recurrent_bytes_per_seq(model) * max(1, r.n_seq) if model.is_hybrid else 0
     for il in range(model.n_layer):
+        if il in skipped:
+            continue
         on_gpu = layer_on_gpu(model, r, il) if backend == "cuda" else False
         kv = kv_cells(model, r, il, cfg.swa_full) * kv_bytes_per_cell(model, il, cfg.cache_type_k, cfg.cache_type_v)
         rec = rec_per_layer if model.recurrent_layers[il] else 0

@@ -119,3 +119,45 @@ def _with_kv(cfg: LaunchConfig, ctk: CacheType, ctv: CacheType) -> LaunchConfig:
     # A quantized V cache needs flash attention: turn it on rather than plan a config the engine refuses.
     fa = FlashAttn.ON if ctv.is_quantized and cfg.flash_attn is FlashAttn.OFF else cfg.flash_attn
     return replace(cfg, cache_type_k=ctk, cache_type_v=ctv, flash_attn=fa)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineCheckRow:
+    """One memory component: the tool's model beside llama.cpp's own projection (``llama-fit-params``)."""
+
+    component: str  # "weights", "context", "compute"
+    where: str  # "host" or "gpu"
+    model_mib: int
+    engine_mib: int
+
+    @property
+    def error_mib(self) -> int:
+        return self.model_mib - self.engine_mib
+
+    @property
+    def agrees(self) -> bool:
+        """Within the tolerance the model is validated to at real scale: 2 % or 16 MiB."""
+        return abs(self.error_mib) <= max(16, 0.02 * self.engine_mib)
+
+
+def engine_check_rows(est: MemoryEstimate, mmap: bool, engine_host: dict[str, int],
+                      engine_gpu: dict[str, int] | None) -> tuple[EngineCheckRow, ...]:
+    """Compare ``est`` with llama.cpp's projection (MiB per component, host side including CPU_REPACK).
+
+    The projection sizes the mapped weights without the tensors it will repack (the loaded model maps
+    the whole range), so the model's host weights are compared without that double count.
+    """
+    mib = 2**20
+    host_w = est.host.weights_bytes - (est.repack_bytes if mmap else 0)
+    rows = [
+        EngineCheckRow("weights", "host", host_w // mib, engine_host["model"]),
+        EngineCheckRow("context", "host", est.host.context_bytes // mib, engine_host["context"]),
+        EngineCheckRow("compute", "host", est.host.compute_bytes // mib, engine_host["compute"]),
+    ]
+    if engine_gpu is not None:
+        rows += [
+            EngineCheckRow("weights", "gpu", est.gpu.weights_bytes // mib, engine_gpu["model"]),
+            EngineCheckRow("context", "gpu", est.gpu.context_bytes // mib, engine_gpu["context"]),
+            EngineCheckRow("compute", "gpu", est.gpu.compute_bytes // mib, engine_gpu["compute"]),
+        ]
+    return tuple(rows)

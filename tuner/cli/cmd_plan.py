@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
-from tuner import cards, hardware, inspect
+from tuner import cards, hardware, inspect, shape_model
 from tuner.cli.app import JsonFlag, app, err, friendly, mib, out
 from tuner.config import CacheType, FlashAttn, LaunchConfig
 from tuner.errors import UsageError
-from tuner.plan import KV_CHOICES, Plan, make_plan
+from tuner.memory import estimate
+from tuner.plan import KV_CHOICES, EngineCheckRow, Plan, engine_check_rows, make_plan
+
+MODEL_SOURCE = "moe-tune's memory model (tuner.memory)"
 
 HOST_BANDWIDTH_PROBE_S = 0.3
 
@@ -65,6 +69,28 @@ def _as_json(p: Plan) -> dict[str, Any]:
     }
 
 
+def _engine_check(info: inspect.ModelInfo, base: LaunchConfig, hw: hardware.Hardware) -> tuple[EngineCheckRow, ...]:
+    """llama.cpp's own projection (llama-fit-params: header only, nothing allocated) of ``base``."""
+    from tuner import breakdown, engine
+
+    # llama-fit-params takes no --kv-unified; one slot unless -np says otherwise keeps both sides equal.
+    cfg = replace(base, parallel=base.parallel or 1, kv_unified=None)
+    truth = breakdown.fit_params_breakdown(engine.locate_engine(), cfg)
+    host = {part: truth.host_total(part) for part in ("model", "context", "compute")}
+    gpu = {part: truth.device_total(part) for part in ("model", "context", "compute")} if truth.devices else None
+    if gpu is None and hw.has_gpu:
+        # A CPU build projects everything on the host: compare the model's CPU figures, not the card's.
+        hw = replace(hw, gpu_name="", vram_total_bytes=0, vram_free_bytes=0, source="none")
+        err.print("--engine-check: this llama.cpp build has no GPU backend, so it projects the CPU backend; "
+                  "both columns below are for CPU only", highlight=False)
+    return engine_check_rows(estimate(info, cfg, hw), cfg.mmap, host, gpu)
+
+
+def _check_json(rows: tuple[EngineCheckRow, ...]) -> list[dict[str, Any]]:
+    return [{"component": r.component, "where": r.where, "model_mib": r.model_mib, "engine_mib": r.engine_mib,
+             "error_mib": r.error_mib, "agrees": r.agrees} for r in rows]
+
+
 def _parts(b: Any) -> dict[str, int]:
     return {"weights": b.weights_bytes, "kv": b.kv_bytes, "recurrent": b.recurrent_bytes,
             "compute": b.compute_bytes, "overhead": b.overhead_bytes}
@@ -73,7 +99,8 @@ def _parts(b: Any) -> dict[str, int]:
 @app.command("plan")
 @friendly
 def plan_cmd(
-    model: Annotated[Path, typer.Argument(help="GGUF file (first part of a split model).")],
+    model: Annotated[str, typer.Argument(
+        help="GGUF file, owner/name:QUANT (header only, no download), or a catalog shape like qwen3-30b-a3b:Q4_K_M.")],
     gpu: Annotated[str | None, typer.Option("--gpu", help="Plan for this card, e.g. \"RTX 4060 Ti 16GB\".")] = None,
     ram: Annotated[float | None, typer.Option("--ram", help="Plan for this much host RAM, in GiB.")] = None,
     ctx: Annotated[str | None, typer.Option("-c", "--ctx-size", help="Context(s), e.g. 8192 or 8192,32768.")] = None,
@@ -82,27 +109,35 @@ def plan_cmd(
     parallel: Annotated[int | None, typer.Option("-np", "--parallel", help="Slots (default: 4, unified KV).")] = None,
     flash_attn: Annotated[FlashAttn, typer.Option("-fa", "--flash-attn")] = FlashAttn.AUTO,
     ubatch: Annotated[int | None, typer.Option("-ub", "--ubatch-size")] = None,
+    engine_check: Annotated[bool, typer.Option(
+        "--engine-check", help="Also run llama.cpp's own projection (llama-fit-params) and show both.")] = False,
     as_json: JsonFlag = False,
 ) -> None:
     """VRAM and RAM needed, verdict and speed ceilings for every --n-cpu-moe; works without a GPU.
 
-    Example: moe-tune plan model.gguf --gpu "RTX 4060 Ti 16GB" --ram 64 -c 32768 -ctk q8_0 -ctv q8_0
+    Example: moe-tune plan unsloth/Qwen3.6-35B-A3B-GGUF:Q4_K_M --gpu "RTX 3060 12GB" -c 32768 --engine-check
     """
-    info = inspect.inspect_model(model)
+    resolved = shape_model.plannable_model(model)
+    info = inspect.inspect_model(resolved.path)
     if parallel is not None and parallel < 1:
         raise UsageError(f"-np must be >= 1, got {parallel}")
     if cache_type_v.is_quantized and flash_attn is FlashAttn.OFF:
         raise UsageError(f"V cache type {cache_type_v.value} needs flash attention: use -fa on or -ctv f16")
     hw = _hardware(gpu, ram)
     ctxs = _ctxs(ctx)
-    base = LaunchConfig(model=model, cache_type_k=cache_type_k, cache_type_v=cache_type_v, flash_attn=flash_attn,
-                        parallel=parallel, ubatch=ubatch, ctx=ctxs[0] if ctxs else None)
+    base = LaunchConfig(model=resolved.path, cache_type_k=cache_type_k, cache_type_v=cache_type_v,
+                        flash_attn=flash_attn, parallel=parallel, ubatch=ubatch, ctx=ctxs[0] if ctxs else None)
     p = make_plan(info, base, hw, ctxs, KV_CHOICES)
+    check = _engine_check(info, base, hw) if engine_check else ()
     if as_json:
-        out.print_json(json.dumps(_as_json(p)))
+        doc = _as_json(p)
+        doc.update({"model_source": resolved.source, "figures_from": MODEL_SOURCE})
+        if engine_check:
+            doc["engine_check"] = _check_json(check)
+        out.print_json(json.dumps(doc))
         return
     c = ctxs[0] if ctxs else info.ctx_train
-    out.print(f"{model.name}: {info.arch}, {info.n_layer} layers, {info.n_expert} experts; {hw.describe()}",
+    out.print(f"{Path(model).name}: {info.arch}, {info.n_layer} layers, {info.n_expert} experts; {hw.describe()}",
               highlight=False, soft_wrap=True)
     out.print(f"-c {c} -ctk {cache_type_k.value} -ctv {cache_type_v.value} -fa {flash_attn.value}", highlight=False)
     table = Table()
@@ -119,5 +154,21 @@ def plan_cmd(
     for lc in p.largest_ctx:
         out.print(f"largest ctx at -ctk {lc.cache_type_k.value} -ctv {lc.cache_type_v.value} "
                   f"(--n-cpu-moe {lc.n_cpu_moe}): {lc.ctx}", highlight=False)
+    out.print(f"model header: {resolved.source}; figures: {MODEL_SOURCE}", highlight=False, soft_wrap=True)
+    if check:
+        _print_check(check, base)
+    else:
+        out.print("add --engine-check to compare them with llama.cpp's own projection (llama-fit-params)",
+                  highlight=False)
     if not hw.has_gpu:
         err.print("no GPU: planned for the CPU backend; pass --gpu NAME to plan for a card", highlight=False)
+
+
+def _print_check(rows: tuple[EngineCheckRow, ...], base: LaunchConfig) -> None:
+    table = Table(title=f"llama.cpp projection (llama-fit-params -fitp on, -np {base.parallel or 1}) vs the model")
+    for col in ("component", "where", "model MiB", "llama.cpp MiB", "diff MiB", "within 2 % / 16 MiB"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(r.component, r.where, f"{r.model_mib:,}", f"{r.engine_mib:,}", f"{r.error_mib:+,}",
+                      "yes" if r.agrees else "NO")
+    out.print(table)
