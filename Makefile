@@ -1,5 +1,5 @@
 # Two commands set everything up on a fresh machine (Python, gcc, cmake):
-#   make demo   — venv, package, llama.cpp engine, demo model, then the main job on it
+#   make demo   — venv, package, llama.cpp engine, demo model, then the main job (auto-tune) on it
 #   make test   — the same set-up, then the test suite against the real engine
 PYTHON ?= python3
 VENV   := .venv
@@ -21,7 +21,7 @@ engine: $(STAMP)
 demo: setup
 	$(BIN)/moe-tune demo-model --quant Q8_0,Q4_K_M
 	$(BIN)/moe-tune doctor
-	$(BIN)/moe-tune bench
+	$(BIN)/moe-tune auto-tune --workload chat --trials 10
 
 test: setup
 	$(BIN)/python -m pytest

@@ -11,13 +11,15 @@ from tuner import engine
 from .conftest import run_cli
 
 COMMANDS = [["doctor"], ["demo-model"], ["bench"], ["plan"], ["quality"], ["quants"], ["download"],
-            ["engine", "install"], ["engine", "path"], ["engine", "info"]]
+            ["auto-tune"], ["launch-line"], ["shape-model"], ["engine", "install"], ["engine", "path"],
+            ["engine", "info"]]
 
 
 def test_top_level_help_lists_commands():
     proc = run_cli("--help")
     assert proc.returncode == 0
-    for name in ("doctor", "demo-model", "bench", "plan", "quality", "quants", "download", "engine"):
+    for name in ("doctor", "demo-model", "bench", "plan", "quality", "quants", "download", "auto-tune",
+                 "launch-line", "shape-model", "engine"):
         assert name in proc.stdout
 
 

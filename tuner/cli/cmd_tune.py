@@ -1,0 +1,141 @@
+"""`moe-tune auto-tune` (the main job) and `moe-tune launch-line` (the measured winner as a command)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from tuner import autotune, demo, engine, hardware, hub_download, report, runner, study, workload
+from tuner.cli.app import JsonFlag, LlamaDir, app, err, friendly, out
+from tuner.errors import UsageError
+
+
+@app.command("auto-tune")
+@friendly
+def auto_tune_cmd(
+    model: Annotated[str | None, typer.Argument(help="GGUF path or REPO:QUANT; default: the demo model.")] = None,
+    min_ctx: Annotated[int | None, typer.Option("--min-ctx", help="Context you need, all slots together.")] = None,
+    goal: Annotated[str, typer.Option("--goal", help="speed (default) or context (largest context that fits).")]
+    = "speed",
+    workload_kind: Annotated[workload.WorkloadKind, typer.Option("--workload", help="chat, agent or batch.")]
+    = workload.WorkloadKind.CHAT,
+    n_prompt: Annotated[int | None, typer.Option("-p", "--n-prompt", help="Prompt tokens per request.")] = None,
+    n_gen: Annotated[int | None, typer.Option("-n", "--n-gen", help="Generated tokens per request.")] = None,
+    parallel: Annotated[int | None, typer.Option("-np", "--parallel", help="Server slots (concurrency).")] = None,
+    max_kld: Annotated[float | None, typer.Option("--max-kld", help="Quality floor: mean KLD vs f16 KV.")] = None,
+    vram_margin: Annotated[float | None, typer.Option("--vram-margin", help="MiB of VRAM to leave free.")] = None,
+    pareto: Annotated[bool, typer.Option("--pareto", help="Optimize gen and prompt tok/s (Pareto front).")]
+    = False,
+    trials: Annotated[int | None, typer.Option("--trials", help="Trials in this run (default 10).")] = None,
+    time_limit: Annotated[str | None, typer.Option("--time", help="Time budget, e.g. 20m.")] = None,
+    storage: Annotated[str | None, typer.Option("--storage", help="Optuna RDB URL; default sqlite in results/.")]
+    = None,
+    results_dir: Annotated[Path, typer.Option("--results-dir", help="Where results/<study>/ is written.")]
+    = Path("results"),
+    seed: Annotated[int, typer.Option("--seed", help="Sampler seed.")] = 0,
+    llama_cpp_dir: LlamaDir = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Search the fastest llama-server settings for MODEL on this machine, measured for real, and print the
+    launch line. Ctrl-C stops cleanly; running it again resumes the same study.
+
+    Example: moe-tune auto-tune unsloth/Qwen3-30B-A3B-GGUF:Q4_K_M --min-ctx 32768 --workload agent --time 20m
+    """
+    if goal not in ("speed", "context"):
+        raise UsageError(f"unknown --goal {goal}: use speed or context")
+    if goal == "context" and min_ctx is not None:
+        raise UsageError("--goal context picks the context itself: drop --min-ctx")
+    loc = engine.locate_engine(llama_cpp_dir)
+    def say(msg: str) -> None:
+        if not as_json:
+            err.print(msg, highlight=False, soft_wrap=True)
+
+    path = demo.default_model(loc, on_step=say) if model is None else hub_download.resolve_model(model)
+    load = workload.preset(workload_kind, n_prompt, n_gen)
+    budget = study.Budget(trials=trials if trials is not None or time_limit else 10,
+                          time_s=study.parse_duration(time_limit) if time_limit else None)
+    measure = study.Measure(n_prompt=min(load.prompt_tokens, 512), n_gen=min(load.gen_tokens, 128))
+    req = autotune.TuneRequest(model=path, workload=load, min_ctx=min_ctx, goal_context=goal == "context",
+                               parallel=parallel, max_kld=max_kld, vram_margin_mib=vram_margin, pareto=pareto,
+                               budget=budget, measure=measure, storage=storage, results_dir=results_dir, seed=seed)
+    hw = hardware.probe_hardware(host_bandwidth_s=0.3)
+    say(f"machine: {hw.describe()}")
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err, disable=as_json, transient=False) as bar:
+        task = bar.add_task("search", total=budget.trials)
+
+        def on_progress(p: study.Progress) -> None:
+            best = "n/a" if p.best_gen_tok_s is None else f"{p.best_gen_tok_s:,.1f} tok/s"
+            bar.update(task, completed=p.done, description=f"search (best {best}; last: {p.last.status})")
+
+        result = autotune.auto_tune(req, loc, hw, on_progress=on_progress, on_step=say)
+    if result.search.interrupted:
+        say(f"interrupted after {result.search.trials_this_run} trials; run the same command again to resume "
+            f"study {result.study_name}")
+        raise typer.Exit(130)
+    if as_json:
+        out.print_json(json.dumps(result.result | {"result_dir": str(result.result_dir)}))
+        return
+    _summary(result)
+
+
+def _summary(res: autotune.TuneResult) -> None:
+    r = res.result
+    table = Table(title=f"llama-server re-measure ({r['workload']['kind']}, P={r['workload']['prompt_tokens']}, "
+                        f"G={r['workload']['gen_tokens']})")
+    for col in ("config", "gen tok/s", "CV %", "prompt tok/s", "spill"):
+        table.add_column(col, justify="right")
+    fin = r["finish"]
+    for m in [*fin["baselines"], *fin["candidates"]]:
+        gen = "failed" if m["gen_tok_s"] is None else f"{m['gen_tok_s']:,.1f}"
+        cv = "" if m["gen_cv_pct"] is None else f"{m['gen_cv_pct']:.1f}"
+        pp = "" if m["prompt_tok_s"] is None else f"{m['prompt_tok_s']:,.1f}"
+        table.add_row(m["label"], gen, cv, pp, m["spill"] or "")
+    out.print(table)
+    n = len(r["trials"])
+    out.print(f"study {res.study_name}: {n} trials stored ({res.search.trials_this_run} this run) in {res.storage}",
+              highlight=False, soft_wrap=True)
+    w = r.get("winner")
+    if w:
+        note = " (llama.cpp's own choice was fastest here)" if not w["label"].startswith("candidate") else ""
+        out.print(f"winner: {w['label']}{note}", highlight=False)
+    sp = r["speedup"]
+    parts = [f"{k}: {v:.2f}x" for k, v in sp.items() if v is not None]
+    if parts:
+        out.print(f"winner vs {', '.join(parts)}", highlight=False)
+    out.print(f"report: {res.result_dir / 'report.md'}", highlight=False, soft_wrap=True)
+    out.print(f"launch line: {report.launch_line(r)}", highlight=False, soft_wrap=True)
+
+
+@app.command("launch-line")
+@friendly
+def launch_line_cmd(
+    result: Annotated[Path, typer.Argument(help="results/<study>/result.json (or the folder).")],
+    rank: Annotated[int, typer.Option("--rank", help="1 = the winner, 2 = the runner-up, ...")] = 1,
+    fmt: Annotated[str, typer.Option("--format", help="shell, llama-swap or json.")] = "shell",
+    host: Annotated[str | None, typer.Option("--host")] = None,
+    port: Annotated[int | None, typer.Option("--port")] = None,
+    execute: Annotated[bool, typer.Option("--exec", help="Run the printed llama-server command.")] = False,
+    llama_cpp_dir: LlamaDir = None,
+) -> None:
+    """Print the measured llama-server command of a result, rendered by the renderer that measured it.
+
+    Example: moe-tune launch-line results/<study>/result.json --format llama-swap
+    """
+    data = report.load_result(result)
+    line = report.launch_line(data, rank=rank, fmt=fmt, host=host, port=port)
+    out.print(line, highlight=False, soft_wrap=True, markup=False)
+    if execute:
+        if fmt != "shell":
+            raise UsageError("--exec runs the shell form: drop --format")
+        binary = str(engine.locate_engine(llama_cpp_dir).tool("llama-server"))
+        argv = report.launch_line(data, rank=rank, host=host, port=port, binary=binary)
+        import shlex
+
+        runner.run_process(shlex.split(argv), timeout_s=10**9, what="llama-server",
+                           fix="check the flags in the launch line")
