@@ -150,39 +150,61 @@ def measure_server(loc: EngineLocation, cfg: LaunchConfig, load: Workload, *, la
 class Finish:
     candidates: tuple[ServerMeasurement, ...]
     baselines: tuple[ServerMeasurement, ...]
+    # The workload's request shape: with both known, configs are judged by the time a whole request takes
+    # (prompt processing plus generation), so a config cannot win on tg while losing more on pp.
+    prompt_tokens: int = 0
+    gen_tokens: int = 0
+
+    def score(self, m: ServerMeasurement) -> float | None:
+        """Higher is better: requests per second at concurrency 1, or generation tok/s when pp is unknown."""
+        if m.gen_tok_s is None:
+            return None
+        if self.prompt_tokens and self.gen_tokens and m.prompt_tok_s:
+            return 1.0 / (self.prompt_tokens / m.prompt_tok_s + self.gen_tokens / m.gen_tok_s)
+        return m.gen_tok_s
+
+    @property
+    def metric(self) -> str:
+        if self.prompt_tokens and self.gen_tokens:
+            return f"end-to-end request time (P={self.prompt_tokens}, G={self.gen_tokens})"
+        return "generation tok/s"
 
     @property
     def winner(self) -> ServerMeasurement | None:
-        """The fastest config measured here, baselines included. A baseline (llama.cpp's default first, then
-        its --fit choice) wins when the fastest candidate is not faster by more than the measured noise (the
-        larger CV of the two): a launch line should not change for a gain the run cannot show."""
-        ok = [m for m in (*self.candidates, *self.baselines) if m.gen_tok_s is not None]
-        fastest = max(ok, key=lambda m: m.gen_tok_s or 0.0, default=None)
-        if fastest is None or fastest in self.baselines:
-            return fastest
-        for base in self.baselines:
-            if base.gen_tok_s is None or fastest.gen_tok_s is None:
-                continue
-            noise = max(fastest.gen_cv_pct or 0.0, base.gen_cv_pct or 0.0) / 100
-            if base.gen_tok_s >= fastest.gen_tok_s * (1 - noise):
-                return base
-        return fastest
+        """The config to launch: among those within the measured noise (the larger generation CV of the pair)
+        of the best score, llama.cpp's own choice first (default, then --fit), else the simplest launch line.
+        A launch line should not grow flags, or trade KV precision, for a gain the run cannot show.
+        """
+        scored = [(m, sc) for m in (*self.candidates, *self.baselines) if (sc := self.score(m)) is not None]
+        if not scored:
+            return None
+        best, top = max(scored, key=lambda p: p[1])
+
+        def within_noise(m: ServerMeasurement, sc: float) -> bool:
+            noise = max(best.gen_cv_pct or 0.0, m.gen_cv_pct or 0.0) / 100
+            return sc >= top * (1 - noise)
+
+        order = {b.label: i for i, b in enumerate(self.baselines)}
+        tied = [(m, sc) for m, sc in scored if within_noise(m, sc)]
+        return min(tied, key=lambda p: (order.get(p[0].label, len(order)), len(p[0].launch_line.split()), -p[1]))[0]
 
     def speedup(self, baseline: str) -> float | None:
+        """The winner's score over a baseline's (see :attr:`metric`)."""
         w = self.winner
         b = next((m for m in self.baselines if m.label == baseline), None)
-        if w is None or b is None or not b.gen_tok_s or w.gen_tok_s is None:
-            return None
-        return w.gen_tok_s / b.gen_tok_s
+        ws, bs = (self.score(w) if w else None), (self.score(b) if b else None)
+        return ws / bs if ws is not None and bs else None
 
     def to_dict(self) -> dict[str, Any]:
         return {"candidates": [c.to_dict() for c in self.candidates],
-                "baselines": [b.to_dict() for b in self.baselines]}
+                "baselines": [b.to_dict() for b in self.baselines],
+                "prompt_tokens": self.prompt_tokens, "gen_tokens": self.gen_tokens}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Finish:
         return cls(tuple(ServerMeasurement.from_dict(c) for c in d.get("candidates", [])),
-                   tuple(ServerMeasurement.from_dict(b) for b in d.get("baselines", [])))
+                   tuple(ServerMeasurement.from_dict(b) for b in d.get("baselines", [])),
+                   int(d.get("prompt_tokens", 0)), int(d.get("gen_tokens", 0)))
 
 
 def finish(loc: EngineLocation, candidates: Sequence[tuple[int, LaunchConfig]],
@@ -206,5 +228,5 @@ def finish(loc: EngineLocation, candidates: Sequence[tuple[int, LaunchConfig]],
         done.append(measure_server(loc, cfg, load, label=label, log_dir=log_dir, caps=caps, roofline_tok_s=roof,
                                    trial_number=num))
     return Finish(tuple(m for m in done if m.label.startswith("candidate")),
-                  tuple(m for m in done if not m.label.startswith("candidate")))
+                  tuple(m for m in done if not m.label.startswith("candidate")), load.prompt_tokens, load.gen_tokens)
 

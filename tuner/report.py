@@ -99,7 +99,8 @@ def markdown(result: dict[str, Any]) -> str:
         lines += ["## Winner", "", f"`{w['launch_line']}`", "",
                   f"- generation {_fmt(w['gen_tok_s'])} tok/s per request (CV {_fmt(w['gen_cv_pct'])} %), "
                   f"prompt {_fmt(w['prompt_tok_s'])} tok/s, TTFT {_fmt((w['ttft_s'] or 0) * 1000, ',.0f')} ms",
-                  f"- vs default: {_fmt(sp.get('default'), '.2f')}x; vs --fit: {_fmt(sp.get('fit'), '.2f')}x",
+                  f"- vs default: {_fmt(sp.get('default'), '.2f')}x; vs --fit: {_fmt(sp.get('fit'), '.2f')}x "
+                  f"(by {Finish.from_dict(result['finish']).metric})",
                   f"- spill: {w['spill']}; roofline: {_fmt(w['roofline_pct'], '.0f')} %; "
                   f"tok/J: {_fmt(w['tokens_per_joule'], '.2f')}", ""]
     lines += ["## Server re-measure", "", "| config | gen tok/s | CV % | prompt tok/s | TTFT ms | launch line |",

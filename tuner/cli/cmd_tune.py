@@ -10,7 +10,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from tuner import autotune, demo, engine, hardware, hub_download, report, runner, study, workload
+from tuner import autotune, demo, engine, finish, hardware, hub_download, report, runner, study, workload
 from tuner.cli.app import JsonFlag, LlamaDir, app, err, friendly, out
 from tuner.errors import UsageError
 
@@ -107,7 +107,8 @@ def _summary(res: autotune.TuneResult) -> None:
     sp = r["speedup"]
     parts = [f"{k}: {v:.2f}x" for k, v in sp.items() if v is not None]
     if parts:
-        out.print(f"winner vs {', '.join(parts)}", highlight=False)
+        metric = finish.Finish.from_dict(r["finish"]).metric
+        out.print(f"winner vs {', '.join(parts)} (by {metric})", highlight=False)
     out.print(f"report: {res.result_dir / 'report.md'}", highlight=False, soft_wrap=True)
     out.print(f"launch line: {report.launch_line(r)}", highlight=False, soft_wrap=True)
 
