@@ -4,18 +4,24 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, replace
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich import progress as rp
 from rich.table import Table
 
-from tuner import cards, catalog, hardware, hub, hub_download, hub_header, memory, plan
+from tuner import cards, catalog, hardware, memory, plan
 from tuner.cli.app import JsonFlag, app, err, facts_table, friendly, mib, out
 from tuner.config import LaunchConfig
 from tuner.errors import UsageError
 from tuner.hardware import Hardware
 from tuner.inspect import ModelInfo
+
+if TYPE_CHECKING:
+    from tuner import hub, hub_download, hub_header
+
+# The Hub client (huggingface_hub) is imported inside the commands that talk to the Hub: importing it here
+# would slow every moe-tune command's start-up.
 
 Offline = Annotated[bool, typer.Option("--offline", help="Only the local Hugging Face cache (as HF_HUB_OFFLINE=1).")]
 Revision = Annotated[str, typer.Option("--revision", help="Branch, tag or commit of the repo.")]
@@ -54,10 +60,14 @@ def _fit_hardware(gpu: str | None) -> Hardware:
 
 
 def _options(offline: bool) -> hub.HubOptions:
+    from tuner import hub
+
     return hub.HubOptions(offline=True if offline else None)
 
 
 def _ref(name: str) -> hub.HubRef:
+    from tuner import hub
+
     ref = hub.parse_hub_ref(name)
     if ref is None:
         raise UsageError(f"{name} is not a Hugging Face repo name: use owner/name or owner/name:QUANT, "
@@ -81,6 +91,8 @@ def quants_cmd(
     Architecture facts come from the GGUF header of the first part, read with HTTP range requests
     (no tensor data is downloaded). Example: moe-tune quants unsloth/Qwen3-30B-A3B-GGUF -c 32768
     """
+    from tuner import hub, hub_header
+
     ref = _ref(repo)
     options = _options(offline)
     listing = hub.list_quants(ref.repo_id, revision=revision, options=options)
@@ -158,6 +170,8 @@ def _size(n_bytes: int) -> str:
 
 def _probe_quant(listing: hub.RepoQuants) -> hub.Quant:
     """The quant whose header stands for the repo: Q4_K_M when present, else the smallest."""
+    from tuner import hub
+
     try:
         return listing.get(hub.DEFAULT_QUANT)
     except hub.UnknownQuantError:
@@ -188,6 +202,8 @@ def download_cmd(
     Reuses what the cache holds, resumes an interrupted download, checks each file's sha256 against
     the Hub. Example: moe-tune download unsloth/Qwen3-30B-A3B-GGUF:Q4_K_M
     """
+    from tuner import hub_download
+
     ref = _ref(name)
     options = _options(offline)
     columns = (rp.TextColumn("{task.description}"), rp.BarColumn(), rp.DownloadColumn(), rp.TransferSpeedColumn(),

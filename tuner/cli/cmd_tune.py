@@ -10,8 +10,8 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from tuner import autotune, demo, engine, finish, hardware, hub_download, report, runner, study, workload
-from tuner.cli.app import JsonFlag, LlamaDir, app, err, friendly, out
+from tuner import autotune, demo, engine, finish, hardware, report, runner, study, workload
+from tuner.cli.app import JsonFlag, LlamaDir, app, err, friendly, model_path, out
 from tuner.errors import UsageError
 
 
@@ -55,7 +55,7 @@ def auto_tune_cmd(
         if not as_json:
             err.print(msg, highlight=False, soft_wrap=True)
 
-    path = demo.default_model(loc, on_step=say) if model is None else hub_download.resolve_model(model)
+    path = demo.default_model(loc, on_step=say) if model is None else model_path(model)
     load = workload.preset(workload_kind, n_prompt, n_gen)
     budget = study.Budget(trials=trials if trials is not None or time_limit else 10,
                           time_s=study.parse_duration(time_limit) if time_limit else None)
