@@ -7,7 +7,18 @@ from __future__ import annotations
 
 import sys
 
-from tuner.cli import cmd_bench, cmd_demo, cmd_doctor, cmd_engine, cmd_hub, cmd_plan, cmd_quality, cmd_shape, cmd_tune  # noqa: F401 - registers the commands
+from tuner.cli import (  # noqa: F401 - registers the commands
+    cmd_bench,
+    cmd_compare,
+    cmd_demo,
+    cmd_doctor,
+    cmd_engine,
+    cmd_hub,
+    cmd_plan,
+    cmd_quality,
+    cmd_shape,
+    cmd_tune,
+)
 from tuner.cli.app import app
 
 
