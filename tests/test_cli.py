@@ -10,7 +10,7 @@ from tuner import engine
 
 from .conftest import run_cli
 
-COMMANDS = [["doctor"], ["demo-model"], ["bench"], ["plan"], ["quality"], ["quants"], ["download"],
+COMMANDS = [["doctor"], ["demo-model"], ["bench"], ["plan"], ["quality"], ["quants"], ["download"], ["compare-quants"],
             ["auto-tune"], ["launch-line"], ["shape-model"], ["engine", "install"], ["engine", "path"],
             ["engine", "info"]]
 

@@ -1,0 +1,84 @@
+"""`moe-tune compare-quants`: the quants of one model side by side, measured for real."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from tuner import compare, engine, hardware, hub, workload
+from tuner.cli.app import JsonFlag, LlamaDir, app, err, friendly, out
+from tuner.cli.cmd_hub import _fit_hardware, fit_verdict
+from tuner.errors import UsageError
+from tuner.inspect import ModelInfo
+
+
+@app.command("compare-quants")
+@friendly
+def compare_quants_cmd(
+    sources: Annotated[list[str], typer.Argument(help="One Hugging Face repo (owner/name) or several .gguf files.")],
+    quants: Annotated[str | None, typer.Option("--quants", help="Comma-separated quants, e.g. Q4_K_M,Q8_0 "
+                                               "(default: every quant in the repo).")] = None,
+    trials: Annotated[int, typer.Option("--trials", help="Auto-tune trials per quant.")] = compare.DEFAULT_TRIALS,
+    gpu: Annotated[str | None, typer.Option("--gpu", help="Judge the fit for this card, e.g. \"RTX 3060 12GB\".")]
+    = None,
+    min_ctx: Annotated[int | None, typer.Option("--min-ctx", help="Context the fit verdict and tuning are for.")]
+    = None,
+    ctx: Annotated[int, typer.Option("-c", "--ctx-size", help="Tokens per chunk of the PPL/KLD measure.")]
+    = compare.quality.DEFAULT_CTX,
+    chunks: Annotated[int, typer.Option("--chunks", help="Chunks of the PPL/KLD measure.")]
+    = compare.quality.DEFAULT_CHUNKS,
+    reference: Annotated[Path | None, typer.Option("--reference", help="Reference GGUF for KLD (default: the "
+                                                   "repo's F16/BF16/Q8_0 quant, else its largest).")] = None,
+    n_prompt: Annotated[int | None, typer.Option("-p", "--n-prompt", help="Prompt tokens per request.")] = None,
+    n_gen: Annotated[int | None, typer.Option("-n", "--n-gen", help="Generated tokens per request.")] = None,
+    out_dir: Annotated[Path | None, typer.Option("--out", help="Output folder (default results/compare-<name>).")]
+    = None,
+    llama_cpp_dir: LlamaDir = None,
+    as_json: JsonFlag = False,
+    as_csv: Annotated[bool, typer.Option("--csv", help="Print CSV instead of the table.")] = False,
+) -> None:
+    """Compare the quants of one model: size, fit, best config, prompt/gen tok/s, PPL, KLD, Pareto front.
+
+    Writes report.md, compare.csv, compare.json and gen_tok_s_vs_kld.png to the output folder.
+    Example: moe-tune compare-quants unsloth/Qwen3-30B-A3B-GGUF --quants Q4_K_M,Q6_K,Q8_0 --trials 4
+    """
+    if as_json and as_csv:
+        raise UsageError("--json and --csv both choose the output: pick one")
+    loc = engine.locate_engine(llama_cpp_dir)
+    fit_hw = _fit_hardware(gpu)
+    fit_ctx = min_ctx or compare.autotune.DEFAULT_CTX
+
+    def fit_of(quant: hub.Quant, model: ModelInfo) -> str:
+        return fit_verdict(quant, model, quant, fit_ctx, fit_hw)
+
+    def say(msg: str) -> None:
+        if not (as_json or as_csv):
+            err.print(msg, highlight=False, soft_wrap=True)
+
+    req = compare.CompareRequest(
+        sources=tuple(sources), quants=tuple(q.strip() for q in (quants or "").split(",") if q.strip()),
+        trials=trials, min_ctx=min_ctx, workload=workload.preset(workload.WorkloadKind.CHAT, n_prompt, n_gen),
+        kld_ctx=ctx, kld_chunks=chunks, reference=reference, out_dir=out_dir)
+    tune_hw = hardware.probe_hardware(host_bandwidth_s=0.3)
+    result = compare.compare(req, loc, tune_hw, fit_of, on_step=say)
+    if as_json:
+        out.print_json(json.dumps(compare.to_json(result)))
+        return
+    if as_csv:
+        out.print(compare.to_csv(result.rows), end="", highlight=False, markup=False, soft_wrap=True)
+        return
+    table = Table(title=f"{result.title}: fit at -c {fit_ctx} on {fit_hw.describe()}")
+    for col in compare.COLUMNS:
+        table.add_column(col, overflow="fold")
+    for r in result.rows:
+        table.add_row(*compare.cells(r))
+    out.print(table)
+    if result.catalog_model:
+        out.print(f"published (catalog) figures: {result.catalog_model}, not measured here", highlight=False)
+    out.print(f"reference: {result.reference or 'none (PPL only)'}", highlight=False, soft_wrap=True)
+    out.print(f"written: {result.out_dir}/report.md, compare.csv, compare.json, gen_tok_s_vs_kld.png",
+              highlight=False, soft_wrap=True)
