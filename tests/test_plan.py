@@ -115,3 +115,20 @@ def test_cli_plan_reads_a_hub_quant_header_only(demo_models, tmp_path):
     assert len(data["rows"]) == inspect.inspect_model(model).n_layer + 1
     res = run_cli("plan", "no-such-model:Q4_K_M")
     assert res.returncode == 1 and "Qwen3-30B-A3B" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_fit_verdict_in_the_users_words(demo_models):
+    from tuner import cards, plan
+    from tuner.inspect import inspect_model
+
+    model = inspect_model(demo_models[("qwen3moe", "Q4_K_M")])
+    card = cards.find_card("RTX 3060 12GB").hardware(64 << 30, 60 << 30, 0.0)
+    assert plan.fit_verdict(model, 8192, card) == "VRAM"
+    # The same shapes at 3000x the bytes (~30 GB): the experts must move to RAM, all or in part.
+    big = plan.scaled(model, 3000.0)
+    assert big.tensor_bytes > 2900 * model.tensor_bytes
+    verdict = plan.fit_verdict(big, 8192, card)
+    assert verdict.startswith("offload ") or verdict == "no"
+    cpu_only = cards.machine(None)
+    if not cpu_only.has_gpu:
+        assert plan.fit_verdict(model, 8192, cpu_only) == "RAM (no GPU)"

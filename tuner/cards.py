@@ -14,6 +14,7 @@ from functools import lru_cache
 from pathlib import Path
 
 import tuner
+from tuner import hardware
 from tuner.errors import UsageError
 from tuner.hardware import Hardware, pcie_bandwidth_bytes_s
 
@@ -93,3 +94,13 @@ def find_card(query: str, cards: tuple[Card, ...] | None = None) -> Card:
             f"no card matches {query!r}{hint}: name a card from the catalog, e.g. \"RTX 4060 Ti 16GB\""
         )
     return matches[0]
+
+
+def machine(gpu: str | None, host_bandwidth_s: float = 0.0) -> Hardware:
+    """This machine as probed, or the named card put into it (its host RAM and cores, the card empty)."""
+    if not gpu:
+        return hardware.probe_hardware(host_bandwidth_s=host_bandwidth_s)
+    host = hardware.probe_host()
+    bw = hardware.measure_host_bandwidth(host_bandwidth_s) if host_bandwidth_s > 0 else 0.0
+    return find_card(gpu).hardware(host.ram_total_bytes, host.ram_available_bytes, bw, host.physical_cores,
+                                   host.swap_total_bytes)

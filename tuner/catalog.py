@@ -94,6 +94,10 @@ class CatalogModel:
         fig = self.architecture.get(name)
         return fig.value if fig is not None else None
 
+    def figures_for(self, quant: str) -> list[QualityFigure]:
+        """Published figures for one quant (names compared without case)."""
+        return [f for f in self.quality if f.quant.upper() == quant.upper()]
+
     def source_of(self, name: str) -> str | None:
         fig = self.architecture.get(name)
         return self.sources.get(fig.source) if fig is not None else None

@@ -241,7 +241,7 @@ def _targets(req: CompareRequest, on_step: StepFn) -> tuple[str, list[_Target], 
 
 
 def _published(known: catalog.CatalogModel | None, quant: str) -> str | None:
-    figs = [f for f in known.quality if f.quant.upper() == quant.upper()] if known else []
+    figs = known.figures_for(quant) if known else []
     if not figs:
         return None
     f = figs[0]

@@ -161,3 +161,23 @@ def engine_check_rows(est: MemoryEstimate, mmap: bool, engine_host: dict[str, in
             EngineCheckRow("compute", "gpu", est.gpu.compute_bytes // mib, engine_gpu["compute"]),
         ]
     return tuple(rows)
+
+
+def scaled(model: ModelInfo, ratio: float) -> ModelInfo:
+    """Another quant of the same model, priced from this one's header: every tensor scaled by the ratio of the
+    two files' sizes (same shapes, other types), which is what the files differ by."""
+    if ratio == 1.0:
+        return model
+    return replace(model, tensors=tuple(replace(t, n_bytes=round(t.n_bytes * ratio)) for t in model.tensors))
+
+
+def fit_verdict(model: ModelInfo, ctx_tokens: int, hw: Hardware) -> str:
+    """Whether ``model`` runs on ``hw`` at ``ctx_tokens`` (one slot), in the user's words: "VRAM" (all on the
+    GPU), "offload N" (with --n-cpu-moe N), "RAM (no GPU)" (a machine without a GPU holds it) or "no"."""
+    cfg = LaunchConfig(model=model.paths[0], ctx=ctx_tokens, parallel=1)
+    if not hw.has_gpu:
+        return "RAM (no GPU)" if estimate(model, cfg, hw).verdict is Verdict.FITS else "no"
+    n_cpu_moe = smallest_fitting_n_cpu_moe(model, cfg, hw)
+    if n_cpu_moe is None:
+        return "no"
+    return "VRAM" if n_cpu_moe == 0 else f"offload {n_cpu_moe}"

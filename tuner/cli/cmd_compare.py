@@ -9,9 +9,8 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from tuner import compare, engine, hardware, hub, workload
+from tuner import cards, compare, engine, hardware, hub, plan, workload
 from tuner.cli.app import JsonFlag, LlamaDir, app, err, friendly, out
-from tuner.cli.cmd_hub import _fit_hardware, fit_verdict
 from tuner.errors import UsageError
 from tuner.inspect import ModelInfo
 
@@ -49,11 +48,11 @@ def compare_quants_cmd(
     if as_json and as_csv:
         raise UsageError("--json and --csv both choose the output: pick one")
     loc = engine.locate_engine(llama_cpp_dir)
-    fit_hw = _fit_hardware(gpu)
+    fit_hw = cards.machine(gpu)
     fit_ctx = min_ctx or compare.autotune.DEFAULT_CTX
 
     def fit_of(quant: hub.Quant, model: ModelInfo) -> str:
-        return fit_verdict(quant, model, quant, fit_ctx, fit_hw)
+        return plan.fit_verdict(model, fit_ctx, fit_hw)
 
     def say(msg: str) -> None:
         if not (as_json or as_csv):

@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich import progress as rp
 from rich.table import Table
 
-from tuner import cards, catalog, hardware, memory, plan
+from tuner import cards, catalog, plan
 from tuner.cli.app import JsonFlag, app, err, facts_table, friendly, mib, out
-from tuner.config import LaunchConfig
 from tuner.errors import UsageError
-from tuner.hardware import Hardware
 from tuner.inspect import ModelInfo
 
 if TYPE_CHECKING:
@@ -28,35 +26,6 @@ Revision = Annotated[str, typer.Option("--revision", help="Branch, tag or commit
 
 ARCH_FACTS = ("n_layer", "n_expert", "n_expert_used", "n_expert_shared", "n_embd", "n_head", "head_dim_k",
               "head_dim_v", "n_vocab", "ctx_train", "n_swa", "full_attention_interval", "mla_kv_lora_rank")
-
-
-def fit_verdict(quant: hub.Quant, model: ModelInfo, probe: hub.Quant, ctx_tokens: int, hw: Hardware) -> str:
-    """Whether ``quant`` runs on ``hw`` at ``ctx_tokens``, from the memory model.
-
-    "VRAM": everything on the GPU; "offload N": with --n-cpu-moe N; "no": not even with every expert in RAM;
-    "RAM (no GPU)": a machine without a GPU holds it in RAM.
-    ``model`` is the header of ``probe``; other quants of the same model are that header with every tensor
-    scaled by the size ratio (same shapes, other types), which is what their files differ by.
-    """
-    if quant is not probe and probe.total_bytes:
-        ratio = quant.total_bytes / probe.total_bytes
-        model = replace(model, tensors=tuple(replace(t, n_bytes=round(t.n_bytes * ratio)) for t in model.tensors))
-    cfg = LaunchConfig(model=model.paths[0], ctx=ctx_tokens, parallel=1)
-    if not hw.has_gpu:
-        return "RAM (no GPU)" if memory.estimate(model, cfg, hw).verdict is memory.Verdict.FITS else "no"
-    n_cpu_moe = plan.smallest_fitting_n_cpu_moe(model, cfg, hw)
-    if n_cpu_moe is None:
-        return "no"
-    return "VRAM" if n_cpu_moe == 0 else f"offload {n_cpu_moe}"
-
-
-def _fit_hardware(gpu: str | None) -> Hardware:
-    """This machine, or the named card in it (bandwidth is not needed for a fit verdict)."""
-    if not gpu:
-        return hardware.probe_hardware(host_bandwidth_s=0)
-    host = hardware.probe_host()
-    return cards.find_card(gpu).hardware(host.ram_total_bytes, host.ram_available_bytes, 0.0,
-                                         host.physical_cores, host.swap_total_bytes)
 
 
 def _options(offline: bool) -> hub.HubOptions:
@@ -101,8 +70,11 @@ def quants_cmd(
     probe = listing.get(ref.quant) if ref.quant else _probe_quant(listing)
     headers = hub_header.read_quant_headers(ref.repo_id, probe, commit=listing.commit or revision, options=options)
     model = headers.model_info()
-    hw = _fit_hardware(gpu)
-    verdicts = {q.name: fit_verdict(q, model, probe, ctx, hw) for q in listing.quants}
+    hw = cards.machine(gpu)
+    # Other quants are priced from the probe's header, scaled by file size (their headers are not fetched).
+    size = probe.total_bytes or 1
+    verdicts = {q.name: plan.fit_verdict(plan.scaled(model, (q.total_bytes or size) / size), ctx, hw)
+                for q in listing.quants}
     known = catalog.find_model(ref.repo_id)
     published = {q.name: _published(known, q.name) for q in listing.quants}
     if as_json:
@@ -151,7 +123,7 @@ def quants_cmd(
 
 
 def _published(known: catalog.CatalogModel | None, quant: str) -> list[catalog.QualityFigure]:
-    return [f for f in known.quality if f.quant.upper() == quant.upper()] if known else []
+    return known.figures_for(quant) if known else []
 
 
 def _published_text(figures: list[catalog.QualityFigure]) -> str:
