@@ -80,15 +80,8 @@ class Comparison:
 
 def pareto_flags(rows: Sequence[QuantRow]) -> list[bool]:
     """On the front: no other row is at least as fast (gen tok/s) and as close (mean KLD), and better in one."""
-    pts = [(r.gen_tok_s, r.kld_mean) for r in rows]
-    flags = []
-    for g, k in pts:
-        if g is None or k is None:
-            flags.append(False)
-            continue
-        flags.append(not any(og is not None and ok is not None and og >= g and ok <= k and (og, ok) != (g, k)
-                             for og, ok in pts))
-    return flags
+    return study.non_dominated([(r.gen_tok_s, -r.kld_mean) if r.gen_tok_s is not None and r.kld_mean is not None
+                                else None for r in rows])
 
 
 def with_pareto(rows: Sequence[QuantRow]) -> tuple[QuantRow, ...]:

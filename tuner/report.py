@@ -12,7 +12,7 @@ from typing import Any
 from tuner import flags
 from tuner.errors import UsageError
 from tuner.finish import Finish, ServerMeasurement
-from tuner.study import TrialRecord, config_from_dict, pareto_front, records
+from tuner.study import TrialRecord, config_from_dict, non_dominated, pareto_front, records
 
 RESULT_VERSION = 1
 
@@ -158,11 +158,8 @@ def plots(result: dict[str, Any], out_dir: Path) -> list[Path]:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     front = set(result.get("pareto") or [])
     if not front and measured:  # single objective: mark the non-dominated measured trials
-        for t in measured:
-            if not any(o["gen_tok_s"] >= t["gen_tok_s"] and o["prompt_tok_s"] >= t["prompt_tok_s"]
-                       and (o["gen_tok_s"], o["prompt_tok_s"]) != (t["gen_tok_s"], t["prompt_tok_s"])
-                       for o in measured):
-                front.add(t["number"])
+        flags = non_dominated([(t["gen_tok_s"], t["prompt_tok_s"]) for t in measured])
+        front = {t["number"] for t, on in zip(measured, flags, strict=True) if on}
     ax.scatter([t["prompt_tok_s"] for t in measured], [t["gen_tok_s"] for t in measured], label="measured trials")
     pf = sorted((t for t in measured if t["number"] in front), key=lambda t: t["prompt_tok_s"])
     ax.plot([t["prompt_tok_s"] for t in pf], [t["gen_tok_s"] for t in pf], color="red", marker="D",

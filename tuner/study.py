@@ -415,6 +415,15 @@ def top_configs(recs: Sequence[TrialRecord], n: int) -> list[tuple[TrialRecord, 
     return out
 
 
+def non_dominated(points: Sequence[tuple[float, ...] | None]) -> list[bool]:
+    """For each point (every axis: higher is better; None: not measured), whether no other point is at least
+    as good on every axis and better on one."""
+    def dominates(a: tuple[float, ...], b: tuple[float, ...]) -> bool:
+        return a != b and all(x >= y for x, y in zip(a, b, strict=True))
+
+    return [p is not None and not any(o is not None and dominates(o, p) for o in points) for p in points]
+
+
 def pareto_front(study: optuna.Study) -> list[TrialRecord]:
     if len(study.directions) < 2:
         return []
