@@ -9,7 +9,7 @@ from __future__ import annotations
 import difflib
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -96,11 +96,16 @@ def find_card(query: str, cards: tuple[Card, ...] | None = None) -> Card:
     return matches[0]
 
 
-def machine(gpu: str | None, host_bandwidth_s: float = 0.0) -> Hardware:
-    """This machine as probed, or the named card put into it (its host RAM and cores, the card empty)."""
-    if not gpu:
-        return hardware.probe_hardware(host_bandwidth_s=host_bandwidth_s)
+def machine(gpu: str | None, host_bandwidth_s: float = 0.0, ram_bytes: int | None = None) -> Hardware:
+    """This machine as probed, or the named card put into it (its host cores, the card empty).
+
+    ``ram_bytes`` plans for another amount of host RAM (all of it taken as available).
+    """
     host = hardware.probe_host()
+    ram = ram_bytes if ram_bytes is not None else host.ram_total_bytes
+    avail = ram_bytes if ram_bytes is not None else host.ram_available_bytes
     bw = hardware.measure_host_bandwidth(host_bandwidth_s) if host_bandwidth_s > 0 else 0.0
-    return find_card(gpu).hardware(host.ram_total_bytes, host.ram_available_bytes, bw, host.physical_cores,
-                                   host.swap_total_bytes)
+    if gpu:
+        return find_card(gpu).hardware(ram, avail, bw, host.physical_cores, host.swap_total_bytes)
+    return replace(hardware.probe_hardware(host_bandwidth_s=0), ram_total_bytes=ram, ram_available_bytes=avail,
+                   host_bandwidth_bytes_s=bw)

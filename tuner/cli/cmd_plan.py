@@ -34,20 +34,6 @@ def _ctxs(text: str | None) -> list[int]:
     return values
 
 
-def _hardware(gpu: str | None, ram_gib: float | None) -> hardware.Hardware:
-    host = hardware.probe_host()
-    ram = int(ram_gib * 2**30) if ram_gib is not None else host.ram_total_bytes
-    avail = ram if ram_gib is not None else host.ram_available_bytes
-    bw = hardware.measure_host_bandwidth(HOST_BANDWIDTH_PROBE_S)
-    if gpu:
-        return cards.find_card(gpu).hardware(ram, avail, bw, host.physical_cores, host.swap_total_bytes)
-    hw = hardware.probe_hardware(host_bandwidth_s=0)
-    return hardware.Hardware(
-        hw.gpu_name, hw.vram_total_bytes, hw.vram_free_bytes, hw.gpu_bandwidth_bytes_s, hw.pcie_bandwidth_bytes_s,
-        ram, avail, hw.swap_total_bytes, bw, hw.physical_cores, hw.source,
-    )
-
-
 def _rate(v: float | None) -> str:
     return "-" if not v else f"{v:,.0f}"
 
@@ -123,7 +109,7 @@ def plan_cmd(
         raise UsageError(f"-np must be >= 1, got {parallel}")
     if cache_type_v.is_quantized and flash_attn is FlashAttn.OFF:
         raise UsageError(f"V cache type {cache_type_v.value} needs flash attention: use -fa on or -ctv f16")
-    hw = _hardware(gpu, ram)
+    hw = cards.machine(gpu, HOST_BANDWIDTH_PROBE_S, int(ram * 2**30) if ram is not None else None)
     ctxs = _ctxs(ctx)
     base = LaunchConfig(model=resolved.path, cache_type_k=cache_type_k, cache_type_v=cache_type_v,
                         flash_attn=flash_attn, parallel=parallel, ubatch=ubatch, ctx=ctxs[0] if ctxs else None)
