@@ -1,14 +1,14 @@
 """Memory model vs llama.cpp's own breakdown on the demo models (CPU backend), as an error table.
 
 For each config of a grid (ctx, K/V types, slots, unified KV, ubatch, flash attention) on both demo
-architectures, compare tuner.memory's host weights / context / compute with the engine's figures:
+architectures, compare tuner.plan.memory's host weights / context / compute with the engine's figures:
 ``--full``: llama-server's at-exit record (actual) for every config; default: llama-server's actual for a
 subset, ``llama-fit-params -fitp on`` (projection, header only) for the rest. Figures are MiB rounded
 down by llama.cpp, so a 1 MiB difference is rounding.
 
     .venv/bin/python scripts/bench_memory_model.py [--size tiny|large] [--full]
 
-Real-scale rows: six shape-true models (tuner.shape_model: real tensor shapes and quant types, sparse
+Real-scale rows: six shape-true models (tuner.models.shape_model: real tensor shapes and quant types, sparse
 data) of Qwen3-30B-A3B, Qwen3.5/3.6-35B-A3B, gpt-oss-20b/120b and GLM-4.5-Air, each over a grid of ctx
 4k–256k, K/V types, slots, ubatch, flash attention and repack, against ``llama-fit-params -fitp on``
 (goal: 2 % or 16 MiB). ``--real-only`` / ``--demo-only`` pick one part.
@@ -28,8 +28,11 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from tuner import breakdown, demo, engine, hardware, inspect, memory, shape_model
-from tuner.config import CacheType, FlashAttn, LaunchConfig
+from tuner.core.config import CacheType, FlashAttn, LaunchConfig
+from tuner.engine import breakdown, build
+from tuner.machine import hardware
+from tuner.models import demo, gguf_reader, shape_model
+from tuner.plan import memory
 
 MIB = 2**20
 CPU_ONLY = hardware.Hardware("", 0, 0, 0.0, 0.0, 64 * 2**30, 64 * 2**30, 0, 0.0, 8, "none")
@@ -91,7 +94,7 @@ def label(c: LaunchConfig) -> str:
     return " ".join(parts)
 
 
-def compare(info: inspect.ModelInfo, cfg: LaunchConfig, truth: breakdown.MemoryBreakdown,
+def compare(info: gguf_reader.ModelInfo, cfg: LaunchConfig, truth: breakdown.MemoryBreakdown,
             projected: bool) -> list[tuple[str, int, int]]:
     """(component, predicted MiB, llama.cpp MiB) for weights, context and compute on the host side."""
     if projected and cfg.parallel is None:
@@ -144,11 +147,11 @@ class Table:
         self.per_model[tag][comp] = (n + 1, max(p, pct), max(m, abs(err)))
 
 
-def demo_rows(table: Table, loc: engine.EngineLocation, out: Path, size: str, full: bool) -> None:
+def demo_rows(table: Table, loc: build.EngineLocation, out: Path, size: str, full: bool) -> None:
     for arch in ("qwen3moe", "qwen35moe"):
         files = demo.make_demo_models(arch=arch, size=size, quants=["Q4_K_M"], out=out / arch, engine=loc)
         for f in files:
-            info = inspect.inspect_model(f.path)
+            info = gguf_reader.inspect_model(f.path)
             for i, (name, cfg) in enumerate(grid(f.path)):
                 cfg = replace(cfg, model=f.path)
                 # llama-fit-params rejects --kv-unified: those configs need a server run.
@@ -166,13 +169,13 @@ def demo_rows(table: Table, loc: engine.EngineLocation, out: Path, size: str, fu
                     table.add(f"{arch} {f.quant}", name, "actual" if actual else "fit", comp, pred, real, 4)
 
 
-def real_rows(table: Table, loc: engine.EngineLocation, out: Path) -> None:
+def real_rows(table: Table, loc: build.EngineLocation, out: Path) -> None:
     for target in REAL_MODELS:
         t0 = time.perf_counter()
         shape = shape_model.write_catalog_model(target, out / "real" / f"{target.replace(':', '-')}.gguf")
         print(f"# {target}: {shape.logical_bytes / 2**30:.1f} GiB logical, {shape.disk_bytes / 1e6:.1f} MB on disk, "
               f"written in {time.perf_counter() - t0:.2f} s")
-        info = inspect.inspect_model(shape.path)
+        info = gguf_reader.inspect_model(shape.path)
         for name, cfg in real_grid(shape.path):
             truth = breakdown.fit_params_breakdown(loc, cfg)
             for comp, pred, real in compare(info, cfg, truth, projected=True):
@@ -187,7 +190,7 @@ def main() -> int:
     part.add_argument("--real-only", action="store_true", help="only the real-scale shape-true rows")
     part.add_argument("--demo-only", action="store_true", help="only the demo-model rows")
     args = ap.parse_args()
-    loc = engine.locate_engine()
+    loc = build.locate_engine()
     out = Path(tempfile.mkdtemp(prefix="moe-tune-bench-mem-"))
     table = Table()
     if not args.real_only:

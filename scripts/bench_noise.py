@@ -11,8 +11,10 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from tuner import bench, demo, engine
-from tuner.config import CacheType, FlashAttn, LaunchConfig
+from tuner.core.config import CacheType, FlashAttn, LaunchConfig
+from tuner.engine import build
+from tuner.measure import bench
+from tuner.models import demo
 
 
 def main() -> None:
@@ -22,8 +24,8 @@ def main() -> None:
     ap.add_argument("--depth", default="0,1024")
     ap.add_argument("-t", "--threads", type=int, default=2)
     args = ap.parse_args()
-    loc = engine.locate_engine()
-    caps = engine.capabilities(loc)
+    loc = build.locate_engine()
+    caps = build.capabilities(loc)
     model = demo.default_model(loc)
     depths = [int(d) for d in args.depth.split(",")]
     cfgs = [LaunchConfig(model=model, threads=args.threads, flash_attn=fa, cache_type_k=k, cache_type_v=k)

@@ -11,9 +11,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from tuner import cards, memory, roofline, shape_model
-from tuner.config import CacheType, FlashAttn, LaunchConfig
-from tuner.inspect import inspect_model
+from tuner.catalog import cards
+from tuner.core.config import CacheType, FlashAttn, LaunchConfig
+from tuner.models import shape_model
+from tuner.models.gguf_reader import inspect_model
+from tuner.plan import memory, roofline
 
 N_CONFIGS = 1000
 

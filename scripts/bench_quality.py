@@ -17,9 +17,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from tuner import corpus, demo, engine, kld, quality
-from tuner.config import CacheType
-from tuner.vocab import byte_to_unicode, pretokenize
+from tuner.core.config import CacheType
+from tuner.engine import build
+from tuner.models import demo
+from tuner.models.vocab import byte_to_unicode, pretokenize
+from tuner.quality import corpus, kld, perplexity
 
 VOCAB_CANDIDATES = (
     Path("/tmp/sd/llama_cpp_python-0.3.36/vendor/llama.cpp/models/ggml-vocab-qwen2.gguf"),
@@ -77,7 +79,7 @@ def main() -> None:
     else:
         print("  (no ggml-vocab-qwen2.gguf found: pass --vocab-gguf to count tokens at a 150k vocabulary)")
 
-    loc = engine.locate_engine()
+    loc = build.locate_engine()
     work = Path(tempfile.mkdtemp(prefix="moe-tune-bench-quality-"))
     os.environ["MOE_TUNE_CACHE"] = str(work / "cache")
     os.environ["LLAMA_CPP_DIR"] = str(loc.bin_dir)
@@ -90,17 +92,17 @@ def main() -> None:
             ("Q4_K_M", CacheType.Q8_0, CacheType.Q8_0), ("Q4_K_M", CacheType.Q4_0, CacheType.Q4_0),
             ("F16", CacheType.F16, CacheType.F16)]
     for quant, k, v in runs:
-        r = quality.measure(loc, files[quant], cache_type_k=k, cache_type_v=v, ctx=args.ctx, chunks=args.chunks)
+        r = perplexity.measure(loc, files[quant], cache_type_k=k, cache_type_v=v, ctx=args.ctx, chunks=args.chunks)
         print(f"{quant:<8} {k.value + '/' + v.value:<10} {r.ppl:>12.4f} ± {r.ppl_error:<7.4f} "
               f"{r.kld_mean or 0:>11.6f} ± {r.kld_mean_error or 0:<10.6f} {r.kld_p99 or 0:>10.6f} "
               f"{r.same_top_pct or 0:>7.3f} ± {r.same_top_pct_error or 0:<5.3f} {r.elapsed_s:>6.1f}")
-    ref = next(quality.logits_dir().glob("*.logits"))
+    ref = next(perplexity.logits_dir().glob("*.logits"))
     print(f"reference logits: {ref.stat().st_size:,} bytes "
           f"(formula {kld.logits_bytes(4096, args.ctx, args.chunks):,}; at a 151,936-token vocabulary "
           f"{kld.logits_bytes(151_936, args.ctx, 1) / 2**20:,.1f} MiB per chunk)")
 
     t = time.monotonic()
-    hit = quality.measure(loc, files["Q4_K_M"], ctx=args.ctx, chunks=args.chunks)
+    hit = perplexity.measure(loc, files["Q4_K_M"], ctx=args.ctx, chunks=args.chunks)
     print(f"\nrepeat request, library: {time.monotonic() - t:.3f} s (from cache: {hit.from_cache})")
     exe = Path(sys.executable).parent / "moe-tune"
     cmd = [str(exe), "quality", str(files["Q4_K_M"]), "-c", str(args.ctx), "--chunks", str(args.chunks), "--json"]

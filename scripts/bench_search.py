@@ -27,17 +27,21 @@ from typing import Any
 
 import optuna
 
-from tuner import bench, demo, engine, failures, finish, flags, hardware, space, study
-from tuner.config import LaunchConfig
-from tuner.inspect import inspect_model
+from tuner.core.config import LaunchConfig
+from tuner.engine import build, flags
+from tuner.machine import hardware
+from tuner.measure import bench, failures
+from tuner.models import demo
+from tuner.models.gguf_reader import inspect_model
+from tuner.search import finish, space, study
 
 OUT = Path(__file__).resolve().parent.parent / "results" / "benchmarks"
 TARGET = 0.97
 CTX = 4096
 
 
-def measure_grid(loc: engine.EngineLocation, grid: list[LaunchConfig], args: argparse.Namespace,
-                 caps: engine.Capabilities) -> list[dict[str, Any]]:
+def measure_grid(loc: build.EngineLocation, grid: list[LaunchConfig], args: argparse.Namespace,
+                 caps: build.Capabilities) -> list[dict[str, Any]]:
     """Each config's llama-bench figures, one entry per pass; pass 2 runs the grid in reverse order so a burst
     from another process does not hit the same configs twice."""
     passes: dict[LaunchConfig, list[dict[str, Any]]] = {c: [] for c in grid}
@@ -108,8 +112,8 @@ def main() -> None:
     ap.add_argument("--refresh", action="store_true", help="measure the grid again even if cached")
     args = ap.parse_args()
 
-    loc = engine.locate_engine()
-    caps = engine.capabilities(loc)
+    loc = build.locate_engine()
+    caps = build.capabilities(loc)
     [model_file] = [f for f in demo.make_demo_models(size=args.size, quants=[args.quant], engine=loc)
                     if f.quant == args.quant]
     model = model_file.path

@@ -22,13 +22,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tuner import autotune, demo, engine, finish, flags, hardware, report, study, workload
-from tuner.config import LaunchConfig
+from tuner.core.config import LaunchConfig
+from tuner.engine import build, flags
+from tuner.machine import hardware
+from tuner.measure import workload
+from tuner.models import demo
+from tuner.report import study_report
+from tuner.search import autotune, finish, study
 
 OUT = Path(__file__).resolve().parent.parent / "results" / "benchmarks"
 
 
-def tune_first(loc: engine.EngineLocation, trials: int, results_dir: Path) -> dict[str, Any]:
+def tune_first(loc: build.EngineLocation, trials: int, results_dir: Path) -> dict[str, Any]:
     model = demo.default_model(loc)
     load = workload.preset(workload.WorkloadKind.CHAT)
     req = autotune.TuneRequest(model=model, workload=load, budget=study.Budget(trials=trials),
@@ -54,11 +59,11 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=10, help="auto-tune trials when no --result is given")
     args = ap.parse_args()
 
-    loc = engine.locate_engine()
-    caps = engine.capabilities(loc)
+    loc = build.locate_engine()
+    caps = build.capabilities(loc)
     with tempfile.TemporaryDirectory(prefix="bench-tuned-") as tmp:
-        result = report.load_result(args.result) if args.result else tune_first(loc, args.trials, Path(tmp))
-        tuned = study.config_from_dict(report.ranked(result)[0].config)
+        result = study_report.load_result(args.result) if args.result else tune_first(loc, args.trials, Path(tmp))
+        tuned = study.config_from_dict(study_report.ranked(result)[0].config)
         default = LaunchConfig(model=tuned.model, ctx=tuned.ctx, parallel=tuned.parallel)
         fit = finish.fit_config(loc, default)
         arms: dict[str, LaunchConfig] = {"tuned": tuned, "default": default, "fit": fit or default}

@@ -12,7 +12,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tuner import demo, engine
+from tuner.engine import build
+from tuner.models import demo
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -64,8 +65,8 @@ def no_llama_process_left_behind():
 
 
 @pytest.fixture(scope="session")
-def engine_loc() -> engine.EngineLocation:
-    return engine.locate_engine()
+def engine_loc() -> build.EngineLocation:
+    return build.locate_engine()
 
 
 @pytest.fixture(scope="session")

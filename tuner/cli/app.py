@@ -12,8 +12,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from tuner import __version__, engine
-from tuner.errors import TunerError
+from tuner import __version__
+from tuner.core.errors import TunerError
+from tuner.engine import build
 
 app = typer.Typer(
     name="moe-tune",
@@ -64,7 +65,7 @@ def model_path(name: str) -> Path:
     path = Path(name).expanduser()
     if path.is_file():
         return path
-    from tuner.hub_download import resolve_model
+    from tuner.hub.download import resolve_model
 
     return resolve_model(name)
 
@@ -83,7 +84,7 @@ def mib(n_bytes: float) -> str:
 
 def _version_callback(value: bool) -> None:
     if value:
-        out.print(f"moe-tune {__version__} (llama.cpp {engine.PIN.commit})", highlight=False)
+        out.print(f"moe-tune {__version__} (llama.cpp {build.PIN.commit})", highlight=False)
         raise typer.Exit()
 
 

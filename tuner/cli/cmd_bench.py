@@ -8,11 +8,15 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from tuner import bench, demo, engine, flags, hardware, paths, roofline, workload
 from tuner.cli.app import JsonFlag, LlamaDir, app, err, friendly, mib, model_path, out
-from tuner.config import CacheType, FlashAttn, LaunchConfig
-from tuner.errors import TunerError, UsageError
-from tuner.inspect import inspect_model
+from tuner.core.config import CacheType, FlashAttn, LaunchConfig
+from tuner.core.errors import TunerError, UsageError
+from tuner.engine import build, flags
+from tuner.machine import hardware, paths
+from tuner.measure import bench, workload
+from tuner.models import demo
+from tuner.models.gguf_reader import inspect_model
+from tuner.plan import roofline
 
 
 @app.command("bench")
@@ -63,7 +67,7 @@ def bench_cmd(
         "kv_unified": kv_unified, "mmap": False if no_mmap else None, "repack": False if no_repack else None,
     }
     given = {k: v for k, v in given.items() if v is not None}
-    loc = engine.locate_engine(llama_cpp_dir)
+    loc = build.locate_engine(llama_cpp_dir)
     if from_cmd is not None:
         if given:
             raise UsageError(f"--from-cmd already holds the flags; drop {', '.join(sorted(given))} or edit the command")
@@ -81,7 +85,7 @@ def bench_cmd(
         raise TunerError(f"model file {cfg.model} not found: check the path")
     flags.validate(cfg)
     load = workload.preset(workload_kind, n_prompt, n_gen)
-    caps = engine.capabilities(loc)
+    caps = build.capabilities(loc)
 
     with err.status(f"llama-bench on {cfg.model.name} (pp{load.prompt_tokens}, tg{load.gen_tokens}, depth {depth})"):
         result = bench.run_bench(loc, cfg, n_prompt=load.prompt_tokens, n_gen=load.gen_tokens,
@@ -139,7 +143,7 @@ def _report(cfg: LaunchConfig, result: bench.BenchResult, trial: bench.ServerTri
 
 def _print(cfg: LaunchConfig, result: bench.BenchResult, trial: bench.ServerTrial | None,
            roof: roofline.Roofline) -> None:
-    out.print(f"{cfg.model.name}  (llama.cpp {engine.PIN.commit})", highlight=False, soft_wrap=True)
+    out.print(f"{cfg.model.name}  (llama.cpp {build.PIN.commit})", highlight=False, soft_wrap=True)
     table = Table(title="llama-bench")
     for col in ("test", "depth", "median tok/s", "CV %", "samples", "% of ceiling"):
         table.add_column(col, justify="right")

@@ -9,10 +9,16 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from tuner import cards, compare, engine, hardware, hub, plan, workload
+from tuner.catalog import cards
 from tuner.cli.app import JsonFlag, LlamaDir, app, err, friendly, out
-from tuner.errors import UsageError
-from tuner.inspect import ModelInfo
+from tuner.core.errors import UsageError
+from tuner.engine import build
+from tuner.hub import repos
+from tuner.machine import hardware
+from tuner.measure import workload
+from tuner.models.gguf_reader import ModelInfo
+from tuner.plan import placement
+from tuner.search import compare
 
 
 @app.command("compare-quants")
@@ -27,9 +33,9 @@ def compare_quants_cmd(
     min_ctx: Annotated[int | None, typer.Option("--min-ctx", help="Context the fit verdict and tuning are for.")]
     = None,
     ctx: Annotated[int, typer.Option("-c", "--ctx-size", help="Tokens per chunk of the PPL/KLD measure.")]
-    = compare.quality.DEFAULT_CTX,
+    = compare.perplexity.DEFAULT_CTX,
     chunks: Annotated[int, typer.Option("--chunks", help="Chunks of the PPL/KLD measure.")]
-    = compare.quality.DEFAULT_CHUNKS,
+    = compare.perplexity.DEFAULT_CHUNKS,
     reference: Annotated[Path | None, typer.Option("--reference", help="Reference GGUF for KLD (default: the "
                                                    "repo's F16/BF16/Q8_0 quant, else its largest).")] = None,
     n_prompt: Annotated[int | None, typer.Option("-p", "--n-prompt", help="Prompt tokens per request.")] = None,
@@ -47,12 +53,12 @@ def compare_quants_cmd(
     """
     if as_json and as_csv:
         raise UsageError("--json and --csv both choose the output: pick one")
-    loc = engine.locate_engine(llama_cpp_dir)
+    loc = build.locate_engine(llama_cpp_dir)
     fit_hw = cards.machine(gpu)
     fit_ctx = min_ctx or compare.autotune.DEFAULT_CTX
 
-    def fit_of(quant: hub.Quant, model: ModelInfo) -> str:
-        return plan.fit_verdict(model, fit_ctx, fit_hw)
+    def fit_of(quant: repos.Quant, model: ModelInfo) -> str:
+        return placement.fit_verdict(model, fit_ctx, fit_hw)
 
     def say(msg: str) -> None:
         if not (as_json or as_csv):

@@ -7,8 +7,9 @@ from typing import Annotated
 
 import typer
 
-from tuner import demo, engine
 from tuner.cli.app import LlamaDir, app, err, friendly, mib, out
+from tuner.engine import build
+from tuner.models import demo
 
 
 @app.command("demo-model")
@@ -30,7 +31,7 @@ def demo_model_cmd(
     Prints the path of every file. Example: moe-tune demo-model --arch qwen35moe --quant Q8_0,Q4_K_M
     """
     quants = demo.parse_quants(quant)
-    loc = engine.locate_engine(llama_cpp_dir) if [q for q in quants if q != "F16"] else None
+    loc = build.locate_engine(llama_cpp_dir) if [q for q in quants if q != "F16"] else None
     files = demo.make_demo_models(
         arch=arch, size=size, quants=quants, seed=seed, out=out_path, engine=loc, force=force,
         on_step=lambda msg: err.print(msg, highlight=False),

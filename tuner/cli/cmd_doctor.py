@@ -6,8 +6,8 @@ import json
 
 import typer
 
-from tuner import doctor
 from tuner.cli.app import JsonFlag, LlamaDir, app, facts_table, friendly, mib, out
+from tuner.engine import doctor
 
 
 @app.command("doctor")

@@ -10,15 +10,15 @@ from typing import Annotated
 import typer
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from tuner import engine
 from tuner.cli.app import JsonFlag, LlamaDir, engine_app, err, facts_table, friendly, out
+from tuner.engine import build
 
 
 @engine_app.command("install")
 @friendly
 def engine_install(
-    backend: Annotated[engine.Backend, typer.Option(help="auto: CUDA when nvcc and an NVIDIA GPU are present.")]
-    = engine.Backend.AUTO,
+    backend: Annotated[build.Backend, typer.Option(help="auto: CUDA when nvcc and an NVIDIA GPU are present.")]
+    = build.Backend.AUTO,
     force: Annotated[bool, typer.Option(help="Rebuild even if a matching build exists.")] = False,
     jobs: Annotated[int | None, typer.Option("--jobs", "-j", help="Parallel compile jobs (default: all cores).")]
     = None,
@@ -42,11 +42,11 @@ def engine_install(
         def on_progress(done: int, total: int) -> None:
             progress.update(task, total=total, completed=done, step=f"{done}/{total}")
 
-        result = engine.install(backend, force=force, jobs=jobs, on_phase=on_phase, on_progress=on_progress)
+        result = build.install(backend, force=force, jobs=jobs, on_phase=on_phase, on_progress=on_progress)
     if result.built:
         err.print(f"built {result.backend.value} engine in {result.elapsed_s:.0f} s", highlight=False)
     else:
-        err.print(f"{result.backend.value} engine already built (llama.cpp {engine.PIN.commit})", highlight=False)
+        err.print(f"{result.backend.value} engine already built (llama.cpp {build.PIN.commit})", highlight=False)
     out.print(str(result.bin_dir), highlight=False, soft_wrap=True)
 
 
@@ -57,7 +57,7 @@ def engine_path(llama_cpp_dir: LlamaDir = None) -> None:
 
     Example: ls "$(moe-tune engine path)"
     """
-    out.print(str(engine.locate_engine(llama_cpp_dir).bin_dir), highlight=False, soft_wrap=True)
+    out.print(str(build.locate_engine(llama_cpp_dir).bin_dir), highlight=False, soft_wrap=True)
 
 
 @engine_app.command("info")
@@ -67,18 +67,18 @@ def engine_info(llama_cpp_dir: LlamaDir = None, as_json: JsonFlag = False) -> No
 
     Example: moe-tune engine info --json
     """
-    loc = engine.locate_engine(llama_cpp_dir)
-    caps = engine.capabilities(loc)
+    loc = build.locate_engine(llama_cpp_dir)
+    caps = build.capabilities(loc)
     info = {
-        "path": str(loc.bin_dir), "source": loc.source, "pinned_commit": engine.PIN.commit,
-        **asdict(caps), "build": engine.build_info(loc.bin_dir),
+        "path": str(loc.bin_dir), "source": loc.source, "pinned_commit": build.PIN.commit,
+        **asdict(caps), "build": build.build_info(loc.bin_dir),
     }
     if as_json:
         out.print_json(json.dumps(info))
         return
     table = facts_table()
     table.add_row("path", f"{loc.bin_dir} ({loc.source})")
-    table.add_row("version", f"build {caps.build_number}, commit {caps.commit} (pinned {engine.PIN.commit})")
+    table.add_row("version", f"build {caps.build_number}, commit {caps.commit} (pinned {build.PIN.commit})")
     table.add_row("backend", caps.backend)
     table.add_row("devices", "\n".join(caps.devices) or "CPU only")
     for tool, tool_flags in caps.flags.items():

@@ -10,13 +10,14 @@ import typer
 from rich import progress as rp
 from rich.table import Table
 
-from tuner import cards, catalog, plan
+from tuner.catalog import cards, families
 from tuner.cli.app import JsonFlag, app, err, facts_table, friendly, mib, out
-from tuner.errors import UsageError
-from tuner.inspect import ModelInfo
+from tuner.core.errors import UsageError
+from tuner.models.gguf_reader import ModelInfo
+from tuner.plan import placement
 
 if TYPE_CHECKING:
-    from tuner import hub, hub_download, hub_header
+    from tuner.hub import download, remote_header, repos
 
 # The Hub client (huggingface_hub) is imported inside the commands that talk to the Hub: importing it here
 # would slow every moe-tune command's start-up.
@@ -28,16 +29,16 @@ ARCH_FACTS = ("n_layer", "n_expert", "n_expert_used", "n_expert_shared", "n_embd
               "head_dim_v", "n_vocab", "ctx_train", "n_swa", "full_attention_interval", "mla_kv_lora_rank")
 
 
-def _options(offline: bool) -> hub.HubOptions:
-    from tuner import hub
+def _options(offline: bool) -> repos.HubOptions:
+    from tuner.hub import repos
 
-    return hub.HubOptions(offline=True if offline else None)
+    return repos.HubOptions(offline=True if offline else None)
 
 
-def _ref(name: str) -> hub.HubRef:
-    from tuner import hub
+def _ref(name: str) -> repos.HubRef:
+    from tuner.hub import repos
 
-    ref = hub.parse_hub_ref(name)
+    ref = repos.parse_hub_ref(name)
     if ref is None:
         raise UsageError(f"{name} is not a Hugging Face repo name: use owner/name or owner/name:QUANT, "
                          "e.g. unsloth/Qwen3-30B-A3B-GGUF:Q4_K_M")
@@ -60,22 +61,22 @@ def quants_cmd(
     Architecture facts come from the GGUF header of the first part, read with HTTP range requests
     (no tensor data is downloaded). Example: moe-tune quants unsloth/Qwen3-30B-A3B-GGUF -c 32768
     """
-    from tuner import hub, hub_header
+    from tuner.hub import remote_header, repos
 
     ref = _ref(repo)
     options = _options(offline)
-    listing = hub.list_quants(ref.repo_id, revision=revision, options=options)
+    listing = repos.list_quants(ref.repo_id, revision=revision, options=options)
     if not listing.quants:
-        raise hub.HubError(f"{ref.repo_id} holds no GGUF files: pick a GGUF repo (names often end in -GGUF)")
+        raise repos.HubError(f"{ref.repo_id} holds no GGUF files: pick a GGUF repo (names often end in -GGUF)")
     probe = listing.get(ref.quant) if ref.quant else _probe_quant(listing)
-    headers = hub_header.read_quant_headers(ref.repo_id, probe, commit=listing.commit or revision, options=options)
+    headers = remote_header.read_quant_headers(ref.repo_id, probe, commit=listing.commit or revision, options=options)
     model = headers.model_info()
     hw = cards.machine(gpu)
     # Other quants are priced from the probe's header, scaled by file size (their headers are not fetched).
     size = probe.total_bytes or 1
-    verdicts = {q.name: plan.fit_verdict(plan.scaled(model, (q.total_bytes or size) / size), ctx, hw)
+    verdicts = {q.name: placement.fit_verdict(placement.scaled(model, (q.total_bytes or size) / size), ctx, hw)
                 for q in listing.quants}
-    known = catalog.find_model(ref.repo_id)
+    known = families.find_model(ref.repo_id)
     published = {q.name: _published(known, q.name) for q in listing.quants}
     if as_json:
         out.print_json(json.dumps({
@@ -122,11 +123,11 @@ def quants_cmd(
                   highlight=False, soft_wrap=True)
 
 
-def _published(known: catalog.CatalogModel | None, quant: str) -> list[catalog.QualityFigure]:
+def _published(known: families.CatalogModel | None, quant: str) -> list[families.QualityFigure]:
     return known.figures_for(quant) if known else []
 
 
-def _published_text(figures: list[catalog.QualityFigure]) -> str:
+def _published_text(figures: list[families.QualityFigure]) -> str:
     if not figures:
         return ""
     f = figures[0]
@@ -140,17 +141,17 @@ def _size(n_bytes: int) -> str:
     return f"{n_bytes / 2**30:,.2f} GiB" if n_bytes >= 2**30 else mib(n_bytes)
 
 
-def _probe_quant(listing: hub.RepoQuants) -> hub.Quant:
+def _probe_quant(listing: repos.RepoQuants) -> repos.Quant:
     """The quant whose header stands for the repo: Q4_K_M when present, else the smallest."""
-    from tuner import hub
+    from tuner.hub import repos
 
     try:
-        return listing.get(hub.DEFAULT_QUANT)
-    except hub.UnknownQuantError:
+        return listing.get(repos.DEFAULT_QUANT)
+    except repos.UnknownQuantError:
         return listing.quants[0]
 
 
-def _header_json(headers: hub_header.QuantHeaders, model: ModelInfo) -> dict[str, Any]:
+def _header_json(headers: remote_header.QuantHeaders, model: ModelInfo) -> dict[str, Any]:
     return {
         "quant": headers.quant.name, "bytes_read": headers.bytes_read,
         "parts": [{"path": p.path, "header_bytes": p.header_bytes, "file_size_bytes": p.file_size_bytes,
@@ -174,7 +175,7 @@ def download_cmd(
     Reuses what the cache holds, resumes an interrupted download, checks each file's sha256 against
     the Hub. Example: moe-tune download unsloth/Qwen3-30B-A3B-GGUF:Q4_K_M
     """
-    from tuner import hub_download
+    from tuner.hub import download
 
     ref = _ref(name)
     options = _options(offline)
@@ -183,13 +184,13 @@ def download_cmd(
     with rp.Progress(*columns, console=err, transient=True, disable=not err.is_terminal) as progress:
         tasks: dict[str, rp.TaskID] = {}
 
-        def on_progress(p: hub_download.DownloadProgress) -> None:
+        def on_progress(p: download.DownloadProgress) -> None:
             if p.path not in tasks:
                 tasks[p.path] = progress.add_task(p.path.rsplit("/", 1)[-1], total=p.total_bytes)
             progress.update(tasks[p.path], completed=p.done_bytes)
 
         try:
-            result = hub_download.download_quant(ref.repo_id, ref.quant, revision=revision, options=options,
+            result = download.download_quant(ref.repo_id, ref.quant, revision=revision, options=options,
                                                  on_progress=on_progress)
         except KeyboardInterrupt:
             progress.stop()

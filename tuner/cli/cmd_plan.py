@@ -10,14 +10,16 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from tuner import cards, hardware, inspect, shape_model
+from tuner.catalog import cards
 from tuner.cli.app import JsonFlag, app, err, friendly, mib, out
-from tuner.config import CacheType, FlashAttn, LaunchConfig
-from tuner.errors import UsageError
-from tuner.memory import estimate
-from tuner.plan import KV_CHOICES, EngineCheckRow, Plan, engine_check_rows, make_plan
+from tuner.core.config import CacheType, FlashAttn, LaunchConfig
+from tuner.core.errors import UsageError
+from tuner.machine import hardware
+from tuner.models import gguf_reader, shape_model
+from tuner.plan.memory import estimate
+from tuner.plan.placement import KV_CHOICES, EngineCheckRow, Plan, engine_check_rows, make_plan
 
-MODEL_SOURCE = "moe-tune's memory model (tuner.memory)"
+MODEL_SOURCE = "moe-tune's memory model (tuner.plan.memory)"
 
 HOST_BANDWIDTH_PROBE_S = 0.3
 
@@ -55,13 +57,13 @@ def _as_json(p: Plan) -> dict[str, Any]:
     }
 
 
-def _engine_check(info: inspect.ModelInfo, base: LaunchConfig, hw: hardware.Hardware) -> tuple[EngineCheckRow, ...]:
+def _engine_check(info: gguf_reader.ModelInfo, base: LaunchConfig, hw: hardware.Hardware) -> tuple[EngineCheckRow, ...]:
     """llama.cpp's own projection (llama-fit-params: header only, nothing allocated) of ``base``."""
-    from tuner import breakdown, engine
+    from tuner.engine import breakdown, build
 
     # llama-fit-params takes no --kv-unified; one slot unless -np says otherwise keeps both sides equal.
     cfg = replace(base, parallel=base.parallel or 1, kv_unified=None)
-    truth = breakdown.fit_params_breakdown(engine.locate_engine(), cfg)
+    truth = breakdown.fit_params_breakdown(build.locate_engine(), cfg)
     host = {part: truth.host_total(part) for part in ("model", "context", "compute")}
     gpu = {part: truth.device_total(part) for part in ("model", "context", "compute")} if truth.devices else None
     if gpu is None and hw.has_gpu:
@@ -104,7 +106,7 @@ def plan_cmd(
     Example: moe-tune plan unsloth/Qwen3.6-35B-A3B-GGUF:Q4_K_M --gpu "RTX 3060 12GB" -c 32768 --engine-check
     """
     resolved = shape_model.plannable_model(model)
-    info = inspect.inspect_model(resolved.path)
+    info = gguf_reader.inspect_model(resolved.path)
     if parallel is not None and parallel < 1:
         raise UsageError(f"-np must be >= 1, got {parallel}")
     if cache_type_v.is_quantized and flash_attn is FlashAttn.OFF:

@@ -8,10 +8,11 @@ from typing import Annotated
 
 import typer
 
-from tuner import corpus, engine, quality
 from tuner.cli.app import JsonFlag, LlamaDir, app, err, facts_table, friendly, mib, model_path, out
-from tuner.config import CacheType, FlashAttn
-from tuner.errors import UsageError
+from tuner.core.config import CacheType, FlashAttn
+from tuner.core.errors import UsageError
+from tuner.engine import build
+from tuner.quality import corpus, perplexity
 
 
 def _pm(value: float | None, error: float | None, fmt: str, unit: str = "") -> str:
@@ -32,8 +33,8 @@ def quality_cmd(
     cache_type_k: Annotated[CacheType, typer.Option("-ctk", "--cache-type-k")] = CacheType.F16,
     cache_type_v: Annotated[CacheType, typer.Option("-ctv", "--cache-type-v")] = CacheType.F16,
     flash_attn: Annotated[FlashAttn, typer.Option("-fa", "--flash-attn")] = FlashAttn.AUTO,
-    ctx: Annotated[int, typer.Option("-c", "--ctx-size", help="Tokens per chunk.")] = quality.DEFAULT_CTX,
-    chunks: Annotated[int, typer.Option("--chunks", help="Chunks to evaluate.")] = quality.DEFAULT_CHUNKS,
+    ctx: Annotated[int, typer.Option("-c", "--ctx-size", help="Tokens per chunk.")] = perplexity.DEFAULT_CTX,
+    chunks: Annotated[int, typer.Option("--chunks", help="Chunks to evaluate.")] = perplexity.DEFAULT_CHUNKS,
     text_file: Annotated[
         Path | None, typer.Option("-f", "--file", help="Evaluate on this text instead of the bundled corpus.")
     ] = None,
@@ -42,7 +43,7 @@ def quality_cmd(
     ] = None,
     disk_budget_gib: Annotated[
         float, typer.Option("--disk-budget-gib", help="Most disk the cached reference logits may take.")
-    ] = quality.DEFAULT_DISK_BUDGET_BYTES / 2**30,
+    ] = perplexity.DEFAULT_DISK_BUDGET_BYTES / 2**30,
     threads: Annotated[int | None, typer.Option("-t", "--threads")] = None,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Measure again even if a result is cached.")] = False,
     llama_cpp_dir: LlamaDir = None,
@@ -57,15 +58,15 @@ def quality_cmd(
     if dataset is not None:
         if text_file is not None:
             raise UsageError("-f and --dataset both name the text: keep one")
-        from tuner import datasets
+        from tuner.hub import datasets
 
         with err.status(f"fetching {dataset}"):
             text_file = datasets.fetch(dataset)
-    loc = engine.locate_engine(llama_cpp_dir)
+    loc = build.locate_engine(llama_cpp_dir)
     model = model_path(model_name)
     reference = model_path(reference_name) if reference_name else None
     with err.status(f"measuring {model.name}") as status:
-        result = quality.measure(
+        result = perplexity.measure(
             loc, model, reference=reference, cache_type_k=cache_type_k, cache_type_v=cache_type_v,
             flash_attn=flash_attn, threads=threads, ctx=ctx, chunks=chunks, text_file=text_file,
             disk_budget_bytes=int(disk_budget_gib * 2**30), use_cache=not no_cache,

@@ -9,9 +9,9 @@ from typing import Annotated
 
 import typer
 
-from tuner import recipes, shape_model
 from tuner.cli.app import JsonFlag, app, facts_table, friendly, out
-from tuner.errors import UsageError
+from tuner.core.errors import UsageError
+from tuner.models import recipes, shape_model
 
 
 @app.command("shape-model")
@@ -61,5 +61,5 @@ def shape_model_cmd(
     table.add_row("on disk", f"{made.disk_bytes / 1e6:,.1f} MB")
     table.add_row("written in", f"{took_s:.2f} s")
     if assumed:
-        table.add_row("assumed", ", ".join(assumed) + " (not in the catalog; see tuner/shape_model.py)")
+        table.add_row("assumed", ", ".join(assumed) + " (not in the catalog; see tuner/models/shape_model.py)")
     out.print(table)

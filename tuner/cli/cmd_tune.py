@@ -10,9 +10,14 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from tuner import autotune, demo, engine, finish, hardware, report, runner, study, workload
 from tuner.cli.app import JsonFlag, LlamaDir, app, err, friendly, model_path, out
-from tuner.errors import UsageError
+from tuner.core.errors import UsageError
+from tuner.engine import build, runner
+from tuner.machine import hardware
+from tuner.measure import workload
+from tuner.models import demo
+from tuner.report import study_report
+from tuner.search import autotune, finish, study
 
 
 @app.command("auto-tune")
@@ -50,7 +55,7 @@ def auto_tune_cmd(
         raise UsageError(f"unknown --goal {goal}: use speed or context")
     if goal == "context" and min_ctx is not None:
         raise UsageError("--goal context picks the context itself: drop --min-ctx")
-    loc = engine.locate_engine(llama_cpp_dir)
+    loc = build.locate_engine(llama_cpp_dir)
     def say(msg: str) -> None:
         if not as_json:
             err.print(msg, highlight=False, soft_wrap=True)
@@ -110,7 +115,7 @@ def _summary(res: autotune.TuneResult) -> None:
         metric = finish.Finish.from_dict(r["finish"]).metric
         out.print(f"winner vs {', '.join(parts)} (by {metric})", highlight=False)
     out.print(f"report: {res.result_dir / 'report.md'}", highlight=False, soft_wrap=True)
-    out.print(f"launch line: {report.launch_line(r)}", highlight=False, soft_wrap=True)
+    out.print(f"launch line: {study_report.launch_line(r)}", highlight=False, soft_wrap=True)
 
 
 @app.command("launch-line")
@@ -128,14 +133,14 @@ def launch_line_cmd(
 
     Example: moe-tune launch-line results/<study>/result.json --format llama-swap
     """
-    data = report.load_result(result)
-    line = report.launch_line(data, rank=rank, fmt=fmt, host=host, port=port)
+    data = study_report.load_result(result)
+    line = study_report.launch_line(data, rank=rank, fmt=fmt, host=host, port=port)
     out.print(line, highlight=False, soft_wrap=True, markup=False)
     if execute:
         if fmt != "shell":
             raise UsageError("--exec runs the shell form: drop --format")
-        binary = str(engine.locate_engine(llama_cpp_dir).tool("llama-server"))
-        argv = report.launch_line(data, rank=rank, host=host, port=port, binary=binary)
+        binary = str(build.locate_engine(llama_cpp_dir).tool("llama-server"))
+        argv = study_report.launch_line(data, rank=rank, host=host, port=port, binary=binary)
         import shlex
 
         runner.run_process(shlex.split(argv), timeout_s=10**9, what="llama-server",

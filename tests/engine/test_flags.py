@@ -1,0 +1,150 @@
+"""The one renderer: LaunchConfig → argv for llama-bench and llama-server, and the launch line."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import pytest
+
+from tuner.core.config import CacheType, FlashAttn, LaunchConfig
+from tuner.core.errors import UsageError
+from tuner.engine import build, flags
+
+MODEL = Path("/models/Qwen3-30B-A3B-Q4_K_M.gguf")
+
+
+def test_defaults_render_no_flags():
+    assert flags.server_argv(Path("llama-server"), LaunchConfig(model=MODEL)) == ["llama-server", "-m", str(MODEL)]
+
+
+def test_server_and_bench_spell_the_same_config():
+    cfg = LaunchConfig(model=MODEL, n_cpu_moe=20, cache_type_k=CacheType.Q8_0, cache_type_v=CacheType.Q8_0,
+                       flash_attn=FlashAttn.ON, ctx=32768, parallel=2, threads=8, ubatch=1024)
+    server = flags.server_argv(Path("llama-server"), cfg)
+    assert server == ["llama-server", "-m", str(MODEL), "-c", "32768", "-np", "2", "--n-cpu-moe", "20",
+                      "-ctk", "q8_0", "-ctv", "q8_0", "-t", "8", "-ub", "1024", "-fa", "on"]
+    bench = flags.bench_argv(Path("llama-bench"), cfg, n_prompt=512, n_gen=128, repetitions=3, depth=4096)
+    assert bench[-2:] == ["-o", "jsonl"]
+    assert "-c" not in bench  # llama-bench has no context flag; depth stands in
+    assert bench[bench.index("-d") + 1] == "4096"
+    assert bench[bench.index("-ncmoe") + 1] == "20"
+    assert bench[bench.index("-fa") + 1] == "on"
+
+
+def test_launch_line_round_trips_through_a_shell():
+    cfg = LaunchConfig(model=Path("/my models/x.gguf"), ctx=8192)
+    line = flags.launch_line(cfg)
+    assert shlex.split(line) == ["llama-server", "-m", "/my models/x.gguf", "-c", "8192"]
+
+
+def test_quantized_v_without_flash_attention_is_refused():
+    cfg = LaunchConfig(model=MODEL, cache_type_v=CacheType.Q4_0, flash_attn=FlashAttn.OFF)
+    with pytest.raises(UsageError, match="needs flash attention"):
+        flags.server_argv(Path("llama-server"), cfg)
+    with pytest.raises(UsageError):
+        flags.bench_argv(Path("llama-bench"), cfg, n_prompt=1, n_gen=1, repetitions=1)
+
+
+@pytest.mark.parametrize("field,value", [("n_cpu_moe", -1), ("ctx", 0), ("parallel", 0)])
+def test_out_of_range_values_are_refused(field, value):
+    with pytest.raises(UsageError, match=field):
+        flags.validate(LaunchConfig(model=MODEL, **{field: value}))
+
+
+# ------------------------------------------------------------------------------ capabilities and reverse
+
+FULL = LaunchConfig(model=MODEL, n_cpu_moe=20, n_gpu_layers=99, cache_type_k=CacheType.Q8_0,
+                    cache_type_v=CacheType.Q4_0, flash_attn=FlashAttn.ON, ctx=32768, parallel=2, threads=8,
+                    threads_batch=16, batch=2048, ubatch=512, kv_unified=True, swa_full=True, mmap=False,
+                    repack=False)
+
+
+def _caps(server_flags: tuple[str, ...]) -> build.Capabilities:
+    return build.Capabilities("test", "1", "abc", "cpu", (), {"llama-server": server_flags})
+
+
+def test_the_spelling_the_binary_accepts_is_used():
+    caps = _caps(("-m", "--model", "-ncmoe", "-c"))
+    cfg = LaunchConfig(model=MODEL, n_cpu_moe=4, ctx=4096)
+    assert flags.server_argv(Path("llama-server"), cfg, caps) == [
+        "llama-server", "-m", str(MODEL), "-c", "4096", "-ncmoe", "4"]
+
+
+def test_a_flag_the_binary_lacks_is_refused_before_launch():
+    caps = _caps(("-m", "-c"))
+    with pytest.raises(flags.UnsupportedFlagError, match="does not accept --n-cpu-moe 4: update llama.cpp"):
+        flags.server_argv(Path("llama-server"), LaunchConfig(model=MODEL, n_cpu_moe=4), caps)
+
+
+def test_every_setting_renders_with_flags_the_real_engine_accepts(engine_loc):
+    caps = build.capabilities(engine_loc)
+    assert flags.server_argv(Path("llama-server"), FULL, caps) == flags.server_argv(Path("llama-server"), FULL)
+    bench = flags.bench_argv(Path("llama-bench"), FULL, n_prompt=8, n_gen=8, repetitions=1, depth=[0, 512],
+                             caps=caps)
+    assert bench[bench.index("-d") + 1] == "0,512" and bench[bench.index("--repack") + 1] == "0"
+    ppl = flags.perplexity_argv(Path("llama-perplexity"), FULL, text_file=Path("t.txt"), ctx=512, caps=caps)
+    assert "--kv-unified" in ppl and "-lm" in ppl
+
+
+def test_pasted_command_round_trips_to_the_same_argv():
+    line = flags.launch_line(FULL)
+    parsed = flags.parse_command(line)
+    assert parsed.config == FULL and parsed.ignored == ()
+    assert flags.launch_line(parsed.config) == line
+
+
+def test_pasted_command_with_aliases_line_breaks_and_noise():
+    pasted = ("CUDA_VISIBLE_DEVICES=0 ./build/bin/llama-server \\\n  --model '/my models/x.gguf' -ncmoe 20 "
+              "--ctx-size=32768 --parallel 2 --flash-attn on -ctk q8_0 -ctv q8_0 \\\n  --jinja --host 0.0.0.0 "
+              "--port 8080 -ngl all --no-kv-unified --no-mmap")
+    parsed = flags.parse_command(pasted)
+    assert parsed.ignored == ("--jinja", "--host 0.0.0.0", "--port 8080")
+    argv = flags.server_argv(Path("llama-server"), parsed.config)
+    assert argv == ["llama-server", "-m", "/my models/x.gguf", "-c", "32768", "-np", "2", "-ngl", "999",
+                    "--n-cpu-moe", "20", "-ctk", "q8_0", "-ctv", "q8_0", "-fa", "on", "--no-kv-unified",
+                    "-lm", "none"]
+    assert flags.parse_command(shlex.join(argv)).config == parsed.config  # a fixed point
+
+
+@pytest.mark.parametrize("pasted,needle", [
+    ("llama-cli -m x.gguf", "must start with llama-server"),
+    ("llama-server -c 4096", "no -m MODEL"),
+    ("llama-server -m x.gguf -ot exps=CPU", "-ot in the pasted command is not something moe-tune measures"),
+    ("llama-server -m x.gguf -fa maybe", "-fa takes on, off or auto"),
+    ("llama-server -m x.gguf -c lots", "ctx must be a whole number"),
+    ("llama-server -m x.gguf -ctv q8_0 -fa off", "needs flash attention"),
+    ("llama-server -m 'x.gguf", "check its quotes"),
+])
+def test_bad_pasted_commands_are_one_line_usage_errors(pasted, needle):
+    with pytest.raises(UsageError, match=needle) as info:
+        flags.parse_command(pasted)
+    assert "\n" not in str(info.value)
+
+
+def test_bare_fa_from_older_builds_means_on():
+    assert flags.parse_command("llama-server -m x.gguf -fa -c 512").config.flash_attn is FlashAttn.ON
+
+
+def test_group_argv_uses_comma_lists_and_refuses_mixed_models():
+    a = LaunchConfig(model=MODEL, flash_attn=FlashAttn.ON, threads=2)
+    b = LaunchConfig(model=MODEL, flash_attn=FlashAttn.OFF, threads=2)
+    argv = flags.bench_group_argv(Path("llama-bench"), [a, b], n_prompt=8, n_gen=8, repetitions=2, depth=[0, 64])
+    assert argv[argv.index("-fa") + 1] == "on,off" and argv[argv.index("-t") + 1] == "2"
+    with pytest.raises(UsageError, match="share the model file"):
+        flags.bench_group_argv(Path("llama-bench"), [a, LaunchConfig(model=Path("/other.gguf"))], n_prompt=8,
+                               n_gen=8, repetitions=1)
+
+
+def test_ubatch_larger_than_batch_is_refused():
+    with pytest.raises(UsageError, match="use -ub <= -b"):
+        flags.validate(LaunchConfig(model=MODEL, batch=256, ubatch=512))
+
+
+def test_fit_params_projects_the_server_config():
+    cfg = LaunchConfig(model=MODEL, ctx=8192, cache_type_k=CacheType.Q8_0, flash_attn=FlashAttn.ON)
+    argv = flags.fit_params_argv(Path("llama-fit-params"), cfg)
+    assert argv[1:-3] == flags.server_argv(Path("llama-server"), cfg)[1:]
+    assert argv[-3:] == ["-fitp", "on", "--log-jsonl"]
+    with pytest.raises(UsageError, match="kv-unified"):
+        flags.fit_params_argv(Path("llama-fit-params"), LaunchConfig(model=MODEL, kv_unified=True))

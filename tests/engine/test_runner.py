@@ -1,0 +1,123 @@
+"""Process handling: timeouts and Ctrl-C kill the whole group; llama-server always stops."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import psutil
+import pytest
+
+from tuner.core.config import LaunchConfig
+from tuner.core.errors import ProcessFailedError, ProcessTimeoutError
+from tuner.engine import flags, runner
+from tuner.measure import failures
+from tuner.measure.failures import FailureKind
+
+
+def _children_of_group_gone(pgid: int, within_s: float = 3.0) -> bool:
+    """True once no live process is left in the group (a killed process may take a moment on a busy machine)."""
+    deadline = time.monotonic() + within_s
+    while True:
+        alive = False
+        for proc in psutil.process_iter(["pid"]):
+            try:
+                if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
+                    alive = True
+                    break
+            except (ProcessLookupError, psutil.NoSuchProcess, PermissionError):
+                continue
+        if not alive:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+
+
+def test_output_and_exit_code():
+    res = runner.run_process(["sh", "-c", "echo out; echo err >&2"], timeout_s=10, what="sh", fix="none")
+    assert res.returncode == 0 and res.stdout == "out\n" and res.stderr_tail == "err"
+    with pytest.raises(ProcessFailedError, match=r"sh failed \(exit 3\): boom; fix it"):
+        runner.run_process(["sh", "-c", "echo boom >&2; exit 3"], timeout_s=10, what="sh", fix="fix it")
+
+
+def test_timeout_kills_the_whole_group(tmp_path):
+    pidfile = tmp_path / "grandchild.pid"
+    with pytest.raises(ProcessTimeoutError) as info:
+        runner.run_process(["sh", "-c", f"sleep 60 & echo $! > {pidfile}; wait"], timeout_s=0.5, what="sh",
+                           fix="none")
+    assert info.value.returncode is None
+    grandchild = int(pidfile.read_text())
+    time.sleep(0.2)
+    assert not psutil.pid_exists(grandchild) or psutil.Process(grandchild).status() == psutil.STATUS_ZOMBIE
+
+
+def test_ctrl_c_stops_the_child(tmp_path):
+    pidfile = tmp_path / "child.pid"
+    timer = threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        runner.run_process(["sh", "-c", f"echo $$ > {pidfile}; sleep 60"], timeout_s=30, what="sh", fix="none")
+    child = int(pidfile.read_text())
+    assert _children_of_group_gone(child)
+
+
+def test_server_serves_and_is_gone_afterwards(engine_loc, demo_models, tmp_path):
+    cfg = LaunchConfig(model=demo_models[("qwen3moe", "Q4_K_M")], ctx=1024, parallel=1, threads=2)
+    argv = flags.server_argv(engine_loc.tool("llama-server"), cfg)
+    with runner.serve(argv, log_dir=tmp_path) as server:
+        pid = server.proc.pid
+        body = server.complete("The quick brown fox", n_predict=12)
+        assert body["timings"]["predicted_n"] == 12
+        assert body["timings"]["predicted_per_second"] > 0
+        assert body["tokens_predicted"] == 12
+    assert server.proc.poll() is not None
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_server_that_cannot_start_reports_its_log(engine_loc, tmp_path):
+    bogus = tmp_path / "not-a-model.gguf"
+    bogus.write_bytes(b"GGUF" + b"\0" * 64)
+    argv = flags.server_argv(engine_loc.tool("llama-server"), LaunchConfig(model=bogus))
+    with pytest.raises(ProcessFailedError, match="llama-server failed"), runner.serve(argv, log_dir=tmp_path):
+        pass
+
+
+# ------------------------------------------------------------------------------ classification, streaming
+
+OOM_CUDA = ("ggml_backend_cuda_buffer_type_alloc_buffer: allocating 1536.00 MiB on device 0: cudaMalloc failed: "
+            "out of memory\nalloc_tensor_range: failed to allocate CUDA0 buffer of size 1610612736\n"
+            "llama_model_load: error loading model: unable to allocate CUDA0 buffer")
+
+
+@pytest.mark.parametrize("returncode,tail,kind,signal_name", [
+    (1, OOM_CUDA, FailureKind.OUT_OF_MEMORY, None),
+    (1, "llama_init_from_model: failed to initialize the context: failed to allocate buffer for kv cache",
+     FailureKind.OUT_OF_MEMORY, None),
+    (1, "llama_init_from_model: failed to initialize the context: quantized V cache was requested, but this "
+        "requires Flash Attention", FailureKind.REJECTED_CONFIG, None),
+    (1, "error: invalid argument: 1024", FailureKind.REJECTED_CONFIG, None),
+    (-6, "GGML_ASSERT(n_tokens <= n_batch) failed", FailureKind.CRASHED, "SIGABRT"),
+    (-9, "load_tensors: loading model", FailureKind.CRASHED, "SIGKILL"),
+    (3, "something odd", FailureKind.CRASHED, None),
+])
+def test_failures_are_classified_from_the_engines_own_messages(returncode, tail, kind, signal_name):
+    f = failures.classify_exit(["llama-server", "-m", "x.gguf"], returncode, tail)
+    assert f.kind is kind and f.signal_name == signal_name and f.argv == ("llama-server", "-m", "x.gguf")
+    assert f.stderr_tail == tail and "\n" not in f.summary()
+    if kind is FailureKind.OUT_OF_MEMORY:
+        assert "alloc" in f.reason or "memory" in f.reason
+
+
+def test_streamed_completion_times_the_first_token_and_keeps_timings(engine_loc, demo_models, tmp_path):
+    cfg = LaunchConfig(model=demo_models[("qwen3moe", "Q8_0")], ctx=512, parallel=1, threads=2)
+    argv = flags.server_argv(engine_loc.tool("llama-server"), cfg)
+    with runner.serve(argv, log_dir=tmp_path, log_jsonl=True) as server:
+        tokens = server.tokenize("def main():\n    return 42\n" * 4)
+        done = server.stream_complete(tokens, n_predict=6)
+        tail = server.log_tail()
+    assert done.timings["prompt_n"] == len(tokens) and done.timings["predicted_n"] == 6
+    assert done.tokens_predicted == 6 and 0 < done.ttft_s <= done.elapsed_s
+    assert "listening on" in tail and '{"type"' not in tail  # JSONL records read back as plain text

@@ -1,0 +1,140 @@
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from tuner.core.config import CacheType, FlashAttn, LaunchConfig
+from tuner.engine import breakdown
+from tuner.machine.hardware import Hardware
+from tuner.models import gguf_reader
+from tuner.plan import memory
+
+MIB = 2**20
+CPU = Hardware("", 0, 0, 0.0, 0.0, 64 * 2**30, 64 * 2**30, 0, 20e9, 8, "none")
+GPU_12G = Hardware("RTX 3060", 12 * 2**30, 12 * 2**30, 360e9, 31.5e9, 64 * 2**30, 60 * 2**30, 0, 40e9, 8, "catalog")
+
+
+def _close(pred_bytes: int, real_mib: int) -> bool:
+    return abs(pred_bytes // MIB - real_mib) <= max(4, 0.02 * real_mib)
+
+
+def _check(info, cfg, truth, projected: bool) -> None:
+    if projected and cfg.parallel is None:
+        cfg = replace(cfg, parallel=1)  # llama-fit-params defaults to one slot; llama-server to 4
+    est = memory.estimate(info, cfg, CPU)
+    weights = est.host.weights_bytes
+    if projected:  # the projection maps without the repacked tensors; the plain table drops CPU_REPACK
+        weights -= est.repack_bytes
+        if truth.row("CPU_REPACK") is None:
+            weights -= est.repack_bytes
+    assert _close(weights, truth.host_total("model")), (weights // MIB, truth)
+    assert _close(est.host.context_bytes, truth.host_total("context")), (est.host.context_bytes // MIB, truth)
+    assert _close(est.host.compute_bytes, truth.host_total("compute")), (est.host.compute_bytes // MIB, truth)
+
+
+@pytest.mark.parametrize("arch", ["qwen3moe", "qwen35moe"])
+def test_matches_llama_server_actual(arch, demo_models, engine_loc, tmp_path):
+    path = demo_models[(arch, "Q4_K_M")]
+    info = gguf_reader.inspect_model(path)
+    cfg = LaunchConfig(model=path, ctx=8192, parallel=2, cache_type_k=CacheType.Q8_0, cache_type_v=CacheType.Q8_0)
+    _, actual = breakdown.server_breakdown(engine_loc, cfg, tmp_path)
+    _check(info, cfg, actual, projected=False)
+
+
+@pytest.mark.parametrize("arch", ["qwen3moe", "qwen35moe"])
+def test_matches_fit_params_grid(arch, demo_models, engine_loc):
+    path = demo_models[(arch, "F16")]
+    info = gguf_reader.inspect_model(path)
+    base = LaunchConfig(model=path)
+    for cfg in (replace(base, ctx=16384, flash_attn=FlashAttn.OFF, ubatch=1024),
+                replace(base, ctx=32768, flash_attn=FlashAttn.ON, cache_type_k=CacheType.Q4_0),
+                replace(base, ctx=4096, parallel=4)):
+        _check(info, cfg, breakdown.fit_params_breakdown(engine_loc, cfg), projected=True)
+
+
+def test_kv_formula_and_padding(demo_models):
+    info = gguf_reader.inspect_model(demo_models[("qwen3moe", "Q8_0")])
+    cfg = LaunchConfig(model=info.paths[0], ctx=1000, cache_type_k=CacheType.Q8_0, cache_type_v=CacheType.F16)
+    est = memory.estimate(info, cfg, CPU)
+    assert est.n_ctx == 1024
+    per_cell = 2 * 64 * (34 / 32 + 2)  # 2 KV heads of width 64, q8_0 K and f16 V
+    assert est.host.kv_bytes == int(8 * 1024 * per_cell)
+    split = memory.estimate(info, replace(cfg, ctx=1000, parallel=3), CPU)
+    assert split.n_ctx == 3 * 512  # each of 3 slots gets ceil256(1024 / 3)
+
+
+def test_hybrid_recurrent_state_per_slot(demo_models):
+    info = gguf_reader.inspect_model(demo_models[("qwen35moe", "Q8_0")])
+    one = memory.estimate(info, LaunchConfig(model=info.paths[0], ctx=4096, parallel=1), CPU)
+    four = memory.estimate(info, LaunchConfig(model=info.paths[0], ctx=4096, parallel=4), CPU)
+    assert four.host.recurrent_bytes == 4 * one.host.recurrent_bytes > 0
+    assert four.host.kv_bytes == one.host.kv_bytes  # KV only on the 2 full-attention layers, same cells
+
+
+def test_cuda_placement_n_cpu_moe(demo_models):
+    info = gguf_reader.inspect_model(demo_models[("qwen3moe", "Q4_K_M")])
+    experts = info.bytes_by_class()[gguf_reader.TensorClass.ROUTED_EXPERTS]
+    embd = info.bytes_by_class()[gguf_reader.TensorClass.TOKEN_EMBD]
+    cfg = LaunchConfig(model=info.paths[0], ctx=4096)
+    gpu_all = memory.estimate(info, replace(cfg, n_cpu_moe=0), GPU_12G)
+    cpu_all = memory.estimate(info, replace(cfg, n_cpu_moe=info.n_layer), GPU_12G)
+    assert gpu_all.backend == "cuda" and gpu_all.host.weights_bytes == embd
+    assert gpu_all.gpu.weights_bytes - cpu_all.gpu.weights_bytes == experts
+    assert cpu_all.gpu.kv_bytes == gpu_all.gpu.kv_bytes > 0  # KV stays with the layer, on the GPU
+    first = memory.estimate(info, replace(cfg, n_cpu_moe=1), GPU_12G)
+    layer0_experts = info.layer_bytes(0)[gguf_reader.TensorClass.ROUTED_EXPERTS]
+    assert gpu_all.gpu.weights_bytes - first.gpu.weights_bytes == layer0_experts
+
+
+def test_verdicts(demo_models):
+    info = gguf_reader.inspect_model(demo_models[("qwen3moe", "Q8_0")])
+    cfg = LaunchConfig(model=info.paths[0], ctx=32768)
+    assert memory.estimate(info, cfg, GPU_12G).verdict is memory.Verdict.FITS
+    tiny_card = replace(GPU_12G, vram_total_bytes=1024 * MIB + 100 * MIB)
+    assert memory.estimate(info, cfg, tiny_card).verdict is memory.Verdict.NEEDS_SPILL
+    no_ram = replace(CPU, ram_available_bytes=10 * MIB)
+    assert memory.estimate(info, cfg, no_ram).verdict is memory.Verdict.EXCEEDS_RAM
+
+
+# Figures llama-fit-params -fitp on printed for shape-true real models (CPU build at the pinned commit,
+# -np 1); scripts/bench_memory_model.py re-measures them. (target, ctx, fa, ubatch, component, MiB)
+REAL_SCALE = [
+    ("Qwen3-30B-A3B:Q4_K_M", 262144, FlashAttn.ON, None, "compute", 344),
+    ("Qwen3-30B-A3B:Q4_K_M", 131072, FlashAttn.OFF, None, "compute", 8478),
+    ("Qwen3-30B-A3B:Q4_K_M", 32768, FlashAttn.ON, 2048, "compute", 1219),
+    ("Qwen3-30B-A3B:Q4_K_M", 32768, FlashAttn.ON, None, "context", 3072),
+    ("GLM-4.5-Air:Q4_K_M", 262144, FlashAttn.ON, None, "compute", 426),
+    ("GLM-4.5-Air:Q4_K_M", 32768, FlashAttn.OFF, None, "compute", 6292),
+    ("GLM-4.5-Air:Q4_K_M", 32768, FlashAttn.ON, None, "context", 5888),  # 46 layers: the NextN block has no KV
+    ("gpt-oss-20b:MXFP4_MOE", 32768, FlashAttn.ON, 2048, "compute", 1638),
+    ("gpt-oss-20b:MXFP4_MOE", 32768, FlashAttn.OFF, None, "compute", 4198),
+]
+
+
+@pytest.fixture(scope="module")
+def real_shapes(tmp_path_factory):
+    from tuner.models import shape_model
+
+    out = tmp_path_factory.mktemp("real")
+    targets = {t[0] for t in REAL_SCALE}
+    return {t: gguf_reader.inspect_model(shape_model.write_catalog_model(t, out / f"{t.replace(':', '-')}.gguf").path)
+            for t in targets}
+
+
+@pytest.mark.parametrize(("target", "ctx", "fa", "ub", "component", "engine_mib"), REAL_SCALE)
+def test_real_scale_figures(target, ctx, fa, ub, component, engine_mib, real_shapes):
+    info = real_shapes[target]
+    cfg = LaunchConfig(model=info.paths[0], ctx=ctx, flash_attn=fa, ubatch=ub, batch=2048, parallel=1)
+    est = memory.estimate(info, cfg, CPU)
+    got = est.host.compute_bytes if component == "compute" else est.host.context_bytes
+    assert abs(got // MIB - engine_mib) <= max(16, 0.02 * engine_mib), (got // MIB, engine_mib)
+
+
+def test_nextn_block_weights_are_not_loaded(real_shapes):
+    info = real_shapes["GLM-4.5-Air:Q4_K_M"]
+    assert memory.mtp_layers(info) == {46}
+    est = memory.estimate(info, LaunchConfig(model=info.paths[0], ctx=4096, repack=False), CPU)
+    nextn = sum(t.n_bytes for t in info.tensors if t.layer == 46)
+    assert est.host.weights_bytes == info.tensor_bytes - nextn
+    assert abs(est.host.weights_bytes // MIB - 67175) <= 16  # llama-fit-params --no-repack

@@ -1,0 +1,137 @@
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+from tests.conftest import run_cli
+from tests.hub_server import HubServer, root_layout
+from tuner.catalog import cards
+from tuner.core.config import LaunchConfig
+from tuner.machine.hardware import Hardware
+from tuner.models import gguf_reader
+from tuner.plan import placement, roofline
+from tuner.plan.memory import FIT_MARGIN_BYTES, estimate
+
+CPU_ONLY = Hardware("", 0, 0, 0.0, 0.0, 64 * 2**30, 64 * 2**30, 0, 20e9, 8, "none")
+
+
+def test_plan_rows_and_summaries(demo_models):
+    info = gguf_reader.inspect_model(demo_models[("qwen3moe", "Q4_K_M")])
+    hw = cards.find_card("RTX 3060").hardware(32 * 2**30, 30 * 2**30, 40e9)
+    p = placement.make_plan(info, LaunchConfig(model=info.paths[0], ctx=8192), hw, kv_choices=placement.KV_CHOICES)
+    assert [r.n_cpu_moe for r in p.rows] == list(range(info.n_layer + 1))
+    vram = [r.estimate.gpu.total_bytes for r in p.rows]
+    assert vram == sorted(vram, reverse=True) and vram[0] > vram[-1]
+    assert all(r.fits for r in p.rows)
+    assert p.smallest_fits[0].n_cpu_moe == 0
+    assert all(lc.ctx == info.ctx_train for lc in p.largest_ctx)  # the tiny model fits at its full context
+    # Ceilings fall as experts move to the host; pp is PCIe-bound only once experts are offloaded.
+    tg = [r.roofline.gen_tok_s for r in p.rows]
+    assert tg == sorted(tg, reverse=True) and p.rows[0].roofline.prompt_tok_s is None
+    assert p.rows[1].roofline.prompt_tok_s and p.rows[1].roofline.prompt_tok_s > 0
+
+
+def test_smallest_fit_on_a_small_card(demo_models):
+    info = gguf_reader.inspect_model(demo_models[("qwen3moe", "F16")])
+    hw = cards.find_card("RTX 3060").hardware(32 * 2**30, 30 * 2**30, 40e9)
+    # A card just big enough for everything but a few layers' experts, plus the 1 GiB margin.
+    need_all = placement.plan_rows(info, LaunchConfig(model=info.paths[0], ctx=4096), hw)
+    small = replace(hw, vram_total_bytes=need_all[3].estimate.gpu.total_bytes + FIT_MARGIN_BYTES)
+    cfg = LaunchConfig(model=info.paths[0], ctx=4096)
+    assert placement.smallest_fitting_n_cpu_moe(info, cfg, small) == 3
+
+
+def test_roofline_arithmetic(demo_models):
+    info = gguf_reader.inspect_model(demo_models[("qwen3moe", "F16")])
+    hw = cards.find_card("RTX 3090").hardware(32 * 2**30, 30 * 2**30, 50e9)
+    cfg = LaunchConfig(model=info.paths[0], ctx=4096, n_cpu_moe=info.n_layer)
+    r = roofline.roofline(info, cfg, hw)
+    experts = info.bytes_by_class()[gguf_reader.TensorClass.ROUTED_EXPERTS]
+    assert r.host_bytes_per_token == int(experts * info.n_expert_used / info.n_expert)
+    expect = 1 / (r.gpu_bytes_per_token / hw.gpu_bandwidth_bytes_s + r.host_bytes_per_token / 50e9)
+    assert abs(r.gen_tok_s - expect) / expect < 1e-6
+    assert r.percent_of_ceiling(r.gen_tok_s / 2) == 50.0
+
+
+def test_cli_plan_for_a_card_without_gpu(demo_models):
+    model = demo_models[("qwen35moe", "Q4_K_M")]
+    res = run_cli("plan", str(model), "--gpu", "RTX 4060 Ti 16GB", "--ram", "32", "-c", "8192,16384",
+                  "-ctk", "q8_0", "-ctv", "q8_0", "--json")
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert "RTX 4060 Ti 16GB" in data["hardware"] and len(data["rows"]) == 9
+    assert {s["ctx"] for s in data["smallest_n_cpu_moe"]} == {8192, 16384}
+    assert data["rows"][0]["verdict"] == "fits" and data["rows"][0]["gpu"]["recurrent"] > 0
+
+
+def test_cli_plan_errors(demo_models, tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF\x03\x00\x00\x00")
+    res = run_cli("plan", str(bad))
+    assert res.returncode == 1 and "truncated" in res.stderr and "Traceback" not in res.stderr
+    res = run_cli("plan", str(demo_models[("qwen3moe", "Q8_0")]), "--gpu", "RTX 1234")
+    assert res.returncode == 1 and "no card matches" in res.stderr
+    res = run_cli("plan", str(demo_models[("qwen3moe", "Q8_0")]), "-ctv", "q8_0", "-fa", "off")
+    assert res.returncode == 1 and "flash attention" in res.stderr
+
+
+def test_plan_row_tolerance_and_engine_check_rows(demo_models):
+    info = gguf_reader.inspect_model(demo_models[("qwen3moe", "Q4_K_M")])
+    cfg = LaunchConfig(model=info.paths[0], ctx=4096, parallel=1)
+    est = estimate(info, cfg, CPU_ONLY)
+    mib = 2**20
+    host = {"model": (est.host.weights_bytes - est.repack_bytes) // mib + 3, "context": est.host.context_bytes // mib,
+            "compute": est.host.compute_bytes // mib + 40}
+    rows = placement.engine_check_rows(est, True, host, None)
+    assert [(r.component, r.error_mib, r.agrees) for r in rows] == [
+        ("weights", -3, True), ("context", 0, True), ("compute", -40, False)]
+
+
+def test_cli_plan_catalog_shape_with_engine_check(tmp_path, engine_loc):
+    env = {"MOE_TUNE_CACHE": str(tmp_path / "mt"), "LLAMA_CPP_DIR": str(engine_loc.bin_dir)}
+    res = run_cli("plan", "qwen3-30b-a3b:Q4_K_M", "--gpu", "RTX 3060 12GB", "--ram", "64", "-c", "32768",
+                  "--engine-check", "--json", env=env)
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert "quant catalog" in data["model_source"] and "memory model" in data["figures_from"]
+    assert len(data["rows"]) == 49 and data["rows"][0]["verdict"] == "needs spill"  # 17 GiB of weights, 12 GB card
+    assert data["rows"][-1]["verdict"] == "fits"
+    check = {c["component"]: c for c in data["engine_check"]}
+    assert check["context"]["engine_mib"] == 3072 and check["context"]["model_mib"] == 3072  # 48 layers × 64 KiB
+    assert all(c["agrees"] for c in data["engine_check"]), data["engine_check"]
+    res = run_cli("plan", "qwen3-30b-a3b:Q4_K_M", "-c", "8192", env=env)
+    assert res.returncode == 0 and "--engine-check" in res.stdout and "memory model" in res.stdout
+
+
+def test_cli_plan_reads_a_hub_quant_header_only(demo_models, tmp_path):
+    model = demo_models[("qwen35moe", "Q4_K_M")]
+    with HubServer() as srv:
+        srv.add_repo("demo/Plan-GGUF", root_layout({"Q4_K_M": model}, "Plan"))
+        env = {"HF_ENDPOINT": srv.endpoint, "HF_HUB_CACHE": str(tmp_path / "hf"),
+               "MOE_TUNE_CACHE": str(tmp_path / "mt"), "HF_HUB_DISABLE_TELEMETRY": "1", "HF_TOKEN": ""}
+        res = run_cli("plan", "demo/Plan-GGUF:Q4_K_M", "-c", "8192", "--json", env=env)
+        assert res.returncode == 0, res.stderr
+        assert srv.body_bytes("Plan-Q4_K_M") < model.stat().st_size // 2  # the header, not the weights
+    data = json.loads(res.stdout)
+    assert "range requests" in data["model_source"]
+    assert len(data["rows"]) == gguf_reader.inspect_model(model).n_layer + 1
+    res = run_cli("plan", "no-such-model:Q4_K_M")
+    assert res.returncode == 1 and "Qwen3-30B-A3B" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_fit_verdict_in_the_users_words(demo_models):
+    from tuner.catalog import cards
+    from tuner.models.gguf_reader import inspect_model
+    from tuner.plan import placement
+
+    model = inspect_model(demo_models[("qwen3moe", "Q4_K_M")])
+    card = cards.find_card("RTX 3060 12GB").hardware(64 << 30, 60 << 30, 0.0)
+    assert placement.fit_verdict(model, 8192, card) == "VRAM"
+    # The same shapes at 3000x the bytes (~30 GB): the experts must move to RAM, all or in part.
+    big = placement.scaled(model, 3000.0)
+    assert big.tensor_bytes > 2900 * model.tensor_bytes
+    verdict = placement.fit_verdict(big, 8192, card)
+    assert verdict.startswith("offload ") or verdict == "no"
+    cpu_only = cards.machine(None)
+    if not cpu_only.has_gpu:
+        assert placement.fit_verdict(model, 8192, cpu_only) == "RAM (no GPU)"

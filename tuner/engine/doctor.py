@@ -1,0 +1,116 @@
+"""`moe-tune doctor`: what the tool will run on, and each problem with its fix."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tuner.core.errors import TunerError
+from tuner.engine import build
+from tuner.machine import hardware, paths
+
+GiB = 2**30
+MIN_FREE_DISK_BYTES = 2 * GiB
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    what: str
+    fix: str
+    # A fatal problem means the tool cannot run at all (doctor exits non-zero).
+    fatal: bool = False
+
+
+@dataclass(slots=True)
+class DoctorReport:
+    engine: dict[str, Any] = field(default_factory=dict)
+    gpus: list[dict[str, Any]] = field(default_factory=list)
+    gpu_note: str = ""
+    host: dict[str, Any] = field(default_factory=dict)
+    disk: dict[str, Any] = field(default_factory=dict)
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not any(p.fatal for p in self.problems)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "engine": self.engine,
+            "gpus": self.gpus,
+            "gpu_note": self.gpu_note,
+            "host": self.host,
+            "disk": self.disk,
+            "problems": [asdict(p) for p in self.problems],
+        }
+
+
+def _hf_cache_dir() -> Path:
+    hub = os.environ.get("HF_HUB_CACHE")
+    if hub:
+        return Path(hub)
+    home = os.environ.get("HF_HOME")
+    return (Path(home) if home else Path.home() / ".cache" / "huggingface") / "hub"
+
+
+def diagnose(llama_cpp_dir: Path | None = None, nvml: Any = None) -> DoctorReport:
+    report = DoctorReport()
+    try:
+        loc = build.locate_engine(llama_cpp_dir)
+        caps = build.capabilities(loc)
+        report.engine = {
+            "path": str(loc.bin_dir),
+            "source": loc.source,
+            "build_number": caps.build_number,
+            "commit": caps.commit,
+            "backend": caps.backend,
+            "devices": list(caps.devices),
+            "tools": {t: loc.has(t) for t in build.TOOLS},
+            "flags": {tool: list(f) for tool, f in caps.flags.items()},
+            "pinned_commit": build.PIN.commit,
+        }
+        missing = [t for t in build.TOOLS if not loc.has(t) and t != "llama-batched-bench"]
+        if missing:
+            report.problems.append(Problem(
+                f"engine at {loc.bin_dir} lacks {', '.join(missing)}",
+                "build those targets too, or run `moe-tune engine install` for the managed build",
+            ))
+        if caps.commit != "unknown" and not build.PIN.commit.startswith(caps.commit[:7]):
+            report.problems.append(Problem(
+                f"engine commit {caps.commit} differs from the pinned {build.PIN.commit}",
+                "results stay valid for that engine; use `moe-tune engine install` to measure the pinned one",
+            ))
+    except TunerError as exc:
+        report.engine = {"path": None, "pinned_commit": build.PIN.commit}
+        report.problems.append(Problem(str(exc), "run `moe-tune engine install` or set LLAMA_CPP_DIR", fatal=True))
+
+    probe = hardware.probe_gpus(nvml)
+    report.gpus = [asdict(g) for g in probe.gpus]
+    report.gpu_note = probe.reason
+    if probe.gpus and report.engine.get("backend") == "cpu":
+        report.problems.append(Problem(
+            "an NVIDIA GPU is present but the engine is a CPU build",
+            "run `moe-tune engine install --backend cuda` or point --llama-cpp-dir at a CUDA build",
+        ))
+
+    host = hardware.probe_host()
+    report.host = asdict(host)
+    if host.swap_used_bytes > GiB:
+        report.problems.append(Problem(
+            f"{host.swap_used_bytes / GiB:.1f} GiB of swap in use: measurements will be slowed",
+            "close other programs before tuning",
+        ))
+
+    for name, where in (("engine", paths.engine_root()), ("models", paths.models_dir()),
+                        ("hf_cache", _hf_cache_dir())):
+        free = hardware.free_disk_bytes(where)
+        report.disk[name] = {"path": str(where), "free_bytes": free}
+        if free < MIN_FREE_DISK_BYTES:
+            report.problems.append(Problem(
+                f"only {free / GiB:.1f} GiB free at {where}",
+                "free disk space or set MOE_TUNE_CACHE / HF_HOME to a larger disk",
+            ))
+    return report

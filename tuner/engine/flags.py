@@ -1,0 +1,411 @@
+"""The only place llama.cpp flags are spelled: LaunchConfig ↔ argv for llama-bench, llama-server, llama-perplexity.
+
+Because the measured argv and the emitted launch line come from the same function, they cannot differ. With
+the engine's :class:`~tuner.engine.build.Capabilities` each setting is spelled the way the detected binary accepts
+it (or refused before launch); :func:`parse_command` reads a pasted ``llama-server …`` line back.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tuner.core.config import CacheType, FlashAttn, LaunchConfig
+from tuner.core.errors import UsageError
+
+if TYPE_CHECKING:
+    from tuner.engine.build import Capabilities
+
+SERVER = "llama-server"
+BENCH = "llama-bench"
+PERPLEXITY = "llama-perplexity"
+FIT_PARAMS = "llama-fit-params"
+
+# Setting → spellings, preferred first. llama-bench prefers the short forms its own --help lists first.
+_SPELL: dict[str, tuple[str, ...]] = {
+    "model": ("-m", "--model"),
+    "ctx": ("-c", "--ctx-size"),
+    "parallel": ("-np", "--parallel"),
+    "n_gpu_layers": ("-ngl", "--n-gpu-layers", "--gpu-layers"),
+    "n_cpu_moe": ("--n-cpu-moe", "-ncmoe"),
+    "cache_type_k": ("-ctk", "--cache-type-k"),
+    "cache_type_v": ("-ctv", "--cache-type-v"),
+    "threads": ("-t", "--threads"),
+    "threads_batch": ("-tb", "--threads-batch"),
+    "batch": ("-b", "--batch-size"),
+    "ubatch": ("-ub", "--ubatch-size"),
+    "flash_attn": ("-fa", "--flash-attn"),
+    "kv_unified": ("--kv-unified", "-kvu"),
+    "no_kv_unified": ("--no-kv-unified", "-no-kvu"),
+    "swa_full": ("--swa-full",),
+    "load_mode": ("-lm", "--load-mode"),
+    "no_repack": ("--no-repack", "-nr"),
+    "fit_print": ("-fitp", "--fit-print"),
+    "log_jsonl": ("--log-jsonl",),
+}
+_BENCH_SPELL = {"n_cpu_moe": ("-ncmoe", "--n-cpu-moe"), "repack": ("--repack",), "depth": ("-d", "--n-depth")}
+
+# Flags a pasted command may carry that do not change speed or memory: dropped, and reported as dropped.
+_IGNORED_WITH_VALUE = {
+    "--host", "--port", "-a", "--alias", "--api-key", "--api-key-file", "--temp", "--temperature", "--top-k",
+    "--top-p", "--min-p", "--repeat-penalty", "--presence-penalty", "--seed", "-s", "--chat-template",
+    "--chat-template-file", "--log-file", "-lv", "--verbosity", "--log-verbosity", "--timeout", "-to",
+    "--threads-http", "--reasoning-format", "--reasoning-budget", "--slot-save-path", "--path", "--api-prefix",
+    "--chat-template-kwargs", "--ssl-key-file", "--ssl-cert-file", "--sleep-idle-seconds", "-n", "--n-predict",
+    "--predict", "--ctx-checkpoints", "--cache-reuse", "--tags",
+}
+_IGNORED_BARE = {
+    "--jinja", "--no-jinja", "--metrics", "--slots", "--no-slots", "--props", "--no-webui", "--no-ui", "-v",
+    "--verbose", "--log-jsonl", "--no-log-jsonl", "--log-timestamps", "--log-prefix", "--log-colors",
+    "--no-warmup", "--warmup", "--cont-batching", "-cb", "--embedding", "--embeddings", "--no-context-shift",
+    "--context-shift", "--log-disable", "--perf", "--no-perf",
+}
+
+
+class UnsupportedFlagError(UsageError):
+    """The detected engine does not accept a flag the config needs."""
+
+
+def validate(cfg: LaunchConfig) -> None:
+    """Refuse what the engine would reject at context creation, before anything is launched."""
+    if cfg.cache_type_v.is_quantized and cfg.flash_attn is FlashAttn.OFF:
+        raise UsageError(
+            f"V cache type {cfg.cache_type_v.value} needs flash attention: use -fa on (or auto) or -ctv f16"
+        )
+    for name in ("n_cpu_moe", "n_gpu_layers", "threads", "threads_batch"):
+        value = getattr(cfg, name)
+        if value is not None and value < 0:
+            raise UsageError(f"{name} must be >= 0, got {value}")
+    for name in ("ctx", "parallel", "batch", "ubatch"):
+        value = getattr(cfg, name)
+        if value is not None and value < 1:
+            raise UsageError(f"{name} must be >= 1, got {value}")
+    if cfg.batch is not None and cfg.ubatch is not None and cfg.ubatch > cfg.batch:
+        # llama.cpp silently clamps ubatch to batch; the measured config would not be the one asked for.
+        raise UsageError(f"ubatch {cfg.ubatch} is larger than batch {cfg.batch}: use -ub <= -b")
+
+
+class _Argv:
+    """Collects flags for one tool, spelled as that tool's binary accepts them."""
+
+    def __init__(self, binary: Path, tool: str, caps: Capabilities | None) -> None:
+        self.tool = tool
+        self.caps = caps
+        self.argv: list[str] = [str(binary)]
+
+    def add(self, setting: str, *values: str) -> None:
+        spellings = (_BENCH_SPELL.get(setting) if self.tool == BENCH else None) or _SPELL[setting]
+        flag = spellings[0]
+        if self.caps is not None and self.tool in self.caps.flags:
+            usable = [s for s in spellings if self.caps.supports(self.tool, s)]
+            if not usable:
+                shown = f"{flag} {' '.join(values)}".strip()
+                raise UnsupportedFlagError(
+                    f"{self.tool} of this engine does not accept {shown}: update llama.cpp "
+                    "(`moe-tune engine install`) or leave that setting at its default"
+                )
+            flag = usable[0]
+        self.argv += [flag, *values]
+
+
+def _common(a: _Argv, cfg: LaunchConfig) -> None:
+    if cfg.n_gpu_layers is not None:
+        a.add("n_gpu_layers", str(cfg.n_gpu_layers))
+    if cfg.n_cpu_moe is not None:
+        a.add("n_cpu_moe", str(cfg.n_cpu_moe))
+    if cfg.cache_type_k is not CacheType.F16:
+        a.add("cache_type_k", cfg.cache_type_k.value)
+    if cfg.cache_type_v is not CacheType.F16:
+        a.add("cache_type_v", cfg.cache_type_v.value)
+    if cfg.threads is not None:
+        a.add("threads", str(cfg.threads))
+    if cfg.threads_batch is not None and a.tool != BENCH:
+        a.add("threads_batch", str(cfg.threads_batch))
+    if cfg.batch is not None:
+        a.add("batch", str(cfg.batch))
+    if cfg.ubatch is not None:
+        a.add("ubatch", str(cfg.ubatch))
+
+
+def _context_flags(a: _Argv, cfg: LaunchConfig) -> None:
+    """Flags llama-server and llama-perplexity share (llama-bench has none of these)."""
+    if cfg.flash_attn is not FlashAttn.AUTO:
+        a.add("flash_attn", cfg.flash_attn.value)
+    if cfg.kv_unified is True:
+        a.add("kv_unified")
+    elif cfg.kv_unified is False:
+        a.add("no_kv_unified")
+    if cfg.swa_full:
+        a.add("swa_full")
+    if not cfg.mmap:
+        a.add("load_mode", "none")  # read weights into anonymous memory instead of mapping the file
+    if not cfg.repack:
+        a.add("no_repack")
+
+
+def bench_argv(
+    binary: Path,
+    cfg: LaunchConfig,
+    *,
+    n_prompt: int,
+    n_gen: int,
+    repetitions: int,
+    depth: int | Sequence[int] = 0,
+    caps: Capabilities | None = None,
+) -> list[str]:
+    """llama-bench for one config; it has no -c (context = prompt + generated + depth)."""
+    return bench_group_argv(binary, [cfg], n_prompt=n_prompt, n_gen=n_gen, repetitions=repetitions, depth=depth,
+                            caps=caps)
+
+
+def bench_group_argv(
+    binary: Path,
+    cfgs: Sequence[LaunchConfig],
+    *,
+    n_prompt: int,
+    n_gen: int,
+    repetitions: int,
+    depth: int | Sequence[int] = 0,
+    caps: Capabilities | None = None,
+) -> list[str]:
+    """One llama-bench process for configs that form a full cross product of comma lists.
+
+    llama-bench runs every combination of its lists and aborts the whole sweep at the first invalid one, so
+    the caller (:func:`tuner.measure.bench.group_configs`) only hands in sets where every combination is a wanted,
+    valid config. Each list is rendered in first-seen order.
+    """
+    if not cfgs:
+        raise UsageError("no configs to benchmark: pass at least one")
+    for cfg in cfgs:
+        validate(cfg)
+    if len({(c.model, c.mmap, c.repack) for c in cfgs}) != 1:
+        raise UsageError("configs in one llama-bench run must share the model file and load mode")
+    depths = [depth] if isinstance(depth, int) else list(depth)
+    a = _Argv(binary, BENCH, caps)
+    first = cfgs[0]
+    a.add("model", str(first.model))
+    a.argv += ["-p", str(n_prompt), "-n", str(n_gen), "-r", str(repetitions)]
+    if depths != [0]:
+        a.add("depth", ",".join(str(d) for d in depths))
+
+    def listed(name: str) -> list[str]:
+        seen: list[str] = []
+        for c in cfgs:
+            value = getattr(c, name)
+            text = value.value if hasattr(value, "value") else ("" if value is None else str(value))
+            if text not in seen:
+                seen.append(text)
+        return seen
+
+    for name in ("n_gpu_layers", "n_cpu_moe", "cache_type_k", "cache_type_v", "threads", "batch", "ubatch",
+                 "flash_attn"):
+        values = listed(name)
+        default = {"cache_type_k": "f16", "cache_type_v": "f16", "flash_attn": "auto"}.get(name, "")
+        if values == [default]:
+            continue
+        if "" in values:
+            raise UsageError(f"configs in one llama-bench run must all set {name} or none of them")
+        a.add(name, ",".join(values))
+    if not first.mmap:
+        a.add("load_mode", "none")
+    if not first.repack:
+        a.add("repack", "0")
+    return a.argv + ["-o", "jsonl"]
+
+
+def server_argv(binary: Path, cfg: LaunchConfig, caps: Capabilities | None = None) -> list[str]:
+    validate(cfg)
+    a = _Argv(binary, SERVER, caps)
+    a.add("model", str(cfg.model))
+    if cfg.ctx is not None:
+        a.add("ctx", str(cfg.ctx))
+    if cfg.parallel is not None:
+        a.add("parallel", str(cfg.parallel))
+    _common(a, cfg)
+    _context_flags(a, cfg)
+    return a.argv
+
+
+def listen_argv(host: str, port: int, *, log_jsonl: bool = False) -> list[str]:
+    """Where a measured llama-server listens, and (optionally) machine-readable logs for the runner."""
+    argv = ["--host", host, "--port", str(port)]
+    return argv + ["--log-jsonl"] if log_jsonl else argv
+
+
+def perplexity_argv(
+    binary: Path,
+    cfg: LaunchConfig,
+    *,
+    text_file: Path,
+    ctx: int,
+    chunks: int | None = None,
+    kld_base: Path | None = None,
+    kld: bool = False,
+    caps: Capabilities | None = None,
+) -> list[str]:
+    """llama-perplexity over ``text_file`` in chunks of ``ctx`` tokens.
+
+    With ``kld_base`` and not ``kld``: write the reference logits to that file. With both: compare against it.
+    """
+    validate(cfg)
+    a = _Argv(binary, PERPLEXITY, caps)
+    a.add("model", str(cfg.model))
+    a.argv += ["-f", str(text_file)]
+    a.add("ctx", str(ctx))
+    if chunks is not None:
+        a.argv += ["--chunks", str(chunks)]
+    if cfg.parallel is not None:
+        a.add("parallel", str(cfg.parallel))
+    _common(a, cfg)
+    _context_flags(a, cfg)
+    if kld_base is not None:
+        a.argv += ["--kl-divergence-base", str(kld_base)]
+        if kld:
+            a.argv += ["--kl-divergence"]
+    elif kld:
+        raise UsageError("KL-divergence needs a reference logits file: pass kld_base")
+    return a.argv
+
+
+def fit_params_argv(binary: Path, cfg: LaunchConfig, caps: Capabilities | None = None) -> list[str]:
+    """llama-fit-params projecting ``cfg``'s memory (header only, nothing allocated), with JSON records."""
+    if cfg.kv_unified is not None:
+        # llama-fit-params has no --kv-unified / --no-kv-unified (its -np default is 1, where they agree).
+        raise UnsupportedFlagError(
+            "llama-fit-params cannot project --kv-unified / --no-kv-unified: leave kv_unified at the default "
+            "or measure the breakdown with llama-server"
+        )
+    argv = server_argv(binary, cfg, caps)
+    a = _Argv(binary, FIT_PARAMS, caps)
+    a.add("fit_print", "on")
+    a.add("log_jsonl")
+    return argv + a.argv[1:]
+
+
+def launch_line(cfg: LaunchConfig, binary: str = "llama-server") -> str:
+    """The command a user pastes into a shell."""
+    return shlex.join(server_argv(Path(binary), cfg))
+
+
+# ------------------------------------------------------------------------------------------- the reverse
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedCommand:
+    config: LaunchConfig
+    # Flags that do not change speed or memory (host, port, sampling, logging): dropped from the config.
+    ignored: tuple[str, ...] = ()
+
+
+_ALIASES = {s: name for name, spellings in _SPELL.items() for s in spellings}
+_ALIASES.update({"--n-cpu-moe": "n_cpu_moe", "-ncmoe": "n_cpu_moe", "--no-mmap": "no_mmap", "--mmap": "mmap",
+                 "--repack": "repack", "-fitt": "fit", "--fit": "fit"})
+_INT_FIELDS = {"ctx", "parallel", "n_gpu_layers", "n_cpu_moe", "threads", "threads_batch", "batch", "ubatch"}
+_BARE = {"kv_unified", "no_kv_unified", "swa_full", "no_repack", "repack", "no_mmap", "mmap"}
+
+
+def parse_command(text: str) -> ParsedCommand:
+    """Read a pasted ``llama-server …`` command (shell quoting, ``\\`` line breaks, ``VAR=x`` prefixes)."""
+    try:
+        tokens = shlex.split(text.replace("\\\n", " "))
+    except ValueError as exc:
+        raise UsageError(f"cannot read the pasted command ({exc}): check its quotes") from None
+    while tokens and "=" in tokens[0] and not tokens[0].startswith("-"):
+        tokens.pop(0)  # environment assignments before the program
+    if not tokens or not os.path.basename(tokens[0]).startswith("llama-server"):
+        raise UsageError("the pasted command must start with llama-server: paste the whole launch line")
+    values: dict[str, object] = {}
+    ignored: list[str] = []
+    i = 1
+    while i < len(tokens):
+        tok = tokens[i]
+        flag, eq, inline = tok.partition("=") if tok.startswith("--") else (tok, "", "")
+        i += 1
+
+        def value(flag: str = flag, eq: str = eq, inline: str = inline) -> str:
+            nonlocal i
+            if eq:
+                return inline
+            if i >= len(tokens):
+                raise UsageError(f"{flag} needs a value in the pasted command")
+            i += 1
+            return tokens[i - 1]
+
+        if flag in _IGNORED_BARE:
+            ignored.append(flag)
+            continue
+        if flag in _IGNORED_WITH_VALUE:
+            ignored.append(f"{flag} {value()}")
+            continue
+        name = _ALIASES.get(flag)
+        if name is None or name == "fit":
+            raise UsageError(
+                f"{flag} in the pasted command is not something moe-tune measures: remove it and paste again"
+            )
+        if name in _BARE:
+            values[name] = True
+        elif name == "flash_attn":
+            # Older builds took a bare -fa; it meant "on".
+            if not eq and (i >= len(tokens) or tokens[i].startswith("-")):
+                values[name] = "on"
+            else:
+                values[name] = value()
+        else:
+            values[name] = value()
+    return ParsedCommand(_config_from(values), tuple(ignored))
+
+
+def _config_from(values: dict[str, object]) -> LaunchConfig:
+    if "model" not in values:
+        raise UsageError("the pasted command has no -m MODEL: add the model path")
+    kwargs: dict[str, object] = {"model": Path(str(values["model"]))}
+    for name in _INT_FIELDS & values.keys():
+        raw = str(values[name])
+        if name == "n_gpu_layers" and raw in ("auto", "all"):
+            if raw == "all":
+                kwargs[name] = 999  # more than any model has: every layer
+            continue
+        try:
+            kwargs[name] = int(raw)
+        except ValueError:
+            raise UsageError(f"{name} must be a whole number, got {raw!r}: fix it in the pasted command") from None
+    for name in ("cache_type_k", "cache_type_v"):
+        if name in values:
+            try:
+                kwargs[name] = CacheType(str(values[name]).lower())
+            except ValueError:
+                allowed = ", ".join(t.value for t in CacheType)
+                raise UsageError(f"unknown KV cache type {values[name]!r}: use one of {allowed}") from None
+    if "flash_attn" in values:
+        fa = {"1": "on", "0": "off", "true": "on", "false": "off"}.get(str(values["flash_attn"]).lower(),
+                                                                        str(values["flash_attn"]).lower())
+        try:
+            kwargs["flash_attn"] = FlashAttn(fa)
+        except ValueError:
+            raise UsageError(f"-fa takes on, off or auto, got {values['flash_attn']!r}") from None
+    if values.get("kv_unified"):
+        kwargs["kv_unified"] = True
+    if values.get("no_kv_unified"):
+        kwargs["kv_unified"] = False
+    kwargs["swa_full"] = bool(values.get("swa_full", False))
+    if values.get("no_mmap") or str(values.get("load_mode", "")) == "none":
+        kwargs["mmap"] = False
+    elif "load_mode" in values and str(values["load_mode"]) not in ("auto", "mmap"):
+        raise UsageError(f"-lm {values['load_mode']} is not measured by moe-tune: use -lm none or mmap")
+    kwargs["repack"] = not values.get("no_repack", False)
+    cfg = LaunchConfig(**kwargs)  # type: ignore[arg-type]
+    validate(cfg)
+    return cfg
+
+
+def with_overrides(cfg: LaunchConfig, **changes: object) -> LaunchConfig:
+    """``cfg`` with the given fields replaced; unknown field names are a usage error."""
+    known = {f.name for f in fields(LaunchConfig)}
+    unknown = set(changes) - known
+    if unknown:
+        raise UsageError(f"unknown LaunchConfig fields {sorted(unknown)}: use one of {sorted(known)}")
+    return replace(cfg, **changes)  # type: ignore[arg-type]

@@ -1,0 +1,353 @@
+"""The only module that spawns processes.
+
+Every child runs in its own process group, from an argument list (never a shell), with a timeout that
+kills the whole group. Ctrl-C while a child runs stops the child before the exception travels on, so no
+llama.cpp process outlives the call that started it.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tuner.core.errors import EngineError, ProcessFailedError, ProcessTimeoutError
+from tuner.engine import flags
+
+STDERR_TAIL_LINES = 40
+TERM_GRACE_S = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessResult:
+    argv: tuple[str, ...]
+    returncode: int
+    stdout: str
+    stderr_tail: str
+    elapsed_s: float
+
+
+def _stop_group(proc: subprocess.Popen[Any], grace_s: float = TERM_GRACE_S) -> None:
+    """TERM the child's process group, then KILL it if it has not gone within the grace period."""
+    if proc.poll() is not None:
+        # The leader is gone but helpers it spawned may not be; sweep the group anyway.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _child_env(extra: Mapping[str, str] | None) -> dict[str, str]:
+    env = dict(os.environ)
+    if extra:
+        env.update(extra)
+    return env
+
+
+def run_process(
+    argv: Sequence[str],
+    *,
+    timeout_s: float,
+    what: str,
+    fix: str,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+    on_line: Callable[[str], None] | None = None,
+    check: bool = True,
+    on_start: Callable[[int], None] | None = None,
+) -> ProcessResult:
+    """Run ``argv`` to completion and return its output.
+
+    stdout is captured whole; stderr keeps its last lines. With ``on_line`` the child's stdout and stderr
+    are merged and each line is passed on as it arrives (build progress), and ``stdout`` holds the tail.
+    ``on_start`` gets the child's pid once it runs (the memory sampler watches it).
+    """
+    argv = [str(a) for a in argv]
+    start = time.monotonic()
+    merged = on_line is not None
+    try:
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT if merged else subprocess.PIPE,
+            cwd=cwd,
+            env=_child_env(env),
+            text=True,
+            errors="replace",
+            start_new_session=True,
+        )
+    except FileNotFoundError as exc:
+        raise EngineError(f"{argv[0]} could not be started ({exc.strerror}): {fix}") from exc
+    except PermissionError as exc:
+        raise EngineError(f"{argv[0]} is not executable: {fix}") from exc
+
+    err_tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL_LINES)
+    out_parts: list[str] = []
+    out_tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL_LINES)
+
+    def pump_stderr() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            err_tail.append(line.rstrip("\n"))
+
+    def pump_stdout() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if merged:
+                out_tail.append(line.rstrip("\n"))
+                assert on_line is not None
+                on_line(line.rstrip("\n"))
+            else:
+                out_parts.append(line)
+
+    pumps = [threading.Thread(target=pump_stdout, daemon=True)]
+    if not merged:
+        pumps.append(threading.Thread(target=pump_stderr, daemon=True))
+    for t in pumps:
+        t.start()
+    try:
+        if on_start is not None:
+            on_start(proc.pid)
+        try:
+            returncode = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _stop_group(proc)
+            for t in pumps:
+                t.join(timeout=2)
+            tail = "\n".join(out_tail if merged else err_tail)
+            raise ProcessTimeoutError(what, argv, None, tail, f"it ran past {timeout_s:.0f} s; {fix}") from None
+    except BaseException:
+        # KeyboardInterrupt or anything else: the child must not outlive us.
+        _stop_group(proc, grace_s=2.0)
+        raise
+    _stop_group(proc, grace_s=0.5)  # sweep helpers left in the group
+    for t in pumps:
+        t.join(timeout=5)
+    elapsed = time.monotonic() - start
+    stdout = "\n".join(out_tail) if merged else "".join(out_parts)
+    tail = "\n".join(out_tail if merged else err_tail)
+    if check and returncode != 0:
+        raise ProcessFailedError(what, argv, returncode, tail, fix)
+    return ProcessResult(tuple(argv), returncode, stdout, tail, elapsed)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@dataclass(frozen=True, slots=True)
+class StreamedCompletion:
+    """One streamed /completion: client-side times and the server's own ``timings`` record."""
+
+    ttft_s: float  # request sent → first generated token received
+    elapsed_s: float  # request sent → last byte received
+    timings: dict[str, Any]
+    tokens_predicted: int
+    started_s: float = 0.0  # time.monotonic() when the request was sent
+
+
+class ServerGoneError(ProcessFailedError):
+    """llama-server exited while requests were in flight."""
+
+
+_NET_ERRORS = (urllib.error.URLError, http.client.HTTPException, OSError, json.JSONDecodeError)
+
+
+class RequestRejectedError(ProcessFailedError):
+    """llama-server answered a request with an HTTP error (e.g. the prompt exceeds the slot's context)."""
+
+
+class ServerProcess:
+    """A running llama-server on loopback. Use through :func:`serve`."""
+
+    def __init__(self, proc: subprocess.Popen[Any], host: str, port: int, argv: Sequence[str], log: Path) -> None:
+        self.proc = proc
+        self.host = host
+        self.port = port
+        self.argv = list(argv)
+        self.log = log
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def _log_lines(self) -> list[str]:
+        """The log as plain text lines; ``--log-jsonl`` records are reduced to their message."""
+        try:
+            text = self.log.read_text(errors="replace")
+        except OSError:
+            return []
+        lines: list[str] = []
+        for line in text.splitlines():
+            if line.startswith('{"type":'):
+                with contextlib.suppress(ValueError):
+                    record = json.loads(line)
+                    if record.get("type") == "log":
+                        lines.extend(str(record.get("msg", "")).rstrip("\n").splitlines())
+                    continue
+            lines.append(line)
+        return lines
+
+    def log_tail(self, lines: int = STDERR_TAIL_LINES) -> str:
+        return "\n".join(self._log_lines()[-lines:])
+
+    def log_records(self) -> list[dict[str, Any]]:
+        """Machine records other than plain log lines (e.g. ``fit_memory_breakdown``) from ``--log-jsonl``."""
+        records: list[dict[str, Any]] = []
+        with contextlib.suppress(OSError):
+            for line in self.log.read_text(errors="replace").splitlines():
+                if line.startswith("{") and '"type":"log"' not in line:
+                    with contextlib.suppress(ValueError):
+                        records.append(json.loads(line))
+        return records
+
+    def gone_error(self) -> ServerGoneError:
+        return ServerGoneError("llama-server", self.argv, self.proc.poll(), self.log_tail(),
+                               "it stopped during the trial; see the log tail")
+
+    def request(self, path: str, payload: dict[str, Any] | None = None, timeout_s: float = 120.0) -> dict[str, Any]:
+        data = None if payload is None else json.dumps(payload).encode()
+        method = "GET" if data is None else "POST"
+        req = urllib.request.Request(
+            self.url + path, data=data, headers={"Content-Type": "application/json"}, method=method
+        )
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            body: dict[str, Any] = json.loads(resp.read().decode())
+            return body
+
+    def wait_healthy(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise ProcessFailedError(
+                    "llama-server", self.argv, self.proc.returncode, self.log_tail(),
+                    "check the model file and flags in the log above",
+                )
+            try:
+                if self.request("/health", timeout_s=2.0).get("status") == "ok":
+                    return
+            except (urllib.error.URLError, ConnectionError, TimeoutError, json.JSONDecodeError):
+                pass
+            time.sleep(0.1)
+        raise ProcessTimeoutError(
+            "llama-server", self.argv, None, self.log_tail(),
+            f"it was not healthy within {timeout_s:.0f} s; a large model may need a longer --load-timeout",
+        )
+
+    def complete(self, prompt: str | list[int], n_predict: int, timeout_s: float = 300.0) -> dict[str, Any]:
+        """One /completion request; random-weight models stop anywhere, so EOS is ignored."""
+        return self.request(
+            "/completion",
+            {"prompt": prompt, "n_predict": n_predict, "ignore_eos": True, "cache_prompt": False},
+            timeout_s=timeout_s,
+        )
+
+    def tokenize(self, text: str) -> list[int]:
+        try:
+            body = self.request("/tokenize", {"content": text, "add_special": False})
+        except _NET_ERRORS as exc:
+            raise self._request_failed(exc) from None
+        return [int(t) for t in body["tokens"]]
+
+    def _request_failed(self, exc: BaseException) -> ProcessFailedError:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=2)  # a dying server closes sockets before it is reaped
+        if self.proc.poll() is not None:
+            return self.gone_error()
+        return ProcessFailedError("llama-server", self.argv, None, self.log_tail(),
+                                  f"a request failed ({exc}); see the log tail")
+
+    def stream_complete(self, prompt: str | list[int], n_predict: int, timeout_s: float = 300.0) -> StreamedCompletion:
+        """A streamed /completion, timing the first token as the client sees it."""
+        payload = {"prompt": prompt, "n_predict": n_predict, "ignore_eos": True, "cache_prompt": False,
+                   "stream": True}
+        req = urllib.request.Request(self.url + "/completion", data=json.dumps(payload).encode(),
+                                     headers={"Content-Type": "application/json"}, method="POST")
+        start = time.monotonic()
+        ttft_s: float | None = None
+        final: dict[str, Any] = {}
+        try:
+            with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+                for raw in resp:
+                    line = raw.decode(errors="replace").strip()
+                    if not line.startswith("data: "):
+                        continue
+                    event = json.loads(line[6:])
+                    if ttft_s is None and event.get("tokens"):
+                        ttft_s = time.monotonic() - start
+                    if event.get("stop"):
+                        final = event
+        except urllib.error.HTTPError as exc:
+            body = exc.read().decode(errors="replace")[:300]
+            raise RequestRejectedError("llama-server", self.argv, None, f"HTTP {exc.code}: {body}",
+                                       "the server refused the request; fit -p/-n into the per-slot context") from None
+        except _NET_ERRORS as exc:
+            raise self._request_failed(exc) from None
+        elapsed = time.monotonic() - start
+        if "timings" not in final:
+            raise ProcessFailedError("llama-server", self.argv, self.proc.poll(), self.log_tail(),
+                                     "the stream ended without timings; see the log tail")
+        return StreamedCompletion(ttft_s if ttft_s is not None else elapsed, elapsed, dict(final["timings"]),
+                                  int(final.get("tokens_predicted", 0)), start)
+
+
+@contextlib.contextmanager
+def serve(
+    argv_without_port: Sequence[str],
+    *,
+    log_dir: Path,
+    host: str = "127.0.0.1",
+    load_timeout_s: float = 300.0,
+    env: Mapping[str, str] | None = None,
+    log_jsonl: bool = False,
+) -> Iterator[ServerProcess]:
+    """Start llama-server on a free loopback port, wait for /health, and always stop it afterwards.
+
+    ``log_jsonl`` makes the server log machine records (memory breakdown) next to its messages.
+    """
+    port = free_port(host)
+    argv = [str(a) for a in argv_without_port] + flags.listen_argv(host, port, log_jsonl=log_jsonl)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log = log_dir / f"llama-server-{port}.log"
+    with log.open("w") as log_fh:
+        try:
+            proc = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=log_fh, stderr=subprocess.STDOUT,
+                env=_child_env(env), start_new_session=True,
+            )
+        except FileNotFoundError as exc:
+            raise EngineError(f"{argv[0]} could not be started ({exc.strerror}): run `moe-tune doctor`") from exc
+        except OSError as exc:
+            raise EngineError(f"{argv[0]} could not be started ({exc}): run `moe-tune doctor`") from exc
+        server = ServerProcess(proc, host, port, argv, log)
+        try:
+            server.wait_healthy(load_timeout_s)
+            yield server
+        finally:
+            _stop_group(proc)

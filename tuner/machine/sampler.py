@@ -1,0 +1,263 @@
+"""Memory and power sampled DURING a trial, and the spill verdict drawn from them.
+
+A background thread reads NVML (VRAM used on the device, VRAM used by the watched process where the driver
+reports it, power draw, the energy counter) and psutil (RSS of the watched process tree, host swap) every
+``interval_s``. NVML is passed in as a module-like object so tests hand in a fake at this hardware boundary;
+without a driver the GPU fields stay ``None`` and the host figures are still sampled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+import psutil
+
+from tuner.measure.failures import Failure, FailureKind
+
+DEFAULT_INTERVAL_S = 0.2
+# VRAM this close to the card's total counts as "at capacity" (drivers keep a little for themselves).
+CAPACITY_MARGIN_BYTES = 256 * 2**20
+# Measured generation below this fraction of the roofline while VRAM is full: a spill, not a slow config.
+CLIFF_FRACTION = 0.25
+SWAP_GROWTH_BYTES = 64 * 2**20
+MIB = 2**20
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    t_s: float
+    vram_used_bytes: int | None = None
+    vram_total_bytes: int | None = None
+    proc_vram_bytes: int | None = None
+    power_w: float | None = None
+    energy_mj: int | None = None  # the driver's cumulative energy counter, where the card has one
+    rss_bytes: int | None = None
+    swap_used_bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryReport:
+    n_samples: int
+    duration_s: float
+    vram_total_bytes: int | None
+    vram_baseline_bytes: int | None  # first sample: what other processes already held
+    vram_peak_bytes: int | None
+    proc_vram_peak_bytes: int | None
+    power_peak_w: float | None
+    energy_j: float | None
+    rss_peak_bytes: int | None
+    swap_growth_bytes: int
+
+    def tokens_per_joule(self, tokens: int) -> float | None:
+        return tokens / self.energy_j if self.energy_j else None
+
+
+def summarize(samples: list[Sample]) -> MemoryReport:
+    """Peaks, growth and energy from a run's samples (pure: no clock, no I/O)."""
+    if not samples:
+        return MemoryReport(0, 0.0, None, None, None, None, None, None, None, 0)
+
+    def peak(values: list[Any]) -> Any:
+        present = [v for v in values if v is not None]
+        return max(present) if present else None
+
+    vram = [s.vram_used_bytes for s in samples]
+    return MemoryReport(
+        n_samples=len(samples),
+        duration_s=samples[-1].t_s - samples[0].t_s,
+        vram_total_bytes=peak([s.vram_total_bytes for s in samples]),
+        vram_baseline_bytes=next((v for v in vram if v is not None), None),
+        vram_peak_bytes=peak(vram),
+        proc_vram_peak_bytes=peak([s.proc_vram_bytes for s in samples]),
+        power_peak_w=peak([s.power_w for s in samples]),
+        energy_j=energy_j(samples),
+        rss_peak_bytes=peak([s.rss_bytes for s in samples]),
+        swap_growth_bytes=max(0, max(s.swap_used_bytes for s in samples) - samples[0].swap_used_bytes),
+    )
+
+
+def energy_j(samples: list[Sample]) -> float | None:
+    """Joules over the run: the driver's counter when it has one, else power integrated over time."""
+    counters = [s.energy_mj for s in samples if s.energy_mj is not None]
+    if len(counters) >= 2:
+        return (counters[-1] - counters[0]) / 1000.0
+    powered = [s for s in samples if s.power_w is not None]
+    if len(powered) < 2:
+        return None
+    total = 0.0
+    for a, b in zip(powered, powered[1:], strict=False):
+        total += (b.t_s - a.t_s) * ((a.power_w or 0.0) + (b.power_w or 0.0)) / 2
+    return total
+
+
+class Sampler:
+    """Samples in a daemon thread between :meth:`start` and :meth:`stop`; use as a context manager."""
+
+    def __init__(self, nvml: Any = None, *, gpu_index: int = 0, interval_s: float = DEFAULT_INTERVAL_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.interval_s = interval_s
+        self.clock = clock
+        self.gpu_index = gpu_index
+        self.samples: list[Sample] = []
+        self._nvml = nvml
+        self._handle: Any = None
+        self._pid: int | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def attach(self, pid: int) -> None:
+        """Watch this process (and its children) from now on."""
+        self._pid = pid
+        self.sample_now()
+
+    def sample_now(self) -> None:
+        """One extra sample outside the schedule (short runs can fit between two ticks)."""
+        if self._thread is not None:
+            self.samples.append(self.read_once())
+
+    def __enter__(self) -> Sampler:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        self._open_nvml()
+        self.samples.append(self.read_once())
+        self._thread = threading.Thread(target=self._loop, name="moe-tune-sampler", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> MemoryReport:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+            self.samples.append(self.read_once())
+        if self._nvml is not None and self._handle is not None:
+            with contextlib.suppress(Exception):
+                self._nvml.nvmlShutdown()
+            self._handle = None
+        return self.report()
+
+    def report(self) -> MemoryReport:
+        return summarize(list(self.samples))
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.samples.append(self.read_once())
+
+    def _open_nvml(self) -> None:
+        if self._nvml is None:
+            try:
+                import pynvml
+
+                self._nvml = pynvml
+            except ImportError:
+                return
+        try:
+            self._nvml.nvmlInit()
+            self._handle = self._nvml.nvmlDeviceGetHandleByIndex(self.gpu_index)
+        except Exception:  # no driver or no such card: a CPU-only run
+            self._handle = None
+
+    def read_once(self) -> Sample:
+        now = self.clock()
+        used = total = proc_used = energy = None
+        power = None
+        nv, handle = self._nvml, self._handle
+        if nv is not None and handle is not None:
+            with contextlib.suppress(Exception):
+                mem = nv.nvmlDeviceGetMemoryInfo(handle)
+                used, total = int(mem.used), int(mem.total)
+            with contextlib.suppress(Exception):
+                power = float(nv.nvmlDeviceGetPowerUsage(handle)) / 1000.0  # mW
+            with contextlib.suppress(Exception):
+                energy = int(nv.nvmlDeviceGetTotalEnergyConsumption(handle))  # mJ
+            proc_used = self._proc_vram(nv, handle)
+        return Sample(now, used, total, proc_used, power, energy, self._rss(), int(psutil.swap_memory().used))
+
+    def _tree(self) -> list[psutil.Process]:
+        if self._pid is None:
+            return []
+        try:
+            root = psutil.Process(self._pid)
+            return [root, *root.children(recursive=True)]
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            return []
+
+    def _rss(self) -> int | None:
+        tree = self._tree()
+        total = 0
+        for proc in tree:
+            with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+                total += int(proc.memory_info().rss)
+        return total if tree else None
+
+    def _proc_vram(self, nv: Any, handle: Any) -> int | None:
+        pids = {p.pid for p in self._tree()}
+        if not pids:
+            return None
+        try:
+            running = nv.nvmlDeviceGetComputeRunningProcesses(handle)
+        except Exception:
+            return None
+        # usedGpuMemory is None where the driver cannot attribute memory (Windows WDDM).
+        mine = [int(p.usedGpuMemory) for p in running if p.pid in pids and p.usedGpuMemory is not None]
+        return sum(mine) if mine else None
+
+
+# ----------------------------------------------------------------------------------------------- verdict
+
+
+class SpillKind(str, Enum):
+    NONE = "none"
+    OOM_AT_LOAD = "oom_at_load"
+    VRAM_AT_CAPACITY = "vram_at_capacity"
+    THROUGHPUT_CLIFF = "throughput_cliff"
+    HOST_SWAP = "host_swap"
+
+
+@dataclass(frozen=True, slots=True)
+class SpillVerdict:
+    kind: SpillKind
+    evidence: str
+
+
+def spill_verdict(
+    memory: MemoryReport | None,
+    *,
+    failure: Failure | None = None,
+    gen_tok_s: float | None = None,
+    roofline_tok_s: float | None = None,
+    margin_bytes: int = CAPACITY_MARGIN_BYTES,
+) -> SpillVerdict:
+    """Did this run spill out of VRAM, and what shows it."""
+    if failure is not None and failure.kind is FailureKind.OUT_OF_MEMORY:
+        return SpillVerdict(SpillKind.OOM_AT_LOAD, f"the engine failed to allocate: {failure.reason}")
+    if memory is None or memory.n_samples == 0:
+        return SpillVerdict(SpillKind.NONE, "nothing was sampled")
+    swap = f"host swap +{memory.swap_growth_bytes / MIB:,.0f} MiB"
+    peak, total = memory.vram_peak_bytes, memory.vram_total_bytes
+    if peak is not None and total:
+        vram = f"VRAM peaked at {peak / MIB:,.0f} of {total / MIB:,.0f} MiB"
+        if peak >= total - margin_bytes:
+            if gen_tok_s is not None and roofline_tok_s and gen_tok_s < CLIFF_FRACTION * roofline_tok_s:
+                share = 100 * gen_tok_s / roofline_tok_s
+                return SpillVerdict(
+                    SpillKind.THROUGHPUT_CLIFF,
+                    f"generation {gen_tok_s:,.1f} tok/s is {share:.0f} % of the {roofline_tok_s:,.0f} tok/s "
+                    f"roofline while {vram}",
+                )
+            return SpillVerdict(SpillKind.VRAM_AT_CAPACITY, f"{vram} (within {margin_bytes / MIB:.0f} MiB of full)")
+    else:
+        vram = "no NVIDIA GPU sampled"
+    if memory.swap_growth_bytes >= SWAP_GROWTH_BYTES:
+        return SpillVerdict(SpillKind.HOST_SWAP, f"{swap} during the run; {vram}")
+    return SpillVerdict(SpillKind.NONE, f"{vram}; {swap}; {memory.n_samples} samples")

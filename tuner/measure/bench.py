@@ -1,0 +1,386 @@
+"""Measuring one config (or a group sharing a model load): llama-bench speed with spread, and a server trial.
+
+Noise control: a figure is repeated until its relative standard error is at most ``RSE_TARGET_PCT`` or a
+repetition cap is hit, and every figure carries its median and CV. Failures come back classified
+(:class:`tuner.measure.failures.TrialFailedError`), never as a 0.0.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from tuner.core.config import FlashAttn, LaunchConfig
+from tuner.core.errors import EngineNotFoundError, ProcessFailedError, TunerError, UsageError
+from tuner.engine import breakdown, flags, runner
+from tuner.engine.breakdown import MemoryBreakdown
+from tuner.engine.build import Capabilities, EngineLocation
+from tuner.machine.sampler import MemoryReport, Sampler, SpillVerdict, spill_verdict
+from tuner.measure import failures, workload
+from tuner.measure.workload import LevelResult, Workload
+
+RSE_TARGET_PCT = 3.0
+MIN_REPETITIONS = 3
+MAX_REPETITIONS = 12
+
+
+@dataclass(frozen=True, slots=True)
+class Spread:
+    n: int
+    median: float
+    mean: float
+    cv_pct: float  # sample standard deviation / mean
+    rse_pct: float  # standard error of the mean / mean: how well the mean is known
+
+
+def spread(samples: Sequence[float]) -> Spread:
+    if not samples:
+        raise ValueError("no samples")
+    mean = statistics.fmean(samples)
+    sd = statistics.stdev(samples) if len(samples) > 1 else 0.0
+    cv = 100 * sd / mean if mean else 0.0
+    rse = cv / math.sqrt(len(samples)) if len(samples) > 1 else math.inf
+    return Spread(len(samples), statistics.median(samples), mean, cv, rse)
+
+
+@dataclass(frozen=True, slots=True)
+class BenchRow:
+    """One llama-bench test: either prompt processing (n_gen == 0) or generation (n_prompt == 0)."""
+
+    n_prompt: int
+    n_gen: int
+    n_depth: int
+    avg_tok_s: float
+    stddev_tok_s: float
+    samples_tok_s: tuple[float, ...]
+    build_commit: str
+    # The settings llama-bench reports it ran with (type_k, flash_attn, n_threads, …), as text.
+    params: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def kind(self) -> str:
+        return "pp" if self.n_gen == 0 else "tg"
+
+    @property
+    def spread(self) -> Spread:
+        return spread(self.samples_tok_s or (self.avg_tok_s,))
+
+    def to_dict(self) -> dict[str, Any]:
+        s = self.spread
+        return {"kind": self.kind, "n_prompt": self.n_prompt, "n_gen": self.n_gen, "n_depth": self.n_depth,
+                "avg_tok_s": self.avg_tok_s, "stddev_tok_s": self.stddev_tok_s, "median_tok_s": s.median,
+                "cv_pct": s.cv_pct, "rse_pct": s.rse_pct, "samples_tok_s": list(self.samples_tok_s),
+                "build_commit": self.build_commit}
+
+
+@dataclass(frozen=True, slots=True)
+class BenchResult:
+    argv: tuple[str, ...]
+    rows: tuple[BenchRow, ...]
+    elapsed_s: float
+    config: LaunchConfig | None = None
+    runs: int = 1  # llama-bench processes merged into these rows
+    memory: MemoryReport | None = None
+
+    def row(self, kind: str, depth: int | None = None) -> BenchRow:
+        for row in self.rows:
+            if row.kind == kind and (depth is None or row.n_depth == depth):
+                return row
+        raise KeyError(kind)
+
+    @property
+    def prompt_tok_s(self) -> float:
+        return self.row("pp").avg_tok_s
+
+    @property
+    def gen_tok_s(self) -> float:
+        return self.row("tg").avg_tok_s
+
+
+_PARAM_KEYS = ("type_k", "type_v", "flash_attn", "n_threads", "n_batch", "n_ubatch", "n_gpu_layers", "n_cpu_moe")
+
+
+def parse_jsonl(text: str) -> tuple[BenchRow, ...]:
+    rows = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        raw = json.loads(line)
+        rows.append(
+            BenchRow(
+                n_prompt=int(raw["n_prompt"]),
+                n_gen=int(raw["n_gen"]),
+                n_depth=int(raw.get("n_depth", 0)),
+                avg_tok_s=float(raw["avg_ts"]),
+                stddev_tok_s=float(raw.get("stddev_ts", 0.0)),
+                samples_tok_s=tuple(float(x) for x in raw.get("samples_ts", [])),
+                build_commit=str(raw.get("build_commit", "")),
+                params=tuple((k, str(raw[k])) for k in _PARAM_KEYS if k in raw),
+            )
+        )
+    return tuple(rows)
+
+
+# llama-bench reports flash attention as llama.cpp's enum value.
+_FA_CODE = {FlashAttn.ON: "1", FlashAttn.OFF: "0", FlashAttn.AUTO: "-1"}
+
+
+def _wanted(cfg: LaunchConfig) -> dict[str, str]:
+    """The row params a config must show; settings left at the engine default match anything."""
+    want = {"type_k": cfg.cache_type_k.value, "type_v": cfg.cache_type_v.value}
+    if cfg.flash_attn is not FlashAttn.AUTO:
+        want["flash_attn"] = _FA_CODE[cfg.flash_attn]
+    for key, name in (("n_threads", "threads"), ("n_batch", "batch"), ("n_ubatch", "ubatch"),
+                      ("n_gpu_layers", "n_gpu_layers"), ("n_cpu_moe", "n_cpu_moe")):
+        if getattr(cfg, name) is not None:
+            want[key] = str(getattr(cfg, name))
+    return want
+
+
+def rows_for(cfg: LaunchConfig, rows: Sequence[BenchRow]) -> tuple[BenchRow, ...]:
+    want = _wanted(cfg)
+    return tuple(r for r in rows if all(dict(r.params).get(k, v) == v for k, v in want.items()))
+
+
+_LOAD_FIELDS = ("model", "mmap", "repack", "n_gpu_layers", "n_cpu_moe")
+_SWEPT_FIELDS = ("cache_type_k", "cache_type_v", "flash_attn", "threads", "batch", "ubatch")
+
+
+def _is_product(group: Sequence[LaunchConfig]) -> bool:
+    axes = [list(dict.fromkeys(getattr(c, f) for c in group)) for f in _SWEPT_FIELDS]
+    if math.prod(len(a) for a in axes) != len(set(group)):
+        return False
+    base = group[0]
+    return all(replace(base, **dict(zip(_SWEPT_FIELDS, combo, strict=True))) in set(group)
+               for combo in itertools.product(*axes))
+
+
+def group_configs(cfgs: Sequence[LaunchConfig]) -> list[list[LaunchConfig]]:
+    """Split configs into llama-bench runs: one per model load, each an exact cross product of its lists.
+
+    llama-bench runs every combination of its comma lists and aborts the whole sweep at the first invalid
+    one, so a group is only formed where every combination is a requested (hence validated) config.
+    """
+    by_load: dict[tuple[Any, ...], list[LaunchConfig]] = {}
+    for cfg in dict.fromkeys(cfgs):
+        flags.validate(cfg)
+        key = tuple(getattr(cfg, f) for f in _LOAD_FIELDS) + tuple(
+            getattr(cfg, f) is None for f in ("threads", "batch", "ubatch"))
+        by_load.setdefault(key, []).append(cfg)
+    groups: list[list[LaunchConfig]] = []
+    for group in by_load.values():
+        if _is_product(group):
+            groups.append(group)
+            continue
+        # Otherwise vary one setting per run, choosing the setting that needs the fewest runs.
+        best: list[list[LaunchConfig]] | None = None
+        for free in _SWEPT_FIELDS:
+            parts: dict[tuple[Any, ...], list[LaunchConfig]] = {}
+            for cfg in group:
+                parts.setdefault(tuple(getattr(cfg, f) for f in _SWEPT_FIELDS if f != free), []).append(cfg)
+            if best is None or len(parts) < len(best):
+                best = list(parts.values())
+        groups.extend(best or [])
+    return groups
+
+
+def _tool(engine: EngineLocation, name: str) -> Path:
+    try:
+        return engine.tool(name)
+    except EngineNotFoundError as exc:
+        raise failures.TrialFailedError(name, failures.from_error(exc)) from None
+
+
+def _bench_once(engine: EngineLocation, cfgs: Sequence[LaunchConfig], *, n_prompt: int, n_gen: int,
+                repetitions: int, depths: Sequence[int], timeout_s: float, caps: Capabilities | None,
+                sampler: Sampler | None) -> tuple[tuple[str, ...], tuple[BenchRow, ...], float]:
+    argv = flags.bench_group_argv(_tool(engine, "llama-bench"), cfgs, n_prompt=n_prompt, n_gen=n_gen,
+                                  repetitions=repetitions, depth=list(depths), caps=caps)
+    try:
+        result = runner.run_process(
+            argv, timeout_s=timeout_s, what="llama-bench", fix="check the model file and flags",
+            on_start=sampler.attach if sampler else None,
+        )
+    except TunerError as exc:
+        raise failures.TrialFailedError("llama-bench", failures.from_error(exc)) from None
+    rows = parse_jsonl(result.stdout)
+    expected = ((n_prompt > 0) + (n_gen > 0)) * len(depths) * len(cfgs)
+    if len(rows) < expected:
+        # llama-bench can stop part-way through a sweep and still exit 0.
+        err = ProcessFailedError("llama-bench", argv, result.returncode, result.stderr_tail,
+                                 f"it reported {len(rows)} of {expected} tests")
+        raise failures.TrialFailedError("llama-bench", failures.from_error(err))
+    return tuple(argv), rows, result.elapsed_s
+
+
+def _merge(old: tuple[BenchRow, ...], new: tuple[BenchRow, ...]) -> tuple[BenchRow, ...]:
+    merged = []
+    for row in old:
+        extra = next((n for n in new if (n.kind, n.n_depth, n.params) == (row.kind, row.n_depth, row.params)), None)
+        if extra is None:
+            merged.append(row)
+            continue
+        samples = row.samples_tok_s + extra.samples_tok_s
+        merged.append(replace(row, samples_tok_s=samples, avg_tok_s=statistics.fmean(samples),
+                              stddev_tok_s=statistics.stdev(samples) if len(samples) > 1 else 0.0))
+    return tuple(merged)
+
+
+def run_bench_group(
+    engine: EngineLocation,
+    cfgs: Sequence[LaunchConfig],
+    *,
+    n_prompt: int = 512,
+    n_gen: int = 128,
+    depth: int | Sequence[int] = 0,
+    repetitions: int | None = None,
+    rse_target_pct: float = RSE_TARGET_PCT,
+    max_repetitions: int = MAX_REPETITIONS,
+    timeout_s: float = 1800.0,
+    caps: Capabilities | None = None,
+    sampler: Sampler | None = None,
+) -> list[BenchResult]:
+    """llama-bench for configs sharing a model load, one result per config.
+
+    With ``repetitions`` the count is exact; without it, runs repeat until every figure's relative standard
+    error is <= ``rse_target_pct`` or ``max_repetitions`` samples are in.
+    """
+    depths = [depth] if isinstance(depth, int) else list(depth)
+    reps = repetitions or MIN_REPETITIONS
+    argv, rows, elapsed = _bench_once(engine, cfgs, n_prompt=n_prompt, n_gen=n_gen, repetitions=reps,
+                                      depths=depths, timeout_s=timeout_s, caps=caps, sampler=sampler)
+    runs, done = 1, reps
+    while repetitions is None and done < max_repetitions and any(
+            r.spread.rse_pct > rse_target_pct for r in rows):
+        more = min(MIN_REPETITIONS, max_repetitions - done)
+        _, extra, took = _bench_once(engine, cfgs, n_prompt=n_prompt, n_gen=n_gen, repetitions=more,
+                                     depths=depths, timeout_s=timeout_s, caps=caps, sampler=sampler)
+        rows, runs, done, elapsed = _merge(rows, extra), runs + 1, done + more, elapsed + took
+    memory = sampler.report() if sampler else None
+    return [BenchResult(argv, rows_for(cfg, rows) if len(cfgs) > 1 else rows, elapsed, cfg, runs, memory)
+            for cfg in cfgs]
+
+
+def run_bench(
+    engine: EngineLocation,
+    cfg: LaunchConfig,
+    *,
+    n_prompt: int = 512,
+    n_gen: int = 128,
+    repetitions: int | None = 3,
+    depth: int | Sequence[int] = 0,
+    timeout_s: float = 1800.0,
+    caps: Capabilities | None = None,
+    sampler: Sampler | None = None,
+    max_repetitions: int = MAX_REPETITIONS,
+) -> BenchResult:
+    """One config with llama-bench; ``repetitions=None`` repeats until the spread is small (noise control)."""
+    return run_bench_group(engine, [cfg], n_prompt=n_prompt, n_gen=n_gen, depth=depth, repetitions=repetitions,
+                           timeout_s=timeout_s, caps=caps, sampler=sampler, max_repetitions=max_repetitions)[0]
+
+
+def run_bench_many(engine: EngineLocation, cfgs: Sequence[LaunchConfig], **kwargs: Any
+                   ) -> list[BenchResult | failures.Failure]:
+    """Every config, grouped by model load; a failed group is retried one config at a time to find the culprit."""
+    out: dict[LaunchConfig, BenchResult | failures.Failure] = {}
+    for group in group_configs(cfgs):
+        try:
+            for res in run_bench_group(engine, group, **kwargs):
+                assert res.config is not None
+                out[res.config] = res
+        except failures.TrialFailedError as exc:
+            if len(group) == 1:
+                out[group[0]] = exc.failure
+                continue
+            for cfg in group:
+                try:
+                    out[cfg] = run_bench_group(engine, [cfg], **kwargs)[0]
+                except failures.TrialFailedError as one:
+                    out[cfg] = one.failure
+    return [out[c] for c in cfgs]
+
+
+# ------------------------------------------------------------------------------------------ server trial
+
+
+@dataclass(frozen=True, slots=True)
+class ServerTrial:
+    argv: tuple[str, ...]
+    config: LaunchConfig
+    workload: Workload
+    levels: tuple[LevelResult, ...]
+    memory: MemoryReport
+    spill: SpillVerdict
+    log_path: Path
+    # Machine records from --log-jsonl (fit_memory_breakdown at start and exit), raw for tuner.engine.breakdown.
+    log_records: tuple[dict[str, Any], ...] = ()
+    # llama.cpp's own memory breakdown (the at-exit record; the projected one when the exit record was lost).
+    memory_breakdown: MemoryBreakdown | None = None
+    # The generation ceiling from tuner.plan.roofline for this config and machine, when known.
+    roofline_tok_s: float | None = None
+
+    @property
+    def tokens_per_joule(self) -> float | None:
+        return self.memory.tokens_per_joule(sum(lvl.gen_tokens for lvl in self.levels))
+
+
+def slot_context(cfg: LaunchConfig) -> int | None:
+    """Tokens one request may use: -c split over -np slots unless the KV cache is unified."""
+    if cfg.ctx is None:
+        return None
+    slots = cfg.parallel or 1
+    return cfg.ctx if cfg.kv_unified else cfg.ctx // slots
+
+
+def run_server_trial(
+    engine: EngineLocation,
+    cfg: LaunchConfig,
+    load: Workload,
+    *,
+    log_dir: Path,
+    caps: Capabilities | None = None,
+    nvml: Any = None,
+    load_timeout_s: float = 300.0,
+    request_timeout_s: float = 300.0,
+    roofline_tok_s: float | None = None,
+    on_ready: Callable[[runner.ServerProcess], None] | None = None,
+) -> ServerTrial:
+    """llama-server with exactly ``cfg``: warm up, then the workload at concurrency 1..parallel, sampled."""
+    per_slot = slot_context(cfg)
+    if per_slot is not None and load.prompt_tokens + load.gen_tokens > per_slot:
+        raise UsageError(
+            f"{load.prompt_tokens}+{load.gen_tokens} tokens do not fit the {per_slot}-token slot context: "
+            "raise -c, use --kv-unified, or lower -p/-n"
+        )
+    argv = flags.server_argv(_tool(engine, "llama-server"), cfg, caps)
+    log_jsonl = caps is None or caps.supports("llama-server", "--log-jsonl")
+    sampler = Sampler(nvml)
+    sampler.start()
+    levels: tuple[LevelResult, ...] = ()
+    failure: failures.Failure | None = None
+    try:
+        with runner.serve(argv, log_dir=log_dir, load_timeout_s=load_timeout_s, log_jsonl=log_jsonl) as server:
+            sampler.attach(server.proc.pid)
+            if on_ready is not None:
+                on_ready(server)
+            levels = workload.run_workload(server, load, cfg.parallel or 1, timeout_s=request_timeout_s)
+            sampler.sample_now()
+    except TunerError as exc:
+        failure = failures.from_error(exc)
+    finally:
+        memory = sampler.stop()
+    if failure is not None:
+        raise failures.TrialFailedError("llama-server", failure)
+    gen = levels[0].per_request_gen_tok_s if levels else None
+    verdict = spill_verdict(memory, gen_tok_s=gen, roofline_tok_s=roofline_tok_s)
+    records = tuple(server.log_records())
+    found = breakdown.parse_log_jsonl(server.log.read_text(errors="replace")) if log_jsonl else []
+    return ServerTrial(tuple(server.argv), cfg, load, levels, memory, verdict, server.log, records,
+                       memory_breakdown=found[-1] if found else None, roofline_tok_s=roofline_tok_s)

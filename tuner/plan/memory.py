@@ -1,0 +1,252 @@
+"""What a launch costs in VRAM and RAM, before anything is launched. Pure: no I/O, no clock, no environment.
+
+ModelInfo × LaunchConfig × Hardware → MemoryEstimate, following the pinned llama.cpp's placement rules:
+``--n-cpu-moe N`` keeps the routed experts of the FIRST N layers on the host, ``-ngl N`` puts the LAST N
+layers (the output head counts as one more) on the GPU, the token embedding always stays on the host, and
+the KV of a layer lives where the layer lives.
+
+Two backends are modelled separately. CPU: validated against the engine's own breakdown (see
+``scripts/bench_memory_model.py``). CUDA: the same placement and KV arithmetic, the CPU compute-buffer
+model applied to the device, plus a fixed CUDA context overhead; not validated on a GPU here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from tuner.core.config import CacheType, FlashAttn, LaunchConfig
+from tuner.machine.hardware import Hardware
+from tuner.models.gguf_reader import ModelInfo, TensorClass, TensorInfo
+
+MIB = 2**20
+CTX_PAD = 256
+DEFAULT_BATCH = 2048
+DEFAULT_UBATCH = 512
+DEFAULT_PARALLEL = 4  # llama-server's -np auto: 4 slots sharing one unified KV cache
+FIT_MARGIN_BYTES = 1024 * MIB  # llama.cpp's --fit leaves this much free; we plan with the same margin
+CUDA_CONTEXT_BYTES = 300 * MIB  # driver context + cuBLAS workspace: outside llama.cpp's breakdown
+# Weight types the CPU backend repacks into interleaved layouts on x86 with AVX2 (rows must be a multiple
+# of 8); they move from the mapped file into an anonymous CPU_REPACK buffer of the same size.
+REPACK_TYPES = frozenset({"Q4_0", "Q4_K", "IQ4_NL", "MXFP4"})
+
+# Bytes per element of each KV cache type (block size / block bytes from ggml).
+KV_TYPE_BYTES: dict[CacheType, float] = {
+    CacheType.F32: 4.0, CacheType.F16: 2.0, CacheType.BF16: 2.0, CacheType.Q8_0: 34 / 32,
+    CacheType.Q5_1: 24 / 32, CacheType.Q5_0: 22 / 32, CacheType.Q4_1: 20 / 32, CacheType.Q4_0: 18 / 32,
+    CacheType.IQ4_NL: 18 / 32,
+}
+
+
+class Verdict(str, Enum):
+    FITS = "fits"
+    NEEDS_SPILL = "needs spill"  # more VRAM than the card has: OOM on Linux, a slow spill on Windows
+    EXCEEDS_RAM = "exceeds RAM"  # host side larger than available RAM: swap
+
+
+@dataclass(frozen=True, slots=True)
+class Breakdown:
+    weights_bytes: int = 0
+    kv_bytes: int = 0
+    recurrent_bytes: int = 0
+    compute_bytes: int = 0
+    overhead_bytes: int = 0
+
+    @property
+    def context_bytes(self) -> int:
+        """What llama.cpp calls "context": KV cache plus recurrent state."""
+        return self.kv_bytes + self.recurrent_bytes
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weights_bytes + self.context_bytes + self.compute_bytes + self.overhead_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryEstimate:
+    backend: str  # "cuda" or "cpu"
+    gpu: Breakdown
+    host: Breakdown
+    repack_bytes: int  # part of host.weights_bytes held in CPU_REPACK (anonymous memory)
+    mapped_bytes: int  # part of host.weights_bytes mapped from the file (page cache); 0 without mmap
+    n_ctx: int  # cells after padding, all slots together
+    n_seq: int
+    n_ubatch: int
+    flash_attn: bool
+    verdict: Verdict
+
+
+@dataclass(frozen=True, slots=True)
+class Resolved:
+    """A LaunchConfig with every engine default filled in, as llama-server would run it."""
+
+    n_ctx: int
+    n_seq: int
+    unified: bool
+    n_ubatch: int
+    flash_attn: bool
+    n_gpu_layers: int
+    n_cpu_moe: int
+
+
+def resolve(model: ModelInfo, cfg: LaunchConfig, backend: str) -> Resolved:
+    ctx = cfg.ctx if cfg.ctx else model.ctx_train
+    n_seq = cfg.parallel if cfg.parallel else DEFAULT_PARALLEL
+    unified = cfg.kv_unified if cfg.kv_unified is not None else cfg.parallel is None
+    n_ctx = _pad(ctx, CTX_PAD)
+    if not unified and n_seq > 1:
+        n_ctx = _pad(n_ctx // n_seq, CTX_PAD) * n_seq
+    n_batch = min(cfg.batch or DEFAULT_BATCH, n_ctx)
+    n_ubatch = min(cfg.ubatch or DEFAULT_UBATCH, n_batch)
+    # -fa auto turns flash attention on wherever the backend supports it (CPU and CUDA do).
+    fa = cfg.flash_attn is not FlashAttn.OFF
+    ngl = model.n_layer + 1 if cfg.n_gpu_layers is None else min(cfg.n_gpu_layers, model.n_layer + 1)
+    if backend == "cpu":
+        ngl = 0
+    n_cpu_moe = min(cfg.n_cpu_moe or 0, model.n_layer)
+    return Resolved(n_ctx, n_seq, unified, n_ubatch, fa, ngl, n_cpu_moe)
+
+
+def _pad(n: int, to: int) -> int:
+    return -(-n // to) * to
+
+
+def layer_on_gpu(model: ModelInfo, r: Resolved, layer: int) -> bool:
+    return layer >= model.n_layer - min(r.n_gpu_layers, model.n_layer)
+
+
+def tensor_on_gpu(model: ModelInfo, r: Resolved, t: TensorInfo) -> bool:
+    if t.klass is TensorClass.TOKEN_EMBD:
+        return False
+    if t.layer is None:
+        return r.n_gpu_layers > model.n_layer  # output head and final norm
+    if t.klass is TensorClass.ROUTED_EXPERTS and t.layer < r.n_cpu_moe:
+        return False
+    return layer_on_gpu(model, r, t.layer)
+
+
+def is_repacked(t: TensorInfo) -> bool:
+    return (t.ggml_type in REPACK_TYPES and t.klass is not TensorClass.TOKEN_EMBD
+            and len(t.shape) >= 2 and t.shape[1] % 8 == 0)
+
+
+def kv_bytes_per_cell(model: ModelInfo, layer: int, type_k: CacheType, type_v: CacheType) -> float:
+    n_kv = model.n_head_kv[layer]
+    if not n_kv:
+        return 0.0
+    if model.is_mla:  # one compressed latent plus the rope part, stored as K; V is a view of it
+        return (model.mla_kv_lora_rank + model.mla_rope_dim) * KV_TYPE_BYTES[type_k]
+    return n_kv * (model.head_dim_k * KV_TYPE_BYTES[type_k] + model.head_dim_v * KV_TYPE_BYTES[type_v])
+
+
+def kv_cells(model: ModelInfo, r: Resolved, layer: int, swa_full: bool) -> int:
+    if model.swa_layers[layer] and model.n_swa and not swa_full:
+        per_stream = r.n_ctx if r.unified else r.n_ctx // r.n_seq
+        window = model.n_swa * (r.n_seq if r.unified else 1) + r.n_ubatch
+        cells = _pad(min(per_stream, window), CTX_PAD)
+        return cells if r.unified else cells * r.n_seq
+    return r.n_ctx
+
+
+def recurrent_bytes_per_seq(model: ModelInfo) -> int:
+    """f32 conv state plus SSM / delta-net state of ONE recurrent layer for one sequence."""
+    conv_dim = model.ssm_d_inner + 2 * model.ssm_n_group * model.ssm_d_state
+    conv = (model.ssm_d_conv - 1) * conv_dim
+    ssm = model.ssm_d_state * model.ssm_d_inner
+    return 4 * (conv + ssm)
+
+
+def compute_bytes(model: ModelInfo, r: Resolved) -> int:
+    """Peak of llama.cpp's graph allocator for one ubatch: the larger of the attention and output peaks.
+
+    Attention: the KQ mask (f16 with flash attention, f32 without) over every cell of a stream, the f32
+    KQ scores without flash attention, plus per-token activations; with flash attention the routed-expert
+    activations of a layer while the mask is live. Output: the logits of every token plus three
+    embedding-wide tensors. Coefficients were fitted to the CPU backend's own figures on both demo
+    architectures and on six shape-true real models (scripts/bench_memory_model.py).
+    """
+    n_tok = r.n_ubatch
+    n_q = model.n_head * model.head_dim_k
+    # Routed experts of one layer: gate, up and activation per used expert, the expert outputs, and a few
+    # embedding-wide residual tensors. At long contexts this, with the mask still live, is the peak.
+    moe = n_tok * 4 * (model.n_expert_used * (3 * model.n_ff_exp + model.n_embd) + 5 * model.n_embd)
+    # Unified: one stream of n_ctx cells. Split: n_seq streams of n_ctx / n_seq cells, n_tok / n_seq tokens each.
+    cells = r.n_ctx if r.unified or r.n_seq <= 1 else r.n_ctx // r.n_seq
+    if r.flash_attn:
+        attn = cells * n_tok * 2 + moe
+    else:
+        heads = model.n_head
+        attn = cells * n_tok * 4 * (1 + heads) + n_tok * 4 * (5 * model.n_embd + n_q)
+        if model.is_hybrid:  # gated attention (qwen3.5): the output gate half of the q projection stays live
+            attn += n_tok * 4 * n_q
+        if any(t.name.endswith(".attn_q.bias") for t in model.tensors):
+            # Biased q/k/v projections (GLM-4.5, gpt-oss) keep more alive; fitted on both at real scale.
+            kv_width = (model.n_head_kv[0] or max(model.n_head_kv)) * model.head_dim_k
+            attn += n_tok * 4 * max(0, n_q - 2 * kv_width)
+    output = n_tok * 4 * (model.n_vocab + 3 * model.n_embd)
+    return int(max(attn, output))
+
+
+def mtp_layers(model: ModelInfo) -> frozenset[int]:
+    """NextN / multi-token-prediction blocks (GLM-4.5's last block): llama.cpp skips their tensors and
+    gives them no KV unless speculative decoding with MTP is asked for."""
+    return frozenset(t.layer for t in model.tensors if t.layer is not None and ".nextn." in t.name)
+
+
+def estimate(model: ModelInfo, cfg: LaunchConfig, hw: Hardware) -> MemoryEstimate:
+    backend = "cuda" if hw.has_gpu else "cpu"
+    r = resolve(model, cfg, backend)
+    skipped = mtp_layers(model)
+    gpu_w = host_w = repack = 0
+    for t in model.tensors:
+        if t.layer in skipped:
+            continue
+        if tensor_on_gpu(model, r, t):
+            gpu_w += t.n_bytes
+        else:
+            host_w += t.n_bytes
+            if cfg.repack and is_repacked(t):
+                repack += t.n_bytes
+    # With mmap the mapped range still spans the repacked tensors, so their bytes count twice: once
+    # mapped (page cache) and once in the CPU_REPACK buffer. Without mmap they are loaded only once.
+    if cfg.mmap:
+        host_w += repack
+    if backend == "cuda" and model.tied_embeddings and r.n_gpu_layers > model.n_layer:
+        gpu_w += next(t.n_bytes for t in model.tensors if t.klass is TensorClass.TOKEN_EMBD)
+    gpu_kv = host_kv = 0.0
+    gpu_rec = host_rec = 0
+    rec_per_layer = recurrent_bytes_per_seq(model) * max(1, r.n_seq) if model.is_hybrid else 0
+    for il in range(model.n_layer):
+        if il in skipped:
+            continue
+        on_gpu = layer_on_gpu(model, r, il) if backend == "cuda" else False
+        kv = kv_cells(model, r, il, cfg.swa_full) * kv_bytes_per_cell(model, il, cfg.cache_type_k, cfg.cache_type_v)
+        rec = rec_per_layer if model.recurrent_layers[il] else 0
+        if on_gpu:
+            gpu_kv, gpu_rec = gpu_kv + kv, gpu_rec + rec
+        else:
+            host_kv, host_rec = host_kv + kv, host_rec + rec
+    graph = compute_bytes(model, r)
+    # Logits of every slot are copied back to a host output buffer.
+    host_overhead = r.n_seq * model.n_vocab * 4
+    if backend == "cuda":
+        any_host_layers = r.n_cpu_moe > 0 or r.n_gpu_layers < model.n_layer
+        host_compute = r.n_ubatch * 4 * model.n_embd * 2
+        if any_host_layers:
+            host_compute += r.n_ubatch * 4 * 3 * model.n_expert_used * model.n_ff_exp
+        gpu = Breakdown(gpu_w, int(gpu_kv), gpu_rec, graph, CUDA_CONTEXT_BYTES)
+        host = Breakdown(host_w, int(host_kv), host_rec, host_compute, host_overhead)
+    else:
+        gpu = Breakdown()
+        host = Breakdown(host_w, int(host_kv), host_rec, graph, host_overhead)
+    verdict = judge(gpu, host, hw)
+    mapped = host.weights_bytes - repack if cfg.mmap else 0
+    return MemoryEstimate(backend, gpu, host, repack, mapped, r.n_ctx, r.n_seq, r.n_ubatch, r.flash_attn, verdict)
+
+
+def judge(gpu: Breakdown, host: Breakdown, hw: Hardware) -> Verdict:
+    if hw.has_gpu and gpu.total_bytes + FIT_MARGIN_BYTES > hw.vram_total_bytes:
+        return Verdict.NEEDS_SPILL
+    if host.total_bytes > hw.ram_available_bytes:
+        return Verdict.EXCEEDS_RAM
+    return Verdict.FITS

@@ -1,0 +1,183 @@
+"""Plans without launching: for each --n-cpu-moe value, what a config needs in VRAM and RAM, whether it
+fits, and its speed ceilings; the smallest --n-cpu-moe that fits each ctx/KV combination; the largest
+context that fits at each KV type. Pure, like tuner.plan.memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from tuner.core.config import CacheType, FlashAttn, LaunchConfig
+from tuner.machine.hardware import Hardware
+from tuner.models.gguf_reader import ModelInfo
+from tuner.plan.memory import CTX_PAD, MemoryEstimate, Verdict, estimate
+from tuner.plan.roofline import Roofline, roofline
+
+KV_CHOICES: tuple[tuple[CacheType, CacheType], ...] = (
+    (CacheType.F16, CacheType.F16), (CacheType.Q8_0, CacheType.Q8_0), (CacheType.Q4_0, CacheType.Q4_0),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class PlanRow:
+    n_cpu_moe: int
+    estimate: MemoryEstimate
+    roofline: Roofline
+
+    @property
+    def fits(self) -> bool:
+        return self.estimate.verdict is Verdict.FITS
+
+
+@dataclass(frozen=True, slots=True)
+class SmallestFit:
+    ctx: int
+    cache_type_k: CacheType
+    cache_type_v: CacheType
+    n_cpu_moe: int | None  # None: does not fit even with every expert on the host
+
+
+@dataclass(frozen=True, slots=True)
+class LargestCtx:
+    cache_type_k: CacheType
+    cache_type_v: CacheType
+    n_cpu_moe: int
+    ctx: int  # 0: not even the smallest context fits
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    model: ModelInfo
+    hardware: Hardware
+    base: LaunchConfig
+    rows: tuple[PlanRow, ...]
+    smallest_fits: tuple[SmallestFit, ...]
+    largest_ctx: tuple[LargestCtx, ...]
+    n_configs: int
+
+
+def plan_rows(model: ModelInfo, base: LaunchConfig, hw: Hardware) -> tuple[PlanRow, ...]:
+    rows = []
+    for n in range(model.n_layer + 1):
+        cfg = replace(base, n_cpu_moe=n)
+        rows.append(PlanRow(n, estimate(model, cfg, hw), roofline(model, cfg, hw)))
+    return tuple(rows)
+
+
+def smallest_fitting_n_cpu_moe(model: ModelInfo, cfg: LaunchConfig, hw: Hardware) -> int | None:
+    """Fewest layers' experts on the host that still fit; VRAM falls as n_cpu_moe grows (monotone)."""
+    lo, hi = 0, model.n_layer
+    if estimate(model, replace(cfg, n_cpu_moe=hi), hw).verdict is not Verdict.FITS:
+        return None
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if estimate(model, replace(cfg, n_cpu_moe=mid), hw).verdict is Verdict.FITS:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def largest_fitting_ctx(model: ModelInfo, cfg: LaunchConfig, hw: Hardware) -> int:
+    """Largest context (a multiple of 256, at most the training context) that fits with ``cfg``."""
+    def fits(ctx: int) -> bool:
+        return estimate(model, replace(cfg, ctx=ctx), hw).verdict is Verdict.FITS
+
+    lo, hi = 0, max(1, model.ctx_train // CTX_PAD)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fits(mid * CTX_PAD):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo * CTX_PAD
+
+
+def make_plan(model: ModelInfo, base: LaunchConfig, hw: Hardware, ctxs: Sequence[int] = (),
+              kv_choices: Sequence[tuple[CacheType, CacheType]] = ()) -> Plan:
+    """The table for ``base`` (its ctx and KV types) at every n_cpu_moe, plus the two summaries."""
+    ctxs = list(ctxs) or [base.ctx or model.ctx_train]
+    kv = list(dict.fromkeys([(base.cache_type_k, base.cache_type_v), *kv_choices]))
+    rows = plan_rows(model, replace(base, ctx=ctxs[0]), hw)
+    n = len(rows)
+    smallest = []
+    for ctx in ctxs:
+        for ctk, ctv in kv:
+            cfg = _with_kv(replace(base, ctx=ctx), ctk, ctv)
+            smallest.append(SmallestFit(ctx, ctk, ctv, smallest_fitting_n_cpu_moe(model, cfg, hw)))
+            n += model.n_layer.bit_length() + 1
+    largest = []
+    for ctk, ctv in kv:
+        cfg = _with_kv(replace(base, n_cpu_moe=model.n_layer), ctk, ctv)
+        largest.append(LargestCtx(ctk, ctv, model.n_layer, largest_fitting_ctx(model, cfg, hw)))
+        n += (model.ctx_train // CTX_PAD).bit_length() + 1
+    return Plan(model, hw, base, rows, tuple(smallest), tuple(largest), n)
+
+
+def _with_kv(cfg: LaunchConfig, ctk: CacheType, ctv: CacheType) -> LaunchConfig:
+    # A quantized V cache needs flash attention: turn it on rather than plan a config the engine refuses.
+    fa = FlashAttn.ON if ctv.is_quantized and cfg.flash_attn is FlashAttn.OFF else cfg.flash_attn
+    return replace(cfg, cache_type_k=ctk, cache_type_v=ctv, flash_attn=fa)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineCheckRow:
+    """One memory component: the tool's model beside llama.cpp's own projection (``llama-fit-params``)."""
+
+    component: str  # "weights", "context", "compute"
+    where: str  # "host" or "gpu"
+    model_mib: int
+    engine_mib: int
+
+    @property
+    def error_mib(self) -> int:
+        return self.model_mib - self.engine_mib
+
+    @property
+    def agrees(self) -> bool:
+        """Within the tolerance the model is validated to at real scale: 2 % or 16 MiB."""
+        return abs(self.error_mib) <= max(16, 0.02 * self.engine_mib)
+
+
+def engine_check_rows(est: MemoryEstimate, mmap: bool, engine_host: dict[str, int],
+                      engine_gpu: dict[str, int] | None) -> tuple[EngineCheckRow, ...]:
+    """Compare ``est`` with llama.cpp's projection (MiB per component, host side including CPU_REPACK).
+
+    The projection sizes the mapped weights without the tensors it will repack (the loaded model maps
+    the whole range), so the model's host weights are compared without that double count.
+    """
+    mib = 2**20
+    host_w = est.host.weights_bytes - (est.repack_bytes if mmap else 0)
+    rows = [
+        EngineCheckRow("weights", "host", host_w // mib, engine_host["model"]),
+        EngineCheckRow("context", "host", est.host.context_bytes // mib, engine_host["context"]),
+        EngineCheckRow("compute", "host", est.host.compute_bytes // mib, engine_host["compute"]),
+    ]
+    if engine_gpu is not None:
+        rows += [
+            EngineCheckRow("weights", "gpu", est.gpu.weights_bytes // mib, engine_gpu["model"]),
+            EngineCheckRow("context", "gpu", est.gpu.context_bytes // mib, engine_gpu["context"]),
+            EngineCheckRow("compute", "gpu", est.gpu.compute_bytes // mib, engine_gpu["compute"]),
+        ]
+    return tuple(rows)
+
+
+def scaled(model: ModelInfo, ratio: float) -> ModelInfo:
+    """Another quant of the same model, priced from this one's header: every tensor scaled by the ratio of the
+    two files' sizes (same shapes, other types), which is what the files differ by."""
+    if ratio == 1.0:
+        return model
+    return replace(model, tensors=tuple(replace(t, n_bytes=round(t.n_bytes * ratio)) for t in model.tensors))
+
+
+def fit_verdict(model: ModelInfo, ctx_tokens: int, hw: Hardware) -> str:
+    """Whether ``model`` runs on ``hw`` at ``ctx_tokens`` (one slot), in the user's words: "VRAM" (all on the
+    GPU), "offload N" (with --n-cpu-moe N), "RAM (no GPU)" (a machine without a GPU holds it) or "no"."""
+    cfg = LaunchConfig(model=model.paths[0], ctx=ctx_tokens, parallel=1)
+    if not hw.has_gpu:
+        return "RAM (no GPU)" if estimate(model, cfg, hw).verdict is Verdict.FITS else "no"
+    n_cpu_moe = smallest_fitting_n_cpu_moe(model, cfg, hw)
+    if n_cpu_moe is None:
+        return "no"
+    return "VRAM" if n_cpu_moe == 0 else f"offload {n_cpu_moe}"

@@ -1,0 +1,210 @@
+"""Reading llama-perplexity: its printed results, checked, and the reference logits file it writes.
+
+llama-perplexity exits 0 when it measured nothing (text too short, too few tokens for statistics, a
+reference of another vocabulary), so every figure is parsed from its output and checked before use.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+from tuner.core.errors import TunerError, UsageError
+
+LOGITS_MAGIC = b"_logits_"
+# Statistics need at least this many scored tokens; below it llama-perplexity prints none (perplexity.cpp).
+MIN_SCORED_TOKENS = 100
+
+
+class QualityError(TunerError):
+    """A quality measurement gave no trustworthy figure."""
+
+
+class OutputCutError(QualityError):
+    """The run ended without its final figures. llama.cpp's logger prints from a thread that the process does
+    not wait for at exit (common/log.cpp leaks it on purpose), so the last lines can be lost: run it again."""
+
+
+class TextTooShortError(QualityError, UsageError):
+    def __init__(self, n_tokens: int | None, need_tokens: int, ctx: int) -> None:
+        self.n_tokens = n_tokens
+        self.need_tokens = need_tokens
+        self.ctx = ctx
+        have = f"only {n_tokens} tokens" if n_tokens is not None else "too few tokens"
+        super().__init__(
+            f"the evaluation text has {have}; llama-perplexity needs at least {need_tokens} at -c {ctx}: "
+            "use a longer text (or the bundled corpus) or a smaller -c"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PerplexityFigures:
+    ppl: float
+    ppl_error: float
+    n_chunks: int  # chunks the engine actually evaluated
+
+
+@dataclass(frozen=True, slots=True)
+class KldFigures:
+    ppl: float
+    ppl_error: float
+    ppl_base: float
+    ppl_base_error: float
+    kld_mean: float
+    kld_mean_error: float
+    kld_p99: float
+    kld_max: float
+    same_top_pct: float
+    same_top_pct_error: float
+    n_chunks: int
+
+
+_NUM = r"([-+]?(?:nan|inf|\d+(?:\.\d*)?(?:[eE][-+]?\d+)?))"
+_PM = r"\s*(?:±|\+/-)\s*"
+_FINAL = re.compile(rf"Final estimate: PPL = {_NUM}{_PM}{_NUM}", re.IGNORECASE)
+_NEED = re.compile(r"you need at least (\d+) tokens to evaluate perplexity with a context of (\d+)")
+_ONLY = re.compile(r"tokenizes to only (\d+) tokens")
+_CHUNKS = re.compile(r"(?:calculating perplexity|computing) over (\d+) chunks, n_ctx=(\d+)")
+_KLD_LINES = {
+    "ppl": re.compile(rf"Mean PPL\(Q\)\s*:\s*{_NUM}{_PM}{_NUM}", re.IGNORECASE),
+    "ppl_base": re.compile(rf"Mean PPL\(base\)\s*:\s*{_NUM}{_PM}{_NUM}", re.IGNORECASE),
+    "kld_mean": re.compile(rf"Mean\s+KLD:\s*{_NUM}{_PM}{_NUM}", re.IGNORECASE),
+    "kld_p99": re.compile(rf"99\.0%\s+KLD:\s*{_NUM}", re.IGNORECASE),
+    "kld_max": re.compile(rf"Maximum KLD:\s*{_NUM}", re.IGNORECASE),
+    "same_top": re.compile(rf"Same top p:\s*{_NUM}{_PM}{_NUM}\s*%", re.IGNORECASE),
+}
+_ENGINE_COMPLAINTS = (
+    ("inconsistent vocabulary", "the reference is another model (its vocabulary differs): name one with --reference"),
+    ("does not look like a file containing log-probabilities", "the reference logits file is damaged: delete it"),
+    ("failed reading", "the reference logits file is truncated: delete it and measure again"),
+    ("failed to decode", "the engine could not evaluate a batch: check memory and flags"),
+    ("failed to open", "the logits file could not be opened: check the cache folder"),
+)
+
+
+def _finite(name: str, value: float) -> float:
+    if not math.isfinite(value):
+        raise QualityError(f"llama-perplexity reported {name} = {value}: the model produces non-finite logits; "
+                           "check the model file or try another quant")
+    return value
+
+
+def _check_engine_complaints(text: str) -> None:
+    for needle, fix in _ENGINE_COMPLAINTS:
+        if needle in text:
+            raise QualityError(f"llama-perplexity: {needle}; {fix}")
+    need = _NEED.search(text)
+    if need:
+        only = _ONLY.search(text)
+        raise TextTooShortError(int(only.group(1)) if only else None, int(need.group(1)), int(need.group(2)))
+
+
+def _chunks_done(text: str, want_chunks: int | None) -> tuple[int, int]:
+    """(chunks evaluated, tokens per chunk) as the engine announced them."""
+    match = _CHUNKS.search(text)
+    if not match:
+        raise OutputCutError("llama-perplexity stopped before measuring (or its output was lost at exit): the "
+                             "text may be too short (it needs 2 x ctx tokens); try a longer text or a smaller -c")
+    done, ctx = int(match.group(1)), int(match.group(2))
+    if want_chunks is not None and done < want_chunks:
+        raise TextTooShortError(None, want_chunks * ctx, ctx)
+    return done, ctx
+
+
+def parse_perplexity(text: str, want_chunks: int | None = None) -> PerplexityFigures:
+    """Figures of a plain (or reference-writing) run; ``text`` is stdout and stderr together."""
+    _check_engine_complaints(text)
+    n_chunks, _ = _chunks_done(text, want_chunks)
+    final = _FINAL.search(text)
+    if not final:
+        raise OutputCutError("llama-perplexity printed no final estimate: its output was cut short; "
+                             "rerun with MOE_TUNE_DEBUG=1 to see its output")
+    ppl = _finite("PPL", float(final.group(1)))
+    err = _finite("PPL error", float(final.group(2)))
+    if ppl < 1.0:
+        raise QualityError(f"llama-perplexity reported PPL {ppl} < 1, which cannot be: check the engine build")
+    return PerplexityFigures(ppl, err, n_chunks)
+
+
+def parse_kld(text: str, want_chunks: int | None = None) -> KldFigures:
+    """Figures of a ``--kl-divergence`` run against a reference logits file."""
+    _check_engine_complaints(text)
+    n_chunks, ctx = _chunks_done(text, want_chunks)
+    found = {key: rx.search(text) for key, rx in _KLD_LINES.items()}
+    missing = [key for key, m in found.items() if m is None]
+    if n_chunks * (ctx - 1 - ctx // 2) < MIN_SCORED_TOKENS:
+        raise QualityError(
+            f"{n_chunks} chunks of {ctx} tokens score too few tokens for KL-divergence statistics "
+            f"(llama-perplexity prints them from {MIN_SCORED_TOKENS}): raise --chunks or -c"
+        )
+    if missing:
+        raise OutputCutError(f"llama-perplexity printed no KL-divergence figures (missing {', '.join(missing)}): "
+                             "its output was cut short; run it again")
+
+    def pair(key: str) -> tuple[float, float]:
+        m = found[key]
+        assert m is not None
+        return _finite(key, float(m.group(1))), _finite(key, float(m.group(2)))
+
+    def one(key: str) -> float:
+        m = found[key]
+        assert m is not None
+        return _finite(key, float(m.group(1)))
+
+    ppl, ppl_err = pair("ppl")
+    base, base_err = pair("ppl_base")
+    kld, kld_err = pair("kld_mean")
+    top, top_err = pair("same_top")
+    if kld < -1e-6 or not 0.0 <= top <= 100.0:
+        raise QualityError(f"llama-perplexity reported impossible figures (KLD {kld}, same top {top} %): "
+                           "check the engine build")
+    return KldFigures(ppl, ppl_err, base, base_err, max(kld, 0.0), kld_err, one("kld_p99"), one("kld_max"),
+                      top, top_err, n_chunks)
+
+
+# ------------------------------------------------------------------------------------ reference logits
+
+
+@dataclass(frozen=True, slots=True)
+class LogitsHeader:
+    ctx: int
+    n_vocab: int
+    n_chunks: int
+
+
+def logits_bytes(n_vocab: int, ctx: int, n_chunks: int) -> int:
+    """Size of the reference logits file llama-perplexity writes (layout in perplexity.cpp).
+
+    Header (magic, n_ctx, n_vocab, n_chunk), the tokens, then per chunk the scored second half of the
+    window: (ctx - 1 - ctx/2) rows of nv uint16, nv = 2*ceil(n_vocab/2) + 4.
+    """
+    nv = 2 * ((n_vocab + 1) // 2) + 4
+    scored = ctx - 1 - ctx // 2
+    return len(LOGITS_MAGIC) + 4 * 3 + 4 * ctx * n_chunks + n_chunks * scored * nv * 2
+
+
+def read_logits_header(path: Path) -> LogitsHeader:
+    with path.open("rb") as fh:
+        head = fh.read(len(LOGITS_MAGIC) + 12)
+    if len(head) < len(LOGITS_MAGIC) + 12 or not head.startswith(LOGITS_MAGIC):
+        raise QualityError(f"{path} is not a llama-perplexity logits file: delete it and measure again")
+    ctx, n_vocab, n_chunks = struct.unpack("<Iii", head[len(LOGITS_MAGIC):])
+    return LogitsHeader(ctx, n_vocab, n_chunks)
+
+
+def check_logits_file(path: Path, *, ctx: int, n_chunks: int, n_vocab: int) -> int:
+    """Size of a complete reference file for these settings, or raise naming what is wrong."""
+    header = read_logits_header(path)
+    if (header.ctx, header.n_chunks, header.n_vocab) != (ctx, n_chunks, n_vocab):
+        raise QualityError(
+            f"{path} holds ctx {header.ctx}, {header.n_chunks} chunks, vocab {header.n_vocab}; expected ctx {ctx}, "
+            f"{n_chunks} chunks, vocab {n_vocab}: delete it and measure again"
+        )
+    size = path.stat().st_size
+    expected = logits_bytes(n_vocab, ctx, n_chunks)
+    if size != expected:
+        raise QualityError(f"{path} has {size} bytes, expected {expected}: delete it and measure again")
+    return size

@@ -1,0 +1,394 @@
+"""Quality of a quant and of a KV cache type: perplexity and KL-divergence against a reference, cached.
+
+One call, :func:`measure`, answers "how much does this file at these KV types differ from the best copy of
+the same model?": the reference (the highest-precision sibling file, or one named) writes its logits once
+to a cached file bounded by a chunk count and a disk budget; each (model, KV types) pair is then compared
+against it in one llama-perplexity run. Results are cached by model identity, reference identity, text
+hash, ctx, chunks, KV types and engine, so a study asks as often as it likes and pays once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import re
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import TypeVar
+
+from tuner.core.config import CacheType, FlashAttn, LaunchConfig
+from tuner.core.errors import DiskSpaceError, UsageError
+from tuner.engine import build, flags, runner
+from tuner.machine import hardware, paths
+from tuner.models import gguf_reader
+from tuner.quality import corpus, kld
+from tuner.quality.kld import QualityError
+
+DEFAULT_CTX = 512
+DEFAULT_CHUNKS = 32
+DEFAULT_DISK_BUDGET_BYTES = 8 * 2**30
+DEFAULT_TIMEOUT_S = 6 * 3600.0
+DISK_MARGIN_BYTES = 512 * 2**20
+RESULT_VERSION = 1
+# Reference precision, best first, by GGUF general.file_type (llama_ftype): F32, BF16, F16, Q8_0.
+REFERENCE_FILE_TYPES = (0, 32, 1, 7)
+_QUANT_SUFFIX = re.compile(r"[-._](?:UD-)?(?:I?Q\d[A-Z0-9_]*|BF16|F16|F32|MXFP4[A-Z0-9_]*)$", re.IGNORECASE)
+_SPLIT_SUFFIX = re.compile(r"-\d{5}-of-\d{5}$")
+
+
+@dataclass(frozen=True, slots=True)
+class QualityResult:
+    """One measured (model, KV types) pair. KLD fields are None when no reference was available."""
+
+    model: str
+    reference: str | None
+    corpus_sha256: str
+    ctx: int
+    chunks: int
+    cache_type_k: str
+    cache_type_v: str
+    engine_commit: str
+    ppl: float
+    ppl_error: float
+    kld_mean: float | None
+    kld_mean_error: float | None
+    kld_p99: float | None
+    same_top_pct: float | None
+    same_top_pct_error: float | None
+    reference_ppl: float | None
+    reference_logits: str | None
+    reference_logits_bytes: int | None
+    elapsed_s: float
+    argv: tuple[str, ...]
+    from_cache: bool = False
+
+    @property
+    def is_reference(self) -> bool:
+        """The reference itself at f16 KV: its KLD is zero by definition, not by measurement."""
+        return self.reference == self.model and not self.argv
+
+    def to_json(self) -> dict[str, object]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class ReferenceLogits:
+    path: Path
+    size_bytes: int
+    ppl: float
+    ppl_error: float
+    created: bool
+
+
+# ------------------------------------------------------------------------------------------ identities
+
+
+def model_identity(model: Path) -> str:
+    """Content identity of a model file (all split parts): size plus hashes of its head and tail.
+
+    Hashing a 20 GB file whole would cost minutes; the head holds the GGUF header (every tensor's name, type
+    and offset) and the start of the data, so a re-quantized or re-converted file differs there.
+    """
+    digest = hashlib.sha256()
+    for part in gguf_reader.split_parts(model):
+        size = part.stat().st_size
+        digest.update(f"{size}|".encode())
+        with part.open("rb") as fh:
+            digest.update(fh.read(4 * 2**20))
+            if size > 5 * 2**20:
+                fh.seek(size - 2**20)
+                digest.update(fh.read())
+    return digest.hexdigest()[:32]
+
+
+def engine_identity(loc: build.EngineLocation) -> str:
+    """The engine commit; a build that does not know its commit is named by its binary instead."""
+    commit = build.capabilities(loc).commit
+    if commit and commit != "unknown":
+        return commit
+    st = loc.tool("llama-perplexity").stat()
+    return "binary-" + hashlib.sha256(f"{loc.bin_dir}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:12]
+
+
+def _base_name(path: Path) -> str:
+    stem = _SPLIT_SUFFIX.sub("", path.stem)
+    return _QUANT_SUFFIX.sub("", stem).lower()
+
+
+def find_reference(model: Path) -> Path | None:
+    """The highest-precision file of the same model next to ``model`` (same folder, or per-quant sibling
+    folders as Hugging Face repos lay them out): same name without the quant, same shape, F32/BF16/F16/Q8_0."""
+    info = gguf_reader.inspect_model(model)
+    base = _base_name(model)
+    folders = {model.parent} | {p for p in model.parent.parent.iterdir() if p.is_dir()}
+    best: tuple[int, Path] | None = None
+    for folder in sorted(folders):
+        for candidate in sorted(folder.glob("*.gguf")):
+            if _base_name(candidate) != base or re.search(r"-0000[2-9]-of-|-000[1-9]\d-of-", candidate.name):
+                continue
+            try:
+                other = info if candidate.resolve() == model.resolve() else gguf_reader.inspect_model(candidate)
+            except (OSError, ValueError):
+                continue
+            same = (other.arch, other.n_layer, other.n_embd, other.n_vocab) == (
+                info.arch, info.n_layer, info.n_embd, info.n_vocab)
+            if not same or other.file_type not in REFERENCE_FILE_TYPES:
+                continue
+            rank = REFERENCE_FILE_TYPES.index(other.file_type)
+            if best is None or rank < best[0]:
+                best = (rank, candidate)
+    return best[1] if best else None
+
+
+# -------------------------------------------------------------------------------------------- storage
+
+
+def quality_dir() -> Path:
+    return paths.cache_root() / "quality"
+
+
+def logits_dir() -> Path:
+    return quality_dir() / "logits"
+
+
+def results_dir() -> Path:
+    return quality_dir() / "results"
+
+
+def _key(**parts: object) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """One process at a time writes a given reference or result."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _load_result(path: Path) -> QualityResult | None:
+    try:
+        raw = json.loads(path.read_text())
+        if raw.pop("version", None) != RESULT_VERSION:
+            return None
+        raw["argv"] = tuple(raw["argv"])
+        raw["from_cache"] = True
+        return QualityResult(**raw)
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+
+
+def _store_result(path: Path, result: QualityResult) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".part")
+    tmp.write_text(json.dumps({"version": RESULT_VERSION, **result.to_json()}, indent=1))
+    tmp.replace(path)
+
+
+def _make_room(need_bytes: int, budget_bytes: int, keep: Path) -> None:
+    """Keep the reference logits cache within the budget: refuse what cannot fit, evict the least recently used."""
+    if need_bytes > budget_bytes:
+        raise UsageError(
+            f"the reference logits would take {need_bytes / 2**30:.2f} GiB, over the {budget_bytes / 2**30:.2f} GiB "
+            "disk budget: lower --chunks (or -c) or raise --disk-budget-gib"
+        )
+    folder = logits_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    others = sorted((p for p in folder.glob("*.logits") if p != keep), key=lambda p: p.stat().st_mtime)
+    total = sum(p.stat().st_size for p in others)
+    while others and total + need_bytes > budget_bytes:
+        victim = others.pop(0)
+        total -= victim.stat().st_size
+        victim.unlink(missing_ok=True)
+    free = hardware.free_disk_bytes(folder)
+    if free < need_bytes + DISK_MARGIN_BYTES:
+        raise DiskSpaceError(folder, need_bytes + DISK_MARGIN_BYTES, free)
+
+
+# ------------------------------------------------------------------------------------------ measuring
+
+
+RUN_ATTEMPTS = 3
+T = TypeVar("T")
+
+
+def _run(argv: list[str], parse: Callable[[str], T], timeout_s: float) -> T:
+    """Run llama-perplexity and parse its figures; again when its last lines were lost at exit (see
+    :class:`~tuner.quality.kld.OutputCutError`): the figures are deterministic, so a second run gives the same."""
+    for attempt in range(1, RUN_ATTEMPTS + 1):
+        res = runner.run_process(
+            argv, timeout_s=timeout_s, what="llama-perplexity",
+            fix="check the model file and flags (MOE_TUNE_DEBUG=1 shows the full error)",
+        )
+        try:
+            return parse(res.stdout + "\n" + res.stderr_tail)
+        except kld.OutputCutError:
+            if attempt == RUN_ATTEMPTS:
+                raise
+    raise AssertionError("unreachable")
+
+
+def reference_logits(
+    loc: build.EngineLocation,
+    reference: Path,
+    *,
+    text_file: Path,
+    text_sha256: str,
+    ctx: int,
+    chunks: int,
+    disk_budget_bytes: int = DEFAULT_DISK_BUDGET_BYTES,
+    cfg: LaunchConfig | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    on_step: Callable[[str], None] | None = None,
+) -> ReferenceLogits:
+    """The reference's logits over ``chunks`` chunks, written once (f16 KV) and reused while they fit the budget."""
+    n_vocab = gguf_reader.inspect_model(reference).n_vocab
+    key = _key(ref=model_identity(reference), text=text_sha256, ctx=ctx, chunks=chunks, engine=engine_identity(loc))
+    path = logits_dir() / f"{key}.logits"
+    meta = path.with_suffix(".json")
+    with _locked(logits_dir() / f"{key}.lock"):
+        if path.is_file() and meta.is_file():
+            with contextlib.suppress(QualityError, OSError, ValueError, KeyError):
+                size = kld.check_logits_file(path, ctx=ctx, n_chunks=chunks, n_vocab=n_vocab)
+                saved = json.loads(meta.read_text())
+                os.utime(path)  # most recently used: evicted last
+                return ReferenceLogits(path, size, float(saved["ppl"]), float(saved["ppl_error"]), False)
+        need = kld.logits_bytes(n_vocab, ctx, chunks)
+        _make_room(need, disk_budget_bytes, keep=path)
+        if on_step:
+            on_step(f"writing reference logits of {reference.name} ({need / 2**20:,.1f} MiB, {chunks} chunks)")
+        base_cfg = replace(cfg, model=reference) if cfg else LaunchConfig(model=reference)
+        base_cfg = replace(base_cfg, cache_type_k=CacheType.F16, cache_type_v=CacheType.F16)
+        tmp = path.with_name(path.name + ".part")
+        argv = flags.perplexity_argv(loc.tool("llama-perplexity"), base_cfg, text_file=text_file, ctx=ctx,
+                                     chunks=chunks, kld_base=tmp)
+        try:
+            figures = _run(argv, lambda out: kld.parse_perplexity(out, want_chunks=chunks), timeout_s)
+            size = kld.check_logits_file(tmp, ctx=ctx, n_chunks=chunks, n_vocab=n_vocab)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        tmp.replace(path)
+        meta.write_text(json.dumps({"reference": str(reference), "ppl": figures.ppl, "ppl_error": figures.ppl_error,
+                                    "ctx": ctx, "chunks": chunks, "text_sha256": text_sha256}))
+        return ReferenceLogits(path, size, figures.ppl, figures.ppl_error, True)
+
+
+def measure(
+    loc: build.EngineLocation,
+    model: Path,
+    *,
+    reference: Path | None = None,
+    auto_reference: bool = True,
+    cache_type_k: CacheType = CacheType.F16,
+    cache_type_v: CacheType = CacheType.F16,
+    flash_attn: FlashAttn = FlashAttn.AUTO,
+    threads: int | None = None,
+    ctx: int = DEFAULT_CTX,
+    chunks: int = DEFAULT_CHUNKS,
+    text_file: Path | None = None,
+    disk_budget_bytes: int = DEFAULT_DISK_BUDGET_BYTES,
+    use_cache: bool = True,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    on_step: Callable[[str], None] | None = None,
+) -> QualityResult:
+    """Perplexity of ``model`` at these KV types and, with a reference, KL-divergence against it.
+
+    ``reference`` names the reference file; without it the highest-precision sibling is found when
+    ``auto_reference``. The bundled corpus is the text unless ``text_file`` is given.
+    """
+    start = time.monotonic()
+    if ctx < 16 or chunks < 1:
+        raise UsageError(f"-c must be >= 16 and --chunks >= 1 (got -c {ctx}, --chunks {chunks})")
+    for path, what in ((model, "model"), (reference, "reference"), (text_file, "text file")):
+        if path is not None and not path.is_file():
+            raise UsageError(f"{what} {path} not found: check the path")
+    cfg = LaunchConfig(model=model, cache_type_k=cache_type_k, cache_type_v=cache_type_v, flash_attn=flash_attn,
+                       threads=threads)
+    flags.validate(cfg)
+    if text_file is None:
+        text_file, text_sha = corpus.text_file(), corpus.sha256()
+    else:
+        text_sha = corpus.file_sha256(text_file)
+    # Every token of a byte-level vocabulary covers at least one byte, so a text with fewer bytes than the
+    # tokens llama-perplexity needs is too short. Checked here because the engine's own complaint is printed
+    # just before it exits and is usually lost (its logger thread is not joined at exit).
+    need_tokens = 2 * ctx
+    if text_file.stat().st_size < need_tokens:
+        raise kld.TextTooShortError(None, need_tokens, ctx)
+    if reference is None and auto_reference:
+        reference = find_reference(model)
+    if reference is not None:
+        m_vocab, r_vocab = gguf_reader.inspect_model(model).n_vocab, gguf_reader.inspect_model(reference).n_vocab
+        if m_vocab != r_vocab:
+            raise UsageError(f"reference {reference.name} has a {r_vocab}-token vocabulary and {model.name} "
+                             f"{m_vocab}: name a reference of the same model with --reference")
+    commit = engine_identity(loc)
+    kv = (cache_type_k.value, cache_type_v.value)
+    model_id = model_identity(model)
+    ref_id = model_identity(reference) if reference is not None else None
+    key = _key(model=model_id, ref=ref_id, text=text_sha, ctx=ctx, chunks=chunks, kv=kv, engine=commit,
+               fa=flash_attn.value)
+    cached_path = results_dir() / f"{key}.json"
+    if use_cache and (hit := _load_result(cached_path)) is not None:
+        return replace(hit, model=str(model), reference=str(reference) if reference else None,
+                       elapsed_s=time.monotonic() - start)
+
+    binary = loc.tool("llama-perplexity")
+    result = QualityResult(
+        model=str(model), reference=None, corpus_sha256=text_sha, ctx=ctx, chunks=chunks, cache_type_k=kv[0],
+        cache_type_v=kv[1], engine_commit=commit, ppl=0.0, ppl_error=0.0, kld_mean=None, kld_mean_error=None,
+        kld_p99=None, same_top_pct=None, same_top_pct_error=None, reference_ppl=None, reference_logits=None,
+        reference_logits_bytes=None, elapsed_s=0.0, argv=(),
+    )
+    if reference is None:
+        if on_step:
+            on_step(f"perplexity of {model.name} (no reference found: PPL only)")
+        argv = flags.perplexity_argv(binary, cfg, text_file=text_file, ctx=ctx, chunks=chunks)
+        ppl = _run(argv, lambda out: kld.parse_perplexity(out, want_chunks=chunks), timeout_s)
+        result = replace(result, ppl=ppl.ppl, ppl_error=ppl.ppl_error, argv=tuple(argv))
+    else:
+        ref = reference_logits(loc, reference, text_file=text_file, text_sha256=text_sha, ctx=ctx, chunks=chunks,
+                               disk_budget_bytes=disk_budget_bytes, cfg=cfg, timeout_s=timeout_s, on_step=on_step)
+        result = replace(result, reference=str(reference), reference_ppl=ref.ppl, reference_logits=str(ref.path),
+                         reference_logits_bytes=ref.size_bytes)
+        if ref_id == model_id and kv == ("f16", "f16"):
+            # Compared with itself the distributions are identical: KLD 0, same top token 100 %.
+            result = replace(result, ppl=ref.ppl, ppl_error=ref.ppl_error, kld_mean=0.0, kld_mean_error=0.0,
+                             kld_p99=0.0, same_top_pct=100.0, same_top_pct_error=0.0)
+        else:
+            if on_step:
+                on_step(f"KL-divergence of {model.name} at KV {kv[0]}/{kv[1]} against {reference.name}")
+            argv = flags.perplexity_argv(binary, cfg, text_file=text_file, ctx=ctx, chunks=chunks,
+                                         kld_base=ref.path, kld=True)
+            fig = _run(argv, lambda out: kld.parse_kld(out, want_chunks=chunks), timeout_s)
+            result = replace(result, ppl=fig.ppl, ppl_error=fig.ppl_error, kld_mean=fig.kld_mean,
+                             kld_mean_error=fig.kld_mean_error, kld_p99=fig.kld_p99, same_top_pct=fig.same_top_pct,
+                             same_top_pct_error=fig.same_top_pct_error, argv=tuple(argv))
+    result = replace(result, elapsed_s=time.monotonic() - start)
+    with _locked(results_dir() / f"{key}.lock"):
+        _store_result(cached_path, result)
+    return result
+
+
+def kv_quality(
+    loc: build.EngineLocation,
+    model: Path,
+    kv_types: list[tuple[CacheType, CacheType]],
+    **options: object,
+) -> list[QualityResult]:
+    """The same measurement for each (K type, V type): what each KV cache type costs in quality."""
+    return [
+        measure(loc, model, cache_type_k=k, cache_type_v=v, **options)  # type: ignore[arg-type]
+        for k, v in kv_types
+    ]

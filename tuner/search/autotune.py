@@ -1,0 +1,150 @@
+"""`auto-tune` as a library call: space → seeded constrained search → server re-measure → stored result.
+
+A Python user can call :func:`auto_tune` directly; the CLI only parses options and prints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from tuner.core.config import CacheType, LaunchConfig
+from tuner.core.errors import UsageError
+from tuner.engine import build
+from tuner.machine.hardware import Hardware
+from tuner.measure.workload import Workload, WorkloadKind
+from tuner.models.gguf_reader import ModelInfo, inspect_model
+from tuner.plan.placement import largest_fitting_ctx
+from tuner.plan.roofline import roofline
+from tuner.quality import perplexity
+from tuner.search import finish, space, study
+
+DEFAULT_CTX = 4096
+TOP_CANDIDATES = 2
+# Slots per workload: chat and agent serve one user; batch keeps four requests in flight.
+SLOTS = {WorkloadKind.CHAT: 1, WorkloadKind.AGENT: 1, WorkloadKind.BATCH: 4, WorkloadKind.CUSTOM: 1}
+
+
+@dataclass(frozen=True, slots=True)
+class TuneRequest:
+    model: Path
+    workload: Workload
+    min_ctx: int | None = None
+    goal_context: bool = False
+    parallel: int | None = None
+    max_kld: float | None = None
+    # How --max-kld's KL-divergence is measured (llama-perplexity over the bundled corpus, once per KV pair).
+    kld_ctx: int = perplexity.DEFAULT_CTX
+    kld_chunks: int = perplexity.DEFAULT_CHUNKS
+    vram_margin_mib: float | None = None
+    pareto: bool = False
+    budget: study.Budget = study.Budget(trials=12)
+    measure: study.Measure = study.Measure()
+    storage: str | None = None
+    results_dir: Path = Path("results")
+    top_candidates: int = TOP_CANDIDATES
+    seed: int | None = 0
+
+
+@dataclass(frozen=True, slots=True)
+class TuneResult:
+    study_name: str
+    storage: str
+    result_dir: Path
+    result: dict[str, Any]
+    search: study.SearchOutcome
+
+
+def choose_ctx(req: TuneRequest, info: ModelInfo, hw: Hardware, parallel: int) -> int:
+    need = req.workload.prompt_tokens + req.workload.gen_tokens
+    if req.goal_context:
+        # The largest context the memory model lets fit with compact q8_0 KV and every expert on the host.
+        probe = LaunchConfig(model=req.model, n_cpu_moe=info.n_layer, cache_type_k=CacheType.Q8_0,
+                             cache_type_v=CacheType.Q8_0, parallel=parallel)
+        ctx = largest_fitting_ctx(info, probe, hw)
+        if ctx < need * parallel:
+            raise UsageError(f"no context of {need * parallel} tokens fits this machine: use a smaller model")
+        return ctx
+    ctx = req.min_ctx or max(DEFAULT_CTX, need) * parallel
+    if ctx > info.ctx_train:
+        raise UsageError(f"--min-ctx {ctx} is beyond the model's training context {info.ctx_train}: lower it")
+    if ctx // parallel < need:
+        raise UsageError(f"{ctx} tokens over {parallel} slots leave less than the workload's {need} per request: "
+                         "raise --min-ctx")
+    return ctx
+
+
+def auto_tune(req: TuneRequest, loc: build.EngineLocation, hw: Hardware, *,
+              on_progress: Callable[[study.Progress], None] | None = None,
+              on_step: Callable[[str], None] | None = None) -> TuneResult:
+    from tuner.report import study_report
+
+    caps = build.capabilities(loc)
+    info = inspect_model(req.model)
+    parallel = req.parallel or SLOTS[req.workload.kind]
+    ctx = choose_ctx(req, info, hw, parallel)
+    sp = space.build_space(req.model, info, hw, ctx=ctx, parallel=parallel,
+                           prompt_tokens=req.workload.prompt_tokens)
+    objective = study.Objective(pareto=req.pareto, max_kld=req.max_kld)
+    name = study.study_name(req.model, hw, caps, sp, req.measure, objective)
+    storage = req.storage or study.default_storage(req.results_dir)
+    if on_step:
+        on_step("asking llama-fit-params for llama.cpp's own --fit choice")
+    fit = finish.fit_config(loc, finish.default_config(sp))
+    seeds = finish.seed_configs(sp, info, hw, fit, req.vram_margin_mib)
+    # Seeds go in right after creation, by the creating process only: a shared study gets them once.
+    st, created = study.create_or_load(name, storage, objective, seed=req.seed)
+    if created:
+        study.enqueue_seeds(st, sp, seeds)
+    st.set_user_attr("model", str(req.model))
+    st.set_user_attr("hardware", {"describe": hw.describe(), "gpu": hw.gpu_name, "has_gpu": hw.has_gpu,
+                                  "vram_total_bytes": hw.vram_total_bytes, "ram_total_bytes": hw.ram_total_bytes,
+                                  "physical_cores": hw.physical_cores})
+    st.set_user_attr("engine", {"commit": caps.commit, "version": caps.version, "backend": caps.backend})
+    st.set_user_attr("workload", {"kind": req.workload.kind.value, "prompt_tokens": req.workload.prompt_tokens,
+                                  "gen_tokens": req.workload.gen_tokens, "rounds": req.workload.rounds})
+    st.set_user_attr("objective", {"pareto": req.pareto, "max_kld": req.max_kld,
+                                   "goal": "context" if req.goal_context else "speed"})
+
+    kld_cache: dict[tuple[CacheType, CacheType], float | None] = {}
+
+    def kld_of(cfg: LaunchConfig) -> float | None:
+        key = (cfg.cache_type_k, cfg.cache_type_v)
+        if key not in kld_cache:
+            q = perplexity.measure(loc, req.model, cache_type_k=key[0], cache_type_v=key[1], ctx=req.kld_ctx,
+                                chunks=req.kld_chunks)
+            if q.kld_mean is None and not q.is_reference:
+                raise UsageError(
+                    f"--max-kld needs a reference of {req.model.name} (its F16/BF16/Q8_0 file in the same folder) "
+                    "to measure KL-divergence against: download one next to it, or drop --max-kld"
+                )
+            kld_cache[key] = 0.0 if q.is_reference else q.kld_mean
+        return kld_cache[key]
+
+    outcome = study.run_search(st, sp, info, hw, loc, budget=req.budget, measure=req.measure, objective=objective,
+                               caps=caps, vram_margin_mib=req.vram_margin_mib,
+                               kld_of=kld_of if req.max_kld is not None else None, on_progress=on_progress)
+    result_dir = req.results_dir / name
+    if outcome.interrupted:
+        return TuneResult(name, storage, result_dir, study_report.result_from_study(st), outcome)
+    top = study.top_configs(study.records(st), req.top_candidates)
+    if not top:
+        kld = f", raise --max-kld (now {req.max_kld})" if req.max_kld is not None else ""
+        raise UsageError("no config could be measured: see the failures in the report, or raise --vram-margin / "
+                         f"lower --min-ctx{kld}")
+    baselines = [("default", finish.default_config(sp))]
+    if fit is not None and fit != baselines[0][1]:
+        baselines.append(("fit", fit))
+
+    def roof(cfg: LaunchConfig) -> float | None:
+        return roofline(info, cfg, hw).gen_tok_s or None
+
+    load = replace(req.workload, rounds=max(3, req.workload.rounds))
+    done = finish.finish(loc, [(rec.number, cfg) for rec, cfg in top], baselines, load,
+                         log_dir=result_dir / "logs", caps=caps, roofline_of=roof, on_step=on_step)
+    st.set_user_attr("finish", done.to_dict())
+    result = study_report.result_from_study(st)
+    study_report.write(result, result_dir)
+    return TuneResult(name, storage, result_dir, result, outcome)

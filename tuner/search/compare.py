@@ -1,0 +1,298 @@
+"""`compare-quants`: every quant of one model side by side — size, fit, best config, speed, quality, Pareto.
+
+Pure parts (the Pareto front over generation tok/s and KLD, markdown/CSV/JSON rendering, the plot) sit beside
+the orchestration (:func:`compare`), which downloads the quants, auto-tunes each with a small trial budget,
+measures its quality against one reference and reads published figures from the catalog.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from tuner.catalog import families
+from tuner.core.errors import TunerError, UsageError
+from tuner.engine import build
+from tuner.hub import download, repos
+from tuner.machine.hardware import Hardware
+from tuner.measure import workload
+from tuner.models import gguf_reader
+from tuner.models.gguf_reader import ModelInfo
+from tuner.quality import perplexity
+from tuner.search import autotune, study
+
+DEFAULT_TRIALS = 4
+# Reference quants, best first, when the repo holds one; otherwise the largest quant is the reference.
+REFERENCE_QUANTS = ("F32", "BF16", "F16", "Q8_0")
+
+FitFn = Callable[[repos.Quant, ModelInfo], str]
+StepFn = Callable[[str], None]
+
+
+@dataclass(frozen=True, slots=True)
+class QuantRow:
+    """One quant's line in the comparison. Speed fields are None when tuning failed (``error`` says why)."""
+
+    quant: str
+    path: str
+    size_bytes: int
+    n_parts: int
+    fit: str
+    is_reference: bool = False
+    launch_line: str | None = None
+    gen_tok_s: float | None = None
+    prompt_tok_s: float | None = None
+    ppl: float | None = None
+    ppl_error: float | None = None
+    kld_mean: float | None = None
+    kld_p99: float | None = None
+    same_top_pct: float | None = None
+    pareto: bool = False
+    study: str | None = None
+    published: str | None = None  # catalog figures, labelled as published, never measured here
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CompareRequest:
+    sources: tuple[str, ...]  # one Hub repo (owner/name[:QUANT]) or GGUF files
+    quants: tuple[str, ...] = ()  # empty: every quant in the repo
+    trials: int = DEFAULT_TRIALS
+    min_ctx: int | None = None
+    workload: workload.Workload = workload.preset(workload.WorkloadKind.CHAT)
+    kld_ctx: int = perplexity.DEFAULT_CTX
+    kld_chunks: int = perplexity.DEFAULT_CHUNKS
+    reference: Path | None = None
+    out_dir: Path | None = None
+    options: repos.HubOptions = repos.DEFAULT_OPTIONS
+
+
+@dataclass(frozen=True, slots=True)
+class Comparison:
+    title: str
+    reference: str | None
+    rows: tuple[QuantRow, ...]
+    out_dir: Path
+    catalog_model: str | None = None
+
+
+# ----------------------------------------------------------------------------------------- pure logic
+
+
+def pareto_flags(rows: Sequence[QuantRow]) -> list[bool]:
+    """On the front: no other row is at least as fast (gen tok/s) and as close (mean KLD), and better in one."""
+    return study.non_dominated([(r.gen_tok_s, -r.kld_mean) if r.gen_tok_s is not None and r.kld_mean is not None
+                                else None for r in rows])
+
+
+def with_pareto(rows: Sequence[QuantRow]) -> tuple[QuantRow, ...]:
+    return tuple(replace(r, pareto=f) for r, f in zip(rows, pareto_flags(rows), strict=True))
+
+
+def default_out_dir(sources: Sequence[str]) -> Path:
+    ref = repos.parse_hub_ref(sources[0]) if len(sources) == 1 else None
+    name = ref.repo_id.split("/")[-1] if ref else Path(sources[0]).stem
+    return Path("results") / f"compare-{name}"
+
+
+def _f(v: float | None, spec: str) -> str:
+    return "" if v is None else format(v, spec)
+
+
+COLUMNS = ("quant", "size", "fit", "best config", "prompt tok/s", "gen tok/s", "PPL", "mean KLD", "KLD p99",
+           "same top %", "Pareto", "published (catalog)")
+
+
+def cells(r: QuantRow) -> list[str]:
+    """The row as the terminal and markdown tables print it."""
+    size = f"{r.size_bytes / 2**30:,.2f} GiB" if r.size_bytes >= 2**30 else f"{r.size_bytes / 2**20:,.1f} MiB"
+    config = r.launch_line.replace(r.path, Path(r.path).name) if r.launch_line else (
+        f"failed: {r.error}" if r.error else "")
+    ppl = "" if r.ppl is None else f"{r.ppl:.3f} ± {r.ppl_error or 0:.3f}"
+    kld = "0 (reference)" if r.is_reference and r.kld_mean == 0 else _f(r.kld_mean, ".5f")
+    return [r.quant, size, r.fit, config, _f(r.prompt_tok_s, ",.1f"), _f(r.gen_tok_s, ",.1f"), ppl, kld,
+            _f(r.kld_p99, ".4f"), _f(r.same_top_pct, ".2f"), "yes" if r.pareto else "", r.published or ""]
+
+
+def markdown(cmp: Comparison) -> str:
+    lines = [f"# Quant comparison: {cmp.title}", ""]
+    if cmp.reference:
+        lines += [f"KLD and same-top-token % against `{cmp.reference}`. Pareto front: higher generation tok/s "
+                  "and lower mean KLD.", ""]
+    lines += ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in cells(r)) + " |" for r in cmp.rows]
+    if cmp.catalog_model:
+        lines += ["", f"Published figures come from the catalog entry {cmp.catalog_model}; they were not measured "
+                  "here."]
+    lines += ["", "![gen tok/s vs KLD](gen_tok_s_vs_kld.png)", ""]
+    return "\n".join(lines)
+
+
+def to_json(cmp: Comparison) -> dict[str, Any]:
+    return {"title": cmp.title, "reference": cmp.reference, "catalog_model": cmp.catalog_model,
+            "out_dir": str(cmp.out_dir), "rows": [asdict(r) for r in cmp.rows]}
+
+
+def to_csv(rows: Sequence[QuantRow]) -> str:
+    buf = io.StringIO()
+    names = [f.name for f in fields(QuantRow)]
+    writer = csv.DictWriter(buf, fieldnames=names, lineterminator="\n")
+    writer.writeheader()
+    for r in rows:
+        writer.writerow({k: ("" if v is None else v) for k, v in asdict(r).items()})
+    return buf.getvalue()
+
+
+def plot(cmp: Comparison, path: Path) -> Path:
+    """Generation tok/s against mean KLD per quant, the Pareto front drawn through its points."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pts = [(r.kld_mean, r.gen_tok_s, r.quant, r.pareto) for r in cmp.rows
+           if r.gen_tok_s is not None and r.kld_mean is not None]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.scatter([p[0] for p in pts], [p[1] for p in pts], label="quants (measured)")
+    for kld_mean, gen, name, _ in pts:
+        ax.annotate(name, (kld_mean, gen), textcoords="offset points", xytext=(4, 4), fontsize="small")
+    front = sorted(p for p in pts if p[3])
+    ax.plot([p[0] for p in front], [p[1] for p in front], color="red", marker="D", label="Pareto front")
+    ax.set_xlabel("mean KL-divergence vs the reference (lower is better)")
+    ax.set_ylabel("generation tok/s, best config (higher is better)")
+    ax.set_title(f"Speed vs quality: {cmp.title}")
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def write(cmp: Comparison) -> list[Path]:
+    cmp.out_dir.mkdir(parents=True, exist_ok=True)
+    files = {"report.md": markdown(cmp), "compare.csv": to_csv(cmp.rows),
+             "compare.json": json.dumps(to_json(cmp), indent=2) + "\n"}
+    for name, text in files.items():
+        (cmp.out_dir / name).write_text(text)
+    return [*(cmp.out_dir / n for n in files), plot(cmp, cmp.out_dir / "gen_tok_s_vs_kld.png")]
+
+
+# -------------------------------------------------------------------------------------- orchestration
+
+
+@dataclass(frozen=True, slots=True)
+class _Target:
+    quant: repos.Quant
+    path: Path
+
+
+def _local_quant(path: Path) -> repos.Quant:
+    parts = gguf_reader.split_parts(path)
+    return repos.Quant(repos.quant_name(path.name),
+                     tuple(repos.RemoteFile(p.name, p.stat().st_size, None) for p in parts))
+
+
+def _reference_quant(listing: repos.RepoQuants) -> repos.Quant:
+    for name in REFERENCE_QUANTS:
+        for q in listing.quants:
+            if q.name.upper() == name:
+                return q
+    return max(listing.quants, key=lambda q: q.total_bytes)
+
+
+def _targets(req: CompareRequest, on_step: StepFn) -> tuple[str, list[_Target], Path | None, str | None]:
+    """(title, targets, reference path, catalog key) — Hub quants downloaded into the HF cache first."""
+    refs = [repos.parse_hub_ref(s) for s in req.sources]
+    if all(r is None for r in refs):
+        paths = [Path(s).expanduser() for s in req.sources]
+        for p in paths:
+            if not p.is_file():
+                raise UsageError(f"model {p} not found: give .gguf paths or one Hugging Face repo (owner/name)")
+        targets = [_Target(_local_quant(p), p) for p in paths]
+        ref = req.reference or perplexity.find_reference(paths[0])
+        return ", ".join(p.name for p in paths), targets, ref, None
+    if len(refs) != 1 or refs[0] is None:
+        raise UsageError("compare-quants takes one Hugging Face repo or several .gguf files, not a mix")
+    repo = refs[0]
+    listing = repos.list_quants(repo.repo_id, options=req.options)
+    if not listing.quants:
+        raise repos.HubError(f"{repo.repo_id} holds no GGUF files: pick a GGUF repo (names often end in -GGUF)")
+    wanted = req.quants or ((repo.quant,) if repo.quant else listing.names)
+    chosen = [listing.get(name) for name in wanted]
+    targets = []
+    for q in chosen:
+        on_step(f"fetching {repo.repo_id}:{q.name} ({q.total_bytes / 2**20:,.1f} MiB)")
+        got = download.download_quant(repo.repo_id, q.name, options=req.options)
+        targets.append(_Target(q, got.first_path))
+    ref = req.reference
+    if ref is None:
+        rq = _reference_quant(listing)
+        hit = next((t for t in targets if t.quant.name == rq.name), None)
+        if hit is None:
+            on_step(f"fetching the reference {repo.repo_id}:{rq.name}")
+        ref = hit.path if hit else download.download_quant(repo.repo_id, rq.name, options=req.options).first_path
+    return repo.repo_id, targets, ref, repo.repo_id
+
+
+def _published(known: families.CatalogModel | None, quant: str) -> str | None:
+    figs = known.figures_for(quant) if known else []
+    if not figs:
+        return None
+    f = figs[0]
+    parts = [f"{k} {v:g}" for k, v in f.figures.items()]
+    where = (f.gpu or "?") + (f", c {f.ctx}" if f.ctx else "")
+    return f"{', '.join(parts)} ({where}; {known.sources.get(f.source, f.source) if known else f.source})"
+
+
+def _measure_one(t: _Target, req: CompareRequest, reference: Path | None, loc: build.EngineLocation,
+                 tune_hw: Hardware, fit_of: FitFn, out_dir: Path, on_step: StepFn) -> QuantRow:
+    info = gguf_reader.inspect_model(t.path)
+    row = QuantRow(quant=t.quant.name, path=str(t.path), size_bytes=t.quant.total_bytes, n_parts=t.quant.n_parts,
+                   fit=fit_of(t.quant, info),
+                   is_reference=reference is not None and t.path.resolve() == reference.resolve())
+    on_step(f"{t.quant.name}: quality against {reference.name if reference else 'no reference (PPL only)'}")
+    q = perplexity.measure(loc, t.path, reference=reference, auto_reference=False, ctx=req.kld_ctx,
+                        chunks=req.kld_chunks, on_step=on_step)
+    row = replace(row, ppl=q.ppl, ppl_error=q.ppl_error, kld_mean=q.kld_mean, kld_p99=q.kld_p99,
+                  same_top_pct=q.same_top_pct)
+    on_step(f"{t.quant.name}: auto-tune, {req.trials} trial(s)")
+    load = req.workload
+    tune = autotune.TuneRequest(model=t.path, workload=load, min_ctx=req.min_ctx,
+                                budget=study.Budget(trials=req.trials),
+                                measure=study.Measure(n_prompt=min(load.prompt_tokens, 512),
+                                                      n_gen=min(load.gen_tokens, 128)),
+                                results_dir=out_dir / "tune")
+    try:
+        res = autotune.auto_tune(tune, loc, tune_hw, on_step=on_step)
+    except TunerError as exc:
+        return replace(row, error=str(exc))
+    w = res.result.get("winner") or {}
+    if w.get("gen_tok_s") is None:
+        return replace(row, study=res.study_name, error="no config measured with llama-server")
+    return replace(row, launch_line=w.get("launch_line"), gen_tok_s=w.get("gen_tok_s"),
+                   prompt_tok_s=w.get("prompt_tok_s"), study=res.study_name)
+
+
+def compare(req: CompareRequest, loc: build.EngineLocation, tune_hw: Hardware, fit_of: FitFn, *,
+            on_step: StepFn | None = None) -> Comparison:
+    """Fetch, tune and measure every quant; write report.md, compare.csv, compare.json and the plot."""
+    if req.trials < 1 or req.kld_chunks < 1:
+        raise UsageError("--trials and --chunks must be >= 1")
+    say = on_step or (lambda _msg: None)
+    title, targets, reference, catalog_key = _targets(req, say)
+    out_dir = req.out_dir or default_out_dir(req.sources)
+    known = families.find_model(catalog_key) if catalog_key else None
+    rows = []
+    for t in targets:
+        row = _measure_one(t, req, reference, loc, tune_hw, fit_of, out_dir, say)
+        rows.append(replace(row, published=_published(known, t.quant.name)))
+    rows.sort(key=lambda r: r.size_bytes)
+    cmp = Comparison(title=title, reference=str(reference) if reference else None, rows=with_pareto(rows),
+                     out_dir=out_dir, catalog_model=known.name if known else None)
+    write(cmp)
+    return cmp
