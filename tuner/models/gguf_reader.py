@@ -10,15 +10,14 @@ from __future__ import annotations
 import mmap
 import re
 import struct
-from collections.abc import Iterator
-from dataclasses import dataclass, field
-from enum import Enum
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import gguf
 
 from tuner.core.errors import GGUFFormatError
+from tuner.core.model import ModelInfo, TensorClass, TensorInfo, is_routed_expert  # noqa: F401 - re-exported
 
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
@@ -32,99 +31,6 @@ SUPPORTED_ARCHS = frozenset({
 # GGUF value types: struct code for scalars; 8 = string, 9 = array.
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
-_EXPERT_RE = re.compile(r"\.ffn_(up|down|gate|gate_up)_(ch|)exps\.")
-
-
-class TensorClass(str, Enum):
-    TOKEN_EMBD = "token_embd"
-    OUTPUT = "output"
-    ATTENTION = "attention"
-    DENSE_FFN = "dense_ffn"
-    ROUTER = "router"
-    SHARED_EXPERTS = "shared_experts"
-    ROUTED_EXPERTS = "routed_experts"
-    RECURRENT = "recurrent"
-
-
-@dataclass(frozen=True, slots=True)
-class TensorInfo:
-    name: str
-    ggml_type: str  # gguf.GGMLQuantizationType name, e.g. "Q4_K"
-    shape: tuple[int, ...]  # ggml order: ne0 (row width) first
-    n_bytes: int
-    layer: int | None  # None for token_embd, output and output_norm
-    klass: TensorClass
-
-
-@dataclass(frozen=True, slots=True)
-class ModelInfo:
-    paths: tuple[Path, ...]
-    arch: str
-    name: str
-    file_type: int | None
-    n_layer: int
-    n_embd: int
-    n_head: int
-    n_head_kv: tuple[int, ...]  # per layer; 0 on layers without KV (recurrent)
-    head_dim_k: int
-    head_dim_v: int
-    n_vocab: int
-    ctx_train: int
-    n_expert: int
-    n_expert_used: int
-    n_expert_shared: int
-    n_ff_exp: int
-    n_ff_shexp: int
-    n_swa: int  # sliding window size; 0: none
-    swa_layers: tuple[bool, ...]  # per layer: uses the sliding window
-    full_attention_interval: int  # hybrid recurrent: every Nth layer has KV; 0: not hybrid
-    recurrent_layers: tuple[bool, ...]
-    ssm_d_conv: int
-    ssm_d_inner: int
-    ssm_d_state: int
-    ssm_n_group: int
-    ssm_dt_rank: int
-    mla_kv_lora_rank: int  # 0: no MLA
-    mla_rope_dim: int
-    tensors: tuple[TensorInfo, ...] = field(repr=False)
-
-    @property
-    def file_bytes(self) -> int:
-        return sum(p.stat().st_size for p in self.paths)
-
-    @property
-    def tensor_bytes(self) -> int:
-        return sum(t.n_bytes for t in self.tensors)
-
-    @property
-    def is_hybrid(self) -> bool:
-        return any(self.recurrent_layers)
-
-    @property
-    def is_mla(self) -> bool:
-        return self.mla_kv_lora_rank > 0
-
-    @property
-    def tied_embeddings(self) -> bool:
-        return not any(t.name == "output.weight" for t in self.tensors)
-
-    def bytes_by_class(self) -> dict[TensorClass, int]:
-        out = dict.fromkeys(TensorClass, 0)
-        for t in self.tensors:
-            out[t.klass] += t.n_bytes
-        return out
-
-    def layer_bytes(self, layer: int) -> dict[TensorClass, int]:
-        out = dict.fromkeys(TensorClass, 0)
-        for t in self.tensors:
-            if t.layer == layer:
-                out[t.klass] += t.n_bytes
-        return out
-
-
-def is_routed_expert(name: str) -> bool:
-    """The tensors `--n-cpu-moe` / `--cpu-moe` keep on the host (llama.cpp's own pattern)."""
-    return bool(_EXPERT_RE.search(name + "."))
 
 
 def _classify(name: str, recurrent_layer: bool) -> TensorClass:
@@ -372,7 +278,3 @@ def _layer_of(name: str) -> int | None:
     if not name.startswith("blk."):
         return None
     return int(name.split(".", 2)[1])
-
-
-def iter_layer_tensors(info: ModelInfo, layer: int) -> Iterator[TensorInfo]:
-    return (t for t in info.tensors if t.layer == layer)

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from enum import Enum
 
 from tuner.core.config import CacheType, FlashAttn, LaunchConfig
-from tuner.machine.hardware import Hardware
-from tuner.models.gguf_reader import ModelInfo, TensorClass, TensorInfo
+from tuner.core.machine_spec import Hardware
+from tuner.core.model import ModelInfo, TensorClass, TensorInfo
 
 MIB = 2**20
 CTX_PAD = 256

@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from tuner.core.config import CacheType, FlashAttn, LaunchConfig
-from tuner.machine.hardware import Hardware
-from tuner.models.gguf_reader import ModelInfo
+from tuner.core.machine_spec import Hardware
+from tuner.core.model import ModelInfo
 from tuner.plan.memory import CTX_PAD, MemoryEstimate, Verdict, estimate
 from tuner.plan.roofline import Roofline, roofline
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tuner.core.config import LaunchConfig
-from tuner.machine.hardware import Hardware
-from tuner.models.gguf_reader import ModelInfo, TensorClass
+from tuner.core.machine_spec import Hardware
+from tuner.core.model import ModelInfo, TensorClass
 from tuner.plan.memory import kv_bytes_per_cell, resolve, tensor_on_gpu
 
 

@@ -1,0 +1,39 @@
+"""What the memory model and roofline plan for, as a plain value: one GPU (or none) and the host.
+
+Pure: :mod:`tuner.machine.hardware` fills it by probing; the card catalog fills it from a spec sheet.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Hardware:
+    """What the memory model and roofline plan for: one GPU (or none) and the host.
+
+    ``source`` says where the GPU figures came from: "probed" (NVML), "catalog" (a card's spec sheet,
+    for planning a card that is not present) or "none" (CPU only).
+    """
+
+    gpu_name: str
+    vram_total_bytes: int
+    vram_free_bytes: int
+    gpu_bandwidth_bytes_s: float
+    pcie_bandwidth_bytes_s: float
+    ram_total_bytes: int
+    ram_available_bytes: int
+    swap_total_bytes: int
+    host_bandwidth_bytes_s: float
+    physical_cores: int
+    source: str = "probed"
+
+    @property
+    def has_gpu(self) -> bool:
+        return self.vram_total_bytes > 0
+
+    def describe(self) -> str:
+        host = f"{self.ram_total_bytes / 2**30:.0f} GiB RAM, {self.physical_cores} cores"
+        if not self.has_gpu:
+            return f"CPU only ({host})"
+        return f"{self.gpu_name}, {self.vram_total_bytes / 2**30:.1f} GiB VRAM ({self.source}); {host}"
