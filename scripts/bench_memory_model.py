@@ -14,8 +14,8 @@ data) of Qwen3-30B-A3B, Qwen3.5/3.6-35B-A3B, gpt-oss-20b/120b and GLM-4.5-Air, e
 (goal: 2 % or 16 MiB). ``--real-only`` / ``--demo-only`` pick one part.
 
 Ends with ``max component error: X % (Y MiB)``: the component with the largest error that is outside
-its tolerance (demo: 2 % or 4 MiB; real: 2 % or 16 MiB), or the largest relative error overall when every
-component is inside.
+its tolerance (tuner.plan.placement.engine_tolerance_mib: 2 %, at least 4 MiB, 16 MiB for models of 1 GiB
+and more), or the largest relative error overall when every component is inside.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from tuner.engine import breakdown, build
 from tuner.machine import hardware
 from tuner.models import demo, gguf_reader, shape_model
 from tuner.plan import memory
+from tuner.plan.placement import engine_agrees
 
 MIB = 2**20
 CPU_ONLY = hardware.Hardware("", 0, 0, 0.0, 0.0, 64 * 2**30, 64 * 2**30, 0, 0.0, 8, "none")
@@ -115,11 +116,6 @@ def compare(info: gguf_reader.ModelInfo, cfg: LaunchConfig, truth: breakdown.Mem
     ]
 
 
-def within(pred: int, real: int, floor_mib: int = 4) -> bool:
-    # Truncated MiB on both sides: allow the floor and 2 % of the engine's figure.
-    return abs(pred - real) <= max(floor_mib, 0.02 * real)
-
-
 class Table:
     """Rows printed as they come; the worst error kept for the summary line."""
 
@@ -131,10 +127,10 @@ class Table:
         print(f"{'model':<28} {'config':<40} {'src':<6} {'component':<9} "
               f"{'pred':>7} {'llama':>7} {'err MiB':>8} {'err %':>7}")
 
-    def add(self, tag: str, name: str, src: str, comp: str, pred: int, real: int, floor_mib: int) -> None:
+    def add(self, tag: str, name: str, src: str, comp: str, pred: int, real: int, model_bytes: int) -> None:
         err = pred - real
         pct = 100.0 * abs(err) / real if real else (0.0 if err == 0 else 100.0)
-        ok = within(pred, real, floor_mib)
+        ok = engine_agrees(pred, real, model_bytes)
         self.n_rows += 1
         self.n_bad += not ok
         print(f"{tag:<28} {name:<40} {src:<6} {comp:<9} "
@@ -166,7 +162,8 @@ def demo_rows(table: Table, loc: build.EngineLocation, out: Path, size: str, ful
                 else:
                     truth = breakdown.fit_params_breakdown(loc, cfg)
                 for comp, pred, real in compare(info, cfg, truth, projected=not actual):
-                    table.add(f"{arch} {f.quant}", name, "actual" if actual else "fit", comp, pred, real, 4)
+                    table.add(f"{arch} {f.quant}", name, "actual" if actual else "fit", comp, pred, real,
+                              info.tensor_bytes)
 
 
 def real_rows(table: Table, loc: build.EngineLocation, out: Path) -> None:
@@ -179,7 +176,7 @@ def real_rows(table: Table, loc: build.EngineLocation, out: Path) -> None:
         for name, cfg in real_grid(shape.path):
             truth = breakdown.fit_params_breakdown(loc, cfg)
             for comp, pred, real in compare(info, cfg, truth, projected=True):
-                table.add(target, name, "fit", comp, pred, real, 16)
+                table.add(target, name, "fit", comp, pred, real, info.tensor_bytes)
 
 
 def main() -> int:
@@ -202,7 +199,8 @@ def main() -> int:
         n = sum(v[0] for v in comps.values())
         parts = ", ".join(f"{c} {p:.1f} % / {m} MiB" for c, (_, p, m) in comps.items())
         print(f"  {tag:<26} {n:>4} rows: {parts}")
-    print(f"{table.n_rows} components compared, {table.n_bad} outside tolerance (demo 2 % / 4 MiB, real 2 % / 16 MiB)")
+    print(f"{table.n_rows} components compared, {table.n_bad} outside tolerance "
+          "(engine_tolerance_mib: 2 %, at least 4 MiB, 16 MiB at >= 1 GiB)")
     pct, mib, where = table.worst_out or table.worst
     print(f"worst: {where}")
     print(f"max component error: {pct:.1f} % ({mib} MiB)")

@@ -6,9 +6,8 @@ import json
 
 import pytest
 
-from tuner.engine import build
-
 from tests.conftest import run_cli
+from tuner.engine import build
 
 COMMANDS = [["doctor"], ["demo-model"], ["bench"], ["plan"], ["quality"], ["quants"], ["download"], ["compare-quants"],
             ["auto-tune"], ["launch-line"], ["shape-model"], ["engine", "install"], ["engine", "path"],

@@ -6,11 +6,10 @@ import json
 
 import pytest
 
-from tuner.engine import build, doctor
-from tuner.machine import hardware
-
 from tests.conftest import run_cli
 from tests.fakes import FakeNVML
+from tuner.engine import build, doctor
+from tuner.machine import hardware
 
 
 def test_doctor_json_names_the_pinned_commit_and_exits_zero():

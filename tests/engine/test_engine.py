@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import REPO, run_cli
 from tuner.core.errors import BuildToolMissingError, DiskSpaceError, EngineNotFoundError, UsageError
 from tuner.engine import build
-
-from tests.conftest import REPO, run_cli
 
 
 def _mirror(loc: build.EngineLocation, folder: Path) -> Path:

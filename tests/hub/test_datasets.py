@@ -8,12 +8,11 @@ import zipfile
 
 import pytest
 
+from tests.conftest import run_cli
+from tests.hub_server import HubServer
 from tuner.core.errors import UsageError
 from tuner.hub import datasets, repos
 from tuner.quality import corpus
-
-from tests.conftest import run_cli
-from tests.hub_server import HubServer
 
 WIKI = datasets.DATASETS["wikitext-2"]
 

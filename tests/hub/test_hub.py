@@ -10,13 +10,12 @@ import gguf
 import pytest
 from huggingface_hub import hf_hub_download
 
+from tests.conftest import run_cli
+from tests.hub_server import HubServer, root_layout, subfolder_layout
 from tuner.engine import runner
 from tuner.hub import download, remote_header, repos
 from tuner.machine import hardware
 from tuner.models import demo_model, gguf_reader
-
-from tests.conftest import run_cli
-from tests.hub_server import HubServer, root_layout, subfolder_layout
 
 ROOT = "demo/Root-GGUF"
 SPLIT = "demo/Split-GGUF"

@@ -7,11 +7,9 @@ import time
 
 import pytest
 
+from tests.fakes_live import FakeLiveNVML, FakeStep
 from tuner.machine import sampler
 from tuner.machine.sampler import Sample, Sampler, SpillKind, spill_verdict, summarize
-from tuner.measure.failures import Failure, FailureKind
-
-from tests.fakes_live import FakeLiveNVML, FakeStep
 
 GIB = 2**30
 MIB = 2**20
@@ -70,8 +68,7 @@ def _report(peak_gib: float, total_gib: float = 16, swap_mib: int = 0) -> sample
 
 
 def test_spill_verdicts_name_their_evidence():
-    oom = Failure(FailureKind.OUT_OF_MEMORY, "cudaMalloc failed: out of memory")
-    v = spill_verdict(None, failure=oom)
+    v = spill_verdict(None, oom_reason="cudaMalloc failed: out of memory")
     assert v.kind is SpillKind.OOM_AT_LOAD and "cudaMalloc failed" in v.evidence
 
     v = spill_verdict(_report(15.9), gen_tok_s=12.0, roofline_tok_s=120.0)

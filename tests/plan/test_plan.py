@@ -82,7 +82,7 @@ def test_plan_row_tolerance_and_engine_check_rows(demo_models):
     mib = 2**20
     host = {"model": (est.host.weights_bytes - est.repack_bytes) // mib + 3, "context": est.host.context_bytes // mib,
             "compute": est.host.compute_bytes // mib + 40}
-    rows = placement.engine_check_rows(est, True, host, None)
+    rows = placement.engine_check_rows(est, True, host, None, info.tensor_bytes)
     assert [(r.component, r.error_mib, r.agrees) for r in rows] == [
         ("weights", -3, True), ("context", 0, True), ("compute", -40, False)]
 

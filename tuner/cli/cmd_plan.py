@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -16,8 +15,7 @@ from tuner.core.config import CacheType, FlashAttn, LaunchConfig
 from tuner.core.errors import UsageError
 from tuner.machine import hardware
 from tuner.models import gguf_reader, shape_model
-from tuner.plan.memory import estimate
-from tuner.plan.placement import KV_CHOICES, EngineCheckRow, Plan, engine_check_rows, make_plan
+from tuner.plan.placement import KV_CHOICES, EngineCheckRow, Plan, make_plan
 
 MODEL_SOURCE = "moe-tune's memory model (tuner.plan.memory)"
 
@@ -43,6 +41,7 @@ def _rate(v: float | None) -> str:
 def _as_json(p: Plan) -> dict[str, Any]:
     return {
         "model": str(p.model.paths[0]), "hardware": p.hardware.describe(), "n_configs": p.n_configs,
+        "vram_budget_bytes": p.hardware.vram_budget_bytes, "vram_budget_source": p.hardware.vram_budget_source,
         "rows": [{
             "n_cpu_moe": r.n_cpu_moe, "verdict": r.estimate.verdict.value,
             "vram_bytes": r.estimate.gpu.total_bytes, "ram_bytes": r.estimate.host.total_bytes,
@@ -59,19 +58,14 @@ def _as_json(p: Plan) -> dict[str, Any]:
 
 def _engine_check(info: gguf_reader.ModelInfo, base: LaunchConfig, hw: hardware.Hardware) -> tuple[EngineCheckRow, ...]:
     """llama.cpp's own projection (llama-fit-params: header only, nothing allocated) of ``base``."""
-    from tuner.engine import breakdown, build
+    from tuner.engine import build
+    from tuner.measure.engine_check import engine_check
 
-    # llama-fit-params takes no --kv-unified; one slot unless -np says otherwise keeps both sides equal.
-    cfg = replace(base, parallel=base.parallel or 1, kv_unified=None)
-    truth = breakdown.fit_params_breakdown(build.locate_engine(), cfg)
-    host = {part: truth.host_total(part) for part in ("model", "context", "compute")}
-    gpu = {part: truth.device_total(part) for part in ("model", "context", "compute")} if truth.devices else None
-    if gpu is None and hw.has_gpu:
-        # A CPU build projects everything on the host: compare the model's CPU figures, not the card's.
-        hw = replace(hw, gpu_name="", vram_total_bytes=0, vram_free_bytes=0, source="none")
+    rows, cpu_fallback = engine_check(build.locate_engine(), info, base, hw)
+    if cpu_fallback:
         err.print("--engine-check: this llama.cpp build has no GPU backend, so it projects the CPU backend; "
                   "both columns below are for CPU only", highlight=False)
-    return engine_check_rows(estimate(info, cfg, hw), cfg.mmap, host, gpu)
+    return rows
 
 
 def _check_json(rows: tuple[EngineCheckRow, ...]) -> list[dict[str, Any]]:
@@ -91,6 +85,9 @@ def plan_cmd(
         help="GGUF file, owner/name:QUANT (header only, no download), or a catalog shape like qwen3-30b-a3b:Q4_K_M.")],
     gpu: Annotated[str | None, typer.Option("--gpu", help="Plan for this card, e.g. \"RTX 4060 Ti 16GB\".")] = None,
     ram: Annotated[float | None, typer.Option("--ram", help="Plan for this much host RAM, in GiB.")] = None,
+    vram_budget: Annotated[float | None, typer.Option(
+        "--vram-budget", help="MiB of VRAM the model may use (default: free VRAM now, or the whole --gpu card).")]
+    = None,
     ctx: Annotated[str | None, typer.Option("-c", "--ctx-size", help="Context(s), e.g. 8192 or 8192,32768.")] = None,
     cache_type_k: Annotated[CacheType, typer.Option("-ctk", "--cache-type-k")] = CacheType.F16,
     cache_type_v: Annotated[CacheType, typer.Option("-ctv", "--cache-type-v")] = CacheType.F16,
@@ -104,6 +101,8 @@ def plan_cmd(
     """VRAM and RAM needed, verdict and speed ceilings for every --n-cpu-moe; works without a GPU.
 
     Example: moe-tune plan unsloth/Qwen3.6-35B-A3B-GGUF:Q4_K_M --gpu "RTX 3060 12GB" -c 32768 --engine-check
+
+    Example: moe-tune plan qwen3-30b-a3b:Q4_K_M --gpu "RTX 4090" --vram-budget 20000   # 4 GB held by the desktop
     """
     resolved = shape_model.plannable_model(model)
     info = gguf_reader.inspect_model(resolved.path)
@@ -111,7 +110,8 @@ def plan_cmd(
         raise UsageError(f"-np must be >= 1, got {parallel}")
     if cache_type_v.is_quantized and flash_attn is FlashAttn.OFF:
         raise UsageError(f"V cache type {cache_type_v.value} needs flash attention: use -fa on or -ctv f16")
-    hw = cards.machine(gpu, HOST_BANDWIDTH_PROBE_S, int(ram * 2**30) if ram is not None else None)
+    hw = hardware.with_vram_budget(
+        cards.machine(gpu, HOST_BANDWIDTH_PROBE_S, int(ram * 2**30) if ram is not None else None), vram_budget)
     ctxs = _ctxs(ctx)
     base = LaunchConfig(model=resolved.path, cache_type_k=cache_type_k, cache_type_v=cache_type_v,
                         flash_attn=flash_attn, parallel=parallel, ubatch=ubatch, ctx=ctxs[0] if ctxs else None)

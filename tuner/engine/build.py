@@ -8,7 +8,6 @@ per-user cache. The managed build compiles the llama.cpp tree vendored in the pi
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -17,7 +16,7 @@ import shutil
 import sys
 import tarfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -30,9 +29,9 @@ from tuner.core.errors import (
     ProcessFailedError,
     UsageError,
 )
-from tuner.core.fileio import sha256_file
 from tuner.engine import runner
 from tuner.machine import hardware, paths
+from tuner.machine.fileio import atomic_write, file_lock, sha256_file
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,10 +252,7 @@ def capabilities(loc: EngineLocation, use_cache: bool = True) -> Capabilities:
             flags[tool] = parse_help_flags(res.stdout + "\n" + res.stderr_tail)
     caps = Capabilities(version, build_number, commit, backend_of(devices, loc.bin_dir), devices, flags)
     with contextlib.suppress(OSError):
-        cache_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(caps)))
-        tmp.replace(cache_file)
+        atomic_write(cache_file, json.dumps(asdict(caps)))
     return caps
 
 
@@ -333,15 +329,8 @@ def _check_build_tools(backend: Backend) -> tuple[str, str]:
     raise BuildToolMissingError("neither ninja nor make found: install one (apt install ninja-build) and retry")
 
 
-@contextlib.contextmanager
-def _build_lock(root: Path, key: str) -> Iterator[None]:
-    root.mkdir(parents=True, exist_ok=True)
-    with (root / f"{key}.lock").open("w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+def _build_lock(root: Path, key: str) -> contextlib.AbstractContextManager[None]:
+    return file_lock(root / f"{key}.lock")
 
 
 def _fetch_sdist(src_dir: Path, on_line: Callable[[str], None] | None) -> Path:

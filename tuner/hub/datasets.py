@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tuner.core.errors import UsageError
-from tuner.core.fileio import sha256_file
 from tuner.hub.repos import DEFAULT_OPTIONS, HubError, HubOptions, hub_errors
 from tuner.machine import paths
+from tuner.machine.fileio import atomic_write, sha256_file
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,8 +68,4 @@ def fetch(name: str, options: HubOptions = DEFAULT_OPTIONS) -> Path:
             f"{ds.repo_id}/{ds.filename} does not hold {ds.member} ({exc}): delete it from the Hugging Face cache "
             "and run again, or pass -f FILE"
         ) from None
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".part")
-    tmp.write_bytes(data)
-    tmp.replace(out)
-    return out
+    return atomic_write(out, data)

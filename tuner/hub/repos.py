@@ -21,6 +21,7 @@ from huggingface_hub.file_download import repo_folder_name
 from huggingface_hub.hf_api import RepoFile
 
 from tuner.core.errors import TunerError, UsageError
+from tuner.models.gguf_reader import split_name
 
 DEFAULT_QUANT = "Q4_K_M"  # what llama.cpp's -hf picks when the name carries no quant
 
@@ -29,7 +30,6 @@ _QUANT_RE = re.compile(
     r"|MXFP4(?:_MOE)?|TQ[12]_0))(?![A-Za-z0-9])",
     re.IGNORECASE,
 )
-_SPLIT_RE = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
 _REPO_RE = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+?)(?::(?P<quant>[\w.-]+))?$")
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 
@@ -210,7 +210,8 @@ class RepoQuants:
 def quant_name(path: str) -> str:
     """The quant a GGUF file belongs to, from its file name, else its folder, else its stem."""
     name = path.rsplit("/", 1)[-1]
-    stem = _SPLIT_RE.sub("", name)
+    split = split_name(name)
+    stem = split[0] if split else name
     stem = stem[:-5] if stem.lower().endswith(".gguf") else stem
     for candidate in (stem, path.rsplit("/", 1)[0] if "/" in path else ""):
         found = _QUANT_RE.findall(candidate)
@@ -226,9 +227,8 @@ def group_quants(files: list[RemoteFile]) -> tuple[Quant, ...]:
         name = f.path.rsplit("/", 1)[-1].lower()
         if not name.endswith(".gguf") or "mmproj" in name or "imatrix" in name:
             continue
-        m = _SPLIT_RE.search(f.path)
-        key = _SPLIT_RE.sub("", f.path) if m else f.path
-        part, count = (int(m.group(1)), int(m.group(2))) if m else (1, 1)
+        split = split_name(f.path)
+        key, part, count = split if split else (f.path, 1, 1)
         groups.setdefault(key, []).append((part, count, f))
     quants: list[Quant] = []
     seen: set[str] = set()

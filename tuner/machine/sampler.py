@@ -18,8 +18,6 @@ from typing import Any
 
 import psutil
 
-from tuner.measure.failures import Failure, FailureKind
-
 DEFAULT_INTERVAL_S = 0.2
 # VRAM this close to the card's total counts as "at capacity" (drivers keep a little for themselves).
 CAPACITY_MARGIN_BYTES = 256 * 2**20
@@ -233,21 +231,26 @@ class SpillVerdict:
 def spill_verdict(
     memory: MemoryReport | None,
     *,
-    failure: Failure | None = None,
+    oom_reason: str | None = None,
     gen_tok_s: float | None = None,
     roofline_tok_s: float | None = None,
     margin_bytes: int = CAPACITY_MARGIN_BYTES,
+    vram_budget_bytes: int | None = None,
 ) -> SpillVerdict:
-    """Did this run spill out of VRAM, and what shows it."""
-    if failure is not None and failure.kind is FailureKind.OUT_OF_MEMORY:
-        return SpillVerdict(SpillKind.OOM_AT_LOAD, f"the engine failed to allocate: {failure.reason}")
+    """Did this run spill out of VRAM, and what shows it. ``oom_reason``: the engine failed to allocate.
+    ``vram_budget_bytes``: full means what others held at the first sample plus this budget (a big card
+    standing in for a small one), not the card's total."""
+    if oom_reason is not None:
+        return SpillVerdict(SpillKind.OOM_AT_LOAD, f"the engine failed to allocate: {oom_reason}")
     if memory is None or memory.n_samples == 0:
         return SpillVerdict(SpillKind.NONE, "nothing was sampled")
     swap = f"host swap +{memory.swap_growth_bytes / MIB:,.0f} MiB"
     peak, total = memory.vram_peak_bytes, memory.vram_total_bytes
     if peak is not None and total:
-        vram = f"VRAM peaked at {peak / MIB:,.0f} of {total / MIB:,.0f} MiB"
-        if peak >= total - margin_bytes:
+        full = total if not vram_budget_bytes else min(total, (memory.vram_baseline_bytes or 0) + vram_budget_bytes)
+        of = "" if full == total else f" (budget {vram_budget_bytes / MIB:,.0f} MiB over {total / MIB:,.0f})"
+        vram = f"VRAM peaked at {peak / MIB:,.0f} of {full / MIB:,.0f} MiB{of}"
+        if peak >= full - margin_bytes:
             if gen_tok_s is not None and roofline_tok_s and gen_tok_s < CLIFF_FRACTION * roofline_tok_s:
                 share = 100 * gen_tok_s / roofline_tok_s
                 return SpillVerdict(

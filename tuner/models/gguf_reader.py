@@ -21,7 +21,10 @@ from tuner.core.model import ModelInfo, TensorClass, TensorInfo, is_routed_exper
 
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
-SPLIT_RE = re.compile(r"^(?P<stem>.*)-(?P<idx>\d{5})-of-(?P<n>\d{5})\.gguf$")
+SPLIT_RE = re.compile(r"^(?P<stem>.*)-(?P<idx>\d{5})-of-(?P<n>\d{5})\.gguf$", re.IGNORECASE)
+# Architectures whose MTP head the pinned engine can draft with (--spec-type draft-mtp): src/models/*.cpp with
+# an LLM_GRAPH_TYPE_DECODER_MTP graph, among the supported ones.
+MTP_ARCHS = frozenset({"qwen35moe", "qwen3next", "glm4moe", "deepseek2"})
 SUPPORTED_ARCHS = frozenset({
     "qwen3moe", "qwen35moe", "qwen3next", "qwen2moe", "gpt-oss", "glm4moe", "deepseek2", "mixtral",
     "llama", "llama4", "olmoe", "granitemoe", "bailingmoe", "ernie4_5-moe", "hunyuan-moe", "dots1",
@@ -51,12 +54,22 @@ def _classify(name: str, recurrent_layer: bool) -> TensorClass:
     return TensorClass.ATTENTION
 
 
+class _NeedMore(Exception):
+    """A partial header ended before ``needed`` bytes (raised only by a cursor made with ``partial=True``)."""
+
+    def __init__(self, needed: int) -> None:
+        super().__init__(needed)
+        self.needed = needed
+
+
 class _Cursor:
-    def __init__(self, buf: Any, path: Path) -> None:
-        self.buf, self.pos, self.path = buf, 0, path
+    def __init__(self, buf: Any, path: Path, partial: bool = False) -> None:
+        self.buf, self.pos, self.path, self.partial = buf, 0, path, partial
 
     def _need(self, n: int) -> None:
         if self.pos + n > len(self.buf):
+            if self.partial:
+                raise _NeedMore(self.pos + n)
             raise GGUFFormatError(self.path, "truncated header")
 
     def scalar(self, code: str) -> Any:
@@ -129,9 +142,11 @@ def _read_part(path: Path) -> _Part:
         raise GGUFFormatError(path, exc.strerror or str(exc)) from exc
 
 
-def _parse(buf: Any, path: Path, size: int) -> _Part:
-    cur = _Cursor(buf, path)
-    if bytes(buf[:4]) != GGUF_MAGIC:
+def _walk(cur: _Cursor) -> tuple[dict[str, Any], list[tuple[str, int, tuple[int, ...], int]], int]:
+    """The one walk over a GGUF header: key/values, tensor infos, and where tensor data starts."""
+    path = cur.path
+    cur._need(4)
+    if bytes(cur.buf[:4]) != GGUF_MAGIC:
         raise GGUFFormatError(path, "no GGUF magic")
     cur.pos = 4
     version = cur.scalar("<I")
@@ -154,7 +169,49 @@ def _parse(buf: Any, path: Path, size: int) -> _Part:
         ttype, offset = cur.scalar("<I"), cur.scalar("<Q")
         tensors.append((name, ttype, shape, offset))
     alignment = int(kv.get("general.alignment", DEFAULT_ALIGNMENT)) or DEFAULT_ALIGNMENT
-    data_start = -(-cur.pos // alignment) * alignment
+    return kv, tensors, -(-cur.pos // alignment) * alignment
+
+
+def header_end(buf: bytes) -> int | None:
+    """Where tensor data starts in a header that may be cut short.
+
+    A value above ``len(buf)`` means more bytes are needed (at least that many); None means ``buf`` is not
+    a GGUF v2/v3 header. Lets a caller read a growing prefix (an HTTP range, a file) until the header is whole.
+    """
+    try:
+        return _walk(_Cursor(buf, Path("<header>"), partial=True))[2]
+    except _NeedMore as more:
+        return max(more.needed, len(buf) + 1)
+    except GGUFFormatError:
+        return None
+
+
+def local_header_bytes(path: Path, first_bytes: int = 256 * 1024, max_bytes: int = 256 * 2**20) -> int:
+    """Header size of a local GGUF (a stand-in or a whole file); 0 when it holds no whole GGUF header."""
+    size = path.stat().st_size
+    want = min(first_bytes, size)
+    with open(path, "rb") as f:
+        while True:
+            f.seek(0)
+            buf = f.read(want)
+            end = header_end(buf)
+            if end is None:
+                return 0
+            if end <= len(buf):
+                return end
+            if want >= min(size, max_bytes):
+                return 0
+            want = min(max(want * 2, end), size, max_bytes)
+
+
+def split_name(name: str) -> tuple[str, int, int] | None:
+    """``("Model-Q8_0", 1, 3)`` for ``Model-Q8_0-00001-of-00003.gguf``; None for a single-file model."""
+    m = SPLIT_RE.match(name)
+    return (m["stem"], int(m["idx"]), int(m["n"])) if m else None
+
+
+def _parse(buf: Any, path: Path, size: int) -> _Part:
+    kv, tensors, data_start = _walk(_Cursor(buf, path))
     out, end = [], data_start
     for name, ttype, shape, offset in tensors:
         n_bytes = _n_bytes(path, name, ttype, shape)
@@ -179,11 +236,11 @@ def _n_bytes(path: Path, name: str, ttype: int, shape: tuple[int, ...]) -> int:
 
 def split_parts(path: Path) -> list[Path]:
     """All parts of a split model given any one part; a single-file model is its own only part."""
-    m = SPLIT_RE.match(path.name)
-    if not m:
+    split = split_name(path.name)
+    if split is None:
         return [path]
-    n = int(m["n"])
-    parts = [path.with_name(f"{m['stem']}-{i:05d}-of-{n:05d}.gguf") for i in range(1, n + 1)]
+    stem, _, n = split
+    parts = [path.with_name(f"{stem}-{i:05d}-of-{n:05d}.gguf") for i in range(1, n + 1)]
     missing = [p.name for p in parts if not p.is_file()]
     if missing:
         raise GGUFFormatError(path, f"split part {missing[0]} is missing; download every part")
@@ -249,8 +306,16 @@ def _model_info(paths: tuple[Path, ...], arch: str, kv: dict[str, Any],
         ssm_dt_rank=int(get("ssm.time_step_rank", 0)),
         mla_kv_lora_rank=int(get("attention.kv_lora_rank", 0)),
         mla_rope_dim=int(get("rope.dimension_count", 0)) if get("attention.kv_lora_rank", 0) else 0,
-        tensors=tensors,
+        tensors=tensors, n_nextn_layers=int(get("nextn_predict_layers", 0)),
+        tokenizer_ids=(str(kv.get("tokenizer.ggml.model", "")), int(kv.get("tokenizer.ggml.bos_token_id", -1)),
+                       int(kv.get("tokenizer.ggml.eos_token_id", -1))),
     )
+
+
+def has_mtp_head(info: ModelInfo) -> bool:
+    """The file carries a NextN/MTP block the pinned engine can draft with (``--spec-type draft-mtp``)."""
+    return (info.arch in MTP_ARCHS and info.n_nextn_layers > 0
+            and any(t.name.endswith(".nextn.eh_proj.weight") for t in info.tensors))
 
 
 def _first(value: Any) -> int:

@@ -121,6 +121,19 @@ def _with_kv(cfg: LaunchConfig, ctk: CacheType, ctv: CacheType) -> LaunchConfig:
     return replace(cfg, cache_type_k=ctk, cache_type_v=ctv, flash_attn=fa)
 
 
+def engine_tolerance_mib(engine_mib: float, model_bytes: int) -> float:
+    """How far the memory model may sit from llama.cpp's own figure for one component and still agree: 2 % of
+    the engine's figure, and never less than 4 MiB (both sides are whole MiB) or, for models of 1 GiB and more,
+    16 MiB (per-layer graph rounding adds up: the worst real-scale row measured was 12 MiB, GLM-4.5-Air compute).
+    The one tolerance: ``plan --engine-check``, the tests and scripts/bench_memory_model.py all use it."""
+    floor_mib = 16 if model_bytes >= 2**30 else 4
+    return max(floor_mib, 0.02 * engine_mib)
+
+
+def engine_agrees(model_mib: float, engine_mib: float, model_bytes: int) -> bool:
+    return abs(model_mib - engine_mib) <= engine_tolerance_mib(engine_mib, model_bytes)
+
+
 @dataclass(frozen=True, slots=True)
 class EngineCheckRow:
     """One memory component: the tool's model beside llama.cpp's own projection (``llama-fit-params``)."""
@@ -129,6 +142,7 @@ class EngineCheckRow:
     where: str  # "host" or "gpu"
     model_mib: int
     engine_mib: int
+    tolerance_mib: float  # engine_tolerance_mib for this component and model
 
     @property
     def error_mib(self) -> int:
@@ -136,12 +150,11 @@ class EngineCheckRow:
 
     @property
     def agrees(self) -> bool:
-        """Within the tolerance the model is validated to at real scale: 2 % or 16 MiB."""
-        return abs(self.error_mib) <= max(16, 0.02 * self.engine_mib)
+        return abs(self.error_mib) <= self.tolerance_mib
 
 
 def engine_check_rows(est: MemoryEstimate, mmap: bool, engine_host: dict[str, int],
-                      engine_gpu: dict[str, int] | None) -> tuple[EngineCheckRow, ...]:
+                      engine_gpu: dict[str, int] | None, model_bytes: int) -> tuple[EngineCheckRow, ...]:
     """Compare ``est`` with llama.cpp's projection (MiB per component, host side including CPU_REPACK).
 
     The projection sizes the mapped weights without the tensors it will repack (the loaded model maps
@@ -149,18 +162,15 @@ def engine_check_rows(est: MemoryEstimate, mmap: bool, engine_host: dict[str, in
     """
     mib = 2**20
     host_w = est.host.weights_bytes - (est.repack_bytes if mmap else 0)
-    rows = [
-        EngineCheckRow("weights", "host", host_w // mib, engine_host["model"]),
-        EngineCheckRow("context", "host", est.host.context_bytes // mib, engine_host["context"]),
-        EngineCheckRow("compute", "host", est.host.compute_bytes // mib, engine_host["compute"]),
-    ]
+    sides = [("host", (host_w, est.host.context_bytes, est.host.compute_bytes), engine_host)]
     if engine_gpu is not None:
-        rows += [
-            EngineCheckRow("weights", "gpu", est.gpu.weights_bytes // mib, engine_gpu["model"]),
-            EngineCheckRow("context", "gpu", est.gpu.context_bytes // mib, engine_gpu["context"]),
-            EngineCheckRow("compute", "gpu", est.gpu.compute_bytes // mib, engine_gpu["compute"]),
-        ]
-    return tuple(rows)
+        sides.append(("gpu", (est.gpu.weights_bytes, est.gpu.context_bytes, est.gpu.compute_bytes), engine_gpu))
+    return tuple(
+        EngineCheckRow(comp, where, ours // mib, theirs[part], engine_tolerance_mib(theirs[part], model_bytes))
+        for where, figures, theirs in sides
+        for comp, part, ours in zip(("weights", "context", "compute"), ("model", "context", "compute"), figures,
+                                    strict=True)
+    )
 
 
 def scaled(model: ModelInfo, ratio: float) -> ModelInfo:

@@ -17,8 +17,8 @@ from functools import cache
 from pathlib import Path
 
 from tuner.core.errors import TunerError
-from tuner.core.fileio import sha256_file
 from tuner.machine import paths
+from tuner.machine.fileio import atomic_write, sha256_file
 
 MANIFEST_NAME = "manifest.json"
 # About 500 tokens of English with a 150k-token vocabulary: one segment per kind in each 512-token chunk.
@@ -159,11 +159,7 @@ def text_file() -> Path:
     path = paths.cache_root() / "corpus" / f"moe-tune-corpus-{corpus.sha256[:16]}.txt"
     if path.is_file() and path.stat().st_size == corpus.n_bytes:
         return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".part")
-    tmp.write_bytes(corpus.text.encode("utf-8"))  # bytes: no newline translation
-    tmp.replace(path)
-    return path
+    return atomic_write(path, corpus.text)  # bytes: no newline translation
 
 
 def file_sha256(path: Path) -> str:

@@ -10,13 +10,12 @@ hash, ctx, chunks, KV types and engine, so a study asks as often as it likes and
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TypeVar
@@ -25,6 +24,7 @@ from tuner.core.config import CacheType, FlashAttn, LaunchConfig
 from tuner.core.errors import DiskSpaceError, UsageError
 from tuner.engine import build, flags, runner
 from tuner.machine import hardware, paths
+from tuner.machine.fileio import atomic_path, atomic_write, file_lock
 from tuner.models import gguf_reader
 from tuner.quality import corpus, kld
 from tuner.quality.kld import QualityError
@@ -38,7 +38,6 @@ RESULT_VERSION = 1
 # Reference precision, best first, by GGUF general.file_type (llama_ftype): F32, BF16, F16, Q8_0.
 REFERENCE_FILE_TYPES = (0, 32, 1, 7)
 _QUANT_SUFFIX = re.compile(r"[-._](?:UD-)?(?:I?Q\d[A-Z0-9_]*|BF16|F16|F32|MXFP4[A-Z0-9_]*)$", re.IGNORECASE)
-_SPLIT_SUFFIX = re.compile(r"-\d{5}-of-\d{5}$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +115,8 @@ def engine_identity(loc: build.EngineLocation) -> str:
 
 
 def _base_name(path: Path) -> str:
-    stem = _SPLIT_SUFFIX.sub("", path.stem)
+    split = gguf_reader.split_name(path.name)
+    stem = split[0] if split else path.stem
     return _QUANT_SUFFIX.sub("", stem).lower()
 
 
@@ -129,7 +129,8 @@ def find_reference(model: Path) -> Path | None:
     best: tuple[int, Path] | None = None
     for folder in sorted(folders):
         for candidate in sorted(folder.glob("*.gguf")):
-            if _base_name(candidate) != base or re.search(r"-0000[2-9]-of-|-000[1-9]\d-of-", candidate.name):
+            split = gguf_reader.split_name(candidate.name)
+            if _base_name(candidate) != base or (split is not None and split[1] != 1):
                 continue
             try:
                 other = info if candidate.resolve() == model.resolve() else gguf_reader.inspect_model(candidate)
@@ -164,18 +165,6 @@ def _key(**parts: object) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """One process at a time writes a given reference or result."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
 def _load_result(path: Path) -> QualityResult | None:
     try:
         raw = json.loads(path.read_text())
@@ -189,10 +178,7 @@ def _load_result(path: Path) -> QualityResult | None:
 
 
 def _store_result(path: Path, result: QualityResult) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".part")
-    tmp.write_text(json.dumps({"version": RESULT_VERSION, **result.to_json()}, indent=1))
-    tmp.replace(path)
+    atomic_write(path, json.dumps({"version": RESULT_VERSION, **result.to_json()}, indent=1))
 
 
 def _make_room(need_bytes: int, budget_bytes: int, keep: Path) -> None:
@@ -256,7 +242,7 @@ def reference_logits(
     key = _key(ref=model_identity(reference), text=text_sha256, ctx=ctx, chunks=chunks, engine=engine_identity(loc))
     path = logits_dir() / f"{key}.logits"
     meta = path.with_suffix(".json")
-    with _locked(logits_dir() / f"{key}.lock"):
+    with file_lock(logits_dir() / f"{key}.lock"):
         if path.is_file() and meta.is_file():
             with contextlib.suppress(QualityError, OSError, ValueError, KeyError):
                 size = kld.check_logits_file(path, ctx=ctx, n_chunks=chunks, n_vocab=n_vocab)
@@ -269,16 +255,11 @@ def reference_logits(
             on_step(f"writing reference logits of {reference.name} ({need / 2**20:,.1f} MiB, {chunks} chunks)")
         base_cfg = replace(cfg, model=reference) if cfg else LaunchConfig(model=reference)
         base_cfg = replace(base_cfg, cache_type_k=CacheType.F16, cache_type_v=CacheType.F16)
-        tmp = path.with_name(path.name + ".part")
-        argv = flags.perplexity_argv(loc.tool("llama-perplexity"), base_cfg, text_file=text_file, ctx=ctx,
-                                     chunks=chunks, kld_base=tmp)
-        try:
+        with atomic_path(path) as tmp:
+            argv = flags.perplexity_argv(loc.tool("llama-perplexity"), base_cfg, text_file=text_file, ctx=ctx,
+                                         chunks=chunks, kld_base=tmp)
             figures = _run(argv, lambda out: kld.parse_perplexity(out, want_chunks=chunks), timeout_s)
             size = kld.check_logits_file(tmp, ctx=ctx, n_chunks=chunks, n_vocab=n_vocab)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        tmp.replace(path)
         meta.write_text(json.dumps({"reference": str(reference), "ppl": figures.ppl, "ppl_error": figures.ppl_error,
                                     "ctx": ctx, "chunks": chunks, "text_sha256": text_sha256}))
         return ReferenceLogits(path, size, figures.ppl, figures.ppl_error, True)
@@ -376,7 +357,7 @@ def measure(
                              kld_mean_error=fig.kld_mean_error, kld_p99=fig.kld_p99, same_top_pct=fig.same_top_pct,
                              same_top_pct_error=fig.same_top_pct_error, argv=tuple(argv))
     result = replace(result, elapsed_s=time.monotonic() - start)
-    with _locked(results_dir() / f"{key}.lock"):
+    with file_lock(results_dir() / f"{key}.lock"):
         _store_result(cached_path, result)
     return result
 

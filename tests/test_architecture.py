@@ -1,0 +1,185 @@
+"""The house rules, checked on the source: who may spawn, probe, spell flags, talk to the user, and what the
+pure core may import. Reads files with ``ast``; needs no engine and runs in well under a second.
+
+A rule broken here is a design promise the README makes and the code stopped keeping: fix the code (move the
+work to its owner), not the rule.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+TUNER = Path(__file__).resolve().parent.parent / "tuner"
+MAX_MODULE_LINES = 500
+
+# Package → the tuner packages it may import. Data flows one way: cli → search/report → measure/quality →
+# engine/models/hub → plan/machine/catalog → core.
+ALLOWED = {
+    "core": set(),
+    "plan": {"core"},
+    "machine": {"core"},
+    "catalog": {"core", "machine"},
+    "engine": {"core", "machine"},
+    "models": {"core", "catalog", "machine", "engine"},
+    "hub": {"core", "machine", "models", "catalog"},
+    "quality": {"core", "machine", "engine", "models", "hub"},
+    "measure": {"core", "machine", "engine", "models", "plan", "quality"},
+    "search": {"core", "machine", "engine", "models", "plan", "quality", "measure", "hub", "catalog"},
+    "report": {"core", "machine", "engine", "models", "plan", "quality", "measure", "search", "catalog"},
+    "cli": {"core", "machine", "engine", "models", "plan", "quality", "measure", "search", "hub", "catalog",
+            "report"},
+}
+PURE = ("core", "plan")  # no I/O, no clock, no environment, no third-party imports
+PURE_STDLIB = {"__future__", "dataclasses", "enum", "pathlib", "collections", "typing", "math", "re", "functools",
+               "itertools", "statistics", "bisect"}
+# Third-party or stdlib module → the only places that may import it.
+OWNERS = {
+    "subprocess": ("engine/runner.py",), "multiprocessing": ("engine/runner.py",), "pty": ("engine/runner.py",),
+    "psutil": ("machine/",), "pynvml": ("machine/",),
+    "typer": ("cli/",), "rich": ("cli/",), "click": (),
+    "optuna": ("search/study.py", "search/space.py"),
+    "matplotlib": ("report/",),
+    "huggingface_hub": ("hub/",), "httpx": ("hub/",), "httpx2": ("hub/",),
+}
+# Strings that look like llama.cpp flags but are another program's arguments (pip's `-m pip download -d DIR`).
+NOT_LLAMA_FLAGS = {"engine/build.py": {"-m", "-d"}}
+SPAWNING_OS_CALLS = re.compile(r"^(system|popen|fork|forkpty|posix_spawn\w*|exec\w+|spawn\w+)$")
+
+
+@dataclass(frozen=True)
+class Module:
+    rel: str  # "engine/runner.py"
+    package: str  # "engine"; "" for top-level modules
+    tree: ast.Module
+    n_lines: int
+
+
+@cache
+def modules() -> tuple[Module, ...]:
+    out = []
+    for path in sorted(TUNER.rglob("*.py")):
+        rel = path.relative_to(TUNER).as_posix()
+        text = path.read_text()
+        package = rel.split("/")[0] if "/" in rel else ""
+        out.append(Module(rel, package, ast.parse(text, rel), text.count("\n") + 1))
+    return tuple(out)
+
+
+def imports(mod: Module) -> list[tuple[str, int]]:
+    """Every imported module name (``tuner.plan.memory``, ``subprocess``) with its line."""
+    found = []
+    for node in ast.walk(mod.tree):
+        if isinstance(node, ast.Import):
+            found += [(a.name, node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.append((node.module, node.lineno))
+            if node.module == "tuner":  # from tuner import plan
+                found += [(f"tuner.{a.name}", node.lineno) for a in node.names]
+    return found
+
+
+def owned_by(rel: str, owners: tuple[str, ...]) -> bool:
+    return any(rel == o or (o.endswith("/") and rel.startswith(o)) for o in owners)
+
+
+def llama_flags() -> set[str]:
+    """Every llama.cpp flag spelled in tuner/engine/flags.py (the one place allowed to spell them)."""
+    tree = next(m.tree for m in modules() if m.rel == "engine/flags.py")
+    spelled = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    return {s for s in spelled if re.fullmatch(r"--?[a-z][a-z0-9-]*", s)}
+
+
+def string_constants(tree: ast.Module) -> list[tuple[str, int]]:
+    """String literals that are values, not docstrings."""
+    docstrings = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
+    return [(n.value, n.lineno) for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docstrings]
+
+
+def test_packages_import_only_downstream_packages() -> None:
+    wrong = []
+    for mod in modules():
+        allowed = ALLOWED.get(mod.package)
+        if allowed is None:
+            continue
+        for name, line in imports(mod):
+            parts = name.split(".")
+            if parts[0] == "tuner" and len(parts) > 1 and parts[1] in ALLOWED and parts[1] != mod.package \
+                    and parts[1] not in allowed:
+                wrong.append(f"tuner/{mod.rel}:{line} imports {name} ({mod.package} may use {sorted(allowed)})")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_every_module_lives_in_a_known_package() -> None:
+    loose = [m.rel for m in modules() if m.package not in ALLOWED and m.rel != "__init__.py"]
+    assert not loose, f"modules outside the stage packages: {loose}"
+
+
+def test_only_owners_import_processes_probes_ui_and_search() -> None:
+    wrong = []
+    for mod in modules():
+        for name, line in imports(mod):
+            top = name.split(".")[0]
+            if top in OWNERS and not owned_by(mod.rel, OWNERS[top]):
+                wrong.append(f"tuner/{mod.rel}:{line} imports {name} (only {OWNERS[top] or 'nobody'})")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_only_runner_spawns_processes() -> None:
+    wrong = []
+    for mod in modules():
+        if mod.rel == "engine/runner.py":
+            continue
+        for node in ast.walk(mod.tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "os" \
+                    and SPAWNING_OS_CALLS.match(node.attr):
+                wrong.append(f"tuner/{mod.rel}:{node.lineno} calls os.{node.attr}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_only_flags_spells_llama_cpp_flags() -> None:
+    flags = llama_flags()
+    assert {"--n-cpu-moe", "-ctk", "--host", "--log-jsonl"} <= flags  # the scan itself works
+    wrong = []
+    for mod in modules():
+        if mod.rel == "engine/flags.py" or mod.package == "cli":  # cli: moe-tune's own option names
+            continue
+        for value, line in string_constants(mod.tree):
+            if value in flags and value not in NOT_LLAMA_FLAGS.get(mod.rel, set()):
+                wrong.append(f"tuner/{mod.rel}:{line} spells {value!r}: render it in tuner/engine/flags.py")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_pure_core_imports_nothing_with_side_effects() -> None:
+    wrong = []
+    for mod in modules():
+        if mod.package not in PURE:
+            continue
+        for name, line in imports(mod):
+            top = name.split(".")[0]
+            inside = top == "tuner" and name.split(".")[1] in PURE if "." in name else False
+            if not inside and top not in PURE_STDLIB:
+                wrong.append(f"tuner/{mod.rel}:{line} imports {name}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_pure_core_imports_without_third_party_packages() -> None:
+    blocked = ["psutil", "pynvml", "gguf", "optuna", "numpy", "typer", "rich", "huggingface_hub", "matplotlib"]
+    pure = [f"tuner.{m.rel[:-3].replace('/', '.')}" for m in modules() if m.package in PURE]
+    code = ("import sys\n" + "".join(f"sys.modules[{b!r}] = None\n" for b in blocked)
+            + "".join(f"import {p}\n" for p in pure))
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr[-2000:]
+
+
+@pytest.mark.parametrize("mod", modules(), ids=lambda m: m.rel)
+def test_modules_stay_small(mod: Module) -> None:
+    assert mod.n_lines <= MAX_MODULE_LINES, f"tuner/{mod.rel} has {mod.n_lines} lines: split it by concern"
