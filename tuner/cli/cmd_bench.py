@@ -13,7 +13,7 @@ from tuner.core.config import CacheType, FlashAttn, LaunchConfig
 from tuner.core.errors import TunerError, UsageError
 from tuner.engine import build, flags
 from tuner.machine import hardware, paths
-from tuner.measure import bench, workload
+from tuner.measure import bench, speculation, workload
 from tuner.models import demo
 from tuner.models.gguf_reader import inspect_model
 from tuner.plan import roofline
@@ -41,6 +41,18 @@ def bench_cmd(
     kv_unified: Annotated[bool | None, typer.Option("--kv-unified/--no-kv-unified")] = None,
     no_mmap: Annotated[bool, typer.Option("--no-mmap", help="Load weights into RAM (-lm none).")] = False,
     no_repack: Annotated[bool, typer.Option("--no-repack")] = False,
+    spec_type: Annotated[str | None, typer.Option(
+        "--spec-type", help="Speculative decoding (server only): draft-mtp, draft-simple (with -md), ngram-mod, …")]
+    = None,
+    draft_model: Annotated[Path | None, typer.Option("-md", "--draft", help="Draft model for draft-simple.")] = None,
+    spec_n_max: Annotated[int | None, typer.Option("--spec-draft-n-max", help="Tokens drafted per step.")] = None,
+    spec_n_min: Annotated[int | None, typer.Option("--spec-draft-n-min")] = None,
+    spec_p_min: Annotated[float | None, typer.Option("--spec-draft-p-min", help="Stop drafting below this p.")]
+    = None,
+    synth_len: Annotated[float | None, typer.Option(
+        "--spec-synth-len", help="Benchmarking only: synthetic mean acceptance length.")] = None,
+    synth_rates: Annotated[str | None, typer.Option(
+        "--spec-synth-rates", help="Benchmarking only: per-position acceptance, e.g. 0.8,0.6,0.4.")] = None,
     n_prompt: Annotated[int | None, typer.Option("-p", "--n-prompt", help="Prompt tokens (P).")] = None,
     n_gen: Annotated[int | None, typer.Option("-n", "--n-gen", help="Generated tokens (G).")] = None,
     repetitions: Annotated[int | None, typer.Option(
@@ -50,6 +62,8 @@ def bench_cmd(
     = workload.WorkloadKind.CHAT,
     no_server: Annotated[bool, typer.Option("--no-server", help="Only llama-bench; skip the server trial.")]
     = False,
+    vram_budget: Annotated[float | None, typer.Option(
+        "--vram-budget", help="MiB of VRAM the spill verdict counts as full (default: what is free).")] = None,
     llama_cpp_dir: LlamaDir = None,
     as_json: JsonFlag = False,
 ) -> None:
@@ -65,6 +79,10 @@ def bench_cmd(
         "cache_type_v": cache_type_v, "flash_attn": flash_attn, "ctx": ctx, "parallel": parallel,
         "threads": threads, "threads_batch": threads_batch, "batch": batch, "ubatch": ubatch,
         "kv_unified": kv_unified, "mmap": False if no_mmap else None, "repack": False if no_repack else None,
+        "spec_types": flags.parse_spec_types(spec_type) if spec_type else None, "draft_model": draft_model,
+        "spec_draft_n_max": spec_n_max, "spec_draft_n_min": spec_n_min, "spec_draft_p_min": spec_p_min,
+        "spec_synth_len": synth_len,
+        "spec_synth_rates": tuple(_number(r) for r in synth_rates.split(",")) if synth_rates else None,
     }
     given = {k: v for k, v in given.items() if v is not None}
     loc = build.locate_engine(llama_cpp_dir)
@@ -84,24 +102,47 @@ def bench_cmd(
     if not cfg.model.is_file():
         raise TunerError(f"model file {cfg.model} not found: check the path")
     flags.validate(cfg)
+    if cfg.speculative and no_server:
+        raise UsageError("speculative decoding is measured by llama-server only: drop --no-server")
+    if cfg.speculative and not as_json:
+        err.print("llama-bench has no speculative decoding at the pinned engine: its rows are measured without it; "
+                  "the llama-server trial measures it", highlight=False)
     load = workload.preset(workload_kind, n_prompt, n_gen)
     caps = build.capabilities(loc)
 
     with err.status(f"llama-bench on {cfg.model.name} (pp{load.prompt_tokens}, tg{load.gen_tokens}, depth {depth})"):
-        result = bench.run_bench(loc, cfg, n_prompt=load.prompt_tokens, n_gen=load.gen_tokens,
+        result = bench.run_bench(loc, speculation.without_speculation(cfg), n_prompt=load.prompt_tokens, n_gen=load.gen_tokens,
                                  repetitions=repetitions, depth=depth, caps=caps)
     with err.status("measuring host memory bandwidth for the roofline"):
-        hw = hardware.probe_hardware(host_bandwidth_s=1.0)
+        hw = hardware.with_vram_budget(hardware.probe_hardware(host_bandwidth_s=1.0), vram_budget)
     roof = roofline.roofline(inspect_model(cfg.model), cfg, hw, depth_tokens=depth)
     trial = None
     if not no_server:
         with err.status(f"llama-server {load.kind.value} workload at concurrency 1..{cfg.parallel or 1}"):
             trial = bench.run_server_trial(loc, cfg, load, log_dir=paths.cache_root() / "logs", caps=caps,
-                                           roofline_tok_s=roof.gen_tok_s or None)
+                                           roofline_tok_s=roof.gen_tok_s or None,
+                                           vram_budget_bytes=hw.vram_budget_bytes or None)
+    accepted = speculation.acceptance_from_log(trial.log_path.read_text(errors="replace")) if trial else None
     if as_json:
-        out.print_json(json.dumps(_report(cfg, result, trial, roof)))
+        report = _report(cfg, result, trial, roof)
+        if accepted is not None:
+            report["server"]["speculation"] = {"drafted_n": accepted.drafted_n, "accepted_n": accepted.accepted_n,
+                                               "acceptance_rate": accepted.rate, "mean_len": accepted.mean_len}
+        out.print_json(json.dumps(report))
         return
     _print(cfg, result, trial, roof)
+    if accepted is not None:
+        out.print(f"speculation: {accepted.accepted_n} of {accepted.drafted_n} drafted tokens accepted "
+                  f"({100 * (accepted.rate or 0):.0f} %), {accepted.mean_len:.2f} tokens per step", highlight=False)
+    elif cfg.speculative and trial is not None:
+        out.print("speculation: nothing was drafted in this workload", highlight=False)
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise UsageError(f"--spec-synth-rates takes numbers like 0.8,0.6, got {text!r}") from None
 
 
 def _percent(measured_tok_s: float, ceiling_tok_s: float | None) -> float | None:

@@ -34,6 +34,8 @@ def auto_tune_cmd(
     parallel: Annotated[int | None, typer.Option("-np", "--parallel", help="Server slots (concurrency).")] = None,
     max_kld: Annotated[float | None, typer.Option("--max-kld", help="Quality floor: mean KLD vs f16 KV.")] = None,
     vram_margin: Annotated[float | None, typer.Option("--vram-margin", help="MiB of VRAM to leave free.")] = None,
+    vram_budget: Annotated[float | None, typer.Option(
+        "--vram-budget", help="MiB of VRAM this model may use (default: what is free at start).")] = None,
     pareto: Annotated[bool, typer.Option("--pareto", help="Optimize gen and prompt tok/s (Pareto front).")]
     = False,
     trials: Annotated[int | None, typer.Option("--trials", help="Trials in this run (default 10).")] = None,
@@ -68,7 +70,7 @@ def auto_tune_cmd(
     req = autotune.TuneRequest(model=path, workload=load, min_ctx=min_ctx, goal_context=goal == "context",
                                parallel=parallel, max_kld=max_kld, vram_margin_mib=vram_margin, pareto=pareto,
                                budget=budget, measure=measure, storage=storage, results_dir=results_dir, seed=seed)
-    hw = hardware.probe_hardware(host_bandwidth_s=0.3)
+    hw = hardware.with_vram_budget(hardware.probe_hardware(host_bandwidth_s=0.3), vram_budget)
     say(f"machine: {hw.describe()}")
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=err, disable=as_json, transient=False) as bar:

@@ -27,13 +27,34 @@ class Hardware:
     host_bandwidth_bytes_s: float
     physical_cores: int
     source: str = "probed"
+    # VRAM the run may use when ``--vram-budget`` names it; None: the VRAM free at start (vram_budget_bytes).
+    vram_budget_override_bytes: int | None = None
 
     @property
     def has_gpu(self) -> bool:
         return self.vram_total_bytes > 0
 
+    @property
+    def vram_budget_bytes(self) -> int:
+        """What a config may occupy on the card, never its total (desktops, browsers, other models hold some):
+        ``--vram-budget`` when given, else the VRAM free at start (a catalog card is empty); 0 without a GPU."""
+        if not self.has_gpu:
+            return 0
+        if self.vram_budget_override_bytes is not None:
+            return self.vram_budget_override_bytes
+        return self.vram_free_bytes
+
+    @property
+    def vram_budget_source(self) -> str:
+        if not self.has_gpu:
+            return "no GPU"
+        if self.vram_budget_override_bytes is not None:
+            return "--vram-budget"
+        return "free at start (NVML)" if self.source == "probed" else "the whole card (catalog)"
+
     def describe(self) -> str:
         host = f"{self.ram_total_bytes / 2**30:.0f} GiB RAM, {self.physical_cores} cores"
         if not self.has_gpu:
             return f"CPU only ({host})"
-        return f"{self.gpu_name}, {self.vram_total_bytes / 2**30:.1f} GiB VRAM ({self.source}); {host}"
+        return (f"{self.gpu_name}, {self.vram_total_bytes / 2**30:.1f} GiB VRAM ({self.source}), budget "
+                f"{self.vram_budget_bytes / 2**20:,.0f} MiB ({self.vram_budget_source}); {host}")

@@ -45,6 +45,7 @@ _SPELL: dict[str, tuple[str, ...]] = {
     "load_mode": ("-lm", "--load-mode"),
     "no_repack": ("--no-repack", "-nr"),
     "fit_print": ("-fitp", "--fit-print"),
+    "fit_target": ("-fitt", "--fit-target"),
     "log_jsonl": ("--log-jsonl",),
 }
 _BENCH_SPELL = {"n_cpu_moe": ("-ncmoe", "--n-cpu-moe"), "repack": ("--repack",), "depth": ("-d", "--n-depth")}
@@ -284,6 +285,11 @@ def fit_params_argv(binary: Path, cfg: LaunchConfig, caps: Capabilities | None =
     a.add("fit_print", "on")
     a.add("log_jsonl")
     return argv + a.argv[1:]
+
+
+def with_fit_target(argv: list[str], margin_mib: int) -> list[str]:
+    """``argv`` with --fit's margin: the MiB it leaves free on each device (llama.cpp's default is 1024)."""
+    return [*argv, _SPELL["fit_target"][0], str(max(0, int(margin_mib)))]
 
 
 def launch_line(cfg: LaunchConfig, binary: str = "llama-server") -> str:

@@ -12,6 +12,7 @@ import contextlib
 import http.client
 import json
 import os
+import queue
 import signal
 import socket
 import subprocess
@@ -152,6 +153,50 @@ def run_process(
     if check and returncode != 0:
         raise ProcessFailedError(what, argv, returncode, tail, fix)
     return ProcessResult(tuple(argv), returncode, stdout, tail, elapsed)
+
+
+@dataclass(frozen=True, slots=True)
+class HeldProcess:
+    pid: int
+    argv: tuple[str, ...]
+    ready_line: str  # the first line it printed: what it holds
+
+
+@contextlib.contextmanager
+def hold(argv: Sequence[str], *, ready_timeout_s: float, what: str, fix: str,
+         env: Mapping[str, str] | None = None) -> Iterator[HeldProcess]:
+    """Start a helper that prints one line once it holds something (VRAM, say) and then waits to be killed;
+    yield that line, and stop its process group on the way out, whatever happened."""
+    argv = [str(a) for a in argv]
+    try:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                env=_child_env(env), text=True, errors="replace", start_new_session=True)
+    except OSError as exc:
+        raise EngineError(f"{argv[0]} could not be started ({exc}): {fix}") from exc
+    lines: queue.Queue[str] = queue.Queue()
+    reader = threading.Thread(target=lambda: lines.put(proc.stdout.readline() if proc.stdout else ""), daemon=True)
+    reader.start()
+    try:
+        try:
+            line = lines.get(timeout=ready_timeout_s).strip()
+        except queue.Empty:
+            _stop_group(proc, grace_s=1.0)
+            raise ProcessTimeoutError(what, argv, None, _err_tail(proc), f"not ready in {ready_timeout_s:.0f} s; "
+                                      f"{fix}") from None
+        if not line:
+            proc.wait(timeout=10)
+            raise ProcessFailedError(what, argv, proc.returncode, _err_tail(proc), fix)
+        yield HeldProcess(proc.pid, tuple(argv), line)
+    finally:
+        _stop_group(proc)
+
+
+def _err_tail(proc: subprocess.Popen[Any]) -> str:
+    try:
+        text = proc.stderr.read() if proc.stderr else ""
+    except (OSError, ValueError):
+        text = ""
+    return "\n".join(text.splitlines()[-STDERR_TAIL_LINES:])
 
 
 def free_port(host: str = "127.0.0.1") -> int:

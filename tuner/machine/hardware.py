@@ -11,12 +11,13 @@ import contextlib
 import os
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import psutil
 
+from tuner.core.errors import UsageError
 from tuner.core.machine_spec import Hardware
 
 
@@ -217,3 +218,28 @@ def probe_hardware(nvml: Any = None, host_bandwidth_s: float = 1.0) -> Hardware:
         swap_total_bytes=host.swap_total_bytes, host_bandwidth_bytes_s=bw,
         physical_cores=host.physical_cores, source="probed" if gpu else "none",
     )
+
+
+def with_vram_budget(hw: Hardware, budget_mib: float | None) -> Hardware:
+    """``hw`` planning for ``budget_mib`` MiB of VRAM instead of what is free (None: unchanged).
+
+    A budget above the free VRAM is allowed (the user may be about to close what holds it); one above the
+    card's total cannot be met. On a big card a budget below the free VRAM emulates a smaller card.
+    """
+    if budget_mib is None:
+        return hw
+    if not hw.has_gpu:
+        raise UsageError("--vram-budget needs an NVIDIA GPU and none was found: drop --vram-budget "
+                         "(plan can name a card with --gpu)")
+    budget = int(budget_mib * 2**20)
+    if budget <= 0:
+        raise UsageError(f"--vram-budget must be a positive number of MiB, got {budget_mib:g}")
+    if budget > hw.vram_total_bytes:
+        raise UsageError(f"--vram-budget {budget_mib:g} MiB is more than the card's "
+                         f"{hw.vram_total_bytes / 2**20:,.0f} MiB: lower it")
+    return replace(hw, vram_budget_override_bytes=budget)
+
+
+def vram_held_back_bytes(hw: Hardware) -> int:
+    """Free VRAM the budget leaves unused (a big card emulating a small one); 0 when the budget is all free."""
+    return max(0, hw.vram_free_bytes - hw.vram_budget_bytes) if hw.has_gpu else 0

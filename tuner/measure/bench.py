@@ -351,6 +351,7 @@ def run_server_trial(
     request_timeout_s: float = 300.0,
     roofline_tok_s: float | None = None,
     on_ready: Callable[[runner.ServerProcess], None] | None = None,
+    vram_budget_bytes: int | None = None,
 ) -> ServerTrial:
     """llama-server with exactly ``cfg``: warm up, then the workload at concurrency 1..parallel, sampled."""
     per_slot = slot_context(cfg)
@@ -379,7 +380,8 @@ def run_server_trial(
     if failure is not None:
         raise failures.TrialFailedError("llama-server", failure)
     gen = levels[0].per_request_gen_tok_s if levels else None
-    verdict = spill_verdict(memory, gen_tok_s=gen, roofline_tok_s=roofline_tok_s)
+    verdict = spill_verdict(memory, gen_tok_s=gen, roofline_tok_s=roofline_tok_s,
+                            vram_budget_bytes=vram_budget_bytes)
     records = tuple(server.log_records())
     found = breakdown.parse_log_jsonl(server.log.read_text(errors="replace")) if log_jsonl else []
     return ServerTrial(tuple(server.argv), cfg, load, levels, memory, verdict, server.log, records,

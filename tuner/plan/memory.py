@@ -245,7 +245,7 @@ def estimate(model: ModelInfo, cfg: LaunchConfig, hw: Hardware) -> MemoryEstimat
 
 
 def judge(gpu: Breakdown, host: Breakdown, hw: Hardware) -> Verdict:
-    if hw.has_gpu and gpu.total_bytes + FIT_MARGIN_BYTES > hw.vram_total_bytes:
+    if hw.has_gpu and gpu.total_bytes + FIT_MARGIN_BYTES > hw.vram_budget_bytes:
         return Verdict.NEEDS_SPILL
     if host.total_bytes > hw.ram_available_bytes:
         return Verdict.EXCEEDS_RAM

@@ -92,7 +92,7 @@ def auto_tune(req: TuneRequest, loc: build.EngineLocation, hw: Hardware, *,
     storage = req.storage or study.default_storage(req.results_dir)
     if on_step:
         on_step("asking llama-fit-params for llama.cpp's own --fit choice")
-    fit = finish.fit_config(loc, finish.default_config(sp))
+    fit = finish.fit_config(loc, finish.default_config(sp), fit_target=finish.fit_target_mib(hw, req.vram_margin_mib))
     seeds = finish.seed_configs(sp, info, hw, fit, req.vram_margin_mib)
     # Seeds go in right after creation, by the creating process only: a shared study gets them once.
     st, created = study.create_or_load(name, storage, objective, seed=req.seed)
@@ -101,7 +101,7 @@ def auto_tune(req: TuneRequest, loc: build.EngineLocation, hw: Hardware, *,
     st.set_user_attr("model", str(req.model))
     st.set_user_attr("hardware", {"describe": hw.describe(), "gpu": hw.gpu_name, "has_gpu": hw.has_gpu,
                                   "vram_total_bytes": hw.vram_total_bytes, "ram_total_bytes": hw.ram_total_bytes,
-                                  "physical_cores": hw.physical_cores})
+                                  "vram_budget_bytes": hw.vram_budget_bytes, "physical_cores": hw.physical_cores})
     st.set_user_attr("engine", {"commit": caps.commit, "version": caps.version, "backend": caps.backend})
     st.set_user_attr("workload", {"kind": req.workload.kind.value, "prompt_tokens": req.workload.prompt_tokens,
                                   "gen_tokens": req.workload.gen_tokens, "rounds": req.workload.rounds})
@@ -143,7 +143,8 @@ def auto_tune(req: TuneRequest, loc: build.EngineLocation, hw: Hardware, *,
 
     load = replace(req.workload, rounds=max(3, req.workload.rounds))
     done = finish.finish(loc, [(rec.number, cfg) for rec, cfg in top], baselines, load,
-                         log_dir=result_dir / "logs", caps=caps, roofline_of=roof, on_step=on_step)
+                         log_dir=result_dir / "logs", caps=caps, roofline_of=roof, on_step=on_step,
+                         vram_budget_bytes=hw.vram_budget_bytes or None)
     st.set_user_attr("finish", done.to_dict())
     result = study_report.result_from_study(st)
     study_report.write(result, result_dir)

@@ -19,24 +19,37 @@ from tuner.core.config import FlashAttn, LaunchConfig
 from tuner.core.errors import TunerError
 from tuner.engine import flags, runner
 from tuner.engine.build import Capabilities, EngineLocation
+from tuner.machine import hardware
 from tuner.machine.hardware import Hardware
 from tuner.measure import bench, failures
 from tuner.measure.workload import Workload
 from tuner.models.gguf_reader import ModelInfo
 from tuner.search import space
 
+FIT_MARGIN_MIB = 1024  # llama.cpp's default -fitt
 _OT_LAYER = re.compile(r"blk\\?\.\(?([0-9|]+)\)?\\?\.ffn_[a-z_()|]*exps")
 
 
-def fit_config(loc: EngineLocation, base: LaunchConfig, timeout_s: float = 120.0) -> LaunchConfig | None:
+def fit_target_mib(hw: Hardware, vram_margin_mib: float | None = None) -> int:
+    """The ``-fitt`` margin that makes llama.cpp's --fit fill the VRAM budget, not all the free VRAM: its own
+    margin (1024 MiB, or --vram-margin) plus what the budget holds back of the free memory it will see."""
+    margin = vram_margin_mib if vram_margin_mib is not None else FIT_MARGIN_MIB
+    return int(margin + hardware.vram_held_back_bytes(hw) // 2**20)
+
+
+def fit_config(loc: EngineLocation, base: LaunchConfig, timeout_s: float = 120.0, *,
+               fit_target: int | None = None) -> LaunchConfig | None:
     """llama.cpp's own ``--fit`` choice for ``base`` as a LaunchConfig, or None when the tool is missing or fails.
 
     ``-ot`` overrides that keep the experts of whole layers on the CPU become ``--n-cpu-moe`` (their count);
-    ``-ngl -1`` means "all layers" (the engine default).
+    ``-ngl -1`` means "all layers" (the engine default). ``fit_target`` is the ``-fitt`` margin in MiB
+    (see :func:`fit_target_mib`); None leaves llama.cpp's default.
     """
     if not loc.has("llama-fit-params"):
         return None
     argv = flags.server_argv(loc.tool("llama-fit-params"), base)
+    if fit_target is not None:
+        argv = flags.with_fit_target(argv, fit_target)
     try:
         res = runner.run_process(argv, timeout_s=timeout_s, what="llama-fit-params", fix="check the model file")
     except TunerError:
@@ -128,12 +141,13 @@ def _cv(samples: Sequence[float]) -> float | None:
 
 def measure_server(loc: EngineLocation, cfg: LaunchConfig, load: Workload, *, label: str, log_dir: Path,
                    caps: Capabilities | None = None, roofline_tok_s: float | None = None,
-                   trial_number: int | None = None) -> ServerMeasurement:
+                   trial_number: int | None = None, vram_budget_bytes: int | None = None) -> ServerMeasurement:
     from tuner.search.study import config_to_dict
 
     line = flags.launch_line(cfg)
     try:
-        t = bench.run_server_trial(loc, cfg, load, log_dir=log_dir, caps=caps, roofline_tok_s=roofline_tok_s)
+        t = bench.run_server_trial(loc, cfg, load, log_dir=log_dir, caps=caps, roofline_tok_s=roofline_tok_s,
+                                   vram_budget_bytes=vram_budget_bytes)
     except failures.TrialFailedError as exc:
         return ServerMeasurement(label, config_to_dict(cfg), line, [], None, [], None, None, None, None,
                                  failure=exc.failure.to_dict(), trial_number=trial_number)
@@ -212,8 +226,9 @@ class Finish:
 def finish(loc: EngineLocation, candidates: Sequence[tuple[int, LaunchConfig]],
            baselines: Sequence[tuple[str, LaunchConfig]], load: Workload, *, log_dir: Path,
            caps: Capabilities | None = None, roofline_of: Callable[[LaunchConfig], float | None] | None = None,
-           on_step: Callable[[str], None] | None = None) -> Finish:
-    """Measure baselines and candidates alternately (so slow drift of a shared machine hits both alike)."""
+           on_step: Callable[[str], None] | None = None, vram_budget_bytes: int | None = None) -> Finish:
+    """Measure baselines and candidates alternately (so slow drift of a shared machine hits both alike);
+    ``vram_budget_bytes`` is the budget the spill verdict judges "full" by."""
     jobs: list[tuple[str, LaunchConfig, int | None]] = []
     cands = [(f"candidate-{i + 1}", cfg, num) for i, (num, cfg) in enumerate(candidates)]
     bases = [(label, cfg, None) for label, cfg in baselines]
@@ -228,7 +243,7 @@ def finish(loc: EngineLocation, candidates: Sequence[tuple[int, LaunchConfig]],
             on_step(f"llama-server: {label} ({flags.launch_line(cfg)})")
         roof = roofline_of(cfg) if roofline_of else None
         done.append(measure_server(loc, cfg, load, label=label, log_dir=log_dir, caps=caps, roofline_tok_s=roof,
-                                   trial_number=num))
+                                   trial_number=num, vram_budget_bytes=vram_budget_bytes))
     return Finish(tuple(m for m in done if m.label.startswith("candidate")),
                   tuple(m for m in done if not m.label.startswith("candidate")), load.prompt_tokens, load.gen_tokens)
 

@@ -183,7 +183,7 @@ def check(info: ModelInfo, cfg: LaunchConfig, hw: Hardware, vram_margin_mib: flo
     est = estimate(info, cfg, hw)
     if hw.has_gpu:
         margin_bytes = (vram_margin_mib if vram_margin_mib is not None else 1024) * MIB
-        vram_over = (est.gpu.total_bytes + margin_bytes - hw.vram_total_bytes) / MIB
+        vram_over = (est.gpu.total_bytes + margin_bytes - hw.vram_budget_bytes) / MIB
     else:
         vram_over = -1.0  # nothing goes to a GPU: satisfied by construction
     ram_over = (est.host.total_bytes - hw.ram_available_bytes) / MIB

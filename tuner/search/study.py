@@ -106,6 +106,8 @@ def study_name(model_path: Path, hw: Hardware, caps: Capabilities, sp: space.Sea
     size = model_path.stat().st_size if model_path.exists() else 0
     inputs = {"size": size, "space": sp.describe() | {"model": model_path.name}, "measure": asdict(measure),
               "objective": asdict(objective)}
+    if hw.vram_budget_override_bytes is not None:  # --vram-budget: a smaller card, another study
+        inputs["vram_budget_bytes"] = hw.vram_budget_override_bytes
     digest = hashlib.sha256(repr(sorted(inputs.items())).encode()).hexdigest()[:8]
     return f"{_slug(model_path.stem)}__{card}__{caps.commit or 'unknown'}-{caps.backend}__{digest}"
 

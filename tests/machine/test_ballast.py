@@ -1,0 +1,70 @@
+"""The VRAM ballast: on this CPU machine it says cleanly that no GPU is there; the process it runs under
+(runner.hold) is checked with a stand-in helper that prints its line and waits, and is gone afterwards."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import psutil
+import pytest
+
+from tests.fakes import FakeNVML
+from tuner.core.errors import HardwareError, ProcessFailedError, ProcessTimeoutError
+from tuner.engine import runner
+from tuner.machine import ballast, hardware
+
+# Stands in for the compiled helper: prints the JSON line a real ballast prints, then waits to be killed.
+STAND_IN = ("import json, sys, time; print(json.dumps({'held_mib': 65000, 'free_mib': int(sys.argv[1]), "
+            "'total_mib': 81559, 'method': 'stand-in'}), flush=True); time.sleep(300)")
+
+
+def test_no_gpu_is_reported_cleanly(monkeypatch):
+    monkeypatch.setattr(hardware, "_load_nvml", lambda: FakeNVML(init_error="Driver Not Loaded"))
+    with pytest.raises(ballast.NoGpuError, match="needs an NVIDIA GPU") as exc, ballast.hold_vram(16384, runner):
+        pass
+    assert "Driver Not Loaded" in str(exc.value)
+
+
+def test_a_gpu_without_nvcc_cupy_or_torch_names_the_fix(monkeypatch):
+    monkeypatch.setattr(hardware, "_load_nvml", lambda: FakeNVML([("NVIDIA H100 80GB HBM3", 80 << 30, 1 << 30)]))
+    monkeypatch.setattr(ballast.shutil, "which", lambda name: None)
+    monkeypatch.setattr(ballast.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ballast.NoGpuError, match="install the CUDA toolkit"), ballast.hold_vram(8192, runner):
+        pass
+
+
+def test_hold_yields_the_ready_line_and_stops_the_helper():
+    argv = [sys.executable, "-c", STAND_IN, "16384"]
+    with runner.hold(argv, ready_timeout_s=30, what="stand-in ballast", fix="none") as held:
+        proc = psutil.Process(held.pid)
+        assert proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+        b = ballast.parse_ready_line(held.ready_line, "nvcc")
+        assert (b.method, b.held_mib, b.free_mib, b.total_mib) == ("stand-in", 65000, 16384, 81559)
+    assert not psutil.pid_exists(held.pid) or psutil.Process(held.pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_hold_reports_a_helper_that_dies_or_hangs():
+    dies = [sys.executable, "-c", "import sys; print('error: no CUDA device: no driver', file=sys.stderr); sys.exit(3)"]
+    with pytest.raises(ProcessFailedError, match="no CUDA device") as exc, \
+            runner.hold(dies, ready_timeout_s=30, what="VRAM ballast", fix="check nvidia-smi"):
+        pass
+    assert exc.value.returncode == 3
+    hangs = [sys.executable, "-c", "import time; time.sleep(300)"]
+    with pytest.raises(ProcessTimeoutError, match="not ready in 1 s"), \
+            runner.hold(hangs, ready_timeout_s=1, what="VRAM ballast", fix="check nvidia-smi"):
+        pass
+
+
+def test_ready_line_must_be_the_helpers_json():
+    with pytest.raises(HardwareError, match="delete"):
+        ballast.parse_ready_line("Segmentation fault", "nvcc")
+    line = json.dumps({"held_mib": 1, "free_mib": 2, "total_mib": 3})
+    assert ballast.parse_ready_line(line, "cupy").method == "cupy"
+
+
+def test_sources_use_plain_cudamalloc_never_managed_memory():
+    # Managed memory asked beyond what is free can hang a GPU; the ballast must never use it.
+    for src in (ballast.CUDA_SOURCE, ballast.PYTHON_SOURCE):
+        assert "Managed" not in src and "managed" not in src
+    assert "cudaMalloc(&p, want)" in ballast.CUDA_SOURCE and "pause()" in ballast.CUDA_SOURCE
