@@ -1,6 +1,6 @@
 # Two commands set everything up on a fresh machine (Python, gcc, cmake):
 #   make demo   — venv, package, llama.cpp engine, demo model, then the main job (auto-tune) on it
-#   make test   — the same set-up, then the test suite against the real engine
+#   make test   — the same set-up, then the fast tier (pure code, fails fast), then the suite against the real engine
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -24,7 +24,8 @@ demo: setup
 	$(BIN)/moe-tune auto-tune --workload chat --trials 10
 
 test: setup
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -m fast -x -q
+	$(BIN)/python -m pytest -m "not fast"
 
 lint: $(STAMP)
 	$(BIN)/ruff check tuner tests scripts

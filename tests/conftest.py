@@ -24,6 +24,17 @@ def pytest_configure(config):
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+ENGINE_FIXTURES = {"engine_loc", "demo_models"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Two tiers: ``fast`` (pure code and files, no llama.cpp; `make test` runs it first and stops at the first
+    failure) and ``engine`` (the real binaries on synthetic models)."""
+    for item in items:
+        uses_engine = bool(ENGINE_FIXTURES & set(getattr(item, "fixturenames", ())))
+        item.add_marker(pytest.mark.engine if uses_engine or item.get_closest_marker("slow") else pytest.mark.fast)
+
+
 def _ours_or_orphaned(proc: psutil.Process, me: int) -> bool:
     """Started by this test process (at any depth), or orphaned and adopted by init."""
     try:
