@@ -7,13 +7,12 @@ import hashlib
 import gguf
 import pytest
 
+from tests.conftest import run_cli
 from tuner.core.config import LaunchConfig
 from tuner.core.errors import UsageError
 from tuner.engine import flags, runner
 from tuner.measure import bench
 from tuner.models import demo, demo_model
-
-from tests.conftest import run_cli
 
 ARCHS = ("qwen3moe", "qwen35moe")
 K_QUANTS = {gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.Q5_K, gguf.GGMLQuantizationType.Q6_K}

@@ -44,7 +44,7 @@ def bench_cmd(
     spec_type: Annotated[str | None, typer.Option(
         "--spec-type", help="Speculative decoding (server only): draft-mtp, draft-simple (with -md), ngram-mod, …")]
     = None,
-    draft_model: Annotated[Path | None, typer.Option("-md", "--draft", help="Draft model for draft-simple.")] = None,
+    draft_model: Annotated[str | None, typer.Option("-md", "--draft", help="Draft model for draft-simple.")] = None,
     spec_n_max: Annotated[int | None, typer.Option("--spec-draft-n-max", help="Tokens drafted per step.")] = None,
     spec_n_min: Annotated[int | None, typer.Option("--spec-draft-n-min")] = None,
     spec_p_min: Annotated[float | None, typer.Option("--spec-draft-p-min", help="Stop drafting below this p.")]
@@ -79,7 +79,8 @@ def bench_cmd(
         "cache_type_v": cache_type_v, "flash_attn": flash_attn, "ctx": ctx, "parallel": parallel,
         "threads": threads, "threads_batch": threads_batch, "batch": batch, "ubatch": ubatch,
         "kv_unified": kv_unified, "mmap": False if no_mmap else None, "repack": False if no_repack else None,
-        "spec_types": flags.parse_spec_types(spec_type) if spec_type else None, "draft_model": draft_model,
+        "spec_types": flags.parse_spec_types(spec_type) if spec_type else None,
+        "draft_model": model_path(draft_model) if draft_model else None,
         "spec_draft_n_max": spec_n_max, "spec_draft_n_min": spec_n_min, "spec_draft_p_min": spec_p_min,
         "spec_synth_len": synth_len,
         "spec_synth_rates": tuple(_number(r) for r in synth_rates.split(",")) if synth_rates else None,
@@ -111,7 +112,8 @@ def bench_cmd(
     caps = build.capabilities(loc)
 
     with err.status(f"llama-bench on {cfg.model.name} (pp{load.prompt_tokens}, tg{load.gen_tokens}, depth {depth})"):
-        result = bench.run_bench(loc, speculation.without_speculation(cfg), n_prompt=load.prompt_tokens, n_gen=load.gen_tokens,
+        plain = speculation.without_speculation(cfg)  # llama-bench has no speculation
+        result = bench.run_bench(loc, plain, n_prompt=load.prompt_tokens, n_gen=load.gen_tokens,
                                  repetitions=repetitions, depth=depth, caps=caps)
     with err.status("measuring host memory bandwidth for the roofline"):
         hw = hardware.with_vram_budget(hardware.probe_hardware(host_bandwidth_s=1.0), vram_budget)

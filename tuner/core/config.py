@@ -29,6 +29,30 @@ class FlashAttn(str, Enum):
     AUTO = "auto"
 
 
+class SpecType(str, Enum):
+    """llama-server's ``--spec-type`` values (speculative decoding; llama-bench has none of them)."""
+
+    DRAFT_SIMPLE = "draft-simple"  # a second, smaller model (-md) drafts
+    DRAFT_EAGLE3 = "draft-eagle3"
+    DRAFT_MTP = "draft-mtp"  # the model's own multi-token-prediction (NextN) head drafts
+    DRAFT_DFLASH = "draft-dflash"
+    DRAFT_DSPARK = "draft-dspark"
+    NGRAM_SIMPLE = "ngram-simple"  # n-gram modes draft from text already seen: no second model
+    NGRAM_MAP_K = "ngram-map-k"
+    NGRAM_MAP_K4V = "ngram-map-k4v"
+    NGRAM_MOD = "ngram-mod"
+    NGRAM_CACHE = "ngram-cache"
+
+    @property
+    def is_ngram(self) -> bool:
+        return self.value.startswith("ngram-")
+
+    @property
+    def needs_draft_model(self) -> bool:
+        """Types that draft with a separate GGUF given by -md (MTP uses the target's own head)."""
+        return not self.is_ngram and self is not SpecType.DRAFT_MTP
+
+
 @dataclass(frozen=True, slots=True)
 class LaunchConfig:
     """One way to run a model. ``None`` means "the engine's default" and renders no flag."""
@@ -52,3 +76,25 @@ class LaunchConfig:
     mmap: bool = True
     # CPU backend repacks some weights into faster layouts (a separate buffer); ``--no-repack`` turns it off.
     repack: bool = True
+    # Speculative decoding (llama-server only). Empty: none, the engine default.
+    spec_types: tuple[SpecType, ...] = ()
+    draft_model: Path | None = None  # -md, for the draft-* types that need a second model
+    spec_draft_n_max: int | None = None
+    spec_draft_n_min: int | None = None
+    spec_draft_p_min: float | None = None
+    # Benchmarking only: drafted tokens are accepted at random (mean length, or per-position rates); the
+    # generated text is not valid, the speed is that of a drafter with that acceptance.
+    spec_synth_len: float | None = None
+    spec_synth_rates: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        # Values read back from JSON arrive as lists and strings; keep the config hashable and typed.
+        object.__setattr__(self, "spec_types", tuple(SpecType(t) for t in self.spec_types))
+        if self.draft_model is not None and not isinstance(self.draft_model, Path):
+            object.__setattr__(self, "draft_model", Path(self.draft_model))
+        if self.spec_synth_rates is not None:
+            object.__setattr__(self, "spec_synth_rates", tuple(float(r) for r in self.spec_synth_rates))
+
+    @property
+    def speculative(self) -> bool:
+        return bool(self.spec_types)

@@ -67,6 +67,10 @@ class ModelInfo:
     mla_kv_lora_rank: int  # 0: no MLA
     mla_rope_dim: int
     tensors: tuple[TensorInfo, ...] = field(repr=False)
+    # Multi-token-prediction (NextN) blocks at the end of the stack ({arch}.nextn_predict_layers); 0: none.
+    n_nextn_layers: int = 0
+    # What a draft model must share to draft for this one: tokenizer model, BOS id, EOS id (-1: none).
+    tokenizer_ids: tuple[str, int, int] = ("", -1, -1)
 
     @property
     def file_bytes(self) -> int:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tuner.core.config import CacheType, FlashAttn, LaunchConfig
+from tuner.core.config import CacheType, FlashAttn, LaunchConfig, SpecType
 from tuner.core.errors import UsageError
 
 if TYPE_CHECKING:
@@ -47,7 +47,15 @@ _SPELL: dict[str, tuple[str, ...]] = {
     "fit_print": ("-fitp", "--fit-print"),
     "fit_target": ("-fitt", "--fit-target"),
     "log_jsonl": ("--log-jsonl",),
+    "spec_types": ("--spec-type",),
+    "draft_model": ("-md", "--spec-draft-model", "--model-draft"),
+    "spec_draft_n_max": ("--spec-draft-n-max",),
+    "spec_draft_n_min": ("--spec-draft-n-min",),
+    "spec_draft_p_min": ("--spec-draft-p-min", "--draft-p-min"),
+    "spec_synth_len": ("--spec-synth-len",),
+    "spec_synth_rates": ("--spec-synth-rates",),
 }
+_SPEC_NUMBERS = ("spec_draft_n_max", "spec_draft_n_min", "spec_draft_p_min", "spec_synth_len")
 _BENCH_SPELL = {"n_cpu_moe": ("-ncmoe", "--n-cpu-moe"), "repack": ("--repack",), "depth": ("-d", "--n-depth")}
 
 # Flags a pasted command may carry that do not change speed or memory: dropped, and reported as dropped.
@@ -88,6 +96,45 @@ def validate(cfg: LaunchConfig) -> None:
     if cfg.batch is not None and cfg.ubatch is not None and cfg.ubatch > cfg.batch:
         # llama.cpp silently clamps ubatch to batch; the measured config would not be the one asked for.
         raise UsageError(f"ubatch {cfg.ubatch} is larger than batch {cfg.batch}: use -ub <= -b")
+    _validate_spec(cfg)
+
+
+def _validate_spec(cfg: LaunchConfig) -> None:
+    """What llama-server would refuse, or silently not do, with these speculation flags."""
+    needs_model = [t.value for t in cfg.spec_types if t.needs_draft_model]
+    if needs_model and cfg.draft_model is None:
+        raise UsageError(f"--spec-type {needs_model[0]} drafts with a second model: add -md DRAFT.gguf")
+    if cfg.draft_model is not None and not needs_model:
+        # The engine loads the draft but, with no draft type asked for, never drafts with it.
+        raise UsageError("-md loads a draft model that nothing uses: add --spec-type draft-simple")
+    if (cfg.spec_synth_len is not None or cfg.spec_synth_rates) and not cfg.spec_types:
+        raise UsageError("synthetic acceptance needs a drafter: add --spec-type (e.g. ngram-mod or draft-mtp)")
+    if cfg.spec_synth_len is not None and cfg.spec_synth_rates:
+        raise UsageError("--spec-synth-len and --spec-synth-rates exclude each other: keep one")
+    if cfg.spec_synth_len is not None and cfg.spec_synth_len < 1.0:
+        raise UsageError(f"--spec-synth-len counts the target token too, so it is >= 1, got {cfg.spec_synth_len}")
+    rates = cfg.spec_synth_rates or ()
+    if any(not 0.0 <= r <= 1.0 for r in rates) or any(b > a for a, b in zip(rates, rates[1:])):
+        raise UsageError("--spec-synth-rates must lie in [0, 1] and never rise: e.g. 0.8,0.6,0.4")
+    if cfg.spec_draft_p_min is not None and not 0.0 <= cfg.spec_draft_p_min <= 1.0:
+        raise UsageError(f"--spec-draft-p-min is a probability in [0, 1], got {cfg.spec_draft_p_min}")
+    n_min, n_max = cfg.spec_draft_n_min or 0, cfg.spec_draft_n_max
+    if n_min < 0 or (n_max is not None and not 1 <= n_max >= n_min):
+        raise UsageError("--spec-draft-n-max must be >= 1 and >= --spec-draft-n-min, which must be >= 0")
+
+
+def _spec_flags(a: _Argv, cfg: LaunchConfig) -> None:
+    """Speculative decoding: a llama-server feature (llama-bench at the pinned commit has no such option)."""
+    if not cfg.spec_types:
+        return
+    a.add("spec_types", ",".join(t.value for t in cfg.spec_types))
+    if cfg.draft_model is not None:
+        a.add("draft_model", str(cfg.draft_model))
+    for name in _SPEC_NUMBERS:
+        if getattr(cfg, name) is not None:
+            a.add(name, format(getattr(cfg, name), "g"))
+    if cfg.spec_synth_rates:
+        a.add("spec_synth_rates", ",".join(format(r, "g") for r in cfg.spec_synth_rates))
 
 
 class _Argv:
@@ -228,6 +275,7 @@ def server_argv(binary: Path, cfg: LaunchConfig, caps: Capabilities | None = Non
         a.add("parallel", str(cfg.parallel))
     _common(a, cfg)
     _context_flags(a, cfg)
+    _spec_flags(a, cfg)
     return a.argv
 
 
@@ -403,9 +451,36 @@ def _config_from(values: dict[str, object]) -> LaunchConfig:
     elif "load_mode" in values and str(values["load_mode"]) not in ("auto", "mmap"):
         raise UsageError(f"-lm {values['load_mode']} is not measured by moe-tune: use -lm none or mmap")
     kwargs["repack"] = not values.get("no_repack", False)
+    kwargs.update(_spec_from(values))
     cfg = LaunchConfig(**kwargs)  # type: ignore[arg-type]
     validate(cfg)
     return cfg
+
+
+def parse_spec_types(text: str) -> tuple[SpecType, ...]:
+    """``--spec-type``'s comma list (``none``: no speculation)."""
+    try:
+        return tuple(SpecType(n.strip()) for n in text.split(",") if n.strip() not in ("", "none"))
+    except ValueError:
+        allowed = ", ".join(t.value for t in SpecType)
+        raise UsageError(f"unknown --spec-type in {text!r}: use none or {allowed}") from None
+
+
+def _spec_from(values: dict[str, object]) -> dict[str, object]:
+    """Speculation flags of a pasted command as LaunchConfig fields."""
+    out: dict[str, object] = {"spec_types": parse_spec_types(str(values.get("spec_types", "")))}
+    if "draft_model" in values:
+        out["draft_model"] = Path(str(values["draft_model"]))
+    try:
+        for name in _SPEC_NUMBERS:
+            if name in values:
+                raw = str(values[name])
+                out[name] = int(raw) if name.endswith(("n_max", "n_min")) else float(raw)
+        if "spec_synth_rates" in values:
+            out["spec_synth_rates"] = tuple(float(r) for r in str(values["spec_synth_rates"]).split(","))
+    except ValueError:
+        raise UsageError("a --spec-* value in the pasted command is not a number: fix it") from None
+    return out
 
 
 def with_overrides(cfg: LaunchConfig, **changes: object) -> LaunchConfig:

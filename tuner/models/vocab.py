@@ -300,3 +300,22 @@ def _learn_merges(word_freqs: Counter[str], tokens: list[str], n_tokens: int) ->
             else:
                 del pair_counts[changed]
     return merges
+
+
+def synthetic_vocab(n_vocab: int) -> Vocab:
+    """A BPE vocabulary of a real model's size for shape-true models: the 256 byte tokens, synthetic
+    fillers that llama.cpp's BPE loader accepts, the three control tokens last. Text encodes byte by byte."""
+    to_char = byte_to_unicode()
+    space = to_char[ord(" ")]
+    n_fill = n_vocab - N_BYTE_TOKENS - len(SPECIAL_TOKENS)
+    if n_fill < 1:
+        raise UsageError(f"n_vocab={n_vocab} is too small: use at least {N_BYTE_TOKENS + len(SPECIAL_TOKENS) + 1}")
+    # The loader needs one merge (an empty merges array is not written), so the first filler is its result.
+    tokens = [to_char[b] for b in range(N_BYTE_TOKENS)] + [space * 2] + [f"t{i}" for i in range(n_fill - 1)]
+    first_special = len(tokens)
+    tokens.extend(SPECIAL_TOKENS)
+    types = [TOKEN_TYPE_NORMAL] * first_special + [TOKEN_TYPE_CONTROL] * len(SPECIAL_TOKENS)
+    endoftext_id, im_start_id, im_end_id = range(first_special, first_special + len(SPECIAL_TOKENS))
+    return Vocab(tokens=tuple(tokens), token_types=tuple(types), merges=(f"{space} {space}",), bos_id=endoftext_id,
+                 eos_id=im_end_id, pad_id=endoftext_id, endoftext_id=endoftext_id, im_start_id=im_start_id,
+                 im_end_id=im_end_id, add_bos=False)

@@ -12,10 +12,10 @@ model applied to the device, plus a fixed CUDA context overhead; not validated o
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from enum import Enum
 
-from tuner.core.config import CacheType, FlashAttn, LaunchConfig
+from tuner.core.config import CacheType, FlashAttn, LaunchConfig, SpecType
 from tuner.core.machine_spec import Hardware
 from tuner.core.model import ModelInfo, TensorClass, TensorInfo
 
@@ -193,13 +193,14 @@ def mtp_layers(model: ModelInfo) -> frozenset[int]:
     return frozenset(t.layer for t in model.tensors if t.layer is not None and ".nextn." in t.name)
 
 
-def estimate(model: ModelInfo, cfg: LaunchConfig, hw: Hardware) -> MemoryEstimate:
+def estimate(model: ModelInfo, cfg: LaunchConfig, hw: Hardware, draft: ModelInfo | None = None) -> MemoryEstimate:
+    """``draft``: the header of ``cfg.draft_model`` when speculation drafts with a second model."""
     backend = "cuda" if hw.has_gpu else "cpu"
     r = resolve(model, cfg, backend)
     skipped = mtp_layers(model)
     gpu_w = host_w = repack = 0
     for t in model.tensors:
-        if t.layer in skipped:
+        if t.layer in skipped and SpecType.DRAFT_MTP not in cfg.spec_types:  # draft-mtp loads the head
             continue
         if tensor_on_gpu(model, r, t):
             gpu_w += t.n_bytes
@@ -239,9 +240,39 @@ def estimate(model: ModelInfo, cfg: LaunchConfig, hw: Hardware) -> MemoryEstimat
     else:
         gpu = Breakdown()
         host = Breakdown(host_w, int(host_kv), host_rec, graph, host_overhead)
+    if cfg.spec_types:
+        gpu, host = speculation_bytes(model, cfg, hw, r, gpu, host, draft)
     verdict = judge(gpu, host, hw)
     mapped = host.weights_bytes - repack if cfg.mmap else 0
     return MemoryEstimate(backend, gpu, host, repack, mapped, r.n_ctx, r.n_seq, r.n_ubatch, r.flash_attn, verdict)
+
+
+def _plus(a: Breakdown, b: Breakdown) -> Breakdown:
+    return Breakdown(*(getattr(a, f.name) + getattr(b, f.name) for f in fields(Breakdown)))
+
+
+NGRAM_MOD_TABLE_BYTES = 4 * 2**20 * 4  # ngram-mod's hash table: 4 Mi token entries, allocated once
+
+
+def speculation_bytes(model: ModelInfo, cfg: LaunchConfig, hw: Hardware, r: Resolved, gpu: Breakdown,
+                      host: Breakdown, draft: ModelInfo | None) -> tuple[Breakdown, Breakdown]:
+    """``gpu`` and ``host`` plus what speculative decoding adds: a second context with f16 KV over the same
+    cells and slots and its own compute buffer, on the MTP head (weights counted with the target's) or on a
+    draft model (its weights too: all layers on the GPU, -ngld's default); n-gram modes add host tables only."""
+    if SpecType.DRAFT_MTP in cfg.spec_types and mtp_layers(model):
+        head = mtp_layers(model)
+        kv = sum(r.n_ctx * kv_bytes_per_cell(model, il, CacheType.F16, CacheType.F16) for il in head)
+        extra = Breakdown(kv_bytes=int(kv), compute_bytes=compute_bytes(model, r))
+        on_gpu = hw.has_gpu and all(layer_on_gpu(model, r, il) for il in head)
+        gpu, host = (_plus(gpu, extra), host) if on_gpu else (gpu, _plus(host, extra))
+    if draft is not None and any(t.needs_draft_model for t in cfg.spec_types):
+        plain = replace(cfg, model=draft.paths[0], n_cpu_moe=None, n_gpu_layers=None, cache_type_k=CacheType.F16,
+                        cache_type_v=CacheType.F16, spec_types=(), draft_model=None)
+        sub = estimate(draft, plain, hw)
+        gpu, host = _plus(gpu, replace(sub.gpu, overhead_bytes=0)), _plus(host, sub.host)
+    if SpecType.NGRAM_MOD in cfg.spec_types:
+        host = _plus(host, Breakdown(overhead_bytes=NGRAM_MOD_TABLE_BYTES))
+    return gpu, host
 
 
 def judge(gpu: Breakdown, host: Breakdown, hw: Hardware) -> Verdict:
