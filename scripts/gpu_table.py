@@ -1,0 +1,159 @@
+"""The one table `scripts/gpu_check` writes: markdown and JSON, from the state file's step results.
+
+Every figure names what it was measured on (card, budget, model and its weights, engine commit); on a machine
+without a GPU the table holds the memory model's plan for each budget, labelled as planned, not measured.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+
+def _f(v: Any, fmt: str = "{:,.1f}") -> str:
+    return "-" if v is None else fmt.format(v)
+
+
+def _mib(v: Any) -> str:
+    return "-" if v is None else f"{v / 2**20:,.0f}"
+
+
+def _arm(rows: list[dict[str, Any]], label: str) -> dict[str, Any]:
+    return next((r for r in rows if r.get("label") == label), {})
+
+
+def tune_rows(state: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per measured budget/workload: tuned vs default vs --fit, side by side from one auto-tune run."""
+    rows = []
+    for name, step in state.get("steps", {}).items():
+        res = step.get("result") or {}
+        if not name.startswith(("budget-", "long-")) or "tune" not in res:
+            continue
+        tune = res["tune"]
+        fin = tune.get("finish", {})
+        base = fin.get("baselines", [])
+        win = tune.get("winner") or {}
+        default, fit = _arm(base, "default"), _arm(base, "fit")
+        rows.append({
+            "run": name, "budget_mib": res.get("free_mib"), "workload": res.get("workload"), "ctx": res.get("ctx"),
+            "tuned": win.get("launch_line"), "tuned_label": win.get("label"),
+            "tuned_gen_tok_s": win.get("gen_tok_s"), "tuned_prompt_tok_s": win.get("prompt_tok_s"),
+            "default_gen_tok_s": default.get("gen_tok_s"), "default_prompt_tok_s": default.get("prompt_tok_s"),
+            "fit_gen_tok_s": fit.get("gen_tok_s"), "fit_prompt_tok_s": fit.get("prompt_tok_s"),
+            "tuned_vs_default": (tune.get("speedup") or {}).get("default"),
+            "tuned_vs_fit": (tune.get("speedup") or {}).get("fit"),
+            "roofline_pct": win.get("roofline_pct"), "tok_per_j": win.get("tokens_per_joule"),
+            "vram_peak_bytes": win.get("vram_peak_bytes"), "spill": win.get("spill"),
+            "default_failure": (default.get("failure") or {}).get("kind"),
+        })
+    return rows
+
+
+def memory_rows(state: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = []
+    for name, step in state.get("steps", {}).items():
+        for r in (step.get("result") or {}).get("memory", []):
+            rows.append({"run": name, **r})
+    return rows
+
+
+def spill_rows(state: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = []
+    for name, step in state.get("steps", {}).items():
+        if name.startswith("spill-"):
+            rows += [{"run": name, **r} for r in (step.get("result") or {}).get("runs", [])]
+    return rows
+
+
+def plan_rows(state: dict[str, Any]) -> list[dict[str, Any]]:
+    step = state.get("steps", {}).get("plan-budgets") or {}
+    return list((step.get("result") or {}).get("rows", []))
+
+
+def render(state: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """(markdown, JSON document) of everything the check has so far."""
+    info = state.get("machine", {})
+    card = info.get("gpu_name") or "no GPU"
+    model = (state.get("steps", {}).get("model", {}).get("result") or {})
+    lines = [
+        f"# GPU check: {card}",
+        "",
+        f"Command: `{state.get('command', 'scripts/gpu_check')}`",
+        "",
+        f"- machine: {info.get('describe', '?')}",
+        f"- engine: llama.cpp {info.get('engine_commit', '?')} ({info.get('engine_backend', '?')})",
+        f"- model: {model.get('target', '?')} ({model.get('weights_label', '?')}), {model.get('path', '?')}",
+        "- budgets: the VRAM left free by a ballast process (cudaMalloc) holding the rest of the card; the tool "
+        "reads it as free VRAM at start (NVML), as on a user's card",
+        "",
+    ]
+    doc: dict[str, Any] = {"machine": info, "model": model, "tune": tune_rows(state), "memory": memory_rows(state),
+                           "spill": spill_rows(state), "plan": plan_rows(state),
+                           "steps": {k: {"status": v.get("status"), "took_s": v.get("took_s"),
+                                         "note": v.get("note")} for k, v in state.get("steps", {}).items()}}
+    if doc["tune"]:
+        lines += ["## auto-tune vs llama.cpp default vs --fit (one run each, arms interleaved)", "",
+                  "| run | free VRAM MiB | workload | ctx | tuned gen / prompt tok/s | default gen / prompt | "
+                  "--fit gen / prompt | tuned/default | tuned/fit | roofline % | tok/J | VRAM peak MiB | spill |",
+                  "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+        for r in doc["tune"]:
+            default = f"{_f(r['default_gen_tok_s'])} / {_f(r['default_prompt_tok_s'], '{:,.0f}')}" \
+                if r["default_gen_tok_s"] is not None else f"failed ({r['default_failure'] or '?'})"
+            lines.append(
+                f"| {r['run']} | {_f(r['budget_mib'], '{:,}')} | {r['workload']} | {_f(r['ctx'], '{}')} | "
+                f"{_f(r['tuned_gen_tok_s'])} / {_f(r['tuned_prompt_tok_s'], '{:,.0f}')} | {default} | "
+                f"{_f(r['fit_gen_tok_s'])} / {_f(r['fit_prompt_tok_s'], '{:,.0f}')} | "
+                f"{_f(r['tuned_vs_default'], '{:.2f}x')} | {_f(r['tuned_vs_fit'], '{:.2f}x')} | "
+                f"{_f(r['roofline_pct'], '{:.0f}')} | {_f(r['tok_per_j'], '{:.2f}')} | "
+                f"{_mib(r['vram_peak_bytes'])} | {r['spill'] or '-'} |")
+        lines += ["", "Tuned launch lines:", ""] + [f"- {r['run']}: `{r['tuned']}`" for r in doc["tune"]] + [""]
+    if doc["memory"]:
+        lines += ["## memory model vs llama.cpp's own breakdown (the tuned config, at exit)", "",
+                  "| run | device | component | model MiB | llama.cpp MiB | error MiB | error % |",
+                  "|---|---|---|---:|---:|---:|---:|"]
+        for r in doc["memory"]:
+            err = None if r.get("engine_mib") is None or r.get("model_mib") is None else \
+                r["model_mib"] - r["engine_mib"]
+            pct = None if err is None or not r["engine_mib"] else 100 * err / r["engine_mib"]
+            lines.append(f"| {r['run']} | {r['device']} | {r['component']} | {_f(r.get('model_mib'), '{:,}')} | "
+                         f"{_f(r.get('engine_mib'), '{:,}')} | {_f(err, '{:+,}')} | {_f(pct, '{:+.1f}')} |")
+        lines.append("")
+    if doc["spill"]:
+        lines += ["## induced spill: what the tool classified", "",
+                  "| run | try | unified memory | free VRAM MiB | needs MiB (model) | classified | gen tok/s | "
+                  "vs no spill | evidence |", "|---|---:|---|---:|---:|---|---:|---:|---|"]
+        for r in doc["spill"]:
+            lines.append(f"| {r['run']} | {r.get('attempt', 1)} | {'yes' if r.get('unified') else 'no'} | "
+                         f"{_f(r.get('free_mib'), '{:,}')} | {_f(r.get('need_mib'), '{:,}')} | {r.get('verdict')} | "
+                         f"{_f(r.get('gen_tok_s'))} | {_f(r.get('vs_reference'), '{:.2f}x')} | "
+                         f"{str(r.get('evidence', ''))[:160]} |")
+        lines.append("")
+    if doc["plan"]:
+        lines += ["## planned, not measured (memory model only; no GPU on this machine)", "",
+                  "| budget MiB | workload | ctx | smallest --n-cpu-moe that fits | VRAM MiB | tg ceiling tok/s |",
+                  "|---:|---|---:|---:|---:|---:|"]
+        for r in doc["plan"]:
+            lines.append(f"| {r['budget_mib']:,} | {r['workload']} | {r['ctx']} | "
+                         f"{'does not fit' if r['n_cpu_moe'] is None else r['n_cpu_moe']} | "
+                         f"{_mib(r.get('vram_bytes'))} | {_f(r.get('gen_tok_s_ceiling'), '{:,.0f}')} |")
+        lines += ["", f"(planned for {state.get('plan_card', '?')} with --vram-budget; host RAM as probed)", ""]
+    lines += ["## steps", "", "| step | status | took s | note |", "|---|---|---:|---|"]
+    for name, s in doc["steps"].items():
+        lines.append(f"| {name} | {s['status']} | {_f(s['took_s'], '{:.0f}')} | {s.get('note') or ''} |")
+    return "\n".join(lines) + "\n", doc
+
+
+def write(state: dict[str, Any], out_dir: Path, bench_dir: Path | None) -> list[Path]:
+    md, doc = render(state)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = [out_dir / "table.md", out_dir / "table.json"]
+    written[0].write_text(md)
+    written[1].write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    if bench_dir is not None:
+        slug = "".join(c if c.isalnum() else "-" for c in (state.get("machine", {}).get("gpu_name") or "cpu").lower())
+        path = bench_dir / f"gpu-{slug.strip('-')}.md"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(md)
+        written.append(path)
+    return written
