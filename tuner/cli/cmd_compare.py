@@ -18,6 +18,7 @@ from tuner.machine import hardware
 from tuner.measure import workload
 from tuner.models.gguf_reader import ModelInfo
 from tuner.plan import placement
+from tuner.report import compare_report
 from tuner.search import compare
 
 
@@ -70,17 +71,18 @@ def compare_quants_cmd(
         kld_ctx=ctx, kld_chunks=chunks, reference=reference, out_dir=out_dir)
     tune_hw = hardware.probe_hardware(host_bandwidth_s=0.3)
     result = compare.compare(req, loc, tune_hw, fit_of, on_step=say)
+    compare_report.write(result)
     if as_json:
-        out.print_json(json.dumps(compare.to_json(result)))
+        out.print_json(json.dumps(compare_report.to_json(result)))
         return
     if as_csv:
-        out.print(compare.to_csv(result.rows), end="", highlight=False, markup=False, soft_wrap=True)
+        out.print(compare_report.to_csv(result.rows), end="", highlight=False, markup=False, soft_wrap=True)
         return
     table = Table(title=f"{result.title}: fit at -c {fit_ctx} on {fit_hw.describe()}")
-    for col in compare.COLUMNS:
+    for col in compare_report.COLUMNS:
         table.add_column(col, overflow="fold")
     for r in result.rows:
-        table.add_row(*compare.cells(r))
+        table.add_row(*compare_report.cells(r))
     out.print(table)
     if result.catalog_model:
         out.print(f"published (catalog) figures: {result.catalog_model}, not measured here", highlight=False)

@@ -1,19 +1,15 @@
 """`compare-quants`: every quant of one model side by side — size, fit, best config, speed, quality, Pareto.
 
-Pure parts (the Pareto front over generation tok/s and KLD, markdown/CSV/JSON rendering, the plot) sit beside
-the orchestration (:func:`compare`), which downloads the quants, auto-tunes each with a small trial budget,
-measures its quality against one reference and reads published figures from the catalog.
+The Pareto front over generation tok/s and KLD sits beside the orchestration (:func:`compare`), which downloads
+the quants, auto-tunes each with a small trial budget, measures its quality against one reference and reads
+published figures from the catalog. Tables, files and the plot are :mod:`tuner.report.compare_report`'s.
 """
 
 from __future__ import annotations
 
-import csv
-import io
-import json
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from tuner.catalog import families
 from tuner.core.errors import TunerError, UsageError
@@ -98,88 +94,6 @@ def default_out_dir(sources: Sequence[str]) -> Path:
     ref = repos.parse_hub_ref(sources[0]) if len(sources) == 1 else None
     name = ref.repo_id.split("/")[-1] if ref else Path(sources[0]).stem
     return Path("results") / f"compare-{name}"
-
-
-def _f(v: float | None, spec: str) -> str:
-    return "" if v is None else format(v, spec)
-
-
-COLUMNS = ("quant", "size", "fit", "best config", "prompt tok/s", "gen tok/s", "PPL", "mean KLD", "KLD p99",
-           "same top %", "Pareto", "published (catalog)")
-
-
-def cells(r: QuantRow) -> list[str]:
-    """The row as the terminal and markdown tables print it."""
-    size = f"{r.size_bytes / 2**30:,.2f} GiB" if r.size_bytes >= 2**30 else f"{r.size_bytes / 2**20:,.1f} MiB"
-    config = r.launch_line.replace(r.path, Path(r.path).name) if r.launch_line else (
-        f"failed: {r.error}" if r.error else "")
-    ppl = "" if r.ppl is None else f"{r.ppl:.3f} ± {r.ppl_error or 0:.3f}"
-    kld = "0 (reference)" if r.is_reference and r.kld_mean == 0 else _f(r.kld_mean, ".5f")
-    return [r.quant, size, r.fit, config, _f(r.prompt_tok_s, ",.1f"), _f(r.gen_tok_s, ",.1f"), ppl, kld,
-            _f(r.kld_p99, ".4f"), _f(r.same_top_pct, ".2f"), "yes" if r.pareto else "", r.published or ""]
-
-
-def markdown(cmp: Comparison) -> str:
-    lines = [f"# Quant comparison: {cmp.title}", ""]
-    if cmp.reference:
-        lines += [f"KLD and same-top-token % against `{cmp.reference}`. Pareto front: higher generation tok/s "
-                  "and lower mean KLD.", ""]
-    lines += ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in cells(r)) + " |" for r in cmp.rows]
-    if cmp.catalog_model:
-        lines += ["", f"Published figures come from the catalog entry {cmp.catalog_model}; they were not measured "
-                  "here."]
-    lines += ["", "![gen tok/s vs KLD](gen_tok_s_vs_kld.png)", ""]
-    return "\n".join(lines)
-
-
-def to_json(cmp: Comparison) -> dict[str, Any]:
-    return {"title": cmp.title, "reference": cmp.reference, "catalog_model": cmp.catalog_model,
-            "out_dir": str(cmp.out_dir), "rows": [asdict(r) for r in cmp.rows]}
-
-
-def to_csv(rows: Sequence[QuantRow]) -> str:
-    buf = io.StringIO()
-    names = [f.name for f in fields(QuantRow)]
-    writer = csv.DictWriter(buf, fieldnames=names, lineterminator="\n")
-    writer.writeheader()
-    for r in rows:
-        writer.writerow({k: ("" if v is None else v) for k, v in asdict(r).items()})
-    return buf.getvalue()
-
-
-def plot(cmp: Comparison, path: Path) -> Path:
-    """Generation tok/s against mean KLD per quant, the Pareto front drawn through its points."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    pts = [(r.kld_mean, r.gen_tok_s, r.quant, r.pareto) for r in cmp.rows
-           if r.gen_tok_s is not None and r.kld_mean is not None]
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    ax.scatter([p[0] for p in pts], [p[1] for p in pts], label="quants (measured)")
-    for kld_mean, gen, name, _ in pts:
-        ax.annotate(name, (kld_mean, gen), textcoords="offset points", xytext=(4, 4), fontsize="small")
-    front = sorted(p for p in pts if p[3])
-    ax.plot([p[0] for p in front], [p[1] for p in front], color="red", marker="D", label="Pareto front")
-    ax.set_xlabel("mean KL-divergence vs the reference (lower is better)")
-    ax.set_ylabel("generation tok/s, best config (higher is better)")
-    ax.set_title(f"Speed vs quality: {cmp.title}")
-    ax.legend(fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
-
-
-def write(cmp: Comparison) -> list[Path]:
-    cmp.out_dir.mkdir(parents=True, exist_ok=True)
-    files = {"report.md": markdown(cmp), "compare.csv": to_csv(cmp.rows),
-             "compare.json": json.dumps(to_json(cmp), indent=2) + "\n"}
-    for name, text in files.items():
-        (cmp.out_dir / name).write_text(text)
-    return [*(cmp.out_dir / n for n in files), plot(cmp, cmp.out_dir / "gen_tok_s_vs_kld.png")]
 
 
 # -------------------------------------------------------------------------------------- orchestration
@@ -294,5 +208,4 @@ def compare(req: CompareRequest, loc: build.EngineLocation, tune_hw: Hardware, f
     rows.sort(key=lambda r: r.size_bytes)
     cmp = Comparison(title=title, reference=str(reference) if reference else None, rows=with_pareto(rows),
                      out_dir=out_dir, catalog_model=known.name if known else None)
-    write(cmp)
     return cmp

@@ -1,0 +1,96 @@
+"""A quant comparison as the user reads it: terminal/markdown cells, report.md, CSV, JSON and the speed-vs-KLD
+plot, written into the comparison's folder."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, fields
+from pathlib import Path
+from typing import Any
+
+from tuner.machine.fileio import atomic_write
+from tuner.search.compare import Comparison, QuantRow
+
+
+def _f(v: float | None, spec: str) -> str:
+    return "" if v is None else format(v, spec)
+
+
+COLUMNS = ("quant", "size", "fit", "best config", "prompt tok/s", "gen tok/s", "PPL", "mean KLD", "KLD p99",
+           "same top %", "Pareto", "published (catalog)")
+
+
+def cells(r: QuantRow) -> list[str]:
+    """The row as the terminal and markdown tables print it."""
+    size = f"{r.size_bytes / 2**30:,.2f} GiB" if r.size_bytes >= 2**30 else f"{r.size_bytes / 2**20:,.1f} MiB"
+    config = r.launch_line.replace(r.path, Path(r.path).name) if r.launch_line else (
+        f"failed: {r.error}" if r.error else "")
+    ppl = "" if r.ppl is None else f"{r.ppl:.3f} ± {r.ppl_error or 0:.3f}"
+    kld = "0 (reference)" if r.is_reference and r.kld_mean == 0 else _f(r.kld_mean, ".5f")
+    return [r.quant, size, r.fit, config, _f(r.prompt_tok_s, ",.1f"), _f(r.gen_tok_s, ",.1f"), ppl, kld,
+            _f(r.kld_p99, ".4f"), _f(r.same_top_pct, ".2f"), "yes" if r.pareto else "", r.published or ""]
+
+
+def markdown(cmp: Comparison) -> str:
+    lines = [f"# Quant comparison: {cmp.title}", ""]
+    if cmp.reference:
+        lines += [f"KLD and same-top-token % against `{cmp.reference}`. Pareto front: higher generation tok/s "
+                  "and lower mean KLD.", ""]
+    lines += ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in cells(r)) + " |" for r in cmp.rows]
+    if cmp.catalog_model:
+        lines += ["", f"Published figures come from the catalog entry {cmp.catalog_model}; they were not measured "
+                  "here."]
+    lines += ["", "![gen tok/s vs KLD](gen_tok_s_vs_kld.png)", ""]
+    return "\n".join(lines)
+
+
+def to_json(cmp: Comparison) -> dict[str, Any]:
+    return {"title": cmp.title, "reference": cmp.reference, "catalog_model": cmp.catalog_model,
+            "out_dir": str(cmp.out_dir), "rows": [asdict(r) for r in cmp.rows]}
+
+
+def to_csv(rows: Sequence[QuantRow]) -> str:
+    buf = io.StringIO()
+    names = [f.name for f in fields(QuantRow)]
+    writer = csv.DictWriter(buf, fieldnames=names, lineterminator="\n")
+    writer.writeheader()
+    for r in rows:
+        writer.writerow({k: ("" if v is None else v) for k, v in asdict(r).items()})
+    return buf.getvalue()
+
+
+def plot(cmp: Comparison, path: Path) -> Path:
+    """Generation tok/s against mean KLD per quant, the Pareto front drawn through its points."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pts = [(r.kld_mean, r.gen_tok_s, r.quant, r.pareto) for r in cmp.rows
+           if r.gen_tok_s is not None and r.kld_mean is not None]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.scatter([p[0] for p in pts], [p[1] for p in pts], label="quants (measured)")
+    for kld_mean, gen, name, _ in pts:
+        ax.annotate(name, (kld_mean, gen), textcoords="offset points", xytext=(4, 4), fontsize="small")
+    front = sorted(p for p in pts if p[3])
+    ax.plot([p[0] for p in front], [p[1] for p in front], color="red", marker="D", label="Pareto front")
+    ax.set_xlabel("mean KL-divergence vs the reference (lower is better)")
+    ax.set_ylabel("generation tok/s, best config (higher is better)")
+    ax.set_title(f"Speed vs quality: {cmp.title}")
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def write(cmp: Comparison) -> list[Path]:
+    files = {"report.md": markdown(cmp), "compare.csv": to_csv(cmp.rows),
+             "compare.json": json.dumps(to_json(cmp), indent=2) + "\n"}
+    for name, text in files.items():
+        atomic_write(cmp.out_dir / name, text)
+    return [*(cmp.out_dir / n for n in files), plot(cmp, cmp.out_dir / "gen_tok_s_vs_kld.png")]
