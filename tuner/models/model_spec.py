@@ -214,6 +214,8 @@ def add_metadata(w: gguf.GGUFWriter, s: ModelSpec, title: str, file_type: int, v
         keys += [(w.add_leading_dense_block_count, s.n_layer_dense_lead), (w.add_nextn_predict_layers, s.n_layer_nextn),
                  (w.add_expert_weights_scale, 1.0), (w.add_expert_weights_norm, True),
                  (w.add_expert_gating_func, gguf.ExpertGatingFuncType.SIGMOID)]
+    if s.n_layer_nextn and s.arch != "glm4moe":  # an MTP head on another arch (qwen35moe): the engine reads the count
+        keys.append((w.add_nextn_predict_layers, s.n_layer_nextn))
     if s.full_attention_interval:
         keys += [(w.add_ssm_conv_kernel, s.ssm_d_conv), (w.add_ssm_inner_size, s.ssm_d_inner),
                  (w.add_ssm_state_size, s.ssm_d_state), (w.add_ssm_time_step_rank, s.ssm_dt_rank),
