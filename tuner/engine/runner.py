@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import http.client
 import json
 import os
 import queue
@@ -18,8 +17,6 @@ import socket
 import subprocess
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +24,12 @@ from typing import Any
 
 from tuner.core.errors import EngineError, ProcessFailedError, ProcessTimeoutError
 from tuner.engine import flags
+from tuner.engine.server_client import (  # noqa: F401 - re-exported for callers of the runner
+    RequestRejectedError,
+    ServerClient,
+    ServerGoneError,
+    StreamedCompletion,
+)
 
 STDERR_TAIL_LINES = 40
 TERM_GRACE_S = 5.0
@@ -206,30 +209,9 @@ def free_port(host: str = "127.0.0.1") -> int:
         return port
 
 
-@dataclass(frozen=True, slots=True)
-class StreamedCompletion:
-    """One streamed /completion: client-side times and the server's own ``timings`` record."""
-
-    ttft_s: float  # request sent → first generated token received
-    elapsed_s: float  # request sent → last byte received
-    timings: dict[str, Any]
-    tokens_predicted: int
-    started_s: float = 0.0  # time.monotonic() when the request was sent
-
-
-class ServerGoneError(ProcessFailedError):
-    """llama-server exited while requests were in flight."""
-
-
-_NET_ERRORS = (urllib.error.URLError, http.client.HTTPException, OSError, json.JSONDecodeError)
-
-
-class RequestRejectedError(ProcessFailedError):
-    """llama-server answered a request with an HTTP error (e.g. the prompt exceeds the slot's context)."""
-
-
-class ServerProcess:
-    """A running llama-server on loopback. Use through :func:`serve`."""
+class ServerProcess(ServerClient):
+    """A running llama-server on loopback (its process and log; the HTTP side is :class:`ServerClient`). Use
+    through :func:`serve`."""
 
     def __init__(self, proc: subprocess.Popen[Any], host: str, port: int, argv: Sequence[str], log: Path) -> None:
         self.proc = proc
@@ -237,10 +219,6 @@ class ServerProcess:
         self.port = port
         self.argv = list(argv)
         self.log = log
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
 
     def _log_lines(self) -> list[str]:
         """The log as plain text lines; ``--log-jsonl`` records are reduced to their message."""
@@ -272,94 +250,12 @@ class ServerProcess:
                         records.append(json.loads(line))
         return records
 
-    def gone_error(self) -> ServerGoneError:
-        return ServerGoneError("llama-server", self.argv, self.proc.poll(), self.log_tail(),
-                               "it stopped during the trial; see the log tail")
+    def exit_code(self) -> int | None:
+        return self.proc.poll()
 
-    def request(self, path: str, payload: dict[str, Any] | None = None, timeout_s: float = 120.0) -> dict[str, Any]:
-        data = None if payload is None else json.dumps(payload).encode()
-        method = "GET" if data is None else "POST"
-        req = urllib.request.Request(
-            self.url + path, data=data, headers={"Content-Type": "application/json"}, method=method
-        )
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-            body: dict[str, Any] = json.loads(resp.read().decode())
-            return body
-
-    def wait_healthy(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise ProcessFailedError(
-                    "llama-server", self.argv, self.proc.returncode, self.log_tail(),
-                    "check the model file and flags in the log above",
-                )
-            try:
-                if self.request("/health", timeout_s=2.0).get("status") == "ok":
-                    return
-            except (urllib.error.URLError, ConnectionError, TimeoutError, json.JSONDecodeError):
-                pass
-            time.sleep(0.1)
-        raise ProcessTimeoutError(
-            "llama-server", self.argv, None, self.log_tail(),
-            f"it was not healthy within {timeout_s:.0f} s; a large model may need a longer --load-timeout",
-        )
-
-    def complete(self, prompt: str | list[int], n_predict: int, timeout_s: float = 300.0) -> dict[str, Any]:
-        """One /completion request; random-weight models stop anywhere, so EOS is ignored."""
-        return self.request(
-            "/completion",
-            {"prompt": prompt, "n_predict": n_predict, "ignore_eos": True, "cache_prompt": False},
-            timeout_s=timeout_s,
-        )
-
-    def tokenize(self, text: str) -> list[int]:
-        try:
-            body = self.request("/tokenize", {"content": text, "add_special": False})
-        except _NET_ERRORS as exc:
-            raise self._request_failed(exc) from None
-        return [int(t) for t in body["tokens"]]
-
-    def _request_failed(self, exc: BaseException) -> ProcessFailedError:
+    def wait_exit(self, timeout_s: float) -> None:
         with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=2)  # a dying server closes sockets before it is reaped
-        if self.proc.poll() is not None:
-            return self.gone_error()
-        return ProcessFailedError("llama-server", self.argv, None, self.log_tail(),
-                                  f"a request failed ({exc}); see the log tail")
-
-    def stream_complete(self, prompt: str | list[int], n_predict: int, timeout_s: float = 300.0) -> StreamedCompletion:
-        """A streamed /completion, timing the first token as the client sees it."""
-        payload = {"prompt": prompt, "n_predict": n_predict, "ignore_eos": True, "cache_prompt": False,
-                   "stream": True}
-        req = urllib.request.Request(self.url + "/completion", data=json.dumps(payload).encode(),
-                                     headers={"Content-Type": "application/json"}, method="POST")
-        start = time.monotonic()
-        ttft_s: float | None = None
-        final: dict[str, Any] = {}
-        try:
-            with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-                for raw in resp:
-                    line = raw.decode(errors="replace").strip()
-                    if not line.startswith("data: "):
-                        continue
-                    event = json.loads(line[6:])
-                    if ttft_s is None and event.get("tokens"):
-                        ttft_s = time.monotonic() - start
-                    if event.get("stop"):
-                        final = event
-        except urllib.error.HTTPError as exc:
-            body = exc.read().decode(errors="replace")[:300]
-            raise RequestRejectedError("llama-server", self.argv, None, f"HTTP {exc.code}: {body}",
-                                       "the server refused the request; fit -p/-n into the per-slot context") from None
-        except _NET_ERRORS as exc:
-            raise self._request_failed(exc) from None
-        elapsed = time.monotonic() - start
-        if "timings" not in final:
-            raise ProcessFailedError("llama-server", self.argv, self.proc.poll(), self.log_tail(),
-                                     "the stream ended without timings; see the log tail")
-        return StreamedCompletion(ttft_s if ttft_s is not None else elapsed, elapsed, dict(final["timings"]),
-                                  int(final.get("tokens_predicted", 0)), start)
+            self.proc.wait(timeout=timeout_s)
 
 
 @contextlib.contextmanager

@@ -1,0 +1,148 @@
+"""Talking to a running llama-server over HTTP: health, tokenize, completions (plain and streamed, timed).
+
+The process behind it (start, log, stop) is :mod:`tuner.engine.runner`'s; this module only speaks the protocol.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from typing import Any
+
+from tuner.core.errors import ProcessFailedError, ProcessTimeoutError
+
+
+@dataclass(frozen=True, slots=True)
+class StreamedCompletion:
+    """One streamed /completion: client-side times and the server's own ``timings`` record."""
+
+    ttft_s: float  # request sent → first generated token received
+    elapsed_s: float  # request sent → last byte received
+    timings: dict[str, Any]
+    tokens_predicted: int
+    started_s: float = 0.0  # time.monotonic() when the request was sent
+
+
+class ServerGoneError(ProcessFailedError):
+    """llama-server exited while requests were in flight."""
+
+
+_NET_ERRORS = (urllib.error.URLError, http.client.HTTPException, OSError, json.JSONDecodeError)
+
+
+class RequestRejectedError(ProcessFailedError):
+    """llama-server answered a request with an HTTP error (e.g. the prompt exceeds the slot's context)."""
+
+
+class ServerClient:
+    """The HTTP side of a llama-server. Subclasses say where it listens and whether its process still runs."""
+
+    host: str
+    port: int
+    argv: list[str]
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def exit_code(self) -> int | None:
+        """None while the server process runs."""
+        raise NotImplementedError
+
+    def wait_exit(self, timeout_s: float) -> None:
+        raise NotImplementedError
+
+    def log_tail(self) -> str:
+        raise NotImplementedError
+
+    def gone_error(self) -> ServerGoneError:
+        return ServerGoneError("llama-server", self.argv, self.exit_code(), self.log_tail(),
+                               "it stopped during the trial; see the log tail")
+
+    def request(self, path: str, payload: dict[str, Any] | None = None, timeout_s: float = 120.0) -> dict[str, Any]:
+        data = None if payload is None else json.dumps(payload).encode()
+        method = "GET" if data is None else "POST"
+        req = urllib.request.Request(
+            self.url + path, data=data, headers={"Content-Type": "application/json"}, method=method
+        )
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            body: dict[str, Any] = json.loads(resp.read().decode())
+            return body
+
+    def wait_healthy(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.exit_code() is not None:
+                raise ProcessFailedError(
+                    "llama-server", self.argv, self.exit_code(), self.log_tail(),
+                    "check the model file and flags in the log above",
+                )
+            try:
+                if self.request("/health", timeout_s=2.0).get("status") == "ok":
+                    return
+            except (urllib.error.URLError, ConnectionError, TimeoutError, json.JSONDecodeError):
+                pass
+            time.sleep(0.1)
+        raise ProcessTimeoutError(
+            "llama-server", self.argv, None, self.log_tail(),
+            f"it was not healthy within {timeout_s:.0f} s; a large model may need a longer --load-timeout",
+        )
+
+    def complete(self, prompt: str | list[int], n_predict: int, timeout_s: float = 300.0) -> dict[str, Any]:
+        """One /completion request; random-weight models stop anywhere, so EOS is ignored."""
+        return self.request(
+            "/completion",
+            {"prompt": prompt, "n_predict": n_predict, "ignore_eos": True, "cache_prompt": False},
+            timeout_s=timeout_s,
+        )
+
+    def tokenize(self, text: str) -> list[int]:
+        try:
+            body = self.request("/tokenize", {"content": text, "add_special": False})
+        except _NET_ERRORS as exc:
+            raise self._request_failed(exc) from None
+        return [int(t) for t in body["tokens"]]
+
+    def _request_failed(self, exc: BaseException) -> ProcessFailedError:
+        self.wait_exit(2.0)  # a dying server closes sockets before it is reaped
+        if self.exit_code() is not None:
+            return self.gone_error()
+        return ProcessFailedError("llama-server", self.argv, None, self.log_tail(),
+                                  f"a request failed ({exc}); see the log tail")
+
+    def stream_complete(self, prompt: str | list[int], n_predict: int, timeout_s: float = 300.0) -> StreamedCompletion:
+        """A streamed /completion, timing the first token as the client sees it."""
+        payload = {"prompt": prompt, "n_predict": n_predict, "ignore_eos": True, "cache_prompt": False,
+                   "stream": True}
+        req = urllib.request.Request(self.url + "/completion", data=json.dumps(payload).encode(),
+                                     headers={"Content-Type": "application/json"}, method="POST")
+        start = time.monotonic()
+        ttft_s: float | None = None
+        final: dict[str, Any] = {}
+        try:
+            with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+                for raw in resp:
+                    line = raw.decode(errors="replace").strip()
+                    if not line.startswith("data: "):
+                        continue
+                    event = json.loads(line[6:])
+                    if ttft_s is None and event.get("tokens"):
+                        ttft_s = time.monotonic() - start
+                    if event.get("stop"):
+                        final = event
+        except urllib.error.HTTPError as exc:
+            body = exc.read().decode(errors="replace")[:300]
+            raise RequestRejectedError("llama-server", self.argv, None, f"HTTP {exc.code}: {body}",
+                                       "the server refused the request; fit -p/-n into the per-slot context") from None
+        except _NET_ERRORS as exc:
+            raise self._request_failed(exc) from None
+        elapsed = time.monotonic() - start
+        if "timings" not in final:
+            raise ProcessFailedError("llama-server", self.argv, self.exit_code(), self.log_tail(),
+                                     "the stream ended without timings; see the log tail")
+        return StreamedCompletion(ttft_s if ttft_s is not None else elapsed, elapsed, dict(final["timings"]),
+                                  int(final.get("tokens_predicted", 0)), start)
