@@ -14,6 +14,7 @@ from tests.conftest import run_cli
 from tests.hub_server import HubServer, root_layout, subfolder_layout
 from tuner.engine import runner
 from tuner.hub import download, remote_header, repos
+from tuner.hub.resolve import resolve_model
 from tuner.machine import hardware
 from tuner.models import demo_model, gguf_reader
 
@@ -308,8 +309,8 @@ def test_not_enough_disk_is_refused_before_downloading(tmp_path):
 
 def test_resolve_model_accepts_paths_and_hub_names(opts, hub_files):
     local = hub_files["root"][f"{BASE}-Q4_K_M.gguf"]
-    assert download.resolve_model(str(local), options=opts) == local
-    path = download.resolve_model(f"{ROOT}:q4_k_m", options=opts)
+    assert resolve_model(str(local), options=opts).path == local
+    path = resolve_model(f"{ROOT}:q4_k_m", options=opts).path
     assert path.name == f"{BASE}-Q4_K_M.gguf" and opts.hub_cache in path.parents
 
 

@@ -125,9 +125,13 @@ def test_cli_shape_model(tmp_path):
 
 
 def test_plannable_model_from_catalog_name(tmp_path):
-    got = shape_model.plannable_model("gpt-oss-20b:MXFP4_MOE", cache_dir=tmp_path)
+    from tuner.hub.resolve import resolve_model
+
+    got = resolve_model("gpt-oss-20b:MXFP4_MOE", header_only=True, cache_dir=tmp_path)
     assert got.path.parent == tmp_path and "quant catalog" in got.source
     assert gguf_reader.inspect_model(got.path).arch == "gpt-oss"
-    assert shape_model.plannable_model(str(got.path)).source == "file"
+    assert resolve_model(str(got.path), header_only=True).source == "file"
     with pytest.raises(UsageError, match="not found"):
-        shape_model.plannable_model(str(Path(tmp_path) / "missing.gguf"))
+        resolve_model(str(Path(tmp_path) / "missing.gguf"), header_only=True)
+    with pytest.raises(UsageError, match="not found"):
+        resolve_model("gpt-oss-20b:MXFP4_MOE")  # shapes are for planning only: nothing to run

@@ -65,9 +65,9 @@ def model_path(name: str) -> Path:
     path = Path(name).expanduser()
     if path.is_file():
         return path
-    from tuner.hub.download import resolve_model
+    from tuner.hub.resolve import resolve_model
 
-    return resolve_model(name)
+    return resolve_model(name).path
 
 
 def facts_table() -> Table:

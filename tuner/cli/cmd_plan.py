@@ -14,7 +14,7 @@ from tuner.cli.app import JsonFlag, app, err, friendly, mib, out
 from tuner.core.config import CacheType, FlashAttn, LaunchConfig
 from tuner.core.errors import UsageError
 from tuner.machine import hardware
-from tuner.models import gguf_reader, shape_model
+from tuner.models import gguf_reader
 from tuner.plan.placement import KV_CHOICES, EngineCheckRow, Plan, make_plan
 
 MODEL_SOURCE = "moe-tune's memory model (tuner.plan.memory)"
@@ -104,7 +104,9 @@ def plan_cmd(
 
     Example: moe-tune plan qwen3-30b-a3b:Q4_K_M --gpu "RTX 4090" --vram-budget 20000   # 4 GB held by the desktop
     """
-    resolved = shape_model.plannable_model(model)
+    from tuner.hub.resolve import resolve_model
+
+    resolved = resolve_model(model, header_only=True)
     info = gguf_reader.inspect_model(resolved.path)
     if parallel is not None and parallel < 1:
         raise UsageError(f"-np must be >= 1, got {parallel}")

@@ -42,7 +42,7 @@ class Hardware:
             return 0
         if self.vram_budget_override_bytes is not None:
             return self.vram_budget_override_bytes
-        return self.vram_free_bytes
+        return min(self.vram_free_bytes, self.vram_total_bytes)  # free can never exceed the card
 
     @property
     def vram_budget_source(self) -> str:

@@ -249,25 +249,6 @@ def _stream_into(
     return have
 
 
-def resolve_model(
-    name: str,
-    *,
-    revision: str = "main",
-    options: HubOptions = DEFAULT_OPTIONS,
-    on_progress: ProgressFn | None = None,
-) -> Path:
-    """A local GGUF path for ``name``: an existing file, or ``REPO[:QUANT]`` downloaded (first split part)."""
-    ref = parse_hub_ref(name)
-    if ref is None:
-        path = Path(name).expanduser()
-        if not path.is_file():
-            raise UsageError(f"model {name} not found: give a .gguf path or a Hugging Face name like "
-                             "unsloth/Qwen3-30B-A3B-GGUF:Q4_K_M")
-        return path
-    return download_quant(ref.repo_id, ref.quant, revision=revision, options=options,
-                          on_progress=on_progress).first_path
-
-
 def quant_for(name: str, *, revision: str = "main", options: HubOptions = DEFAULT_OPTIONS) -> tuple[str, Quant]:
     """The repo and quant a ``REPO[:QUANT]`` name points at, without downloading."""
     ref = parse_hub_ref(name)
