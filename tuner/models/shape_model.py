@@ -22,8 +22,8 @@ from pathlib import Path
 from tuner.catalog import families
 from tuner.core.errors import UsageError
 from tuner.engine.build import EngineLocation
-from tuner.hub.remote_header import header_end
 from tuner.models import block_pool, gguf_writer, recipes
+from tuner.models.gguf_reader import header_end
 from tuner.models.gguf_writer import WriteTimes
 from tuner.models.model_spec import ModelSpec
 from tuner.models.vocab import synthetic_vocab
