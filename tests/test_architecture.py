@@ -49,8 +49,9 @@ OWNERS = {
     "matplotlib": ("report/",),
     "huggingface_hub": ("hub/",), "httpx": ("hub/",), "httpx2": ("hub/",),
 }
-# Strings that look like llama.cpp flags but are another program's arguments (pip's `-m pip download -d DIR`).
-NOT_LLAMA_FLAGS = {"engine/build.py": {"-m", "-d"}}
+# Strings that look like llama.cpp flags but are another program's arguments: pip's `-m pip download -d DIR`,
+# nvcc's `-o OUT` and `python -c CODE` for the VRAM ballast.
+NOT_LLAMA_FLAGS = {"engine/build.py": {"-m", "-d"}, "machine/ballast.py": {"-o", "-c"}}
 SPAWNING_OS_CALLS = re.compile(r"^(system|popen|fork|forkpty|posix_spawn\w*|exec\w+|spawn\w+)$")
 
 
@@ -98,10 +99,11 @@ def llama_flags() -> set[str]:
 
 
 def string_constants(tree: ast.Module) -> list[tuple[str, int]]:
-    """String literals that are values, not docstrings."""
-    docstrings = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
+    """String literals that are values: not docstrings, not pieces of f-strings (text, not argv items)."""
+    skip = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
+    skip |= {id(v) for n in ast.walk(tree) if isinstance(n, ast.JoinedStr) for v in n.values}
     return [(n.value, n.lineno) for n in ast.walk(tree)
-            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docstrings]
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in skip]
 
 
 def test_packages_import_only_downstream_packages() -> None:
