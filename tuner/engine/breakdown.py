@@ -15,7 +15,6 @@ from tuner.core.errors import TunerError
 from tuner.engine import flags, runner
 from tuner.engine.build import EngineLocation
 
-MIB = 2**20
 SERVER_ATTEMPTS = 3
 
 

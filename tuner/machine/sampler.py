@@ -18,13 +18,14 @@ from typing import Any
 
 import psutil
 
+from tuner.core.units import MIB
+
 DEFAULT_INTERVAL_S = 0.2
 # VRAM this close to the card's total counts as "at capacity" (drivers keep a little for themselves).
 CAPACITY_MARGIN_BYTES = 256 * 2**20
 # Measured generation below this fraction of the roofline while VRAM is full: a spill, not a slow config.
 CLIFF_FRACTION = 0.25
 SWAP_GROWTH_BYTES = 64 * 2**20
-MIB = 2**20
 
 
 @dataclass(frozen=True, slots=True)

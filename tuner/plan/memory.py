@@ -18,8 +18,8 @@ from enum import Enum
 from tuner.core.config import CacheType, FlashAttn, LaunchConfig, SpecType
 from tuner.core.machine_spec import Hardware
 from tuner.core.model import ModelInfo, TensorClass, TensorInfo
+from tuner.core.units import MIB
 
-MIB = 2**20
 CTX_PAD = 256
 DEFAULT_BATCH = 2048
 DEFAULT_UBATCH = 512

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from tuner.core.config import CacheType, FlashAttn, LaunchConfig
 from tuner.core.machine_spec import Hardware
 from tuner.core.model import ModelInfo
+from tuner.core.units import MIB
 from tuner.plan.memory import CTX_PAD, MemoryEstimate, Verdict, estimate
 from tuner.plan.roofline import Roofline, roofline
 
@@ -160,13 +161,12 @@ def engine_check_rows(est: MemoryEstimate, mmap: bool, engine_host: dict[str, in
     The projection sizes the mapped weights without the tensors it will repack (the loaded model maps
     the whole range), so the model's host weights are compared without that double count.
     """
-    mib = 2**20
     host_w = est.host.weights_bytes - (est.repack_bytes if mmap else 0)
     sides = [("host", (host_w, est.host.context_bytes, est.host.compute_bytes), engine_host)]
     if engine_gpu is not None:
         sides.append(("gpu", (est.gpu.weights_bytes, est.gpu.context_bytes, est.gpu.compute_bytes), engine_gpu))
     return tuple(
-        EngineCheckRow(comp, where, ours // mib, theirs[part], engine_tolerance_mib(theirs[part], model_bytes))
+        EngineCheckRow(comp, where, ours // MIB, theirs[part], engine_tolerance_mib(theirs[part], model_bytes))
         for where, figures, theirs in sides
         for comp, part, ours in zip(("weights", "context", "compute"), ("model", "context", "compute"), figures,
                                     strict=True)
