@@ -7,6 +7,7 @@ every part's tensors are summed. Type sizes come from the ``gguf`` package.
 
 from __future__ import annotations
 
+import functools
 import mmap
 import re
 import struct
@@ -248,11 +249,23 @@ def split_parts(path: Path) -> list[Path]:
 
 
 def inspect_model(path: Path) -> ModelInfo:
-    """Read a (possibly split) GGUF model's header into a :class:`ModelInfo`."""
+    """Read a (possibly split) GGUF model's header into a :class:`ModelInfo`.
+
+    Read once per process: a file seen again (same path, size and modification time of every part) is served
+    from memory, so the callers along one tune (search, quality, reference lookup) share one parse.
+    """
     path = Path(path)
     if not path.is_file():
         raise GGUFFormatError(path, "file not found")
-    parts = [_read_part(p) for p in split_parts(path)]
+    parts = tuple(split_parts(path))
+    stamp = tuple((str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in parts)
+    return _inspect_parts(path, parts, stamp)
+
+
+@functools.lru_cache(maxsize=64)
+def _inspect_parts(path: Path, part_paths: tuple[Path, ...], stamp: tuple[tuple[str, int, int], ...]) -> ModelInfo:
+    del stamp  # the cache key: a rewritten file is read again
+    parts = [_read_part(p) for p in part_paths]
     kv = parts[0].kv
     arch = kv.get("general.architecture")
     if not isinstance(arch, str):
