@@ -14,10 +14,12 @@ from tuner.cli.app import JsonFlag, LlamaDir, app, err, friendly, model_path, ou
 from tuner.core.errors import UsageError
 from tuner.engine import build, runner
 from tuner.machine import hardware
+from tuner.measure import speculation as spec_measure
 from tuner.measure import workload
 from tuner.models import demo
 from tuner.report import study_report
 from tuner.search import autotune, finish, study
+from tuner.search.speculation import SpeculationRequest
 
 
 @app.command("auto-tune")
@@ -45,6 +47,14 @@ def auto_tune_cmd(
     results_dir: Annotated[Path, typer.Option("--results-dir", help="Where results/<study>/ is written.")]
     = Path("results"),
     seed: Annotated[int, typer.Option("--seed", help="Sampler seed.")] = 0,
+    speculate: Annotated[bool, typer.Option(
+        "--speculation", help="Then try speculative decoding on the winner (MTP head, n-gram modes, --draft); "
+        "kept only when it pays.")] = False,
+    draft: Annotated[str | None, typer.Option(
+        "--draft", help="Draft model for speculation, same vocabulary (implies --speculation).")] = None,
+    prompts: Annotated[Path | None, typer.Option(
+        "--prompts", help="Real requests to judge speculation on: JSONL {\"prompt\": ...} or text split by --- lines "
+        "(implies --speculation).")] = None,
     llama_cpp_dir: LlamaDir = None,
     as_json: JsonFlag = False,
 ) -> None:
@@ -69,7 +79,8 @@ def auto_tune_cmd(
     measure = study.Measure(n_prompt=min(load.prompt_tokens, 512), n_gen=min(load.gen_tokens, 128))
     req = autotune.TuneRequest(model=path, workload=load, min_ctx=min_ctx, goal_context=goal == "context",
                                parallel=parallel, max_kld=max_kld, vram_margin_mib=vram_margin, pareto=pareto,
-                               budget=budget, measure=measure, storage=storage, results_dir=results_dir, seed=seed)
+                               budget=budget, measure=measure, storage=storage, results_dir=results_dir, seed=seed,
+                               speculation=_speculation(speculate, draft, prompts))
     hw = hardware.with_vram_budget(hardware.probe_hardware(host_bandwidth_s=0.3), vram_budget)
     say(f"machine: {hw.describe()}")
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -89,6 +100,14 @@ def auto_tune_cmd(
         out.print_json(json.dumps(result.result | {"result_dir": str(result.result_dir)}))
         return
     _summary(result)
+
+
+def _speculation(on: bool, draft: str | None, prompts: Path | None) -> SpeculationRequest | None:
+    if not (on or draft or prompts):
+        return None
+    if prompts is not None:
+        spec_measure.load_prompts(prompts)  # a bad file fails now, not after the search
+    return SpeculationRequest(draft_model=model_path(draft) if draft else None, prompts_file=prompts)
 
 
 def _summary(res: autotune.TuneResult) -> None:

@@ -19,7 +19,7 @@ from tuner.models.gguf_reader import ModelInfo, inspect_model
 from tuner.plan.placement import largest_fitting_ctx
 from tuner.plan.roofline import roofline
 from tuner.quality import perplexity
-from tuner.search import finish, space, study
+from tuner.search import finish, space, speculation, study
 
 DEFAULT_CTX = 4096
 TOP_CANDIDATES = 2
@@ -46,6 +46,8 @@ class TuneRequest:
     results_dir: Path = Path("results")
     top_candidates: int = TOP_CANDIDATES
     seed: int | None = 0
+    # Speculative decoding judged on the winner after the finish (tuner.search.speculation); None: not tried.
+    speculation: speculation.SpeculationRequest | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +147,9 @@ def auto_tune(req: TuneRequest, loc: build.EngineLocation, hw: Hardware, *,
     done = finish.finish(loc, [(rec.number, cfg) for rec, cfg in top], baselines, load,
                          log_dir=result_dir / "logs", caps=caps, roofline_of=roof, on_step=on_step,
                          vram_budget_bytes=hw.vram_budget_bytes or None)
+    if req.speculation is not None:
+        done = speculation.after_finish(loc, st, done, info, hw, req.speculation, req.workload, result_dir=result_dir,
+                                        caps=caps, on_step=on_step)
     st.set_user_attr("finish", done.to_dict())
     result = study_report.result_from_study(st)
     study_report.write(result, result_dir)
