@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import run_cli
 from tuner.core.config import LaunchConfig, SpecType
 from tuner.core.errors import UsageError
 from tuner.engine import flags
@@ -163,3 +164,18 @@ def test_too_low_acceptance_loses_to_none(synthetic_arms):
     none, low = synthetic_arms[0], synthetic_arms[1]
     gain = speculation.paired_gain(none, low)
     assert none.gen_tok_s > low.gen_tok_s and gain.gain_pct < 0 and not (gain.gain_pct > 0 and gain.beyond_noise)
+
+
+def test_bench_measures_speculation_on_the_server_and_reports_acceptance(engine_loc, mtp_demo):
+    common = ("bench", str(mtp_demo), "-c", "1024", "-np", "1", "-t", "1", "-p", "16", "-n", "24", "-r", "1")
+    proc = run_cli(*common, "--spec-type", "draft-mtp", "--spec-draft-n-max", "3", "--spec-synth-len", "4", "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(proc.stdout)
+    assert report["launch_line"].endswith("--spec-type draft-mtp --spec-draft-n-max 3 --spec-synth-len 4")
+    assert "--spec-type" in report["server"]["argv"] and not any("spec" in a for a in report["argv"])  # not bench
+    spec = report["server"]["speculation"]
+    assert spec["drafted_n"] > 0 and spec["acceptance_rate"] > 0.95 and spec["mean_len"] > 3.5
+    bad = run_cli(*common, "--spec-type", "draft-simple")
+    assert bad.returncode == 1 and "add -md DRAFT.gguf" in bad.stderr and "Traceback" not in bad.stderr
+    no_server = run_cli(*common, "--spec-type", "ngram-mod", "--no-server")
+    assert no_server.returncode == 1 and "llama-server only" in no_server.stderr
