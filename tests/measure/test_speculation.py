@@ -147,6 +147,7 @@ def synthetic_arms(engine_loc, mtp_demo, tmp_path_factory):
 def test_the_hybrid_demo_can_carry_an_mtp_head_the_engine_drafts_with(mtp_demo, synthetic_arms):
     info = inspect_model(mtp_demo)
     assert has_mtp_head(info) and info.n_nextn_layers == 1
+    assert not info.recurrent_layers[-1] and info.n_head_kv[-1] > 0  # the MTP block is full attention, with KV
     assert synthetic_arms[3].ok and synthetic_arms[3].acceptance_rate > 0.95
 
 

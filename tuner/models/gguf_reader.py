@@ -288,7 +288,8 @@ def _model_info(paths: tuple[Path, ...], arch: str, kv: dict[str, Any],
     head_dim_v = int(get("attention.value_length", head_dim_k))
     fai = int(get("full_attention_interval", 0))
     ssm_state = int(get("ssm.state_size", 0))
-    recurrent = tuple(_is_recurrent(arch, il, fai, ssm_state) for il in range(n_layer))
+    trunk = n_layer - int(get("nextn_predict_layers", 0))  # NextN/MTP blocks are full attention
+    recurrent = tuple(il < trunk and _is_recurrent(arch, il, fai, ssm_state) for il in range(n_layer))
     head_kv = get("attention.head_count_kv", n_head)
     per_layer_kv = list(head_kv) if isinstance(head_kv, list) else [int(head_kv)] * n_layer
     n_head_kv = tuple(0 if recurrent[il] else int(per_layer_kv[il]) for il in range(n_layer))
