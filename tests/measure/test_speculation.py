@@ -100,6 +100,17 @@ def test_acceptance_from_the_server_log():
     assert speculation.acceptance_from_log("no speculation here") is None
 
 
+def test_a_prompts_file_is_what_the_arms_are_measured_on(engine_loc, demo_models, tmp_path):
+    base = LaunchConfig(model=demo_models[("qwen3moe", "Q8_0")], ctx=256, parallel=1, threads=1)
+    texts = ["def f(x):\n    return x + 1\n" * 60, "short request"]
+    r = speculation.measure_arm(engine_loc, Arm("none", base), Workload(WorkloadKind.CUSTOM, 32, 8), requests=2,
+                                texts=texts, log_dir=tmp_path)
+    assert r.ok, r.failure
+    long, short = r.requests
+    # A long request keeps its last tokens, as many as the slot holds beside the generated ones.
+    assert long.prompt_n == 256 - 8 - 1 and 1 < short.prompt_n < 8 and long.gen_n == short.gen_n == 8
+
+
 def _req(rnd: int, i: int, elapsed: float, drafted: int = 0, accepted: int = 0) -> SpecRequest:
     return SpecRequest(rnd, i, elapsed, 0.01, 32, 32, 1000.0, 32 / elapsed, drafted, accepted)
 

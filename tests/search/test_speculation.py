@@ -137,5 +137,7 @@ def test_stage_measures_every_arm_with_its_acceptance(engine_loc, mtp_demo, tmp_
     assert winner.launch_line == flags.launch_line(mtp.result.arm.config)
     assert winner.launch_line.endswith("-t 1 --spec-type draft-mtp --spec-draft-n-max 3 --spec-synth-len 4")
     assert winner.argv[winner.argv.index("--spec-type"):][:2] == ["--spec-type", "draft-mtp"]  # as measured
+    if hasattr(winner, "scores"):  # the finish's per-round scores: requests per second in each round
+        assert len(winner.scores) == 2 and all(x > 0 for x in winner.scores)
     # The stored config rebuilds the same launch line (what `moe-tune launch-line` prints).
     assert flags.launch_line(config_from_dict(winner.config)) == winner.launch_line

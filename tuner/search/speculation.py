@@ -12,8 +12,9 @@ the finish's own rule picks the launch line. Every arm is reported with the acce
 from __future__ import annotations
 
 import json
+import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -122,17 +123,28 @@ def best(verdicts: Sequence[ArmVerdict]) -> ArmVerdict | None:
     return max(kept, key=lambda v: v.gain.gain_pct if v.gain else 0.0) if kept else None
 
 
-def as_measurement(v: ArmVerdict) -> ServerMeasurement:
+def round_scores(r: ArmResult, load: Workload) -> list[float | None]:
+    """Requests per second for one user in each round, from that round's median prompt and generation speed."""
+    out: list[float | None] = []
+    for rnd in sorted({q.round for q in r.requests}):
+        mine = [q for q in r.requests if q.round == rnd]
+        pp, tg = (statistics.median(getattr(q, f) for q in mine) for f in ("prompt_tok_s", "gen_tok_s"))
+        out.append(1.0 / (load.prompt_tokens / pp + load.gen_tokens / tg) if pp > 0 and tg > 0 else None)
+    return out
+
+
+def as_measurement(v: ArmVerdict, load: Workload) -> ServerMeasurement:
     """The kept arm as a finish candidate, labelled with the acceptance it was measured with."""
     from tuner.search.study import config_to_dict
 
     r = v.result
     acc = "" if r.acceptance_rate is None else f", {100 * r.acceptance_rate:.0f} % accepted"
+    per_round = {"scores": round_scores(r, load)} if "scores" in {f.name for f in fields(ServerMeasurement)} else {}
     return ServerMeasurement(
         label=f"speculation {r.arm.label}{acc}", config=config_to_dict(r.arm.config),
         launch_line=flags.launch_line(r.arm.config), argv=list(r.argv), gen_tok_s=r.gen_tok_s,
         gen_samples_tok_s=[q.gen_tok_s for q in r.requests], gen_cv_pct=r.gen_cv_pct, prompt_tok_s=r.prompt_tok_s,
-        ttft_s=r.ttft_s, aggregate_gen_tok_s=r.gen_tok_s)
+        ttft_s=r.ttft_s, aggregate_gen_tok_s=r.gen_tok_s, **per_round)
 
 
 def run_stage(loc: EngineLocation, base: LaunchConfig, info: ModelInfo, hw: Hardware, req: SpeculationRequest,
@@ -174,6 +186,11 @@ def after_finish(loc: EngineLocation, st: Any, done: Finish, info: ModelInfo, hw
     winner = done.winner
     if winner is None:
         return done
+    if getattr(load, "concurrency", 1) > 1:
+        # The stage measures one request at a time; with every slot busy it would judge another workload.
+        if on_step:
+            on_step("speculation: judged for one user at a time; this workload keeps several slots busy: skipped")
+        return done
     verdicts = run_stage(loc, config_from_dict(winner.config), info, hw, req, load,
                          log_dir=result_dir / "logs" / "speculation", caps=caps, on_step=on_step)
     return join(st, done, verdicts, req, load, result_dir=result_dir)
@@ -191,4 +208,4 @@ def join(st: Any, done: Finish, verdicts: Sequence[ArmVerdict], req: Speculation
     st.set_user_attr("speculation", record)
     result_dir.mkdir(parents=True, exist_ok=True)
     (result_dir / "speculation.json").write_text(json.dumps(record, indent=2))
-    return done if chosen is None else replace(done, candidates=(*done.candidates, as_measurement(chosen)))
+    return done if chosen is None else replace(done, candidates=(*done.candidates, as_measurement(chosen, load)))
