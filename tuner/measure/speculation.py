@@ -188,18 +188,19 @@ def measure_arm(loc: EngineLocation, arm: Arm, load: Workload, *, round_index: i
 
 def measure_arms(loc: EngineLocation, arms: Sequence[Arm], load: Workload, *, rounds: int = 2,
                  requests: int = 4, texts: Sequence[str] | None = None, log_dir: Path,
-                 caps: Capabilities | None = None, on_step: Callable[[str], None] | None = None
-                 ) -> list[ArmResult]:
+                 caps: Capabilities | None = None, on_step: Callable[[str], None] | None = None,
+                 first_round: int = 0) -> list[ArmResult]:
     """Every arm ``rounds`` times, the order reversed on every other round (ABC CBA …) so slow drift of a
-    shared machine falls on all arms alike; an arm that fails once is not run again."""
+    shared machine falls on all arms alike; an arm that fails once is not run again. ``first_round`` numbers
+    the rounds of a later call, so its requests pair with the same rounds of other arms, not earlier ones."""
     merged: dict[str, ArmResult] = {a.label: ArmResult(a) for a in arms}
-    for rnd in range(rounds):
+    for rnd in range(first_round, first_round + rounds):
         order = arms if rnd % 2 == 0 else list(reversed(arms))
         for arm in order:
             if merged[arm.label].failure is not None:
                 continue
             if on_step:
-                on_step(f"speculation round {rnd + 1}/{rounds}: {arm.label}")
+                on_step(f"speculation round {rnd + 1}/{first_round + rounds}: {arm.label}")
             res = measure_arm(loc, arm, load, round_index=rnd, requests=requests, texts=texts,
                               log_dir=log_dir, caps=caps)
             prev = merged[arm.label]
