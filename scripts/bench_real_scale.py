@@ -1,0 +1,119 @@
+"""llama-bench pp/tg on the zero-filled and the valid-weight version of the same real model shape, side by side.
+
+A zero-filled shape file (a sparse hole where the weights would be) loads and runs, but its router ties every
+expert, so every token of a batch takes the same experts: prompt processing touches n_expert_used experts per
+layer instead of nearly all of them. The valid-weight file (``moe-tune shape-model NAME --weights random``)
+routes like a trained model. This runs both, alternating (the order flips every round, so drift and bursts
+from other processes hit both alike), and prints the ratio of the per-arm medians.
+
+Both files live in ``--dir`` (default ~/.cache/moe-tune/real) and are written there if missing (the valid
+one at its full size: 17.3 GiB for qwen3-30b-a3b:Q4_K_M). Only one of them fits in RAM at a time on a
+24 GiB machine, so each run loads its file again; llama-bench times pp and tg after the load and warmup.
+
+    flock /tmp/moe-tune-cpu.lock .venv/bin/python scripts/bench_real_scale.py qwen3-30b-a3b:Q4_K_M \
+        -p 64 -n 16 --rounds 3
+
+Last line: ``pp valid/zero: X.XXx, tg valid/zero: Y.YYx``. Output is also written to
+results/benchmarks/real_scale_<model>.txt, the command in its first lines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shlex
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from tuner.core.config import LaunchConfig
+from tuner.engine import build
+from tuner.machine import paths
+from tuner.measure import bench
+from tuner.models import shape_model
+
+OUT = Path(__file__).resolve().parent.parent / "results" / "benchmarks"
+
+
+class Tee:
+    def __init__(self, path: Path) -> None:
+        self.lines: list[str] = []
+        self.path = path
+
+    def __call__(self, line: str = "") -> None:
+        print(line, flush=True)
+        self.lines.append(line)
+        self.path.write_text("\n".join(self.lines) + "\n")
+
+
+def ensure(target: str, weights: str, folder: Path, loc: build.EngineLocation, say: Tee) -> Path:
+    spec, recipe = shape_model.resolve_target(target)
+    path = folder / f"{target.partition(':')[0].lower()}-{recipe}-{'valid' if weights == 'random' else weights}.gguf"
+    if not path.is_file():
+        made = shape_model.write_shape_model(spec, recipe, path, weights=weights, engine=loc)
+        t = made.times
+        say(f"wrote {path.name}: {made.disk_bytes / 2**30:.2f} GiB on disk in {t.total_s:.1f} s"
+            f" (generate {t.generate_s:.1f} s, write calls {t.write_s:.1f} s, fsync {t.sync_s:.1f} s)" if t else "")
+    return path
+
+
+def drop_cache(path: Path) -> None:
+    """Give the file's clean pages back, so the other arm's file can stay in RAM."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("target", nargs="?", default="qwen3-30b-a3b:Q4_K_M", help="NAME:RECIPE of a shape model")
+    ap.add_argument("-p", "--n-prompt", type=int, default=64)
+    ap.add_argument("-n", "--n-gen", type=int, default=16)
+    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds (each arm once per round)")
+    ap.add_argument("-t", "--threads", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--dir", type=Path, default=paths.cache_root() / "real")
+    args = ap.parse_args()
+
+    spec, recipe = shape_model.resolve_target(args.target)
+    OUT.mkdir(parents=True, exist_ok=True)
+    say = Tee(OUT / f"real_scale_{args.target.partition(':')[0].lower()}-{recipe}.txt")
+    say("$ flock /tmp/moe-tune-cpu.lock .venv/bin/python scripts/bench_real_scale.py "
+        + " ".join(shlex.quote(a) for a in sys.argv[1:]))
+    loc = build.locate_engine()
+    say(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; device: this machine's CPU "
+        f"({os.cpu_count()} cores, {platform.machine()}), {args.threads} threads, no GPU; engine {loc.bin_dir}")
+    files = {w: ensure(args.target, w, args.dir, loc, say) for w in ("zero", "random")}
+    info = {w: f"{p.stat().st_size / 2**30:.2f} GiB logical, {p.stat().st_blocks * 512 / 2**30:.2f} GiB on disk"
+            for w, p in files.items()}
+    say(f"# model: {spec.name} {recipe} shape ({spec.n_layer} layers, {spec.n_expert} experts, "
+        f"top-{spec.n_expert_used}); zero: {info['zero']}; valid: {info['random']}")
+    say(f"# llama-bench -p {args.n_prompt} -n {args.n_gen} -r 1 -t {args.threads} per arm per round, depth 0, "
+        "default batch/ubatch, mmap; the order flips every round")
+    say(f"{'round':>5} {'arm':>6} {'pp tok/s':>9} {'tg tok/s':>9} {'wall s':>7}")
+    pp: dict[str, list[float]] = {"zero": [], "random": []}
+    tg: dict[str, list[float]] = {"zero": [], "random": []}
+    for r in range(args.rounds):
+        for w in (("zero", "random") if r % 2 == 0 else ("random", "zero")):
+            other = files["random" if w == "zero" else "zero"]
+            drop_cache(other)
+            t0 = time.monotonic()
+            res = bench.run_bench(loc, LaunchConfig(model=files[w], threads=args.threads), n_prompt=args.n_prompt,
+                                  n_gen=args.n_gen, repetitions=1, timeout_s=900)
+            pp[w].append(res.prompt_tok_s)
+            tg[w].append(res.gen_tok_s)
+            name = "valid" if w == "random" else w
+            say(f"{r + 1:>5} {name:>6} {res.prompt_tok_s:>9.2f} {res.gen_tok_s:>9.2f} {time.monotonic() - t0:>7.1f}")
+    med = {k: {w: statistics.median(v[w]) for w in v} for k, v in (("pp", pp), ("tg", tg))}
+    for w in ("zero", "random"):
+        say(f"median {('valid' if w == 'random' else w):>6}: pp{args.n_prompt} {med['pp'][w]:.2f} tok/s, "
+            f"tg{args.n_gen} {med['tg'][w]:.2f} tok/s")
+    say(f"pp valid/zero: {med['pp']['random'] / med['pp']['zero']:.2f}x, "
+        f"tg valid/zero: {med['tg']['random'] / med['tg']['zero']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
