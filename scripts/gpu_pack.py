@@ -34,8 +34,11 @@ TREE_NAME = "llama.cpp.tar.gz"
 MANIFEST = "manifest.json"
 GPU_PYTHON = "3.12"  # the GPU image's python3
 # Distributions the GPU image lacks (see the device notes): the check's optuna and gguf, and what they need
-# beyond numpy, PyYAML, tqdm, packaging, requests, MarkupSafe and typing-extensions, which it has.
-WHEELS = ("optuna", "alembic", "sqlalchemy", "mako", "colorlog", "gguf")
+# beyond numpy, PyYAML, tqdm, packaging, requests, MarkupSafe and typing-extensions, which it has; and
+# huggingface_hub 2.x with httpx2 (tuner.hub imports httpx2; the image's huggingface_hub 1.x has none), with
+# the small pure-Python packages httpx2 needs at versions it accepts.
+WHEELS = ("optuna", "alembic", "sqlalchemy", "mako", "colorlog", "gguf", "huggingface-hub", "httpx2", "httpcore2",
+          "truststore", "anyio", "idna", "h11")
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
 
 # Top-level entries of the llama.cpp tree a build needs; everything else is dropped.
