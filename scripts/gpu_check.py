@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -63,7 +64,20 @@ class Check:
         self.state: dict[str, Any] = {"steps": {}, "machine": {}}
         if self.state_path.is_file():
             self.state = json.loads(self.state_path.read_text())
+            self._forget_what_is_not_here()
         self.state["command"] = "scripts/gpu_check " + shlex.join(sys.argv[1:])
+
+    def _forget_what_is_not_here(self) -> None:
+        """A state carried from another machine (a fresh, bare one): its wheels, engine and model are not here,
+        so those steps run again; measured steps stay done."""
+        steps = self.state["steps"]
+        checks = {"wheels": lambda r: (self.out / "site").is_dir() or not r.get("installed"),
+                  "engine": lambda r: Path(r.get("bin", "/nonexistent")).is_dir(),
+                  "model": lambda r: Path(r.get("path", "/nonexistent")).is_file(),
+                  "gpu-info": lambda r: True}
+        for name, here in checks.items():
+            if name in steps and not here(steps[name].get("result") or {}):
+                del steps[name]
 
     def save(self) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
@@ -373,7 +387,7 @@ def run_steps(c: Check) -> int:
         left = c.args.time_limit - (time.monotonic() - start)
         if step.est_s > left:
             c.save()
-            gpu_table.write(c.state, c.out, None)
+            copy_out(c, gpu_table.write(c.state, c.out, None))
             print(f"stopping before {step.name} (~{step.est_s:.0f} s, {left:.0f} s left of --time-limit): run the "
                   "same command again to continue", file=sys.stderr)
             return EXIT_CONTINUE
@@ -392,10 +406,21 @@ def run_steps(c: Check) -> int:
         c.save()
     _describe_machine(c)
     c.save()
-    written = gpu_table.write(c.state, c.out, REPO / "results" / "benchmarks" if c.has_gpu else None)
+    written = copy_out(c, gpu_table.write(c.state, c.out, REPO / "results" / "benchmarks" if c.has_gpu else None))
     print("\n".join(f"wrote {p}" for p in written), file=sys.stderr)
     failed = [n for n, s in c.state["steps"].items() if s.get("status") == "failed"]
     return 1 if failed else 0
+
+
+def copy_out(c: Check, written: list[Path]) -> list[Path]:
+    """``--copy-to``: the state and the tables, flat, where the caller collects them (a device call's $OUT)."""
+    if c.args.copy_to is None:
+        return written
+    c.args.copy_to.mkdir(parents=True, exist_ok=True)
+    for path in [c.state_path, *written]:
+        if path.is_file():
+            shutil.copy2(path, c.args.copy_to / path.name)
+    return [*written, c.args.copy_to]
 
 
 def _describe_machine(c: Check) -> None:
@@ -425,6 +450,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--unified-spill", action="store_true", help="also spill with GGML_CUDA_ENABLE_UNIFIED_MEMORY=1")
     p.add_argument("--plan-card", default="RTX 4090", help="card the CPU fallback plans for")
     p.add_argument("--time-limit", type=float, default=540.0, help="stop before a step that would pass this, s")
+    p.add_argument("--copy-to", type=Path, metavar="DIR", help="also copy state and table here (e.g. $OUT)")
     return p.parse_args(argv)
 
 

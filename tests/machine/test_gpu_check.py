@@ -99,8 +99,10 @@ def test_cpu_fallback_plans_each_budget_and_resumes(tmp_path):
     out, cache = tmp_path / "out", tmp_path / "cache"
     stopped = _run("--out", str(out), "--budgets", "16", "--long-ctx", "0", "--time-limit", "1", cache=cache)
     assert stopped.returncode == 75 and "run the same command again" in stopped.stderr
-    res = _run("--out", str(out), "--budgets", "16", "--long-ctx", "0", cache=cache)
+    res = _run("--out", str(out), "--budgets", "16", "--long-ctx", "0", "--copy-to", str(tmp_path / "back"),
+               cache=cache)
     assert res.returncode == 0, res.stderr
+    assert sorted(p.name for p in (tmp_path / "back").iterdir()) == ["state.json", "table.json", "table.md"]
     doc = json.loads((out / "table.json").read_text())
     (row,) = doc["plan"]
     assert row["budget_mib"] == 16384 and 0 < row["n_cpu_moe"] < 48  # 17 GiB of weights, 16 GiB free
@@ -112,3 +114,20 @@ def test_cpu_fallback_plans_each_budget_and_resumes(tmp_path):
     again = _run("--out", str(out), "--budgets", "16", "--long-ctx", "0", cache=cache)
     assert again.returncode == 0 and "plan-budgets:" not in again.stderr  # every step was done: nothing re-runs
     assert json.loads((out / "state.json").read_text())["steps"] == state["steps"]
+
+
+def test_a_state_from_another_machine_redoes_engine_and_model_only(tmp_path):
+    import gpu_check
+
+    out = tmp_path / "out"
+    out.mkdir()
+    done = {"status": "done", "took_s": 1.0}
+    state = {"machine": {}, "steps": {
+        "gpu-info": {**done, "result": {"gpu_name": "NVIDIA H100 80GB HBM3"}},
+        "engine": {**done, "result": {"bin": str(tmp_path / "gone" / "bin")}},
+        "model": {**done, "result": {"path": str(tmp_path / "gone.gguf")}},
+        "budget-8g": {**done, "result": {"tune": {}}},
+    }}
+    (out / "state.json").write_text(json.dumps(state))
+    c = gpu_check.Check(gpu_check.parse_args(["--out", str(out)]))
+    assert sorted(c.state["steps"]) == ["budget-8g", "gpu-info"]
