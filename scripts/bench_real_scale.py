@@ -15,24 +15,33 @@ one at its full size: 17.3 GiB for qwen3-30b-a3b:Q4_K_M). Only one of them fits 
 
 Last line: ``pp valid/zero: X.XXx, tg valid/zero: Y.YYx``. Output is also written to
 results/benchmarks/real_scale_<model>.txt, the command in its first lines.
+
+``--check`` instead loads each named valid-weight model in llama-bench, llama-server (one completion) and
+llama-perplexity (bundled corpus) and prints their figures (results/benchmarks/real_scale_checks.txt):
+
+    flock /tmp/moe-tune-cpu.lock .venv/bin/python scripts/bench_real_scale.py --check \
+        qwen3-30b-a3b:Q4_K_M gpt-oss-20b:MXFP4_MOE
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import platform
 import shlex
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 from tuner.core.config import LaunchConfig
-from tuner.engine import build
+from tuner.engine import build, flags, runner
 from tuner.machine import paths
 from tuner.measure import bench
 from tuner.models import shape_model
+from tuner.quality import perplexity
 
 OUT = Path(__file__).resolve().parent.parent / "results" / "benchmarks"
 
@@ -68,16 +77,58 @@ def drop_cache(path: Path) -> None:
         os.close(fd)
 
 
+def check(targets: list[str], folder: Path, threads: int, n_prompt: int, n_gen: int) -> None:
+    """Each valid-weight model through llama-bench, llama-server and llama-perplexity; finite figures or fail."""
+    say = Tee(OUT / "real_scale_checks.txt")
+    say("$ flock /tmp/moe-tune-cpu.lock .venv/bin/python scripts/bench_real_scale.py "
+        + " ".join(shlex.quote(a) for a in sys.argv[1:]))
+    loc = build.locate_engine()
+    say(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; device: this machine's CPU "
+        f"({os.cpu_count()} cores), {threads} threads, no GPU; valid-weight real-scale shape models, depth 0")
+    for target in targets:
+        path = ensure(target, "random", folder, loc, say)
+        say(f"## {target}: {path} ({path.stat().st_size / 2**30:.2f} GiB)")
+        t0 = time.monotonic()
+        res = bench.run_bench(loc, LaunchConfig(model=path, threads=threads), n_prompt=n_prompt, n_gen=n_gen,
+                              repetitions=1, timeout_s=900)
+        say(f"llama-bench -p {n_prompt} -n {n_gen} -r 1 -t {threads}: pp {res.prompt_tok_s:.2f} tok/s, "
+            f"tg {res.gen_tok_s:.2f} tok/s ({time.monotonic() - t0:.0f} s with load)")
+        cfg = LaunchConfig(model=path, ctx=2048, parallel=1, threads=threads)
+        t0 = time.monotonic()
+        with tempfile.TemporaryDirectory() as logs, runner.serve(flags.server_argv(loc.tool("llama-server"), cfg),
+                                                                 log_dir=Path(logs), load_timeout_s=900) as server:
+            body = server.complete("The quick brown fox", n_predict=n_gen)
+        timings = body["timings"]
+        say(f"llama-server -c 2048 -np 1 -t {threads}, one /completion of {n_gen} tokens: "
+            f"{timings['predicted_n']} tokens at {timings['predicted_per_second']:.2f} tok/s, prompt "
+            f"{timings['prompt_n']} tokens at {timings['prompt_per_second']:.2f} tok/s "
+            f"({time.monotonic() - t0:.0f} s with load); text {body['content'][:40]!r}")
+        t0 = time.monotonic()
+        q = perplexity.measure(loc, path, auto_reference=False, ctx=128, chunks=2, threads=threads,
+                               use_cache=False)
+        say(f"llama-perplexity -c 128 --chunks 2 (bundled corpus): PPL {q.ppl:.1f} ± {q.ppl_error:.1f} "
+            f"(vocabulary {shape_model.resolve_target(target)[0].n_vocab}; {time.monotonic() - t0:.0f} s with load)")
+        for name, value in (("pp", res.prompt_tok_s), ("tg", res.gen_tok_s), ("ppl", q.ppl),
+                            ("server tg", timings["predicted_per_second"])):
+            if not math.isfinite(value) or value <= 0:
+                raise SystemExit(f"{target}: {name} is {value}, not a finite positive figure")
+    say(f"all {len(targets)} models: finite figures in llama-bench, llama-server and llama-perplexity")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("target", nargs="?", default="qwen3-30b-a3b:Q4_K_M", help="NAME:RECIPE of a shape model")
+    ap.add_argument("target", nargs="*", default=["qwen3-30b-a3b:Q4_K_M"], help="NAME:RECIPE of shape models")
+    ap.add_argument("--check", action="store_true", help="load each valid model in bench, server and perplexity")
     ap.add_argument("-p", "--n-prompt", type=int, default=64)
     ap.add_argument("-n", "--n-gen", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds (each arm once per round)")
     ap.add_argument("-t", "--threads", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--dir", type=Path, default=paths.cache_root() / "real")
     args = ap.parse_args()
-
+    if args.check:
+        check(args.target, args.dir, args.threads, args.n_prompt, args.n_gen)
+        return
+    args.target = args.target[0]
     spec, recipe = shape_model.resolve_target(args.target)
     OUT.mkdir(parents=True, exist_ok=True)
     say = Tee(OUT / f"real_scale_{args.target.partition(':')[0].lower()}-{recipe}.txt")

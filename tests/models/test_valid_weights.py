@@ -120,3 +120,22 @@ def test_cli_weights_option(tmp_path):
     assert "olmoe-1b-7b" in run_cli("shape-model", "--list").stdout
     with pytest.raises(UsageError, match="zero, random"):
         gguf_writer.check_weights("full")
+
+
+SMOKE = ("Qwen3-30B-A3B:Q8_0", "Qwen3.5-35B-A3B:Q4_K_M", "Qwen3-Next-80B-A3B-Instruct:Q6_K", "gpt-oss-20b:MXFP4_MOE",
+         "GLM-4.5-Air:Q4_K_M")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", SMOKE)
+def test_every_catalog_arch_runs_with_valid_weights(engine_loc, target, tmp_path):
+    """Each catalog architecture and recipe at its real widths, cut to a few layers, 8 experts and a small
+    vocabulary (so the files stay ~100-300 MB): llama.cpp loads it and measures finite speeds."""
+    spec, recipe = shape_model.resolve_target(target)
+    small = replace(spec, n_layer=max(2, spec.full_attention_interval), n_vocab=4096, n_expert=8,
+                    n_expert_used=min(spec.n_expert_used, 4), n_layer_dense_lead=min(1, spec.n_layer_dense_lead))
+    made = shape_model.write_shape_model(small, recipe, tmp_path / "small.gguf", weights="random", engine=engine_loc)
+    result = bench.run_bench(engine_loc, LaunchConfig(model=made.path, threads=2), n_prompt=32, n_gen=4,
+                             repetitions=1)
+    assert math.isfinite(result.prompt_tok_s) and result.prompt_tok_s > 0
+    assert math.isfinite(result.gen_tok_s) and result.gen_tok_s > 0
