@@ -29,7 +29,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(Path(__file__).resolve().parent)]
 
-from tuner.core.errors import TunerError, UsageError  # noqa: E402
+from tuner.core.errors import ProcessTimeoutError, TunerError, UsageError  # noqa: E402
 from tuner.engine import build, runner  # noqa: E402
 from tuner.machine import ballast, hardware, paths  # noqa: E402
 
@@ -66,6 +66,7 @@ class Check:
             self.state = json.loads(self.state_path.read_text())
             self._forget_what_is_not_here()
         self.state["command"] = "scripts/gpu_check " + shlex.join(sys.argv[1:])
+        self.started = time.monotonic()
 
     def _forget_what_is_not_here(self) -> None:
         """A state carried from another machine (a fresh, bare one): its wheels, engine and model are not here,
@@ -85,6 +86,10 @@ class Check:
         tmp.write_text(json.dumps(self.state, indent=2, default=str) + "\n")
         tmp.replace(self.state_path)
 
+    def left_s(self) -> float:
+        """Seconds left of --time-limit in this run (children get no more, so none outlives the command)."""
+        return max(30.0, self.args.time_limit - (time.monotonic() - self.started))
+
     def result(self, name: str) -> dict[str, Any]:
         return (self.state["steps"].get(name) or {}).get("result") or {}
 
@@ -97,10 +102,10 @@ class Check:
     def model_path(self) -> Path:
         return Path(self.result("model")["path"])
 
-    def cli(self, *argv: str, timeout_s: float = 900, env: dict[str, str] | None = None) -> dict[str, Any]:
+    def cli(self, *argv: str, env: dict[str, str] | None = None) -> dict[str, Any]:
         """One `moe-tune` command (the CLI is the stable contract), its --json output parsed."""
         extra = ["--llama-cpp-dir", str(self.engine_dir)] if self.engine_dir and argv[0] in ENGINE_CMDS else []
-        res = runner.run_process([sys.executable, "-m", "tuner.cli", *argv, *extra, "--json"], timeout_s=timeout_s,
+        res = runner.run_process([sys.executable, "-m", "tuner.cli", *argv, *extra, "--json"], timeout_s=self.left_s(),
                                  what=f"moe-tune {argv[0]}", fix="see the step's note", env=env, cwd=REPO)
         return json.loads(res.stdout)
 
@@ -165,7 +170,8 @@ def step_engine(c: Check) -> dict[str, Any]:
                                 *build.cmake_flags(build.Backend.CUDA)], timeout_s=600, what="cmake configure",
                                fix=f"see {log}", on_line=line)
         runner.run_process(["cmake", "--build", str(bdir), "-j", str(os.cpu_count() or 4), "--target",
-                            *build.TOOLS], timeout_s=3600, what="cmake build", fix=f"see {log}", on_line=line)
+                            *build.TOOLS], timeout_s=c.left_s(), what="cmake build",
+                           fix="run the same command again: the build continues", on_line=line)
     loc = build.locate_engine(bdir / "bin")
     caps = build.capabilities(loc, use_cache=False)
     return {"bin": str(bdir / "bin"), "commit": caps.commit, "backend": caps.backend, "cuda_arch": arch,
@@ -175,13 +181,15 @@ def step_engine(c: Check) -> dict[str, Any]:
 def step_model(c: Check) -> dict[str, Any]:
     """A real-scale model: valid random weights where shape-model can write them, else zero-filled."""
     target = c.args.model
-    random_ok = c.has_gpu and not c.args.zero_weights and random_weights_available()
+    # Random weights are written at full size; if that ran past the time limit once, zero-filled it is.
+    random_ok = c.has_gpu and not c.args.zero_weights and not c.state.get("timeouts", {}).get("model") \
+        and random_weights_available()
     weights = "random" if random_ok else "zero"
     path = paths.cache_root() / "models" / "gpu-check" / f"{target.replace(':', '-')}-{weights}.gguf"
     if not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
         argv = [sys.executable, "-m", "tuner.cli", "shape-model", target, "--out", str(path)]
-        runner.run_process(argv + (["--weights", "random"] if random_ok else []), timeout_s=1800,
+        runner.run_process(argv + (["--weights", "random"] if random_ok else []), timeout_s=c.left_s(),
                            what="moe-tune shape-model", fix="check disk space (df -h)", cwd=REPO)
     label = "random weights (valid, speed-true)" if random_ok else \
         "zero-filled weights (shape-true; the router ties, so prompt speed is optimistic)"
@@ -221,8 +229,7 @@ def tune_run(c: Check, budget_gib: int, workload: str, ctx: int) -> dict[str, An
     config once more through `bench` for llama.cpp's memory breakdown, power and roofline."""
     with ballast.hold_vram(budget_gib * 1024, runner) as b:
         tune = c.cli("auto-tune", str(c.model_path), "--workload", workload, "--min-ctx", str(ctx), "--trials",
-                     str(c.args.trials), "--results-dir", str(c.out / f"tune-{budget_gib}g-{workload}"),
-                     timeout_s=3600)
+                     str(c.args.trials), "--results-dir", str(c.out / f"tune-{budget_gib}g-{workload}"))
         win = tune.get("winner") or {}
         memory: list[dict[str, Any]] = []
         bench_doc: dict[str, Any] = {}
@@ -241,48 +248,12 @@ def tune_run(c: Check, budget_gib: int, workload: str, ctx: int) -> dict[str, An
 
 def spill_run(c: Check, unified: bool) -> dict[str, Any]:
     """Every expert on the GPU at a context that needs more than a ballast leaves: classified each time."""
-    from dataclasses import replace
+    import gpu_spill
 
-    from tuner.core.config import FlashAttn, LaunchConfig
-    from tuner.machine.sampler import SpillKind, spill_verdict
-    from tuner.measure import bench, failures, workload
-    from tuner.models.gguf_reader import inspect_model
-    from tuner.plan.roofline import roofline
-
-    loc = build.locate_engine(c.engine_dir)
-    cfg = LaunchConfig(model=c.model_path, n_cpu_moe=0, ctx=CHAT_CTX, parallel=1, flash_attn=FlashAttn.ON)
     need_mib = int(_plan(c, CHAT_CTX)["rows"][0]["vram_bytes"] / 2**20)
-    load = workload.preset(workload.WorkloadKind.CHAT, 512, 128, rounds=1)
-    hw = hardware.probe_hardware(host_bandwidth_s=0.5)
-    roof = roofline(inspect_model(c.model_path), cfg, hw).gen_tok_s or None
-    ref = bench.run_server_trial(loc, cfg, load, log_dir=c.out / "spill-logs", roofline_tok_s=roof) \
-        if unified and hw.vram_free_bytes > (need_mib + 4096) * 2**20 else None
-    ref_tok_s = ref.levels[0].per_request_gen_tok_s if ref else None
-    runs = []
-    env_key = "GGML_CUDA_ENABLE_UNIFIED_MEMORY"
-    for attempt in range(1, (1 if unified else SPILL_TRIES) + 1):
-        with ballast.hold_vram(max(0, need_mib - SPILL_SHORT_MIB), runner) as b:
-            if unified:
-                os.environ[env_key] = "1"
-            try:
-                t = bench.run_server_trial(loc, replace(cfg), load, log_dir=c.out / "spill-logs",
-                                           roofline_tok_s=roof, vram_budget_bytes=b.free_mib * 2**20)
-                v, gen = t.spill, t.levels[0].per_request_gen_tok_s
-            except failures.TrialFailedError as exc:
-                oom = exc.failure.kind is failures.FailureKind.OUT_OF_MEMORY
-                v = spill_verdict(None, oom_reason=exc.failure.reason) if oom else None
-                gen = None
-                if v is None:
-                    runs.append({"attempt": attempt, "unified": unified, "free_mib": b.free_mib, "need_mib": need_mib,
-                                 "verdict": f"failed: {exc.failure.kind.value}", "evidence": exc.failure.reason})
-                    continue
-            finally:
-                os.environ.pop(env_key, None)
-        runs.append({"attempt": attempt, "unified": unified, "free_mib": b.free_mib, "need_mib": need_mib,
-                     "verdict": v.kind.value, "evidence": v.evidence, "gen_tok_s": gen,
-                     "vs_reference": gen / ref_tok_s if gen and ref_tok_s else None,
-                     "detected": v.kind is not SpillKind.NONE})
-    return {"runs": runs, "reference_gen_tok_s": ref_tok_s, "roofline_tok_s": roof}
+    tries = 1 if unified else SPILL_TRIES
+    return gpu_spill.spill_run(c.model_path, c.engine_dir, c.out / "spill-logs", need_mib, unified=unified,
+                               ctx=CHAT_CTX, tries=tries, short_mib=SPILL_SHORT_MIB)
 
 
 def step_unified(c: Check) -> dict[str, Any]:
@@ -376,10 +347,13 @@ def _with_gpu(c: Check, gpu: bool) -> Check:
 
 
 def run_steps(c: Check) -> int:
+    import gpu_procs
     import gpu_table
 
-    start = time.monotonic()
+    start = c.started
     use_site(c.out)
+    for ended in gpu_procs.end_leftovers(c.out, c.engine_dir) if c.has_gpu else ():
+        print(f"ended a leftover of an earlier run: {ended}", file=sys.stderr)
     for step in steps_for(c):
         done = c.state["steps"].get(step.name, {})
         if done.get("status") == "done":
@@ -396,6 +370,14 @@ def run_steps(c: Check) -> int:
         try:
             result = step.run(c)
             entry = {"status": "done", "result": result, "note": result.pop("note", None) if result else None}
+        except ProcessTimeoutError as exc:  # stopped at the time limit: not failed, continue next run
+            timeouts = c.state.setdefault("timeouts", {})
+            timeouts[step.name] = timeouts.get(step.name, 0) + 1
+            if c.has_gpu:
+                gpu_procs.end_leftovers(c.out, c.engine_dir)
+            c.save()
+            print(f"{step.name} stopped at --time-limit ({exc}): run the same command again", file=sys.stderr)
+            return EXIT_CONTINUE
         except (TunerError, OSError, ValueError, KeyError) as exc:
             entry = {"status": "failed", "result": None, "note": str(exc)[:500]}
             print(f"  {step.name} failed: {exc}", file=sys.stderr)

@@ -131,3 +131,27 @@ def test_a_state_from_another_machine_redoes_engine_and_model_only(tmp_path):
     (out / "state.json").write_text(json.dumps(state))
     c = gpu_check.Check(gpu_check.parse_args(["--out", str(out)]))
     assert sorted(c.state["steps"]) == ["budget-8g", "gpu-info"]
+
+
+def test_leftovers_of_a_killed_run_are_ended_and_live_ones_are_not(tmp_path):
+    import gpu_procs
+    import psutil
+
+    out = tmp_path / "out"
+    marker = str(out / "engine-build" / "ninja")
+    sleeper = f"import time; time.sleep(60)  # {marker}"
+    # An orphan: its parent started it in a new session and exited (a device command killed mid-build).
+    spawn = ("import subprocess, sys; c = subprocess.Popen([sys.executable, '-c', sys.argv[1]], "
+             "start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); print(c.pid)")
+    orphan = int(subprocess.run([sys.executable, "-c", spawn, sleeper], capture_output=True, text=True,
+                                timeout=30).stdout)
+    owned = subprocess.Popen([sys.executable, "-c", sleeper])  # its parent (this test) is alive
+    try:
+        assert [p.pid for p in gpu_procs.leftovers(out, None)] == [orphan]
+        ended = gpu_procs.end_leftovers(out, None)
+        assert len(ended) == 1 and ended[0].startswith(str(orphan))
+        assert not psutil.pid_exists(orphan) or psutil.Process(orphan).status() == psutil.STATUS_ZOMBIE
+        assert owned.poll() is None
+    finally:
+        owned.kill()
+        owned.wait()
