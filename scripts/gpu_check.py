@@ -204,8 +204,8 @@ def random_weights_available() -> bool:
     return "--weights" in helptext
 
 
-def _plan(c: Check, ctx: int, *more: str) -> dict[str, Any]:
-    return c.cli("plan", str(c.model_path), "-c", str(ctx), "-np", "1", "-fa", "on", *more)
+def _plan(c: Check, ctx: int, *more: str, fa: str = "on", slots: int = 1) -> dict[str, Any]:
+    return c.cli("plan", str(c.model_path), "-c", str(ctx), "-np", str(slots), "-fa", fa, *more)
 
 
 def _memory_rows(plan: dict[str, Any], bench_doc: dict[str, Any], n_cpu_moe: int) -> list[dict[str, Any]]:
@@ -230,16 +230,21 @@ def tune_run(c: Check, budget_gib: int, workload: str, ctx: int) -> dict[str, An
     with ballast.hold_vram(budget_gib * 1024, runner) as b:
         tune = c.cli("auto-tune", str(c.model_path), "--workload", workload, "--min-ctx", str(ctx), "--trials",
                      str(c.args.trials), "--results-dir", str(c.out / f"tune-{budget_gib}g-{workload}"))
-        win = tune.get("winner") or {}
+        from tuner.engine import flags
+
+        # The memory check needs an explicit placement: the winner, or the best candidate when llama.cpp's
+        # own default (placed by its --fit at load) won.
+        arms = [tune.get("winner") or {}, *(tune.get("finish") or {}).get("candidates", [])]
+        line = next((a["launch_line"] for a in arms if a.get("launch_line")
+                     and flags.parse_command(a["launch_line"]).config.n_cpu_moe is not None), None)
         memory: list[dict[str, Any]] = []
         bench_doc: dict[str, Any] = {}
-        if win.get("launch_line"):
-            from tuner.engine import flags
-
-            cfg = flags.parse_command(win["launch_line"]).config
-            bench_doc = c.cli("bench", "--from-cmd", win["launch_line"], "-r", "2", "--workload", workload)
+        if line:
+            cfg = flags.parse_command(line).config
+            bench_doc = c.cli("bench", "--from-cmd", line, "-r", "2", "--workload", workload)
             plan = _plan(c, cfg.ctx or ctx, "-ctk", cfg.cache_type_k.value, "-ctv", cfg.cache_type_v.value,
-                         *(["-ub", str(cfg.ubatch)] if cfg.ubatch else []))
+                         *(["-ub", str(cfg.ubatch)] if cfg.ubatch else []), fa=cfg.flash_attn.value,
+                         slots=cfg.parallel or 1)
             memory = _memory_rows(plan, bench_doc, cfg.n_cpu_moe or 0)
     return {"free_mib": b.free_mib, "ballast_mib": b.held_mib, "ballast_method": b.method, "workload": workload,
             "ctx": ctx, "tune": {k: tune.get(k) for k in ("winner", "finish", "speedup", "result_dir")},
