@@ -168,6 +168,8 @@ def make_pack(folder: Path, *, sdist: Path | None = None, wheels: bool = True,
     kept, dropped = trim_sdist(source, folder / TREE_NAME)
     missing: tuple[str, ...] = ()
     wheel_folder = folder / "wheels"
+    for old in wheel_folder.glob("*.whl"):  # two versions of one package stop the whole install there
+        old.unlink()
     if wheel_dir is not None:
         wheel_folder.mkdir(exist_ok=True)
         for whl in sorted(wheel_dir.glob("*.whl")):
