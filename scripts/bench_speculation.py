@@ -60,11 +60,13 @@ def fit_break_even(points: list[tuple[float, float]], none_tok_s: float) -> tupl
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", type=Path, default=None)
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--requests", type=int, default=2)
     ap.add_argument("-p", type=int, default=64, help="prompt tokens per request")
     ap.add_argument("-n", type=int, default=32, help="generated tokens per request")
-    ap.add_argument("-t", type=int, default=2, help="threads")
+    # One thread: on a shared 2-core machine, two llama.cpp threads spin at every barrier whenever another job
+    # takes a core, and a run then crawls at a tenth of its speed; one thread only slows in proportion.
+    ap.add_argument("-t", type=int, default=1, help="threads")
     args = ap.parse_args()
     loc = build.locate_engine()
     model, label = args.model, "given"
@@ -74,7 +76,8 @@ def main() -> int:
         model = demo.make_demo_models(arch="qwen35moe", size="large", quants=["Q4_K_M"], engine=loc)[-1].path
         label = "FALLBACK: largest demo model (qwen35moe large Q4_K_M), random weights"
     info = gguf_reader.inspect_model(model)
-    base = LaunchConfig(model=model, ctx=1024, parallel=1, threads=args.t)
+    # Weights in anonymous memory (-lm none): page cache shared with other jobs cannot be evicted under a run.
+    base = LaunchConfig(model=model, ctx=1024, parallel=1, threads=args.t, mmap=False)
     if gguf_reader.has_mtp_head(info):
         kind, draft, draft_label = SpecType.DRAFT_MTP, None, "draft-mtp (the model's own MTP head)"
     else:
@@ -92,11 +95,14 @@ def main() -> int:
     print(f"model: {model.name} ({label}); {info.n_layer} layers, {info.n_expert} experts, "
           f"{info.file_bytes / 2**30:.2f} GiB")
     print(f"draft kind: {draft_label}, --spec-draft-n-max 3; n-gram mode: ngram-mod (engine defaults)")
-    print(f"device: this machine's CPU, {args.t} threads, llama.cpp {build.PIN.commit}; workload P={args.p} "
+    print(f"device: this machine's CPU, {args.t} threads, -lm none, llama.cpp {build.PIN.commit}; workload P={args.p} "
           f"G={args.n}, {args.requests} requests per arm and round, {args.rounds} rounds alternating "
           f"(order reversed each round); synthetic acceptance (--spec-synth-len), so figures are mechanics, "
           f"not this model's real acceptance")
     t0 = time.monotonic()
+    # One unmeasured pass of the reference first: the file is read into memory and the machine settles.
+    speculation.measure_arm(loc, arms[0], load, requests=1, log_dir=Path("/tmp/moe-tune-bench-speculation"))
+    print(f"  {time.monotonic() - t0:6.0f} s  primed (one unmeasured request on none)", flush=True)
     results: list[speculation.ArmResult] = []
     for rnd in range(args.rounds):
         took = time.monotonic() - t0
