@@ -137,7 +137,8 @@ def render(state: dict[str, Any]) -> tuple[str, dict[str, Any]]:
             lines.append(f"| {r['budget_mib']:,} | {r['workload']} | {r['ctx']} | "
                          f"{'does not fit' if r['n_cpu_moe'] is None else r['n_cpu_moe']} | "
                          f"{_mib(r.get('vram_bytes'))} | {_f(r.get('gen_tok_s_ceiling'), '{:,.0f}')} |")
-        lines += ["", f"(planned for {state.get('plan_card', '?')} with --vram-budget; host RAM as probed)", ""]
+        lines += ["", f"(planned for {state.get('plan_card', '?')} with --vram-budget; host RAM and its bandwidth, "
+                  "which bounds the tg ceiling of offloaded experts, as probed on this machine)", ""]
     lines += ["## steps", "", "| step | status | took s | note |", "|---|---|---:|---|"]
     for name, s in doc["steps"].items():
         lines.append(f"| {name} | {s['status']} | {_f(s['took_s'], '{:.0f}')} | {s.get('note') or ''} |")
