@@ -68,3 +68,39 @@ def test_sources_use_plain_cudamalloc_never_managed_memory():
     for src in (ballast.CUDA_SOURCE, ballast.PYTHON_SOURCE):
         assert "Managed" not in src and "managed" not in src
     assert "cudaMalloc(&p, want)" in ballast.CUDA_SOURCE and "pause()" in ballast.CUDA_SOURCE
+
+
+# A fake CuPy at the hardware boundary: an 80 GB card whose driver hands out memory in 2 MiB pages.
+FAKE_CUPY = '''
+TOTAL, PAGE = 81559 << 20, 2 << 20
+used = [600 << 20]
+class _Runtime:
+    @staticmethod
+    def memGetInfo():
+        return TOTAL - used[0], TOTAL
+class _Device:
+    def __init__(self, index): pass
+    def use(self): pass
+class Memory:
+    def __init__(self, n):
+        pages = -(-n // PAGE) * PAGE
+        if pages > TOTAL - used[0]:
+            raise MemoryError("out of memory")
+        used[0] += pages
+class cuda:
+    runtime = _Runtime
+    Device = _Device
+    Memory = Memory
+'''
+
+
+@pytest.mark.parametrize("leave_mib", [8192, 16384, 0])
+def test_python_helper_leaves_what_was_asked_with_a_fake_cupy(tmp_path, leave_mib):
+    (tmp_path / "cupy.py").write_text(FAKE_CUPY)
+    argv = [sys.executable, "-c", ballast.PYTHON_SOURCE, str(leave_mib), "0"]
+    with runner.hold(argv, ready_timeout_s=30, what="ballast (fake CuPy)", fix="none",
+                     env={"PYTHONPATH": str(tmp_path)}) as held:
+        b = ballast.parse_ready_line(held.ready_line, "cupy")
+    assert b.method == "cupy" and b.total_mib == 81559
+    assert leave_mib <= b.free_mib <= leave_mib + 4  # within two driver pages of the budget
+    assert b.held_mib == 81559 - 600 - b.free_mib

@@ -78,6 +78,8 @@ while chunk >= 2 * mib:
     if free <= leave + 2 * mib:
         break
     want = chunk if free - leave >= chunk else (free - leave - 2 * mib) // (2 * mib) * (2 * mib)
+    if want <= 0:
+        break
     try:
         keep.append(alloc(want))
         held += want
