@@ -120,7 +120,12 @@ def step_gpu_info(c: Check) -> dict[str, Any]:
     res = runner.run_process(["nvidia-smi", "--query-gpu=name,compute_cap,memory.total,memory.free,driver_version",
                               "--format=csv,noheader,nounits"], timeout_s=60, what="nvidia-smi",
                              fix="check the NVIDIA driver")
-    name, cap, total, free, driver = (v.strip() for v in res.stdout.splitlines()[0].split(","))
+    return parse_smi(res.stdout)
+
+
+def parse_smi(text: str) -> dict[str, Any]:
+    """The first GPU of ``nvidia-smi --query-gpu=name,compute_cap,memory.total,memory.free,driver_version``."""
+    name, cap, total, free, driver = (v.strip() for v in text.strip().splitlines()[0].rsplit(",", 4))
     return {"gpu_name": name, "compute_cap": cap, "cuda_arch": cap.replace(".", ""), "total_mib": int(total),
             "free_mib": int(free), "driver": driver}
 
@@ -228,8 +233,11 @@ def tune_run(c: Check, budget_gib: int, workload: str, ctx: int) -> dict[str, An
     """With all but ``budget_gib`` held by the ballast: auto-tune (tuned vs default vs --fit), then the tuned
     config once more through `bench` for llama.cpp's memory breakdown, power and roofline."""
     with ballast.hold_vram(budget_gib * 1024, runner) as b:
+        # Speed and memory only: pricing every KV type's KL-divergence on a real-scale model (zero or random
+        # weights, no reference) would spend the few GPU minutes on what the CPU suite already checks.
         tune = c.cli("auto-tune", str(c.model_path), "--workload", workload, "--min-ctx", str(ctx), "--trials",
-                     str(c.args.trials), "--results-dir", str(c.out / f"tune-{budget_gib}g-{workload}"))
+                     str(c.args.trials), "--max-kld", "off", "--results-dir",
+                     str(c.out / f"tune-{budget_gib}g-{workload}"))
         from tuner.engine import flags
 
         # The memory check needs an explicit placement: the winner, or the best candidate when llama.cpp's

@@ -93,7 +93,7 @@ def render(state: dict[str, Any]) -> tuple[str, dict[str, Any]]:
                            "steps": {k: {"status": v.get("status"), "took_s": v.get("took_s"),
                                          "note": v.get("note")} for k, v in state.get("steps", {}).items()}}
     if doc["tune"]:
-        lines += ["## auto-tune vs llama.cpp default vs --fit (one run each, arms interleaved)", "",
+        lines += ["## auto-tune vs llama.cpp default vs --fit (one run each, arms interleaved; --max-kld off)", "",
                   "| run | free VRAM MiB | workload | ctx | tuned gen / prompt tok/s | default gen / prompt | "
                   "--fit gen / prompt | tuned/default | tuned/fit | roofline % | tok/J | VRAM peak MiB | spill |",
                   "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]

@@ -155,3 +155,13 @@ def test_leftovers_of_a_killed_run_are_ended_and_live_ones_are_not(tmp_path):
     finally:
         owned.kill()
         owned.wait()
+
+
+def test_card_and_architecture_from_nvidia_smi():
+    import gpu_check
+
+    info = gpu_check.parse_smi("NVIDIA H100 80GB HBM3, 9.0, 81559, 81004, 580.159.04\n"
+                               "NVIDIA H100 80GB HBM3, 9.0, 81559, 81559, 580.159.04\n")
+    assert info == {"gpu_name": "NVIDIA H100 80GB HBM3", "compute_cap": "9.0", "cuda_arch": "90",
+                    "total_mib": 81559, "free_mib": 81004, "driver": "580.159.04"}
+    assert gpu_check.parse_smi("NVIDIA GeForce RTX 4060 Ti, 8.9, 16380, 15000, 570.86.10")["cuda_arch"] == "89"
