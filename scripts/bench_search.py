@@ -1,15 +1,16 @@
 """Search efficiency: how many trials auto-tune's sampler, plain random search and plain TPE need to reach 97 % of
 the best config of the full grid, median over seeds.
 
-The grid (every config of auto-tune's search space for the demo model on this machine, ``space.iter_configs``)
-is measured with llama-bench (median of the repetitions, the faster of two passes in opposite orders: a burst
-from another process on a shared machine only ever slows a run down) and cached in results/benchmarks/. The
-searches are then simulated against it (each trial is a lookup of the measured generation tok/s, not a new
-measurement), so every method sees the same numbers. auto-tune's sampler starts from the same seeds auto-tune
-enqueues (llama.cpp's defaults, its ``--fit`` choice, the memory model's guess) and asks in batches as
+The grid (every config of auto-tune's search space for MODEL on this machine, ``space.iter_configs``) is measured
+with llama-bench the way auto-tune's trials are: the prompt at the workload's length, generation at the
+workload's depth, scored by one request's end-to-end time (median of the repetitions; with several passes in
+opposite orders the faster one, since a burst from another process only ever slows a run down). It is cached in
+results/benchmarks/. The searches are then simulated against it (each trial is a lookup of the measured score,
+not a new measurement), so every method sees the same numbers. auto-tune's sampler starts from the same seeds
+auto-tune enqueues (llama.cpp's defaults, its ``--fit`` choice, the memory model's guess) and asks in batches as
 ``run_search`` does; random search and plain TPE start from nothing.
 
-    .venv/bin/python scripts/bench_search.py [--size tiny|large] [--n-prompt 64] [--n-gen 32] [--refresh]
+    .venv/bin/python scripts/bench_search.py [MODEL] [--n-prompt 128] [--n-gen 16] [--depth 512] [--refresh]
 
 Last line: ``trials to 97% of grid best: auto-tune N, random M, tpe K (grid G)``.
 """
@@ -51,22 +52,22 @@ def measure_grid(loc: build.EngineLocation, grid: list[LaunchConfig], args: argp
         order = grid if p % 2 == 0 else grid[::-1]
         for i in range(0, len(order), chunk):
             part = order[i:i + chunk]
-            for cfg, res in zip(part, bench.run_bench_many(loc, part, n_prompt=args.n_prompt, n_gen=args.n_gen,
-                                                           repetitions=args.reps, timeout_s=600, caps=caps),
-                                strict=True):
+            results = bench.run_bench_many(loc, part, n_prompt=args.n_prompt, n_gen=args.n_gen, depth=0,
+                                           gen_depth=args.depth, repetitions=args.reps, timeout_s=1800, caps=caps)
+            for cfg, res in zip(part, results, strict=True):
                 if isinstance(res, failures.Failure):
                     passes[cfg].append({"failure": res.kind.value})
                     continue
                 gen, pp = res.row("tg").spread, res.row("pp").spread
                 passes[cfg].append({"gen_tok_s": gen.median, "gen_cv_pct": gen.cv_pct, "prompt_tok_s": pp.median,
-                                    "prompt_cv_pct": pp.cv_pct})
+                                    "prompt_cv_pct": pp.cv_pct, "score": args.measure.score(pp.median, gen.median)})
             print(f"  pass {p + 1}: {i + len(part)}/{len(grid)} measured ({time.monotonic() - start:.0f} s)",
                   flush=True)
     rows = []
     for cfg, runs in passes.items():
         ok = [r for r in runs if "gen_tok_s" in r]
         # Other processes only ever slow a run down: the faster pass is the closer one to the config's speed.
-        fastest = max(ok, key=lambda r: r["gen_tok_s"], default=None)
+        fastest = max(ok, key=lambda r: r["score"], default=None)
         rows.append({"config": study.config_to_dict(cfg), "passes": runs, **(fastest or {})})
     return rows
 
@@ -102,34 +103,34 @@ def simulate(make: Callable[[int], optuna.samplers.BaseSampler], seed: int, sp: 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--size", default="tiny", help="demo model size: tiny or large")
-    ap.add_argument("--quant", default="Q4_K_M")
-    ap.add_argument("--n-prompt", type=int, default=64)
-    ap.add_argument("--n-gen", type=int, default=32)
-    ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--passes", type=int, default=2, help="measure the grid this many times (best pass kept)")
+    ap.add_argument("model", nargs="?", type=Path, help="GGUF file (default: the tiny demo model)")
+    ap.add_argument("--n-prompt", type=int, default=128)
+    ap.add_argument("--n-gen", type=int, default=16)
+    ap.add_argument("--depth", type=int, default=512, help="context filled when generating")
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--passes", type=int, default=1, help="measure the grid this many times (best pass kept)")
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--refresh", action="store_true", help="measure the grid again even if cached")
     args = ap.parse_args()
 
     loc = build.locate_engine()
     caps = build.capabilities(loc)
-    [model_file] = [f for f in demo.make_demo_models(size=args.size, quants=[args.quant], engine=loc)
-                    if f.quant == args.quant]
-    model = model_file.path
+    model = args.model or demo.default_model(loc)
     info = inspect_model(model)
     hw = hardware.probe_hardware(host_bandwidth_s=0.3)
+    args.measure = study.Measure(n_prompt=args.n_prompt, n_gen=args.n_gen, prompt_depth=0, gen_depth=args.depth)
     sp = space.build_space(model, info, hw, ctx=CTX, parallel=1, prompt_tokens=args.n_prompt)
     grid = [c for c in space.iter_configs(sp) if space.check(info, c, hw).feasible]
-    print(f"model {model.name} ({model_file.size_bytes / 2**20:.0f} MiB), llama.cpp {caps.commit}, {hw.describe()}")
-    print(f"grid: {len(grid)} feasible configs of {sp.size}; llama-bench pp{args.n_prompt} tg{args.n_gen} "
-          f"x{args.reps}")
+    print(f"model {model.name} ({model.stat().st_size / 2**20:.0f} MiB), llama.cpp {caps.commit}, {hw.describe()}")
+    print(f"grid: {len(grid)} feasible configs of {sp.size}; llama-bench pp{args.n_prompt} at depth 0, "
+          f"tg{args.n_gen} at depth {args.depth}, x{args.reps}; score = requests/s of one "
+          f"{args.n_prompt}+{args.n_gen}-token request")
 
     OUT.mkdir(parents=True, exist_ok=True)
     cache = OUT / f"search_grid_{model.stem}.json"
     key = {"space": sp.describe() | {"model": model.name}, "n_prompt": args.n_prompt, "n_gen": args.n_gen,
-           "reps": args.reps, "engine": caps.commit,
-           "statistic": "median", "passes": args.passes}
+           "depth": args.depth, "reps": args.reps, "engine": caps.commit, "statistic": "median",
+           "passes": args.passes, "score": "requests/s"}
     cached = json.loads(cache.read_text()) if cache.is_file() else None
     if cached and cached.get("key") == key and not args.refresh:
         rows = cached["rows"]
@@ -142,17 +143,22 @@ def main() -> None:
     table: dict[LaunchConfig, float] = {}
     for row in rows:
         cfg = study.config_from_dict(row["config"])
-        if row.get("gen_tok_s"):
-            table[replace(cfg, model=model)] = row["gen_tok_s"]
+        if row.get("score"):
+            table[replace(cfg, model=model)] = row["score"]
     best_cfg, best = max(table.items(), key=lambda kv: kv[1])
     target = TARGET * best
     values = sorted(table.values())
     cvs = [r["gen_cv_pct"] for r in rows if r.get("gen_cv_pct") is not None]
     near = sum(v >= target for v in values)
-    print(f"grid gen tok/s: best {best:.1f}, median {statistics.median(values):.1f}, worst {values[0]:.1f} "
+    print(f"grid requests/s: best {best:.4f}, median {statistics.median(values):.4f}, worst {values[0]:.4f} "
           f"(best/worst {best / values[0]:.2f}x); {near} of {len(values)} configs within 97 % of the best; "
           f"median CV {statistics.median(cvs):.1f} %, max CV {max(cvs):.1f} %")
     print(f"grid best: {flags.launch_line(best_cfg)}")
+    for row in sorted(rows, key=lambda r: -(r.get("score") or 0)):
+        c = row["config"]
+        print(f"  {c['cache_type_k']}/{c['cache_type_v']} fa {c['flash_attn']} t {c['threads']} ub {c['ubatch']}: "
+              f"pp {row.get('prompt_tok_s') or 0:.1f}, tg {row.get('gen_tok_s') or 0:.2f} tok/s, "
+              f"{row.get('score') or 0:.4f} requests/s")
     diffs = [100 * abs(r["passes"][0]["gen_tok_s"] - r["passes"][1]["gen_tok_s"]) / r["gen_tok_s"]
              for r in rows if len([x for x in r.get("passes", []) if "gen_tok_s" in x]) >= 2]
     if diffs:
@@ -161,7 +167,7 @@ def main() -> None:
 
     fit = finish.fit_config(loc, finish.default_config(sp))
     seeds = finish.seed_configs(sp, info, hw, fit)
-    print("auto-tune seeds: " + "; ".join(f"{label} = {table.get(cfg, float('nan')):.1f} tok/s"
+    print("auto-tune seeds: " + "; ".join(f"{label} = {table.get(cfg, float('nan')):.4f} requests/s"
                                           for label, cfg in seeds))
     cap = 3 * len(grid)
     methods: dict[str, Callable[[int], int | None]] = {

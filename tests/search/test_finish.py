@@ -1,4 +1,5 @@
-"""Choosing the winner among re-measured configs: fastest, unless a baseline is as fast within the noise."""
+"""Choosing the winner among re-measured configs: the best median score; noise never hands the win to a baseline,
+quality can (a lossy KV cache must be decidedly faster)."""
 
 from __future__ import annotations
 
@@ -6,51 +7,68 @@ from tuner.report import study_report
 from tuner.search.finish import Finish, ServerMeasurement
 
 
-def _m(label: str, gen: float | None, cv: float | None) -> ServerMeasurement:
-    return ServerMeasurement(label, {"model": "m.gguf"}, f"llama-server -m m.gguf # {label}", [], gen, [], cv,
-                             None, None, None)
+def _m(label: str, scores: list[float | None], *, kld: float | None = None, loaded: float | None = None,
+       line: str | None = None) -> ServerMeasurement:
+    ok = [s for s in scores if s is not None]
+    gen = max(ok) if ok else None
+    return ServerMeasurement(label, {"model": "m.gguf"}, line or f"llama-server -m m.gguf # {label}", [], gen, [],
+                             None, None, None, None, scores=scores, kld_mean=kld, loaded_gen_tok_s=loaded)
 
 
-def test_clear_win_goes_to_the_candidate():
-    fin = Finish((_m("candidate-1", 150.0, 2.0), _m("candidate-2", 120.0, 2.0)), (_m("default", 100.0, 3.0),))
+def test_a_steady_gain_is_decided_for_the_candidate():
+    fin = Finish((_m("candidate-1", [1.50, 1.52, 1.49, 1.51]), _m("candidate-2", [1.2, 1.21, 1.19, 1.2])),
+                 (_m("default", [1.0, 1.01, 0.99, 1.0]),))
     assert fin.winner is not None and fin.winner.label == "candidate-1"
-    assert fin.speedup("default") == 1.5
+    assert fin.speedup("default") is not None and abs(fin.speedup("default") - 1.5) < 0.02
+    v = fin.verdicts[0]
+    assert (v.b, v.outcome, v.rounds) == ("default", "better", 4) and v.low > 1.4
 
 
-def test_a_gain_inside_the_noise_keeps_llama_cpps_default():
-    fin = Finish((_m("candidate-1", 104.0, 5.0),), (_m("default", 100.0, 3.0), _m("fit", 101.0, 1.0)))
+def test_noise_makes_it_undecided_and_never_hands_the_win_to_the_default():
+    # The field case: the default's rounds spread over 110 % CV, the candidate is steady and faster by median.
+    default = _m("default", [8.9, 120.0, 30.0, 700.0])
+    cand = _m("candidate-1", [535.7, 520.0, 548.0, 530.0])
+    fin = Finish((cand,), (default,))
+    assert fin.winner is cand
+    [v] = fin.verdicts
+    assert v.outcome == "undecided" and v.noise_pct > 100 and "noise" in v.describe()
+
+
+def test_a_lossy_cache_only_wins_when_decidedly_faster_than_the_best_lossless_arm():
+    lossless = _m("default", [1.00, 1.10, 0.92, 1.05])
+    lossy_close = _m("candidate-1", [1.04, 1.02, 1.06, 0.99], kld=0.002)
+    assert Finish((lossy_close,), (lossless,)).winner is lossless
+    lossy_far = _m("candidate-1", [1.50, 1.52, 1.49, 1.51], kld=0.002)
+    assert Finish((lossy_far,), (_m("default", [1.0, 1.01, 0.99, 1.0]),)).winner is lossy_far
+
+
+def test_failures_never_win_and_the_per_request_floor_holds():
+    fin = Finish((_m("candidate-1", [None, None]), _m("candidate-2", [0.9, 0.9])), (_m("default", [1.0, 1.0]),))
     assert fin.winner is not None and fin.winner.label == "default"
-    assert fin.speedup("default") == 1.0
+    assert Finish((_m("candidate-1", [None]),), ()).winner is None
+    # Concurrent workload: 4 slots deliver more in total but each user gets 4 tok/s, under the 10 tok/s floor.
+    many = _m("candidate-1 np4", [60.0, 61.0, 59.0], loaded=4.0)
+    two = _m("candidate-1 np2", [40.0, 41.0, 39.0], loaded=20.0)
+    assert Finish((many, two), (), concurrency=4, min_tok_s=10.0).winner is two
+    assert Finish((many, two), (), concurrency=4).winner is many
+    assert "aggregate" in Finish((), (), concurrency=4).metric
 
 
-def test_a_faster_baseline_wins_and_failures_never_do():
-    fin = Finish((_m("candidate-1", None, None), _m("candidate-2", 90.0, 1.0)), (_m("default", 100.0, 1.0),))
-    assert fin.winner is not None and fin.winner.label == "default"
-    assert Finish((_m("candidate-1", None, None),), ()).winner is None
-
-
-def test_launch_line_rank_one_is_the_winner():
-    fin = Finish((_m("candidate-1", 104.0, 5.0), _m("candidate-2", 80.0, 1.0)), (_m("default", 100.0, 3.0),))
+def test_launch_line_rank_one_is_the_winner_and_the_result_round_trips():
+    fin = Finish((_m("candidate-1", [1.3, 1.31, 1.29]), _m("candidate-2", [0.8, 0.8, 0.81])),
+                 (_m("default", [1.0, 1.0, 1.01]),), prompt_tokens=512, gen_tokens=128)
     result = {"finish": fin.to_dict()}
-    assert [m.label for m in study_report.ranked(result)] == ["default", "candidate-1", "candidate-2"]
+    assert [m.label for m in study_report.ranked(result)] == ["candidate-1", "default", "candidate-2"]
+    again = Finish.from_dict(fin.to_dict())
+    assert again.winner == fin.winner and again.metric.startswith("end-to-end request time (P=512")
+    assert [v["outcome"] for v in fin.to_dict()["verdicts"]] == ["better", "better"]
 
 
-def test_between_candidates_inside_the_noise_the_simpler_launch_line_wins():
-    plain = ServerMeasurement("candidate-1", {}, "llama-server -m m.gguf -t 2 -fa on", [], 1131.6, [], 1.1,
-                              None, None, None)
-    fancy = ServerMeasurement("candidate-2", {}, "llama-server -m m.gguf -ctk q4_1 -ctv q8_0 -t 2 -fa on", [],
-                              1140.4, [], 2.9, None, None, None)
-    fin = Finish((fancy, plain), (_m("default", 1011.0, 2.1),))
-    assert fin.winner is plain
-
-
-def test_with_the_workload_known_a_config_cannot_win_on_tg_while_losing_more_on_pp():
+def test_without_rounds_a_config_cannot_win_on_tg_while_losing_more_on_pp():
     default = ServerMeasurement("default", {}, "llama-server -m m.gguf", [], 1137.0, [], 1.4, 6400.0, None, None)
     kv_q5 = ServerMeasurement("candidate-1", {}, "llama-server -m m.gguf -ctk q5_0", [], 1194.0, [], 0.9, 3892.0,
                               None, None)
-    by_gen = Finish((kv_q5,), (default,))
-    assert by_gen.winner is kv_q5 and by_gen.metric == "generation tok/s"
+    assert Finish((kv_q5,), (default,)).winner is kv_q5
     by_request = Finish((kv_q5,), (default,), prompt_tokens=512, gen_tokens=128)
     assert by_request.winner is default  # 512/6400 + 128/1137 = 0.193 s beats 0.239 s
     assert by_request.speedup("default") == 1.0
-    assert Finish.from_dict(by_request.to_dict()).metric.startswith("end-to-end request time (P=512")

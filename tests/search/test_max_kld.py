@@ -1,4 +1,5 @@
-"""auto-tune with a quality floor: configs whose measured KL-divergence is above --max-kld are never run."""
+"""auto-tune prices KV cache types by default: a config whose KV pair costs more KL-divergence (vs the f16 cache)
+than the floor is never run, and the winner's quality cost is in the result."""
 
 from __future__ import annotations
 
@@ -9,43 +10,57 @@ from tuner.core.config import CacheType
 from tuner.core.errors import UsageError
 from tuner.machine import hardware
 from tuner.measure.workload import WorkloadKind, preset
-from tuner.quality import perplexity
-from tuner.search import autotune, study
+from tuner.quality import kv_price
+from tuner.search import autotune, finish, study
 
 KLD_CTX, KLD_CHUNKS = 256, 4
 
 
-def _request(model, tmp_path, max_kld: float) -> autotune.TuneRequest:
+def _request(model, tmp_path, max_kld: float | None, trials: int) -> autotune.TuneRequest:
     return autotune.TuneRequest(
-        model=model, workload=preset(WorkloadKind.CUSTOM, 64, 16, rounds=1), max_kld=max_kld,
-        kld_ctx=KLD_CTX, kld_chunks=KLD_CHUNKS, budget=study.Budget(trials=2),
-        measure=study.Measure(n_prompt=32, n_gen=8, repetitions=1), storage=f"sqlite:///{tmp_path}/s.db",
-        results_dir=tmp_path / "results", top_candidates=1,
+        model=model, workload=preset(WorkloadKind.CUSTOM, 32, 8, rounds=1), max_kld=max_kld,
+        kld_ctx=KLD_CTX, kld_chunks=KLD_CHUNKS, budget=study.Budget(trials=trials),
+        measure=study.Measure(n_prompt=32, n_gen=8, repetitions=1, gen_depth=32), storage=f"sqlite:///{tmp_path}/s.db",
+        results_dir=tmp_path / "results", top_candidates=1, rounds=finish.Rounds(min=1, max=1),
     )
 
 
-def test_configs_above_max_kld_are_infeasible_and_never_launched(engine_loc, demo_models, tmp_path, monkeypatch):
-    monkeypatch.setenv("MOE_TUNE_CACHE", str(tmp_path / "cache"))
-    model = demo_models[("qwen3moe", "Q4_K_M")]  # its F16 lies beside it: the reference
-    floor = perplexity.measure(engine_loc, model, cache_type_k=CacheType.F16, cache_type_v=CacheType.F16,
-                            ctx=KLD_CTX, chunks=KLD_CHUNKS).kld_mean
-    assert floor is not None and floor > 0
-    hw = hardware.probe_hardware(host_bandwidth_s=0)
-    # Below the quant's own KLD at f16 KV: no KV choice can meet it, so nothing may be measured.
-    with pytest.raises(UsageError, match=r"raise --max-kld"):
-        autotune.auto_tune(_request(model, tmp_path, floor / 2), engine_loc, hw)
-    trials = [t for s in optuna.get_all_study_summaries(f"sqlite:///{tmp_path}/s.db")
-              for t in optuna.load_study(study_name=s.study_name, storage=f"sqlite:///{tmp_path}/s.db").trials]
-    assert trials and all(t.state is optuna.trial.TrialState.PRUNED for t in trials)
-    assert all(t.user_attrs["status"] == "infeasible" and t.user_attrs["kld"] > floor / 2 for t in trials)
-    assert all(t.values is None for t in trials)  # no score, not a 0.0
+def test_max_kld_parses_a_number_off_or_the_default():
+    assert kv_price.parse_max_kld(None) == kv_price.DEFAULT_MAX_KLD
+    assert kv_price.parse_max_kld("off") is None and kv_price.parse_max_kld("0.002") == 0.002
+    with pytest.raises(UsageError, match="off"):
+        kv_price.parse_max_kld("tiny")
 
 
-def test_max_kld_without_a_reference_is_a_one_line_error(engine_loc, demo_models, tmp_path, monkeypatch):
+def test_kv_pairs_above_the_floor_are_never_launched(engine_loc, demo_models, tmp_path, monkeypatch):
     monkeypatch.setenv("MOE_TUNE_CACHE", str(tmp_path / "cache"))
-    lonely = tmp_path / "alone" / demo_models[("qwen3moe", "Q4_K_M")].name
-    lonely.parent.mkdir()
-    lonely.symlink_to(demo_models[("qwen3moe", "Q4_K_M")])
+    model = demo_models[("qwen3moe", "Q4_K_M")]
+    q8 = kv_price.price(engine_loc, model, CacheType.Q8_0, CacheType.Q8_0, ctx=KLD_CTX, chunks=KLD_CHUNKS)
+    q4 = kv_price.price(engine_loc, model, CacheType.Q8_0, CacheType.Q4_0, ctx=KLD_CTX, chunks=KLD_CHUNKS)
+    assert 0 < q8.kld_mean < q4.kld_mean and q4.same_top_pct < 100
+    floor = (q8.kld_mean + q4.kld_mean) / 2  # q8_0 passes, a 4-bit V does not
     hw = hardware.probe_hardware(host_bandwidth_s=0)
-    with pytest.raises(UsageError, match="--max-kld needs a reference"):
-        autotune.auto_tune(_request(lonely, tmp_path, 0.01), engine_loc, hw)
+    res = autotune.auto_tune(_request(model, tmp_path, floor, trials=8), engine_loc, hw)
+    trials = optuna.load_study(study_name=res.study_name, storage=f"sqlite:///{tmp_path}/s.db").trials
+    priced = [t for t in trials if "kld" in t.user_attrs]
+    assert len(priced) == len(trials)  # every launched or refused config carries its KV pair's price
+    for t in priced:
+        over = t.user_attrs["kld"] > floor
+        assert (t.user_attrs["status"] == "infeasible") == over, t.user_attrs
+        if over:
+            assert t.state is optuna.trial.TrialState.PRUNED and t.values is None and not t.user_attrs.get("argv")
+    w = res.result["winner"]
+    assert w["kld_mean"] is not None and w["kld_mean"] <= floor
+    assert res.result["quality"]["winner_kld_mean"] == w["kld_mean"] and res.result["quality"]["max_kld"] == floor
+    assert "mean KLD" in (res.result_dir / "report.md").read_text()
+
+
+def test_a_floor_below_every_lossy_pair_leaves_f16(engine_loc, demo_models, tmp_path, monkeypatch):
+    monkeypatch.setenv("MOE_TUNE_CACHE", str(tmp_path / "cache"))
+    model = demo_models[("qwen3moe", "Q4_K_M")]
+    hw = hardware.probe_hardware(host_bandwidth_s=0)
+    res = autotune.auto_tune(_request(model, tmp_path, 0.0, trials=4), engine_loc, hw)
+    recs = study.records(optuna.load_study(study_name=res.study_name, storage=f"sqlite:///{tmp_path}/s.db"))
+    measured = [r for r in recs if r.status == "measured"]
+    assert measured and all((r.config["cache_type_k"], r.config["cache_type_v"]) == ("f16", "f16") for r in measured)
+    assert res.result["winner"]["kld_mean"] == 0.0

@@ -8,7 +8,7 @@ import optuna
 import pytest
 
 from tuner.catalog.cards import find_card
-from tuner.core.config import CacheType, FlashAttn
+from tuner.core.config import CacheType, FlashAttn, LaunchConfig
 from tuner.core.errors import UsageError
 from tuner.machine.hardware import Hardware
 from tuner.models.gguf_reader import inspect_model
@@ -30,39 +30,59 @@ def info(model):
 
 def test_cpu_space_skips_n_cpu_moe_and_ubatch_for_short_prompts(model, info):
     sp = space.build_space(model, info, CPU_ONLY, ctx=4096, parallel=1, prompt_tokens=512)
-    assert sp.n_cpu_moe is None and sp.ubatch == (None,) and sp.threads == (4, 8)
+    assert sp.n_cpu_moe is None and sp.ubatch == (None,) and sp.threads == (4, 7, 8) and sp.slots == (1,)
     long = space.build_space(model, info, CPU_ONLY, ctx=8192, parallel=1, prompt_tokens=4096)
     assert long.ubatch == (None, 1024, 2048)
+    batch = space.build_space(model, info, CPU_ONLY, ctx=4096, parallel=4, prompt_tokens=256, concurrency=4)
+    assert batch.slots == (1, 2, 4) and space.slot_counts(6) == (1, 2, 4, 6)
     with pytest.raises(UsageError):
         space.build_space(model, info, CPU_ONLY, ctx=0, parallel=1, prompt_tokens=8)
 
 
-def test_gpu_space_searches_every_n_cpu_moe(model, info):
+def test_gpu_space_searches_n_cpu_moe_near_the_fitting_boundary(model, info):
     hw = find_card("RTX 4060 Ti 16GB").hardware(64 * GIB, 60 * GIB, 50e9)
-    sp = space.build_space(model, info, hw, ctx=4096, parallel=2, prompt_tokens=512)
-    assert sp.n_cpu_moe == (0, info.n_layer)
+    roomy = space.build_space(model, info, hw, ctx=4096, parallel=2, prompt_tokens=512)
+    assert roomy.n_cpu_moe == (0, space.N_CPU_MOE_ABOVE)  # everything fits on 16 GB: 0 and a few above
+    # A card where the boundary moves with the KV pair: the range runs from the smallest boundary of any pair
+    # to the largest plus a few, never from 0 to n_layer.
+    f16 = LaunchConfig(model=model, ctx=4096, parallel=2, flash_attn=FlashAttn.ON)
+    q4 = replace(f16, cache_type_k=CacheType.Q4_0, cache_type_v=CacheType.Q4_0)
+    for mib in range(300, 400):
+        small = replace(hw, vram_total_bytes=mib * 2**20, vram_free_bytes=mib * 2**20)
+        lo, hi = space.fitting_boundary(info, q4, small, 0), space.fitting_boundary(info, f16, small, 0)
+        if lo is not None and hi is not None and lo < hi:
+            break
+    else:
+        pytest.fail("no card size puts the f16 and q4_0 boundaries apart")
+    sp = space.build_space(model, info, small, ctx=4096, parallel=2, prompt_tokens=512, vram_margin_mib=0)
+    assert sp.n_cpu_moe == (lo, min(info.n_layer, hi + space.N_CPU_MOE_ABOVE))
 
 
-def test_quantized_v_forces_flash_attention_and_params_round_trip(model, info):
+def test_kv_pairs_are_same_type_or_k_more_precise_and_quantized_v_forces_flash_attention(model, info):
     sp = space.build_space(model, info, CPU_ONLY, ctx=4096, parallel=1, prompt_tokens=512)
-    cfg = space.suggest(optuna.trial.FixedTrial({"cache_type_k": "q8_0", "cache_type_v": "q4_0", "threads": 4}), sp)
+    rank = {CacheType.F16: 0, CacheType.Q8_0: 1, CacheType.Q4_0: 2}
+    assert len(sp.kv_pairs) == 6 and all(rank[k] <= rank[v] for k, v in sp.kv_pairs)
+    cfg = space.suggest(optuna.trial.FixedTrial({"kv": "q8_0/q4_0", "threads": 4}), sp)
     assert cfg.flash_attn is FlashAttn.ON and cfg.cache_type_v is CacheType.Q4_0 and cfg.threads == 4
     configs = list(space.iter_configs(sp))
-    # 8 K types x (7 quantized V with fa on + 1 f16 V x 2 fa + bf16 V x 2 fa) x 2 thread counts
-    assert len(configs) == 8 * (6 + 2 * 2) * 2 == sp.size
+    # (f16/f16 x 2 fa + 5 pairs with quantized V, fa on) x 3 thread counts
+    assert len(configs) == (2 + 5) * 3 == sp.size
     for c in configs:
         assert not (c.cache_type_v.is_quantized and c.flash_attn is not FlashAttn.ON)
         assert space.make_config(sp, space.params_of(sp, c)) == c
 
 
 def test_memory_model_gates_configs_with_constraint_values(model, info):
-    tiny = replace(find_card("RTX 4060 Ti 16GB").hardware(64 * GIB, 60 * GIB, 50e9), vram_total_bytes=1100 * 2**20)
+    tiny = replace(find_card("RTX 4060 Ti 16GB").hardware(64 * GIB, 60 * GIB, 50e9), vram_total_bytes=1100 * 2**20,
+                   vram_free_bytes=1100 * 2**20)
     sp = space.build_space(model, info, tiny, ctx=4096, parallel=1, prompt_tokens=512)
     all_gpu = space.make_config(sp, {"n_cpu_moe": 0})
     f = space.check(info, all_gpu, tiny)  # 1 GiB margin + weights + KV + compute + CUDA context > 1100 MiB
     assert not f.feasible and f.vram_over_mib > 0 and f.constraints["vram_over_mib"] == round(f.vram_over_mib, 3)
     assert space.check(info, all_gpu, tiny, vram_margin_mib=0).vram_over_mib < f.vram_over_mib
-    roomy = replace(tiny, vram_total_bytes=16 * GIB)
-    guess = space.best_guess(sp, info, roomy)
+    roomy = replace(tiny, vram_total_bytes=16 * GIB, vram_free_bytes=16 * GIB)
+    assert sp.n_cpu_moe == (info.n_layer, info.n_layer)  # nothing fits the small card: only all-on-host is asked
+    guess = space.best_guess(space.build_space(model, info, roomy, ctx=4096, parallel=1, prompt_tokens=512), info,
+                             roomy)
     assert guess is not None and guess.n_cpu_moe == 0 and guess.cache_type_k is CacheType.F16
     assert space.check(info, guess, roomy).feasible

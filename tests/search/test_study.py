@@ -16,7 +16,8 @@ from tuner.search import study
 from tuner.search.space import build_space
 
 GIB = 2**30
-TINY = study.Measure(n_prompt=16, n_gen=4, repetitions=1, timeout_s=120)
+# The workload's request: a 16-token prompt from an empty context, generation at depth 16 (after the prompt).
+TINY = study.Measure(n_prompt=16, n_gen=4, repetitions=1, timeout_s=120, prompt_depth=0, gen_depth=16)
 
 
 def test_parse_duration():
@@ -44,15 +45,17 @@ def test_search_gates_by_memory_resumes_and_stops_on_ctrl_c(demo_models, tmp_pat
     caps = build.capabilities(loc)
     # A fake small card (at the hardware boundary): low n_cpu_moe values cannot fit, high ones can.
     card = find_card("RTX 4060 Ti 16GB").hardware(64 * GIB, 60 * GIB, 50e9, physical_cores=2)
-    hw = replace(card, vram_total_bytes=319 * 2**20)
-    sp = build_space(model, info, hw, ctx=1024, parallel=1, prompt_tokens=16)
+    hw = replace(card, vram_total_bytes=319 * 2**20, vram_free_bytes=319 * 2**20)
+    sp = build_space(model, info, hw, ctx=1024, parallel=1, prompt_tokens=16, vram_margin_mib=0)
+    # --n-cpu-moe is searched from the memory model's fitting boundary up, not from 0.
+    assert sp.n_cpu_moe is not None and 0 < sp.n_cpu_moe[0] <= sp.n_cpu_moe[1] <= info.n_layer
     obj = study.Objective()
     name = study.study_name(model, hw, caps, sp, TINY, obj)
     assert name == study.study_name(model, hw, caps, sp, TINY, obj) and "RTX-4060-Ti" in name
     storage = study.default_storage(tmp_path)
     st = study.open_study(name, storage, obj, seed=1)
     st.enqueue_trial({"n_cpu_moe": 0}, user_attrs={"seed": "all-on-gpu"})
-    st.enqueue_trial({"n_cpu_moe": info.n_layer, "cache_type_k": "q8_0", "cache_type_v": "q8_0", "threads": 1},
+    st.enqueue_trial({"n_cpu_moe": info.n_layer, "kv": "q8_0/q8_0", "threads": 1},
                      user_attrs={"seed": "all-on-host"})
     out = study.run_search(st, sp, info, hw, loc, budget=study.Budget(trials=3), measure=TINY, caps=caps,
                            vram_margin_mib=0)
@@ -62,8 +65,12 @@ def test_search_gates_by_memory_resumes_and_stops_on_ctrl_c(demo_models, tmp_pat
     assert first.seed == "all-on-gpu" and first.status == "infeasible" and first.constraints["vram_over_mib"] > 0
     assert first.gen_tok_s is None and st.trials[0].state is TrialState.PRUNED and st.trials[0].value is None
     assert second.status == "measured" and second.gen_tok_s and second.gen_tok_s > 0
-    assert all(v <= 0 for v in second.constraints.values()) and st.trials[1].value == second.gen_tok_s
-    assert second.argv and "-ncmoe" in second.argv
+    # The score is one request's end-to-end time at the measured speeds, and the trial says at which depths.
+    assert second.request_s == pytest.approx(16 / second.prompt_tok_s + 4 / second.gen_tok_s)
+    assert all(v <= 0 for v in second.constraints.values())
+    assert st.trials[1].value == pytest.approx(1 / second.request_s)
+    assert (second.prompt_depth, second.gen_depth) == (0, 16)
+    assert second.argv and "-ncmoe" in second.argv and second.argv.count("-d") == 1 and "16" in second.argv
 
     # Resume: a second run on the same storage continues the trial count; Ctrl-C leaves nothing RUNNING.
     again = study.open_study(name, storage, obj, seed=1)

@@ -7,18 +7,23 @@ import shlex
 import statistics
 from pathlib import Path
 
+import optuna
+import pytest
+
 from tuner.engine import build, runner
+from tuner.machine import hardware
 from tuner.measure import workload
 from tuner.measure.workload import Workload, WorkloadKind
 from tuner.report import study_report
+from tuner.search import autotune, finish, study
 
 from tests.conftest import run_cli
 
 
 def test_auto_tune_ends_with_a_launch_line_that_reproduces_its_speed(demo_models, tmp_path):
     model = demo_models[("qwen3moe", "Q4_K_M")]
-    args = ["auto-tune", str(model), "-p", "32", "-n", "64", "--min-ctx", "1024", "--trials", "3",
-            "--results-dir", str(tmp_path)]
+    args = ["auto-tune", str(model), "--workload", "agent", "-p", "32", "-n", "64", "--depth", "48", "--min-ctx",
+            "1024", "--trials", "3", "--results-dir", str(tmp_path)]
     first = run_cli(*args, timeout=300)
     assert first.returncode == 0, first.stderr
     last = first.stdout.strip().splitlines()[-1]
@@ -26,11 +31,22 @@ def test_auto_tune_ends_with_a_launch_line_that_reproduces_its_speed(demo_models
     [result_file] = tmp_path.glob("*/result.json")
     result = json.loads(result_file.read_text())
     assert len(result["trials"]) == 3 and result["trials"][0]["seed"] == "default"
+    # Every trial was measured at the workload's depths: the prompt on 16 tokens of history, generation at 48.
+    assert result["workload"]["depth_tokens"] == 48 and result["workload"]["kind"] == "agent"
+    measured = [t for t in result["trials"] if t["status"] == "measured"]
+    assert measured and all((t["prompt_depth"], t["gen_depth"]) == (16, 48) for t in measured)
     assert [b["label"] for b in result["finish"]["baselines"]] == ["default"]
     assert result["winner"]["gen_tok_s"] > 0 and result["speedup"]["default"] > 0
-    for name in ("report.md", "tok_s_vs_n_cpu_moe.png", "pareto_front.png"):
-        assert (result_file.parent / name).stat().st_size > 100
-    assert study_report.result_from_study  # rebuilt from storage alone in auto_tune; the file is that dict
+    assert result["winner"]["kld_mean"] is not None  # quality is priced by default
+    assert len(result["winner"]["scores"]) >= 3 and result["finish"]["verdicts"]
+    report = (result_file.parent / "report.md").read_text()
+    assert "mean KLD" in report and "n/ax" not in report
+    # On a CPU build --n-cpu-moe is not searched: that plot would be a flat line of zeros and is not drawn.
+    assert not (result_file.parent / "tok_s_vs_n_cpu_moe.png").exists()
+    assert (result_file.parent / "pareto_front.png").stat().st_size > 100
+    # result.json is the study rebuilt from its storage alone.
+    st = optuna.load_study(study_name=result["study"], storage=f"sqlite:///{tmp_path}/studies.db")
+    assert json.loads(json.dumps(study_report.result_from_study(st))) == result
 
     printed = run_cli("launch-line", str(result_file))
     assert printed.returncode == 0 and printed.stdout.strip() == last.removeprefix("launch line: ")
@@ -70,3 +86,21 @@ def test_bad_input_is_one_line(tmp_path):
     assert res.returncode == 1 and "result.json" in res.stderr
     res = run_cli("auto-tune", "--time", "soon", str(Path(__file__)))
     assert res.returncode == 1 and "duration" in res.stderr
+
+
+@pytest.mark.slow
+def test_batch_workload_searches_slot_counts_and_reports_each(engine_loc, demo_models, tmp_path, monkeypatch):
+    monkeypatch.setenv("MOE_TUNE_CACHE", str(tmp_path / "cache"))
+    load = workload.preset(WorkloadKind.BATCH, 16, 16, rounds=1)
+    req = autotune.TuneRequest(model=demo_models[("qwen3moe", "Q4_K_M")], workload=load, min_ctx=1024,
+                               budget=study.Budget(trials=2), top_candidates=1, results_dir=tmp_path,
+                               measure=study.Measure.for_workload(load, repetitions=1),
+                               rounds=finish.Rounds(min=1, max=1), kld_chunks=4, kld_ctx=256)
+    res = autotune.auto_tune(req, engine_loc, hardware.probe_hardware(host_bandwidth_s=0))
+    cands = res.result["finish"]["candidates"]
+    assert [c["slots"] for c in cands] == [1, 2, 4] and [c["label"] for c in cands][-1] == "candidate-1 np4"
+    for c in cands:
+        assert c["loaded_gen_tok_s"] > 0 and c["end_to_end_gen_tok_s"] > 0 and c["config"]["parallel"] == c["slots"]
+        assert c["config"]["ctx"] == 256 * c["slots"]  # 1024 tokens over 4 slots: each slot keeps its 256
+    assert res.result["finish"]["concurrency"] == 4
+    assert "aggregate" in (res.result_dir / "report.md").read_text()

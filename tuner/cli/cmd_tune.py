@@ -17,8 +17,9 @@ from tuner.machine import hardware
 from tuner.measure import speculation as spec_measure
 from tuner.measure import workload
 from tuner.models import demo
+from tuner.quality import kv_price
 from tuner.report import study_report
-from tuner.search import autotune, finish, study
+from tuner.search import autotune, finish, study, verdict
 from tuner.search.speculation import SpeculationRequest
 
 
@@ -34,7 +35,14 @@ def auto_tune_cmd(
     n_prompt: Annotated[int | None, typer.Option("-p", "--n-prompt", help="Prompt tokens per request.")] = None,
     n_gen: Annotated[int | None, typer.Option("-n", "--n-gen", help="Generated tokens per request.")] = None,
     parallel: Annotated[int | None, typer.Option("-np", "--parallel", help="Server slots (concurrency).")] = None,
-    max_kld: Annotated[float | None, typer.Option("--max-kld", help="Quality floor: mean KLD vs f16 KV.")] = None,
+    depth: Annotated[int | None, typer.Option(
+        "--depth", help="Context filled when generating (default: the prompt); e.g. 32768 for a long history.")]
+    = None,
+    max_kld: Annotated[str | None, typer.Option(
+        "--max-kld", help=f"Quality floor: mean KLD of the KV cache vs f16 (default {kv_price.DEFAULT_MAX_KLD}; "
+        "off: none).")] = None,
+    min_tok_s: Annotated[float | None, typer.Option(
+        "--min-tok-s", help="Per-request generation floor with every slot busy (concurrent workloads).")] = None,
     vram_margin: Annotated[float | None, typer.Option("--vram-margin", help="MiB of VRAM to leave free.")] = None,
     vram_budget: Annotated[float | None, typer.Option(
         "--vram-budget", help="MiB of VRAM this model may use (default: what is free at start).")] = None,
@@ -73,13 +81,14 @@ def auto_tune_cmd(
             err.print(msg, highlight=False, soft_wrap=True)
 
     path = demo.default_model(loc, on_step=say) if model is None else model_path(model)
-    load = workload.preset(workload_kind, n_prompt, n_gen)
+    load = workload.preset(workload_kind, n_prompt, n_gen, depth_tokens=depth)
     budget = study.Budget(trials=trials if trials is not None or time_limit else 10,
                           time_s=study.parse_duration(time_limit) if time_limit else None)
-    measure = study.Measure(n_prompt=min(load.prompt_tokens, 512), n_gen=min(load.gen_tokens, 128))
+    measure = study.Measure.for_workload(load)
     req = autotune.TuneRequest(model=path, workload=load, min_ctx=min_ctx, goal_context=goal == "context",
-                               parallel=parallel, max_kld=max_kld, vram_margin_mib=vram_margin, pareto=pareto,
-                               budget=budget, measure=measure, storage=storage, results_dir=results_dir, seed=seed,
+                               parallel=parallel, max_kld=kv_price.parse_max_kld(max_kld), min_tok_s=min_tok_s,
+                               vram_margin_mib=vram_margin, pareto=pareto, budget=budget, measure=measure,
+                               storage=storage, results_dir=results_dir, seed=seed,
                                speculation=_speculation(speculate, draft, prompts))
     hw = hardware.with_vram_budget(hardware.probe_hardware(host_bandwidth_s=0.3), vram_budget)
     say(f"machine: {hw.describe()}")
@@ -88,7 +97,7 @@ def auto_tune_cmd(
         task = bar.add_task("search", total=budget.trials)
 
         def on_progress(p: study.Progress) -> None:
-            best = "n/a" if p.best_gen_tok_s is None else f"{p.best_gen_tok_s:,.1f} tok/s"
+            best = "n/a" if p.best_request_s is None else f"{p.best_request_s:,.2f} s/request"
             bar.update(task, completed=p.done, description=f"search (best {best}; last: {p.last.status})")
 
         result = autotune.auto_tune(req, loc, hw, on_progress=on_progress, on_step=say)
@@ -112,29 +121,37 @@ def _speculation(on: bool, draft: str | None, prompts: Path | None) -> Speculati
 
 def _summary(res: autotune.TuneResult) -> None:
     r = res.result
-    table = Table(title=f"llama-server re-measure ({r['workload']['kind']}, P={r['workload']['prompt_tokens']}, "
-                        f"G={r['workload']['gen_tokens']})")
-    for col in ("config", "gen tok/s", "CV %", "prompt tok/s", "spill"):
+    w = r["workload"]
+    table = Table(title=f"llama-server re-measure ({w['kind']}, P={w['prompt_tokens']}, G={w['gen_tokens']}, "
+                        f"depth {w.get('depth_tokens', w['prompt_tokens'])})")
+    for col in ("config", "slots", "gen tok/s", "CV %", "prompt tok/s", "per request loaded", "aggregate",
+                "KLD", "spill"):
         table.add_column(col, justify="right")
     fin = r["finish"]
+
+    def num(v: float | None, spec: str = ",.1f") -> str:
+        return "" if v is None else format(v, spec)
+
     for m in [*fin["baselines"], *fin["candidates"]]:
         gen = "failed" if m["gen_tok_s"] is None else f"{m['gen_tok_s']:,.1f}"
-        cv = "" if m["gen_cv_pct"] is None else f"{m['gen_cv_pct']:.1f}"
-        pp = "" if m["prompt_tok_s"] is None else f"{m['prompt_tok_s']:,.1f}"
-        table.add_row(m["label"], gen, cv, pp, m["spill"] or "")
+        table.add_row(m["label"], str(m.get("slots", 1)), gen, num(m["gen_cv_pct"]), num(m["prompt_tok_s"]),
+                      num(m.get("loaded_gen_tok_s")), num(m.get("end_to_end_gen_tok_s")),
+                      num(m.get("kld_mean"), ".4f"), m["spill"] or "")
     out.print(table)
     n = len(r["trials"])
     out.print(f"study {res.study_name}: {n} trials stored ({res.search.trials_this_run} this run) in {res.storage}",
               highlight=False, soft_wrap=True)
-    w = r.get("winner")
-    if w:
-        note = " (llama.cpp's own choice was fastest here)" if not w["label"].startswith("candidate") else ""
-        out.print(f"winner: {w['label']}{note}", highlight=False)
+    winner = r.get("winner")
+    if winner:
+        note = " (llama.cpp's own choice was fastest here)" if not winner["label"].startswith("candidate") else ""
+        out.print(f"winner: {winner['label']}{note}", highlight=False)
     sp = r["speedup"]
     parts = [f"{k}: {v:.2f}x" for k, v in sp.items() if v is not None]
     if parts:
         metric = finish.Finish.from_dict(r["finish"]).metric
         out.print(f"winner vs {', '.join(parts)} (by {metric})", highlight=False)
+    for v in fin.get("verdicts", []):
+        out.print(verdict.Verdict.from_dict(v).describe(), highlight=False, soft_wrap=True)
     out.print(f"report: {res.result_dir / 'report.md'}", highlight=False, soft_wrap=True)
     out.print(f"launch line: {study_report.launch_line(r)}", highlight=False, soft_wrap=True)
 

@@ -198,26 +198,45 @@ def _tool(engine: EngineLocation, name: str) -> Path:
         raise failures.TrialFailedError(name, failures.from_error(exc)) from None
 
 
-def _bench_once(engine: EngineLocation, cfgs: Sequence[LaunchConfig], *, n_prompt: int, n_gen: int,
-                repetitions: int, depths: Sequence[int], timeout_s: float, caps: Capabilities | None,
+_Test = tuple[int, int, tuple[int, ...]]  # (n_prompt, n_gen, depths) of one llama-bench process
+
+
+def _tests(n_prompt: int, n_gen: int, depths: Sequence[int], gen_depth: int | None) -> list[_Test]:
+    """The llama-bench processes one measurement needs. With ``gen_depth`` the prompt test runs at ``depths``
+    and the generation test at ``gen_depth`` in a second process of the same load: one process with both
+    depths would also time the prompt at the generation depth (the dearest test there is) and throw it away."""
+    if gen_depth is None or n_prompt == 0 or n_gen == 0 or [gen_depth] == list(depths):
+        return [(n_prompt, n_gen, tuple(depths if gen_depth is None else [gen_depth]))]
+    return [(n_prompt, 0, tuple(depths)), (0, n_gen, (gen_depth,))]
+
+
+def _bench_once(engine: EngineLocation, cfgs: Sequence[LaunchConfig], *, tests: Sequence[_Test],
+                repetitions: int, timeout_s: float, caps: Capabilities | None,
                 sampler: Sampler | None) -> tuple[tuple[str, ...], tuple[BenchRow, ...], float]:
-    argv = flags.bench_group_argv(_tool(engine, "llama-bench"), cfgs, n_prompt=n_prompt, n_gen=n_gen,
-                                  repetitions=repetitions, depth=list(depths), caps=caps)
-    try:
-        result = runner.run_process(
-            argv, timeout_s=timeout_s, what="llama-bench", fix="check the model file and flags",
-            on_start=sampler.attach if sampler else None,
-        )
-    except TunerError as exc:
-        raise failures.TrialFailedError("llama-bench", failures.from_error(exc)) from None
-    rows = parse_jsonl(result.stdout)
-    expected = ((n_prompt > 0) + (n_gen > 0)) * len(depths) * len(cfgs)
-    if len(rows) < expected:
-        # llama-bench can stop part-way through a sweep and still exit 0.
-        err = ProcessFailedError("llama-bench", argv, result.returncode, result.stderr_tail,
-                                 f"it reported {len(rows)} of {expected} tests")
-        raise failures.TrialFailedError("llama-bench", failures.from_error(err))
-    return tuple(argv), rows, result.elapsed_s
+    argvs: list[str] = []
+    rows: tuple[BenchRow, ...] = ()
+    elapsed = 0.0
+    for n_prompt, n_gen, depths in tests:
+        argv = flags.bench_group_argv(_tool(engine, "llama-bench"), cfgs, n_prompt=n_prompt, n_gen=n_gen,
+                                      repetitions=repetitions, depth=list(depths), caps=caps)
+        try:
+            result = runner.run_process(
+                argv, timeout_s=timeout_s, what="llama-bench", fix="check the model file and flags",
+                on_start=sampler.attach if sampler else None,
+            )
+        except TunerError as exc:
+            raise failures.TrialFailedError("llama-bench", failures.from_error(exc)) from None
+        got = parse_jsonl(result.stdout)
+        expected = ((n_prompt > 0) + (n_gen > 0)) * len(depths) * len(cfgs)
+        if len(got) < expected:
+            # llama-bench can stop part-way through a sweep and still exit 0.
+            err = ProcessFailedError("llama-bench", argv, result.returncode, result.stderr_tail,
+                                     f"it reported {len(got)} of {expected} tests")
+            raise failures.TrialFailedError("llama-bench", failures.from_error(err))
+        argvs = argv if not argvs else [*argvs, "&&", *argv]
+        rows += got
+        elapsed += result.elapsed_s
+    return tuple(argvs), rows, elapsed
 
 
 def _merge(old: tuple[BenchRow, ...], new: tuple[BenchRow, ...]) -> tuple[BenchRow, ...]:
@@ -240,6 +259,7 @@ def run_bench_group(
     n_prompt: int = 512,
     n_gen: int = 128,
     depth: int | Sequence[int] = 0,
+    gen_depth: int | None = None,
     repetitions: int | None = None,
     rse_target_pct: float = RSE_TARGET_PCT,
     max_repetitions: int = MAX_REPETITIONS,
@@ -249,19 +269,22 @@ def run_bench_group(
 ) -> list[BenchResult]:
     """llama-bench for configs sharing a model load, one result per config.
 
+    ``depth``: the context filled before each test; ``gen_depth``, when given, replaces it for the generation
+    test only (a workload's prompt starts at its history, its reply at history + prompt).
     With ``repetitions`` the count is exact; without it, runs repeat until every figure's relative standard
     error is <= ``rse_target_pct`` or ``max_repetitions`` samples are in.
     """
     depths = [depth] if isinstance(depth, int) else list(depth)
+    tests = _tests(n_prompt, n_gen, depths, gen_depth)
     reps = repetitions or MIN_REPETITIONS
-    argv, rows, elapsed = _bench_once(engine, cfgs, n_prompt=n_prompt, n_gen=n_gen, repetitions=reps,
-                                      depths=depths, timeout_s=timeout_s, caps=caps, sampler=sampler)
+    argv, rows, elapsed = _bench_once(engine, cfgs, tests=tests, repetitions=reps, timeout_s=timeout_s,
+                                      caps=caps, sampler=sampler)
     runs, done = 1, reps
     while repetitions is None and done < max_repetitions and any(
             r.spread.rse_pct > rse_target_pct for r in rows):
         more = min(MIN_REPETITIONS, max_repetitions - done)
-        _, extra, took = _bench_once(engine, cfgs, n_prompt=n_prompt, n_gen=n_gen, repetitions=more,
-                                     depths=depths, timeout_s=timeout_s, caps=caps, sampler=sampler)
+        _, extra, took = _bench_once(engine, cfgs, tests=tests, repetitions=more, timeout_s=timeout_s, caps=caps,
+                                     sampler=sampler)
         rows, runs, done, elapsed = _merge(rows, extra), runs + 1, done + more, elapsed + took
     memory = sampler.report() if sampler else None
     return [BenchResult(argv, rows_for(cfg, rows) if len(cfgs) > 1 else rows, elapsed, cfg, runs, memory)
@@ -276,14 +299,16 @@ def run_bench(
     n_gen: int = 128,
     repetitions: int | None = 3,
     depth: int | Sequence[int] = 0,
+    gen_depth: int | None = None,
     timeout_s: float = 1800.0,
     caps: Capabilities | None = None,
     sampler: Sampler | None = None,
     max_repetitions: int = MAX_REPETITIONS,
 ) -> BenchResult:
     """One config with llama-bench; ``repetitions=None`` repeats until the spread is small (noise control)."""
-    return run_bench_group(engine, [cfg], n_prompt=n_prompt, n_gen=n_gen, depth=depth, repetitions=repetitions,
-                           timeout_s=timeout_s, caps=caps, sampler=sampler, max_repetitions=max_repetitions)[0]
+    return run_bench_group(engine, [cfg], n_prompt=n_prompt, n_gen=n_gen, depth=depth, gen_depth=gen_depth,
+                           repetitions=repetitions, timeout_s=timeout_s, caps=caps, sampler=sampler,
+                           max_repetitions=max_repetitions)[0]
 
 
 def run_bench_many(engine: EngineLocation, cfgs: Sequence[LaunchConfig], **kwargs: Any

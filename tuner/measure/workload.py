@@ -28,32 +28,78 @@ class WorkloadKind(str, Enum):
 
 @dataclass(frozen=True, slots=True)
 class Workload:
+    """What one user request looks like, and how many are in flight: the measurement every trial makes.
+
+    ``depth_tokens`` is the context already filled when generation happens (None: the prompt itself, i.e. a
+    fresh conversation); an agent living with a long history sets it higher. The prompt is then processed on
+    top of ``depth_tokens - prompt_tokens`` tokens of history, and generation runs at ``depth_tokens``.
+    """
+
     kind: WorkloadKind
     prompt_tokens: int
     gen_tokens: int
     # Rounds per concurrency level: at level c, c clients each send this many requests back to back.
     rounds: int = 2
+    depth_tokens: int | None = None
+    concurrency: int = 1  # requests in flight at once (server slots worth searching up to this)
 
     def __post_init__(self) -> None:
         if self.prompt_tokens < 1 or self.gen_tokens < 1 or self.rounds < 1:
             raise UsageError("workload prompt tokens, generated tokens and rounds must be >= 1: fix -p/-n")
+        if self.depth_tokens is not None and self.depth_tokens < self.prompt_tokens:
+            raise UsageError(f"--depth {self.depth_tokens} is shorter than the {self.prompt_tokens}-token prompt it "
+                             "includes: raise --depth or lower -p")
+        if self.concurrency < 1:
+            raise UsageError("workload concurrency must be >= 1")
+
+    @property
+    def gen_depth(self) -> int:
+        """Tokens in the context while generating (llama-bench ``-d`` of the generation test)."""
+        return self.prompt_tokens if self.depth_tokens is None else self.depth_tokens
+
+    @property
+    def prompt_depth(self) -> int:
+        """History already in the context when the prompt is processed (``-d`` of the prompt test)."""
+        return self.gen_depth - self.prompt_tokens
+
+    @property
+    def context_tokens(self) -> int:
+        """Context one request needs: history, prompt and the reply."""
+        return self.gen_depth + self.gen_tokens
+
+    def request_s(self, prompt_tok_s: float, gen_tok_s: float) -> float:
+        """Seconds one request takes end to end: its prompt at ``prompt_tok_s`` plus its reply at ``gen_tok_s``."""
+        return self.prompt_tokens / prompt_tok_s + self.gen_tokens / gen_tok_s
+
+    def score(self, prompt_tok_s: float | None, gen_tok_s: float | None) -> float | None:
+        """Requests per second for one user (higher is better): the one score the search and the finish share."""
+        if not prompt_tok_s or not gen_tok_s or prompt_tok_s <= 0 or gen_tok_s <= 0:
+            return None
+        return 1.0 / self.request_s(prompt_tok_s, gen_tok_s)
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": self.kind.value, "prompt_tokens": self.prompt_tokens, "gen_tokens": self.gen_tokens,
+                "depth_tokens": self.gen_depth, "prompt_depth_tokens": self.prompt_depth,
+                "concurrency": self.concurrency, "rounds": self.rounds}
 
 
-# chat: short turns; agent: long tool-laden prompts, modest replies; batch: many long generations.
+# chat: short turns; agent: long tool-laden prompts, modest replies; batch: many long generations, 4 in flight.
 PRESETS = {
     WorkloadKind.CHAT: (512, 128),
     WorkloadKind.AGENT: (8192, 256),
     WorkloadKind.BATCH: (256, 512),
 }
+CONCURRENCY = {WorkloadKind.BATCH: 4}
 
 
 def preset(kind: WorkloadKind, prompt_tokens: int | None = None, gen_tokens: int | None = None,
-           rounds: int = 2) -> Workload:
+           rounds: int = 2, *, depth_tokens: int | None = None, concurrency: int | None = None) -> Workload:
     """A named workload; explicit token counts override the preset (and are required for ``custom``)."""
     if kind is WorkloadKind.CUSTOM and (prompt_tokens is None or gen_tokens is None):
         raise UsageError("--workload custom needs both -p PROMPT_TOKENS and -n GEN_TOKENS")
     p, g = PRESETS.get(kind, (0, 0))
-    return Workload(kind, prompt_tokens or p, gen_tokens or g, rounds)
+    return Workload(kind, prompt_tokens or p, gen_tokens or g, rounds, depth_tokens,
+                    concurrency or CONCURRENCY.get(kind, 1))
 
 
 def prompt_text() -> str:

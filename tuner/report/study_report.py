@@ -13,6 +13,7 @@ from tuner.core.errors import UsageError
 from tuner.engine import flags
 from tuner.search.finish import Finish, ServerMeasurement
 from tuner.search.study import TrialRecord, config_from_dict, non_dominated, pareto_front, records
+from tuner.search.verdict import Verdict
 
 RESULT_VERSION = 1
 
@@ -32,6 +33,11 @@ def result_from_study(st: Any) -> dict[str, Any]:
         "finish": fin.to_dict(),
         "winner": winner.to_dict() if winner else None,
         "speedup": {"default": fin.speedup("default"), "fit": fin.speedup("fit")},
+        "measure": attrs.get("measure"),
+        "quality": {"max_kld": (attrs.get("objective") or {}).get("max_kld"),
+                    "winner_kld_mean": winner.kld_mean if winner else None,
+                    "winner_same_top_pct": winner.same_top_pct if winner else None,
+                    "kv_prices": attrs.get("kv_prices", [])},
     }
 
 
@@ -86,94 +92,124 @@ def _fmt(v: float | None, spec: str = ",.1f") -> str:
     return "n/a" if v is None else format(v, spec)
 
 
+def _winner_lines(result: dict[str, Any]) -> list[str]:
+    w = result.get("winner")
+    if not w:
+        return []
+    fin = Finish.from_dict(result["finish"])
+    sp = result.get("speedup") or {}
+    versus = "; ".join(f"vs {'--fit' if k == 'fit' else k}: {v:.2f}x" for k, v in sp.items() if v is not None)
+    cfg = w["config"]
+    q = result.get("quality") or {}
+    floor = q.get("max_kld")
+    kld = (f"mean KLD {w['kld_mean']:.5f} vs the f16 cache (same top token {_fmt(w['same_top_pct'], '.2f')} %)"
+           if w.get("kld_mean") is not None else "not priced (--max-kld off)")
+    lines = ["## Winner", "", f"`{w['launch_line']}`", "",
+             f"- generation {_fmt(w['gen_tok_s'])} tok/s per request (CV across rounds {_fmt(w['gen_cv_pct'])} %), "
+             f"prompt {_fmt(w['prompt_tok_s'])} tok/s, TTFT {_fmt((w['ttft_s'] or 0) * 1000, ',.0f')} ms",
+             f"- quality: KV {cfg.get('cache_type_k')}/{cfg.get('cache_type_v')}, {kld}; floor "
+             f"{'off' if floor is None else format(floor, 'g')}"]
+    if w.get("slots", 1) > 1 or fin.concurrency > 1:
+        lines.append(f"- {w.get('slots', 1)} slots: {_fmt(w.get('loaded_gen_tok_s'))} tok/s per request with every "
+                     f"slot busy, {_fmt(w.get('end_to_end_gen_tok_s'))} tok/s aggregate (prompts included)")
+    if versus:
+        lines.append(f"- {versus} (by {fin.metric})")
+    lines += [f"- {Verdict.from_dict(v).describe()}" for v in result["finish"].get("verdicts", [])]
+    lines.append(f"- spill: {w['spill']}; roofline: {_fmt(w['roofline_pct'], '.0f')} %; "
+                 f"tok/J: {_fmt(w['tokens_per_joule'], '.2f')}")
+    return [*lines, ""]
+
+
 def markdown(result: dict[str, Any]) -> str:
     trials = [TrialRecord(**t) for t in result["trials"]]
+    m = result.get("measure") or {}
     lines = [f"# auto-tune: {Path(result['model'] or '?').name}", "",
              f"- study: `{result['study']}`", f"- machine: {(result.get('hardware') or {}).get('describe')}",
              f"- engine: llama.cpp {(result.get('engine') or {}).get('commit')} "
              f"({(result.get('engine') or {}).get('backend')})",
-             f"- workload: {result.get('workload')}", ""]
-    w = result.get("winner")
-    if w:
-        sp = result.get("speedup") or {}
-        lines += ["## Winner", "", f"`{w['launch_line']}`", "",
-                  f"- generation {_fmt(w['gen_tok_s'])} tok/s per request (CV {_fmt(w['gen_cv_pct'])} %), "
-                  f"prompt {_fmt(w['prompt_tok_s'])} tok/s, TTFT {_fmt((w['ttft_s'] or 0) * 1000, ',.0f')} ms",
-                  f"- vs default: {_fmt(sp.get('default'), '.2f')}x; vs --fit: {_fmt(sp.get('fit'), '.2f')}x "
-                  f"(by {Finish.from_dict(result['finish']).metric})",
-                  f"- spill: {w['spill']}; roofline: {_fmt(w['roofline_pct'], '.0f')} %; "
-                  f"tok/J: {_fmt(w['tokens_per_joule'], '.2f')}", ""]
-    lines += ["## Server re-measure", "", "| config | gen tok/s | CV % | prompt tok/s | TTFT ms | launch line |",
-              "|---|---:|---:|---:|---:|---|"]
+             f"- workload: {result.get('workload')}",
+             f"- trials: llama-bench pp{m.get('n_prompt')} at depth {m.get('prompt_depth')}, tg{m.get('n_gen')} at "
+             f"depth {m.get('gen_depth')}, scored by one request's end-to-end time" if m else "- trials: llama-bench",
+             "", *_winner_lines(result)]
+    lines += ["## Server re-measure", "",
+              "| config | slots | gen tok/s | CV % | prompt tok/s | per request, slots busy | aggregate tok/s | "
+              "KLD | rounds | launch line |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     fin = result["finish"]
-    for m in [*fin.get("baselines", []), *fin.get("candidates", [])]:
-        lines.append(f"| {m['label']} | {_fmt(m['gen_tok_s'])} | {_fmt(m['gen_cv_pct'])} | {_fmt(m['prompt_tok_s'])}"
-                     f" | {_fmt((m['ttft_s'] or 0) * 1000, ',.0f')} | `{m['launch_line']}` |")
+    for s in [*fin.get("baselines", []), *fin.get("candidates", [])]:
+        rounds = sum(x is not None for x in s.get("scores", []))
+        lines.append(f"| {s['label']} | {s.get('slots', 1)} | {_fmt(s['gen_tok_s'])} | {_fmt(s['gen_cv_pct'])} | "
+                     f"{_fmt(s['prompt_tok_s'])} | {_fmt(s.get('loaded_gen_tok_s'))} | "
+                     f"{_fmt(s.get('end_to_end_gen_tok_s'))} | {_fmt(s.get('kld_mean'), '.5f')} | {rounds} | "
+                     f"`{s['launch_line']}` |")
     lines += ["", "## Trials", "",
-              "| # | status | seed | n-cpu-moe | K | V | fa | threads | ubatch | gen tok/s | prompt tok/s | note |",
-              "|---:|---|---|---:|---|---|---|---:|---:|---:|---:|---|"]
+              "| # | status | seed | n-cpu-moe | K/V | fa | threads | ubatch | depth | reps | gen tok/s | "
+              "prompt tok/s | s/request | KLD | note |",
+              "|---:|---|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for t in trials:
         c = t.config
         note = ""
         if t.status == "infeasible":
-            note = ", ".join(f"{k}={v:+.0f}" for k, v in t.constraints.items() if v > 0)
+            note = ", ".join(f"{k}={v:+.4g}" for k, v in t.constraints.items() if v > 0)
         elif t.failure:
             note = f"{t.failure.get('kind')}: {str(t.failure.get('reason'))[:60]}"
-        lines.append(f"| {t.number} | {t.status} | {t.seed or ''} | {c.get('n_cpu_moe')} | {c.get('cache_type_k')} |"
-                     f" {c.get('cache_type_v')} | {c.get('flash_attn')} | {c.get('threads')} | {c.get('ubatch')} |"
-                     f" {_fmt(t.gen_tok_s)} | {_fmt(t.prompt_tok_s)} | {note} |")
+        lines.append(f"| {t.number} | {t.status} | {t.seed or ''} | {c.get('n_cpu_moe')} | {c.get('cache_type_k')}/"
+                     f"{c.get('cache_type_v')} | {c.get('flash_attn')} | {c.get('threads')} | {c.get('ubatch')} | "
+                     f"{'' if t.gen_depth is None else t.gen_depth} | {t.repetitions or ''} | {_fmt(t.gen_tok_s)} | "
+                     f"{_fmt(t.prompt_tok_s)} | {_fmt(t.request_s, '.3f')} | {_fmt(t.kld, '.5f')} | {note} |")
     return "\n".join(lines) + "\n"
 
 
 def plots(result: dict[str, Any], out_dir: Path) -> list[Path]:
-    """tok/s vs n-cpu-moe per KV type, and generation vs prompt tok/s with the Pareto front marked."""
+    """Only plots that carry information: tok/s vs --n-cpu-moe per KV pair when --n-cpu-moe took several
+    values, and generation vs prompt tok/s with the Pareto front when two or more trials were measured."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    measured = [t for t in result["trials"] if t["status"] == "measured"]
+    measured = [t for t in result["trials"] if t["status"] == "measured" and t.get("gen_tok_s")]
     written: list[Path] = []
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    by_kv: dict[str, list[tuple[int, float]]] = {}
-    for t in measured:
-        c = t["config"]
-        by_kv.setdefault(f"K {c['cache_type_k']} / V {c['cache_type_v']}", []).append(
-            (c.get("n_cpu_moe") or 0, t["gen_tok_s"]))
-    for label, pts in sorted(by_kv.items()):
-        pts.sort()
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", linestyle="-" if len(pts) > 1 else "",
-                label=label)
-    ax.set_xlabel("--n-cpu-moe (layers whose experts stay in RAM)")
-    ax.set_ylabel("generation tok/s (llama-bench)")
-    ax.set_title("Generation speed vs --n-cpu-moe per KV cache type")
-    if by_kv:
+    if len({t["config"].get("n_cpu_moe") for t in measured} - {None}) >= 2:
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        by_kv: dict[str, list[tuple[int, float]]] = {}
+        for t in measured:
+            c = t["config"]
+            by_kv.setdefault(f"K {c['cache_type_k']} / V {c['cache_type_v']}", []).append(
+                (c.get("n_cpu_moe") or 0, t["gen_tok_s"]))
+        for label, pts in sorted(by_kv.items()):
+            pts.sort()
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", linestyle="-" if len(pts) > 1 else "",
+                    label=label)
+        ax.set_xlabel("--n-cpu-moe (layers whose experts stay in RAM)")
+        ax.set_ylabel("generation tok/s at the workload's depth (llama-bench)")
+        ax.set_title("Generation speed vs --n-cpu-moe per KV cache pair")
         ax.legend(fontsize="small")
-    path = out_dir / "tok_s_vs_n_cpu_moe.png"
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    written.append(path)
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    front = set(result.get("pareto") or [])
-    if not front and measured:  # single objective: mark the non-dominated measured trials
-        flags = non_dominated([(t["gen_tok_s"], t["prompt_tok_s"]) for t in measured])
-        front = {t["number"] for t, on in zip(measured, flags, strict=True) if on}
-    ax.scatter([t["prompt_tok_s"] for t in measured], [t["gen_tok_s"] for t in measured], label="measured trials")
-    pf = sorted((t for t in measured if t["number"] in front), key=lambda t: t["prompt_tok_s"])
-    ax.plot([t["prompt_tok_s"] for t in pf], [t["gen_tok_s"] for t in pf], color="red", marker="D",
-            label="Pareto front")
-    ax.set_xlabel("prompt tok/s")
-    ax.set_ylabel("generation tok/s")
-    ax.set_title("Generation vs prompt speed")
-    ax.legend(fontsize="small")
-    path = out_dir / "pareto_front.png"
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    written.append(path)
+        written.append(_save(fig, out_dir / "tok_s_vs_n_cpu_moe.png"))
+    if len(measured) >= 2:
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        front = set(result.get("pareto") or [])
+        if not front:  # single objective: mark the non-dominated measured trials
+            flags = non_dominated([(t["gen_tok_s"], t["prompt_tok_s"]) for t in measured])
+            front = {t["number"] for t, on in zip(measured, flags, strict=True) if on}
+        ax.scatter([t["prompt_tok_s"] for t in measured], [t["gen_tok_s"] for t in measured], label="measured trials")
+        pf = sorted((t for t in measured if t["number"] in front), key=lambda t: t["prompt_tok_s"])
+        ax.plot([t["prompt_tok_s"] for t in pf], [t["gen_tok_s"] for t in pf], color="red", marker="D",
+                label="Pareto front")
+        ax.set_xlabel("prompt tok/s")
+        ax.set_ylabel("generation tok/s")
+        ax.set_title("Generation vs prompt speed")
+        ax.legend(fontsize="small")
+        written.append(_save(fig, out_dir / "pareto_front.png"))
     return written
+
+
+def _save(fig: Any, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
 
 
 def write(result: dict[str, Any], out_dir: Path) -> list[Path]:

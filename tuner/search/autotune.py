@@ -6,7 +6,7 @@ A Python user can call :func:`auto_tune` directly; the CLI only parses options a
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,17 +14,16 @@ from tuner.core.config import CacheType, LaunchConfig
 from tuner.core.errors import UsageError
 from tuner.engine import build
 from tuner.machine.hardware import Hardware
-from tuner.measure.workload import Workload, WorkloadKind
+from tuner.measure.workload import Workload
 from tuner.models.gguf_reader import ModelInfo, inspect_model
 from tuner.plan.placement import largest_fitting_ctx
 from tuner.plan.roofline import roofline
-from tuner.quality import perplexity
+from tuner.quality import kv_price
+from tuner.quality.kv_price import KvPrice
 from tuner.search import finish, space, speculation, study
 
 DEFAULT_CTX = 4096
 TOP_CANDIDATES = 2
-# Slots per workload: chat and agent serve one user; batch keeps four requests in flight.
-SLOTS = {WorkloadKind.CHAT: 1, WorkloadKind.AGENT: 1, WorkloadKind.BATCH: 4, WorkloadKind.CUSTOM: 1}
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,14 +33,17 @@ class TuneRequest:
     min_ctx: int | None = None
     goal_context: bool = False
     parallel: int | None = None
-    max_kld: float | None = None
-    # How --max-kld's KL-divergence is measured (llama-perplexity over the bundled corpus, once per KV pair).
-    kld_ctx: int = perplexity.DEFAULT_CTX
-    kld_chunks: int = perplexity.DEFAULT_CHUNKS
+    # Quality floor: the largest mean KLD (vs the f16 cache) a KV pair may cost; None: no floor (--max-kld off).
+    max_kld: float | None = kv_price.DEFAULT_MAX_KLD
+    # How the KL-divergence is measured (llama-perplexity over the bundled corpus, once per model and KV pair).
+    kld_ctx: int = kv_price.PRICE_CTX
+    kld_chunks: int = kv_price.PRICE_CHUNKS
     vram_margin_mib: float | None = None
     pareto: bool = False
     budget: study.Budget = study.Budget(trials=12)
-    measure: study.Measure = study.Measure()
+    measure: study.Measure | None = None  # None: study.Measure.for_workload(workload)
+    min_tok_s: float | None = None  # per-request generation floor for concurrent workloads
+    rounds: finish.Rounds = finish.Rounds()
     storage: str | None = None
     results_dir: Path = Path("results")
     top_candidates: int = TOP_CANDIDATES
@@ -60,7 +62,7 @@ class TuneResult:
 
 
 def choose_ctx(req: TuneRequest, info: ModelInfo, hw: Hardware, parallel: int) -> int:
-    need = req.workload.prompt_tokens + req.workload.gen_tokens
+    need = req.workload.context_tokens
     if req.goal_context:
         # The largest context the memory model lets fit with compact q8_0 KV and every expert on the host.
         probe = LaunchConfig(model=req.model, n_cpu_moe=info.n_layer, cache_type_k=CacheType.Q8_0,
@@ -85,12 +87,14 @@ def auto_tune(req: TuneRequest, loc: build.EngineLocation, hw: Hardware, *,
 
     caps = build.capabilities(loc)
     info = inspect_model(req.model)
-    parallel = req.parallel or SLOTS[req.workload.kind]
+    parallel = req.parallel or req.workload.concurrency
     ctx = choose_ctx(req, info, hw, parallel)
     sp = space.build_space(req.model, info, hw, ctx=ctx, parallel=parallel,
-                           prompt_tokens=req.workload.prompt_tokens)
+                           prompt_tokens=req.workload.prompt_tokens, concurrency=req.workload.concurrency,
+                           vram_margin_mib=req.vram_margin_mib)
     objective = study.Objective(pareto=req.pareto, max_kld=req.max_kld)
-    name = study.study_name(req.model, hw, caps, sp, req.measure, objective)
+    measure = req.measure or study.Measure.for_workload(req.workload)
+    name = study.study_name(req.model, hw, caps, sp, measure, objective)
     storage = req.storage or study.default_storage(req.results_dir)
     if on_step:
         on_step("asking llama-fit-params for llama.cpp's own --fit choice")
@@ -105,29 +109,30 @@ def auto_tune(req: TuneRequest, loc: build.EngineLocation, hw: Hardware, *,
                                   "vram_total_bytes": hw.vram_total_bytes, "ram_total_bytes": hw.ram_total_bytes,
                                   "vram_budget_bytes": hw.vram_budget_bytes, "physical_cores": hw.physical_cores})
     st.set_user_attr("engine", {"commit": caps.commit, "version": caps.version, "backend": caps.backend})
-    st.set_user_attr("workload", {"kind": req.workload.kind.value, "prompt_tokens": req.workload.prompt_tokens,
-                                  "gen_tokens": req.workload.gen_tokens, "rounds": req.workload.rounds})
+    st.set_user_attr("workload", req.workload.describe())
+    st.set_user_attr("measure", {"n_prompt": measure.n_prompt, "n_gen": measure.n_gen,
+                                 "prompt_depth": measure.prompt_depth, "gen_depth": measure.gen_depth,
+                                 "repetitions": measure.repetitions, "quiet_repetitions": measure.quiet_repetitions})
     st.set_user_attr("objective", {"pareto": req.pareto, "max_kld": req.max_kld,
+                                   "max_kld_default": kv_price.DEFAULT_MAX_KLD, "min_tok_s": req.min_tok_s,
                                    "goal": "context" if req.goal_context else "speed"})
 
-    kld_cache: dict[tuple[CacheType, CacheType], float | None] = {}
+    prices: dict[tuple[CacheType, CacheType], KvPrice] = {}
 
-    def kld_of(cfg: LaunchConfig) -> float | None:
+    def kld_of(cfg: LaunchConfig) -> KvPrice | None:
+        """The KV pair's quality cost, priced once per model (and cached on disk across runs)."""
+        if req.max_kld is None:
+            return None
         key = (cfg.cache_type_k, cfg.cache_type_v)
-        if key not in kld_cache:
-            q = perplexity.measure(loc, req.model, cache_type_k=key[0], cache_type_v=key[1], ctx=req.kld_ctx,
-                                chunks=req.kld_chunks)
-            if q.kld_mean is None and not q.is_reference:
-                raise UsageError(
-                    f"--max-kld needs a reference of {req.model.name} (its F16/BF16/Q8_0 file in the same folder) "
-                    "to measure KL-divergence against: download one next to it, or drop --max-kld"
-                )
-            kld_cache[key] = 0.0 if q.is_reference else q.kld_mean
-        return kld_cache[key]
+        if key not in prices:
+            prices[key] = kv_price.price(loc, req.model, *key, ctx=req.kld_ctx, chunks=req.kld_chunks,
+                                         on_step=on_step)
+            st.set_user_attr("kv_prices", [p.to_dict() for p in prices.values()])
+        return prices[key]
 
-    outcome = study.run_search(st, sp, info, hw, loc, budget=req.budget, measure=req.measure, objective=objective,
-                               caps=caps, vram_margin_mib=req.vram_margin_mib,
-                               kld_of=kld_of if req.max_kld is not None else None, on_progress=on_progress)
+    outcome = study.run_search(st, sp, info, hw, loc, budget=req.budget, measure=measure, objective=objective,
+                               caps=caps, vram_margin_mib=req.vram_margin_mib, kld_of=kld_of,
+                               on_progress=on_progress)
     result_dir = req.results_dir / name
     if outcome.interrupted:
         return TuneResult(name, storage, result_dir, study_report.result_from_study(st), outcome)
@@ -143,9 +148,9 @@ def auto_tune(req: TuneRequest, loc: build.EngineLocation, hw: Hardware, *,
     def roof(cfg: LaunchConfig) -> float | None:
         return roofline(info, cfg, hw).gen_tok_s or None
 
-    load = replace(req.workload, rounds=max(3, req.workload.rounds))
-    done = finish.finish(loc, [(rec.number, cfg) for rec, cfg in top], baselines, load,
-                         log_dir=result_dir / "logs", caps=caps, roofline_of=roof, on_step=on_step,
+    done = finish.finish(loc, [(rec.number, cfg) for rec, cfg in top], baselines, req.workload,
+                         log_dir=result_dir / "logs", caps=caps, roofline_of=roof, kld_of=kld_of, slots=sp.slots,
+                         min_tok_s=req.min_tok_s, rounds=req.rounds, on_step=on_step,
                          vram_budget_bytes=hw.vram_budget_bytes or None)
     if req.speculation is not None:
         done = speculation.after_finish(loc, st, done, info, hw, req.speculation, req.workload, result_dir=result_dir,

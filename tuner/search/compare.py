@@ -178,8 +178,7 @@ def _measure_one(t: _Target, req: CompareRequest, reference: Path | None, loc: b
     load = req.workload
     tune = autotune.TuneRequest(model=t.path, workload=load, min_ctx=req.min_ctx,
                                 budget=study.Budget(trials=req.trials),
-                                measure=study.Measure(n_prompt=min(load.prompt_tokens, 512),
-                                                      n_gen=min(load.gen_tokens, 128)),
+                                measure=study.Measure.for_workload(load),
                                 results_dir=out_dir / "tune")
     try:
         res = autotune.auto_tune(tune, loc, tune_hw, on_step=on_step)

@@ -1,10 +1,20 @@
-"""What the search may try: the settings the detected engine accepts, shaped by the card and the workload,
-with the memory model as the gate that keeps configs which cannot fit from ever being launched.
+"""What the search may try: the settings the detected engine accepts, shaped by the card, the workload and the
+physics of MoE inference, with the memory model as the gate that keeps configs which cannot fit from ever
+being launched.
 
-Dependent choices are encoded in the space rather than repaired afterwards: a quantized V cache needs flash
-attention, so ``flash_attn`` is only asked for when V is f16/bf16/f32 (otherwise it is on). Settings that do
-not pay on this machine are not searched: ``--n-cpu-moe`` only with a GPU (on a CPU build every expert is on
-the host anyway), ubatch only when the prompt is longer than the default ubatch.
+The space holds only configs that can win, so a trial (a model load on a real 20 GB model) is not spent on
+one that physics already rules out:
+
+- ``--n-cpu-moe`` near the memory model's fitting boundary: the smallest value that fits (at any KV pair and
+  ubatch of the space) up to a few above the largest such boundary, to absorb the model's error. Every value
+  above is slower by physics (more expert bytes read over the slow path); below it does not fit.
+- K/V cache types as a short list of pairs: same-type pairs and K-more-precise-than-V pairs (attention is
+  more sensitive to K error than to V error), not 8 × 8 types.
+- threads among the physical-core counts that can win; ubatch only where prompts are long or experts are
+  offloaded (prompt processing with host experts copies them per ubatch).
+- a quantized V cache needs flash attention: ``flash_attn`` is only asked for when V is f16/bf16/f32.
+- slots (``-np``) for concurrent workloads: llama-bench cannot run parallel sequences, so slot counts are
+  measured by the finish step's llama-server runs (:attr:`SearchSpace.slots`).
 """
 
 from __future__ import annotations
@@ -21,13 +31,24 @@ from tuner.machine.hardware import Hardware
 from tuner.models.gguf_reader import ModelInfo
 from tuner.plan.memory import DEFAULT_UBATCH, MIB, MemoryEstimate, estimate
 
-# Every KV cache type llama-server's -ctk/-ctv accepts at the pinned commit (common/arg.cpp kv_cache_types),
-# f32 left out: it is never faster than f16 and doubles the cache.
-KV_TYPES: tuple[CacheType, ...] = (
-    CacheType.F16, CacheType.Q8_0, CacheType.Q5_1, CacheType.Q5_0, CacheType.Q4_1, CacheType.Q4_0,
-    CacheType.IQ4_NL, CacheType.BF16,
+F16, Q8, Q4 = CacheType.F16, CacheType.Q8_0, CacheType.Q4_0
+# Same-type pairs and K-more-precise-than-V pairs over f16 > q8_0 > q4_0, most precise first. The exotic
+# types (q4_1, q5_x, iq4_nl, bf16) sit between these in size and quality and have never been the answer.
+KV_PAIRS: tuple[tuple[CacheType, CacheType], ...] = (
+    (F16, F16), (F16, Q8), (Q8, Q8), (F16, Q4), (Q8, Q4), (Q4, Q4),
 )
 UBATCH_CHOICES = (1024, 2048)
+# --n-cpu-moe values searched above the largest fitting boundary, to absorb the memory model's error.
+N_CPU_MOE_ABOVE = 3
+
+
+def kv_label(k: CacheType, v: CacheType) -> str:
+    return f"{k.value}/{v.value}"
+
+
+def _kv_from_label(label: str) -> tuple[CacheType, CacheType]:
+    k, v = label.split("/")
+    return CacheType(k), CacheType(v)
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,20 +59,19 @@ class SearchSpace:
     ctx: int
     parallel: int
     n_cpu_moe: tuple[int, int] | None  # inclusive range; None: not searched (CPU build)
-    cache_types_k: tuple[CacheType, ...]
-    cache_types_v: tuple[CacheType, ...]
+    kv_pairs: tuple[tuple[CacheType, CacheType], ...]
     flash_attn: tuple[FlashAttn, ...]
     threads: tuple[int | None, ...]
     ubatch: tuple[int | None, ...]
+    slots: tuple[int, ...] = (1,)  # -np values the finish measures (concurrent workloads)
 
     def describe(self) -> dict[str, Any]:
         return {
             "model": str(self.model), "ctx": self.ctx, "parallel": self.parallel,
             "n_cpu_moe": list(self.n_cpu_moe) if self.n_cpu_moe else None,
-            "cache_type_k": [t.value for t in self.cache_types_k],
-            "cache_type_v": [t.value for t in self.cache_types_v],
+            "kv": [kv_label(k, v) for k, v in self.kv_pairs],
             "flash_attn": [f.value for f in self.flash_attn], "threads": list(self.threads),
-            "ubatch": list(self.ubatch),
+            "ubatch": list(self.ubatch), "slots": list(self.slots),
         }
 
     @property
@@ -60,52 +80,86 @@ class SearchSpace:
         return sum(1 for _ in iter_configs(self))
 
 
+def _physical_threads(cores: int) -> tuple[int, ...]:
+    """All cores; one fewer (leaves one for the server's HTTP and sampling threads, or for the GPU driver);
+    half (with experts offloaded, memory bandwidth saturates before the cores do)."""
+    return tuple(sorted({max(1, cores // 2), max(1, cores - 1), cores}))
+
+
+def slot_counts(concurrency: int) -> tuple[int, ...]:
+    """Powers of two up to the workload's concurrency, and the concurrency itself: 1, 2, 4, ... N."""
+    counts = {1, concurrency}
+    n = 2
+    while n < concurrency:
+        counts.add(n)
+        n *= 2
+    return tuple(sorted(counts))
+
+
+def fitting_boundary(info: ModelInfo, cfg: LaunchConfig, hw: Hardware,
+                     vram_margin_mib: float | None = None) -> int | None:
+    """The smallest ``--n-cpu-moe`` at which ``cfg`` fits, or None when even all experts on the host do not."""
+    for n in range(0, info.n_layer + 1):
+        if check(info, replace(cfg, n_cpu_moe=n), hw, vram_margin_mib).feasible:
+            return n
+    return None
+
+
 def build_space(model_path: Path, info: ModelInfo, hw: Hardware, *, ctx: int, parallel: int, prompt_tokens: int,
-                kv_types: Sequence[CacheType] = KV_TYPES, search_n_cpu_moe: bool | None = None) -> SearchSpace:
+                kv_pairs: Sequence[tuple[CacheType, CacheType]] = KV_PAIRS, search_n_cpu_moe: bool | None = None,
+                concurrency: int = 1, vram_margin_mib: float | None = None) -> SearchSpace:
     """The space for this model on this machine, serving ``parallel`` slots of ``ctx`` tokens in total."""
     if ctx < 1 or parallel < 1:
         raise UsageError("context and slots must be >= 1: fix --min-ctx / --parallel")
-    if not kv_types:
+    if not kv_pairs:
         raise UsageError("no KV cache types to search: name at least one")
-    with_moe = hw.has_gpu if search_n_cpu_moe is None else search_n_cpu_moe
-    cores = max(1, hw.physical_cores)
-    threads = tuple(sorted({max(1, cores // 2), cores}))
+    with_moe = (hw.has_gpu if search_n_cpu_moe is None else search_n_cpu_moe) and bool(info.n_expert)
+    long_prompt = prompt_tokens > DEFAULT_UBATCH
+    # A ubatch larger than the prompt changes nothing; with host experts it matters most (fewer expert copies).
     ubatch: tuple[int | None, ...] = (None, *(u for u in UBATCH_CHOICES if u <= prompt_tokens)) \
-        if prompt_tokens > DEFAULT_UBATCH else (None,)
-    kv = tuple(dict.fromkeys(kv_types))
+        if long_prompt else (None,)
+    pairs = tuple(dict.fromkeys(kv_pairs))
+    moe: tuple[int, int] | None = None
+    if with_moe:
+        bounds = [fitting_boundary(info, LaunchConfig(model=model_path, cache_type_k=k, cache_type_v=v,
+                                                      flash_attn=FlashAttn.ON, ctx=ctx, parallel=parallel,
+                                                      ubatch=u), hw, vram_margin_mib)
+                  for (k, v), u in product(pairs, ubatch)]
+        fits = [b for b in bounds if b is not None]
+        lo = min(fits) if fits else info.n_layer
+        moe = (lo, min(info.n_layer, (max(fits) if fits else lo) + N_CPU_MOE_ABOVE))
     return SearchSpace(
-        model=model_path, ctx=ctx, parallel=parallel,
-        n_cpu_moe=(0, info.n_layer) if with_moe and info.n_expert else None,
-        cache_types_k=kv, cache_types_v=kv, flash_attn=(FlashAttn.ON, FlashAttn.OFF),
-        threads=threads, ubatch=ubatch,
+        model=model_path, ctx=ctx, parallel=parallel, n_cpu_moe=moe, kv_pairs=pairs,
+        flash_attn=(FlashAttn.ON, FlashAttn.OFF), threads=_physical_threads(max(1, hw.physical_cores)),
+        ubatch=ubatch, slots=slot_counts(concurrency),
     )
 
 
 def make_config(space: SearchSpace, params: dict[str, Any]) -> LaunchConfig:
     """The launch config a set of parameter values stands for (the one function both directions agree on)."""
-    ctv = CacheType(params.get("cache_type_v", space.cache_types_v[0].value))
+    ctk, ctv = _kv_from_label(params["kv"]) if "kv" in params else space.kv_pairs[0]
     fa = FlashAttn.ON if ctv.is_quantized else FlashAttn(params.get("flash_attn", space.flash_attn[0].value))
     return LaunchConfig(
         model=space.model,
         n_cpu_moe=params.get("n_cpu_moe") if space.n_cpu_moe else None,
-        cache_type_k=CacheType(params.get("cache_type_k", space.cache_types_k[0].value)),
-        cache_type_v=ctv, flash_attn=fa, ctx=space.ctx, parallel=space.parallel,
+        cache_type_k=ctk, cache_type_v=ctv, flash_attn=fa, ctx=space.ctx, parallel=space.parallel,
         threads=params.get("threads", space.threads[-1]), ubatch=params.get("ubatch", space.ubatch[0]),
     )
 
 
 def params_of(space: SearchSpace, cfg: LaunchConfig) -> dict[str, Any]:
-    """The parameter values that :func:`make_config` turns back into ``cfg`` (for enqueueing seeds)."""
+    """The parameter values that :func:`make_config` turns back into ``cfg`` (for enqueueing seeds); a
+    setting outside the space becomes the nearest value inside it."""
     params: dict[str, Any] = {}
     if space.n_cpu_moe:
         lo, hi = space.n_cpu_moe
         params["n_cpu_moe"] = min(max(cfg.n_cpu_moe or 0, lo), hi)
-    if len(space.cache_types_k) > 1:
-        params["cache_type_k"] = _nearest(cfg.cache_type_k, space.cache_types_k).value
-    ctv = _nearest(cfg.cache_type_v, space.cache_types_v)
-    if len(space.cache_types_v) > 1:
-        params["cache_type_v"] = ctv.value
-    if not ctv.is_quantized and len(space.flash_attn) > 1:
+    pair = (cfg.cache_type_k, cfg.cache_type_v)
+    if pair not in space.kv_pairs:
+        pair = next((p for p in space.kv_pairs if p[1] == cfg.cache_type_v), space.kv_pairs[0])
+    if len(space.kv_pairs) > 1:
+        params["kv"] = kv_label(*pair)
+    if not pair[1].is_quantized and len(space.flash_attn) > 1:
         fa = FlashAttn.ON if cfg.flash_attn is FlashAttn.AUTO else cfg.flash_attn
         params["flash_attn"] = fa.value if fa in space.flash_attn else space.flash_attn[0].value
     if len(space.threads) > 1:
@@ -115,20 +169,14 @@ def params_of(space: SearchSpace, cfg: LaunchConfig) -> dict[str, Any]:
     return params
 
 
-def _nearest(t: CacheType, choices: tuple[CacheType, ...]) -> CacheType:
-    return t if t in choices else choices[0]
-
-
 def suggest(trial: Any, space: SearchSpace) -> LaunchConfig:
     """Ask an Optuna trial for one config. Fixed axes are not suggested, so they take no budget."""
     params: dict[str, Any] = {}
     if space.n_cpu_moe:
         params["n_cpu_moe"] = trial.suggest_int("n_cpu_moe", *space.n_cpu_moe)
-    if len(space.cache_types_k) > 1:
-        params["cache_type_k"] = trial.suggest_categorical("cache_type_k", [t.value for t in space.cache_types_k])
-    if len(space.cache_types_v) > 1:
-        params["cache_type_v"] = trial.suggest_categorical("cache_type_v", [t.value for t in space.cache_types_v])
-    ctv = CacheType(params.get("cache_type_v", space.cache_types_v[0].value))
+    if len(space.kv_pairs) > 1:
+        params["kv"] = trial.suggest_categorical("kv", [kv_label(k, v) for k, v in space.kv_pairs])
+    ctv = _kv_from_label(params["kv"])[1] if "kv" in params else space.kv_pairs[0][1]
     if not ctv.is_quantized and len(space.flash_attn) > 1:
         params["flash_attn"] = trial.suggest_categorical("flash_attn", [f.value for f in space.flash_attn])
     if len(space.threads) > 1:
@@ -142,10 +190,9 @@ def iter_configs(space: SearchSpace) -> Iterator[LaunchConfig]:
     """Every distinct config of the space, in a fixed order (the grid of the search benchmark)."""
     moe: Sequence[int | None] = range(space.n_cpu_moe[0], space.n_cpu_moe[1] + 1) if space.n_cpu_moe else [None]
     seen: set[LaunchConfig] = set()
-    for n, k, v, fa, t, u in product(moe, space.cache_types_k, space.cache_types_v, space.flash_attn,
-                                     space.threads, space.ubatch):
-        params: dict[str, Any] = {"n_cpu_moe": n, "cache_type_k": k.value, "cache_type_v": v.value,
-                                  "flash_attn": fa.value, "threads": t, "ubatch": u}
+    for n, kv, fa, t, u in product(moe, space.kv_pairs, space.flash_attn, space.threads, space.ubatch):
+        params: dict[str, Any] = {"n_cpu_moe": n, "kv": kv_label(*kv), "flash_attn": fa.value, "threads": t,
+                                  "ubatch": u}
         cfg = make_config(space, params)
         if cfg not in seen:
             seen.add(cfg)
@@ -192,13 +239,11 @@ def check(info: ModelInfo, cfg: LaunchConfig, hw: Hardware, vram_margin_mib: flo
 
 def best_guess(space: SearchSpace, info: ModelInfo, hw: Hardware, vram_margin_mib: float | None = None
                ) -> LaunchConfig | None:
-    """The memory model's pick: f16 KV (q8_0 if f16 cannot fit), flash attention on, the fewest offloaded
+    """The memory model's pick: the most precise KV pair that fits, flash attention on, the fewest offloaded
     experts that still fit (more experts on the GPU = fewer bytes read over the slow path), all cores."""
-    for kv in (CacheType.F16, CacheType.Q8_0, CacheType.Q4_0):
-        if kv not in space.cache_types_k or kv not in space.cache_types_v:
-            continue
-        base = make_config(space, {"cache_type_k": kv.value, "cache_type_v": kv.value, "flash_attn": "on",
-                                   "threads": space.threads[-1], "ubatch": space.ubatch[-1]})
+    for k, v in space.kv_pairs:
+        base = make_config(space, {"kv": kv_label(k, v), "flash_attn": "on", "threads": space.threads[-1],
+                                   "ubatch": space.ubatch[-1]})
         lo, hi = space.n_cpu_moe or (0, 0)
         for n in range(lo, hi + 1):
             cfg = replace(base, n_cpu_moe=n) if space.n_cpu_moe else base

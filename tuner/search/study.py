@@ -16,6 +16,7 @@ import os
 import random
 import re
 import socket
+import statistics
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -31,12 +32,15 @@ from tuner.core.errors import UsageError
 from tuner.engine.build import Capabilities, EngineLocation
 from tuner.machine.hardware import Hardware
 from tuner.measure import bench, failures
+from tuner.measure.workload import Workload, WorkloadKind
 from tuner.models.gguf_reader import ModelInfo
+from tuner.quality.kv_price import KvPrice
 from tuner.search import space
 
 OPTUNA_MAJOR = int(optuna.__version__.split(".")[0])
 CONSTRAINTS_ATTR = "constraints"  # user attr holding the constraint dict (and Optuna 4's constraints_func input)
 BATCH_TRIALS = 4  # trials asked at once and measured together
+QUIET_CV_PCT = 5.0  # median trial CV below which the machine counts as quiet (fewer repetitions)
 OPEN_ATTEMPTS = 5  # tries at opening a storage that another process may be creating at the same moment
 # Which process asked a trial: several machines (or processes) may work on one shared study.
 WORKER = f"{socket.gethostname()}:{os.getpid()}"
@@ -63,12 +67,41 @@ class Objective:
 
 @dataclass(frozen=True, slots=True)
 class Measure:
-    """How each trial is measured with llama-bench."""
+    """How each trial is measured with llama-bench: the workload's request, at the workload's depths.
+
+    The prompt test runs ``n_prompt`` tokens on top of ``prompt_depth`` tokens of history; the generation test
+    runs ``n_gen`` tokens at ``gen_depth``. The score is the time of one whole request of ``n_prompt`` prompt
+    and ``request_gen_tokens`` generated tokens (:meth:`tuner.measure.workload.Workload.score`): a config
+    cannot win on generation while losing more on the prompt. ``n_gen`` may be shorter than the request's
+    reply: generation speed at a depth does not depend on how many tokens are timed.
+    """
 
     n_prompt: int = 512
     n_gen: int = 128
     repetitions: int = 3
     timeout_s: float = 600.0
+    prompt_depth: int = 0
+    gen_depth: int = 0
+    request_gen_tokens: int | None = None  # None: n_gen
+    # Once the machine's noise is known to be small (median CV of the measured trials below QUIET_CV_PCT),
+    # trials take this many repetitions instead: on a real model each one costs a prompt at depth.
+    quiet_repetitions: int | None = 2
+
+    @classmethod
+    def for_workload(cls, load: Workload, *, max_gen_tokens: int = 64, repetitions: int = 3,
+                     timeout_s: float = 1800.0) -> Measure:
+        return cls(n_prompt=load.prompt_tokens, n_gen=min(load.gen_tokens, max_gen_tokens), repetitions=repetitions,
+                   timeout_s=timeout_s, prompt_depth=load.prompt_depth, gen_depth=load.gen_depth,
+                   request_gen_tokens=load.gen_tokens)
+
+    @property
+    def request(self) -> Workload:
+        """The request the score times."""
+        return Workload(WorkloadKind.CUSTOM, self.n_prompt, self.request_gen_tokens or self.n_gen,
+                        depth_tokens=self.prompt_depth + self.n_prompt)
+
+    def score(self, prompt_tok_s: float | None, gen_tok_s: float | None) -> float | None:
+        return self.request.score(prompt_tok_s, gen_tok_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,6 +266,12 @@ class TrialRecord:
     failure: dict[str, Any] | None = None
     argv: list[str] = field(default_factory=list)
     worker: str | None = None  # host:pid of the process that ran it
+    request_s: float | None = None  # one workload request at the measured speeds (the score's inverse)
+    prompt_depth: int | None = None  # context filled before the prompt test
+    gen_depth: int | None = None  # context filled before the generation test
+    repetitions: int | None = None
+    kld: float | None = None  # mean KLD of the config's KV pair against f16 KV (None: not priced)
+    same_top_pct: float | None = None
 
     @classmethod
     def from_trial(cls, t: FrozenTrial) -> TrialRecord:
@@ -241,7 +280,15 @@ class TrialRecord:
         status = a.get("status") or running.get(t.state, "failed")
         return cls(t.number, status, a.get("config", {}), a.get("seed"), a.get("gen_tok_s"), a.get("prompt_tok_s"),
                    a.get("gen_cv_pct"), a.get("prompt_cv_pct"), a.get(CONSTRAINTS_ATTR, {}), a.get("failure"),
-                   a.get("argv", []), a.get("worker"))
+                   a.get("argv", []), a.get("worker"), a.get("request_s"), a.get("prompt_depth"),
+                   a.get("gen_depth"), a.get("repetitions"), a.get("kld"), a.get("same_top_pct"))
+
+    @property
+    def score(self) -> float | None:
+        """Requests per second (higher is better); generation tok/s for trials stored before the score."""
+        if self.request_s:
+            return 1.0 / self.request_s
+        return self.gen_tok_s
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -252,8 +299,17 @@ def records(study: optuna.Study) -> list[TrialRecord]:
 
 
 def best_measured(recs: Sequence[TrialRecord]) -> TrialRecord | None:
-    measured = [r for r in recs if r.status == "measured" and r.gen_tok_s is not None]
-    return max(measured, key=lambda r: r.gen_tok_s or 0.0, default=None)
+    measured = [r for r in recs if r.status == "measured" and r.score is not None]
+    return max(measured, key=lambda r: r.score or 0.0, default=None)
+
+
+def repetitions_now(recs: Sequence[TrialRecord], measure: Measure) -> int:
+    """Fewer repetitions once three measured trials show the machine is quiet."""
+    cvs = [max(r.gen_cv_pct or 0.0, r.prompt_cv_pct or 0.0) for r in recs
+           if r.status == "measured" and r.gen_cv_pct is not None]
+    if measure.quiet_repetitions and len(cvs) >= 3 and statistics.median(cvs) < QUIET_CV_PCT:
+        return min(measure.quiet_repetitions, measure.repetitions)
+    return measure.repetitions
 
 
 # --------------------------------------------------------------------------------------------- seeds
@@ -282,8 +338,9 @@ def enqueue_seeds(study: optuna.Study, sp: space.SearchSpace, seeds: Sequence[tu
 class Progress:
     done: int  # trials finished in this run
     total: int | None
-    best_gen_tok_s: float | None
+    best_gen_tok_s: float | None  # generation tok/s of the best-scoring trial
     last: TrialRecord
+    best_request_s: float | None = None  # one workload request at the best trial's speeds
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,16 +351,18 @@ class SearchOutcome:
     elapsed_s: float
 
 
-def _tell_measured(study: optuna.Study, trial: optuna.Trial, cfg: LaunchConfig, result: bench.BenchResult,
-                   objective: Objective) -> None:
-    gen, pp = result.row("tg").spread, result.row("pp").spread
-    trial.set_user_attr("status", "measured")
-    trial.set_user_attr("gen_tok_s", gen.mean)
-    trial.set_user_attr("prompt_tok_s", pp.mean)
-    trial.set_user_attr("gen_cv_pct", gen.cv_pct)
-    trial.set_user_attr("prompt_cv_pct", pp.cv_pct)
-    trial.set_user_attr("argv", list(result.argv))
-    study.tell(trial, [gen.mean, pp.mean] if objective.pareto else gen.mean)
+def _tell_measured(study: optuna.Study, trial: optuna.Trial, result: bench.BenchResult, measure: Measure,
+                   objective: Objective, reps: int) -> None:
+    tg, pp = result.row("tg"), result.row("pp")
+    gen, prompt = tg.spread, pp.spread
+    score = measure.score(prompt.median, gen.median)
+    assert score is not None  # llama-bench rows carry positive speeds
+    for key, value in (("status", "measured"), ("gen_tok_s", gen.median), ("prompt_tok_s", prompt.median),
+                       ("gen_cv_pct", gen.cv_pct), ("prompt_cv_pct", prompt.cv_pct), ("argv", list(result.argv)),
+                       ("request_s", 1.0 / score), ("prompt_depth", pp.n_depth), ("gen_depth", tg.n_depth),
+                       ("repetitions", reps)):
+        trial.set_user_attr(key, value)
+    study.tell(trial, [gen.median, prompt.median] if objective.pareto else score)
 
 
 def _tell_pruned(study: optuna.Study, trial: optuna.Trial, status: str, extra: dict[str, Any]) -> None:
@@ -325,7 +384,7 @@ def run_search(
     objective: Objective = Objective(),
     caps: Capabilities | None = None,
     vram_margin_mib: float | None = None,
-    kld_of: Callable[[LaunchConfig], float | None] | None = None,
+    kld_of: Callable[[LaunchConfig], KvPrice | None] | None = None,
     on_progress: Callable[[Progress], None] | None = None,
     batch_trials: int = BATCH_TRIALS,
 ) -> SearchOutcome:
@@ -337,20 +396,20 @@ def run_search(
     start = time.monotonic()
     done = 0
     best = best_measured(records(study))
-    best_gen = best.gen_tok_s if best else None
     study.set_user_attr("space", sp.describe())
 
     def left() -> int | None:
         return None if budget.trials is None else budget.trials - done
 
     def report(trial: optuna.Trial) -> None:
-        nonlocal done, best_gen
+        nonlocal done, best
         done += 1
         rec = TrialRecord.from_trial(study.get_trials(deepcopy=False)[trial.number])
-        if rec.status == "measured" and rec.gen_tok_s is not None:
-            best_gen = max(best_gen or 0.0, rec.gen_tok_s)
+        if rec.status == "measured" and rec.score is not None and (best is None or rec.score > (best.score or 0)):
+            best = rec
         if on_progress:
-            on_progress(Progress(done, budget.trials, best_gen, rec))
+            on_progress(Progress(done, budget.trials, best.gen_tok_s if best else None, rec,
+                                 best.request_s if best else None))
 
     pending: list[tuple[optuna.Trial, LaunchConfig]] = []
     try:
@@ -365,10 +424,12 @@ def run_search(
                 trial.set_user_attr("config", config_to_dict(cfg))
                 feas = space.check(info, cfg, hw, vram_margin_mib)
                 constraints = feas.constraints
-                kld = kld_of(cfg) if (kld_of and feas.feasible and objective.max_kld is not None) else None
-                if kld is not None and objective.max_kld is not None:
-                    constraints["kld_over"] = kld - objective.max_kld
-                    trial.set_user_attr("kld", kld)
+                kld = kld_of(cfg) if (kld_of and feas.feasible) else None
+                if kld is not None:
+                    trial.set_user_attr("kld", kld.kld_mean)
+                    trial.set_user_attr("same_top_pct", kld.same_top_pct)
+                    if objective.max_kld is not None:
+                        constraints["kld_over"] = kld.kld_mean - objective.max_kld
                 set_constraints(trial, constraints)
                 trial.set_user_attr("memory", feas.to_dict())
                 if any(v > 0 for v in constraints.values()):
@@ -376,14 +437,16 @@ def run_search(
                     pending.remove((trial, cfg))
                     report(trial)
             if pending:
+                reps = repetitions_now(records(study), measure)
                 results = bench.run_bench_many(loc, [c for _, c in pending], n_prompt=measure.n_prompt,
-                                               n_gen=measure.n_gen, repetitions=measure.repetitions,
+                                               n_gen=measure.n_gen, depth=measure.prompt_depth,
+                                               gen_depth=measure.gen_depth, repetitions=reps,
                                                timeout_s=measure.timeout_s, caps=caps)
                 for (trial, cfg), res in zip(list(pending), results, strict=True):
                     if isinstance(res, failures.Failure):
                         _tell_pruned(study, trial, "failed", {"failure": _failure_attr(res)})
                     else:
-                        _tell_measured(study, trial, cfg, res, objective)
+                        _tell_measured(study, trial, res, measure, objective, reps)
                     pending.remove((trial, cfg))
                     report(trial)
     except KeyboardInterrupt:
@@ -403,9 +466,9 @@ def _failure_attr(f: failures.Failure) -> dict[str, Any]:
 
 
 def top_configs(recs: Sequence[TrialRecord], n: int) -> list[tuple[TrialRecord, LaunchConfig]]:
-    """The ``n`` fastest distinct measured configs, by generation tok/s."""
-    ranked = sorted((r for r in recs if r.status == "measured" and r.gen_tok_s is not None),
-                    key=lambda r: r.gen_tok_s or 0.0, reverse=True)
+    """The ``n`` best distinct measured configs, by the workload's score."""
+    ranked = sorted((r for r in recs if r.status == "measured" and r.score is not None),
+                    key=lambda r: r.score or 0.0, reverse=True)
     out: list[tuple[TrialRecord, LaunchConfig]] = []
     seen: set[LaunchConfig] = set()
     for rec in ranked:

@@ -1,0 +1,76 @@
+"""How sure is "A is faster than B"? Paired rounds, a robust ratio, a confidence bound, and "undecided".
+
+Arms are measured in interleaved rounds (every arm once per round, the order rotating), so slow drift and
+bursts from other processes on a shared machine hit every arm alike. The ratio of two arms is judged on the
+per-round ratios: its point estimate is their median, its confidence interval comes from the t distribution
+of their logarithms. When the interval straddles 1 the verdict is *undecided*, the machine's noise (the
+spread of the per-round ratios) is named, and nobody wins by default.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+CONFIDENCE_PCT = 90.0  # two-sided: the ratio lies inside [low, high] with this confidence
+# One-sided 95 % quantiles of Student's t (two-sided 90 %) by degrees of freedom.
+_T95 = {1: 6.314, 2: 2.920, 3: 2.353, 4: 2.132, 5: 2.015, 6: 1.943, 7: 1.895, 8: 1.860, 9: 1.833, 10: 1.812}
+_Z95 = 1.645
+
+BETTER, WORSE, UNDECIDED = "better", "worse", "undecided"
+
+
+def t95(df: int) -> float:
+    """Student's t quantile; Cornish-Fisher's first correction beyond the table (within 1 % there)."""
+    if df < 1:
+        return math.inf
+    return _T95.get(df) or _Z95 + (_Z95**3 + _Z95) / (4 * df)
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """``a`` against ``b``: ratio of scores (higher is better), its bound, and what that allows saying."""
+
+    a: str
+    b: str
+    rounds: int
+    ratio: float  # median of the per-round ratios a/b
+    low: float
+    high: float
+    noise_pct: float  # spread of the per-round ratios (sample SD of their logs, in %): the machine's noise
+    outcome: str  # better | worse | undecided
+    confidence_pct: float = CONFIDENCE_PCT
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Verdict:
+        return cls(**d)
+
+    def describe(self) -> str:
+        bound = f"{self.confidence_pct:.0f} % interval {self.low:.2f}-{self.high:.2f}x"
+        if self.outcome == UNDECIDED:
+            return (f"{self.a} vs {self.b}: undecided ({self.ratio:.2f}x, {bound} over {self.rounds} rounds; "
+                    f"this machine's round-to-round noise is {self.noise_pct:.1f} %)")
+        return f"{self.a} vs {self.b}: {self.outcome} ({self.ratio:.2f}x, {bound} over {self.rounds} rounds)"
+
+
+def compare(a: str, b: str, a_scores: Sequence[float | None], b_scores: Sequence[float | None]) -> Verdict:
+    """Judge ``a`` against ``b`` from their scores per round (None: that round failed; the pair is skipped)."""
+    ratios = [x / y for x, y in zip(a_scores, b_scores, strict=False) if x and y and x > 0 and y > 0]
+    if not ratios:
+        return Verdict(a, b, 0, math.nan, 0.0, math.inf, math.nan, UNDECIDED)
+    logs = [math.log(r) for r in ratios]
+    n = len(logs)
+    sd = statistics.stdev(logs) if n > 1 else math.inf
+    half = t95(n - 1) * sd / math.sqrt(n) if n > 1 else math.inf
+    mean = statistics.fmean(logs)
+    low, high = math.exp(mean - half) if half < math.inf else 0.0, math.exp(mean + half) if half < math.inf \
+        else math.inf
+    outcome = BETTER if low > 1.0 else WORSE if high < 1.0 else UNDECIDED
+    noise = 100 * sd if n > 1 else math.nan
+    return Verdict(a, b, n, statistics.median(ratios), low, high, noise, outcome)
