@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import threading
@@ -79,6 +80,15 @@ def test_grouped_llama_bench_at_depth_reports_each_config(engine_loc, model):
         assert sorted((r.kind, r.n_depth) for r in res.rows) == [("pp", 0), ("pp", 128), ("tg", 0), ("tg", 128)]
         assert all(dict(r.params)["flash_attn"] == code and len(r.samples_tok_s) == 2 for r in res.rows)
         assert res.row("tg", 128).spread.median > 0
+
+
+def test_prompt_and_generation_at_the_workloads_own_depths(engine_loc, model):
+    """A request's prompt starts on its history (depth 16 here) and its reply comes after the prompt (depth 48):
+    two llama-bench processes of one config, each test at its own depth, none timed at the other's."""
+    cfg = LaunchConfig(model=model, threads=2)
+    res = bench.run_bench(engine_loc, cfg, n_prompt=32, n_gen=4, depth=16, gen_depth=48, repetitions=1)
+    assert [(r.kind, r.n_depth) for r in res.rows] == [("pp", 16), ("tg", 48)]
+    assert res.argv.count("&&") == 1 and res.prompt_tok_s > 0 and res.gen_tok_s > 0
 
 
 def test_noise_control_repeats_until_the_error_is_small_or_the_cap(engine_loc, model):
@@ -187,7 +197,10 @@ def test_cli_from_cmd_measures_the_pasted_config(model):
     report = json.loads(proc.stdout)
     assert report["launch_line"] == f"llama-server -m {model} -c 512 -np 2 --n-cpu-moe 0 -t 2 -fa on"
     assert {(r["kind"], r["n_depth"]) for r in report["rows"]} == {("pp", 64), ("tg", 64)}
-    assert all(r["cv_pct"] >= 0 and r["median_tok_s"] > 0 for r in report["rows"])
+    for r in report["rows"]:  # the CV printed is the spread of the samples printed beside it
+        xs = r["samples_tok_s"]
+        assert len(xs) == 2 and r["median_tok_s"] == pytest.approx(statistics.median(xs))
+        assert r["cv_pct"] == pytest.approx(100 * statistics.stdev(xs) / statistics.fmean(xs), rel=1e-6)
     levels = report["server"]["levels"]
     assert [lvl["concurrency"] for lvl in levels] == [1, 2]
     assert all(lvl["per_request_gen_tok_s"] > 0 and lvl["aggregate_gen_tok_s"] > 0 for lvl in levels)

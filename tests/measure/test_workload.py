@@ -36,6 +36,19 @@ def test_presets_and_custom():
         workload.Workload(WorkloadKind.CUSTOM, 0, 8)
 
 
+def test_depth_concurrency_and_the_one_score():
+    agent = workload.preset(WorkloadKind.AGENT, 1024, 64)
+    assert (agent.prompt_depth, agent.gen_depth, agent.context_tokens) == (0, 1024, 1088)  # fresh conversation
+    history = workload.preset(WorkloadKind.AGENT, 1024, 64, depth_tokens=32768)
+    assert (history.prompt_depth, history.gen_depth, history.context_tokens) == (31744, 32768, 32832)
+    assert history.score(512.0, 16.0) == pytest.approx(1 / (1024 / 512 + 64 / 16))  # 6 s per request
+    assert history.score(None, 16.0) is None and history.score(512.0, 0.0) is None
+    assert workload.preset(WorkloadKind.BATCH).concurrency == 4 and agent.concurrency == 1
+    assert history.describe()["depth_tokens"] == 32768
+    with pytest.raises(UsageError, match="--depth"):
+        workload.preset(WorkloadKind.CHAT, depth_tokens=100)  # shorter than the 512-token prompt
+
+
 def test_level_figures_per_request_and_aggregate():
     reqs = (RequestResult(0.10, 1.0, 64, 32, 600.0, 40.0), RequestResult(0.30, 1.0, 64, 32, 500.0, 30.0),
             RequestResult(0.20, 2.0, 64, 32, 400.0, 20.0))
