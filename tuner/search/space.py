@@ -10,8 +10,8 @@ one that physics already rules out:
   above is slower by physics (more expert bytes read over the slow path); below it does not fit.
 - K/V cache types as a short list of pairs: same-type pairs and K-more-precise-than-V pairs (attention is
   more sensitive to K error than to V error), not 8 × 8 types.
-- threads among the physical-core counts that can win; ubatch only where prompts are long or experts are
-  offloaded (prompt processing with host experts copies them per ubatch).
+- threads among the physical-core counts that can win; ubatch only where prompts are longer than the default
+  ubatch (a larger one changes nothing for a short prompt; with host experts, each ubatch copies them).
 - a quantized V cache needs flash attention: ``flash_attn`` is only asked for when V is f16/bf16/f32.
 - slots (``-np``) for concurrent workloads: llama-bench cannot run parallel sequences, so slot counts are
   measured by the finish step's llama-server runs (:attr:`SearchSpace.slots`).
