@@ -34,6 +34,7 @@ from tuner.machine import hardware
 from tuner.measure import bench, failures
 from tuner.models import demo
 from tuner.models.gguf_reader import inspect_model
+from tuner.quality import kv_price
 from tuner.search import finish, space, study
 
 OUT = Path(__file__).resolve().parent.parent / "results" / "benchmarks"
@@ -111,6 +112,8 @@ def main() -> None:
     ap.add_argument("--passes", type=int, default=1, help="measure the grid this many times (best pass kept)")
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--refresh", action="store_true", help="measure the grid again even if cached")
+    ap.add_argument("--price-chunks", type=int, default=2,
+                    help="512-token chunks for pricing each K/V pair by KLD vs f16 KV (0: skip)")
     args = ap.parse_args()
 
     loc = build.locate_engine()
@@ -165,6 +168,13 @@ def main() -> None:
         print(f"pass-to-pass difference of a config's gen tok/s: median {statistics.median(diffs):.1f} %, "
               f"90th percentile {statistics.quantiles(diffs, n=10)[-1]:.1f} %")
 
+    if args.price_chunks:
+        print(f"K/V pairs priced by mean KLD vs the f16 cache (bundled corpus, {args.price_chunks} x 512 tokens; "
+              f"default floor {kv_price.DEFAULT_MAX_KLD}):")
+        for k, v in sp.kv_pairs:
+            q = kv_price.price(loc, model, k, v, chunks=args.price_chunks)
+            print(f"  {k.value}/{v.value}: KLD {q.kld_mean:.6f} +/- {q.kld_mean_error:.6f}, same top "
+                  f"{q.same_top_pct:.2f} %{'' if q.kld_mean <= kv_price.DEFAULT_MAX_KLD else '  (over the floor)'}")
     fit = finish.fit_config(loc, finish.default_config(sp))
     seeds = finish.seed_configs(sp, info, hw, fit)
     print("auto-tune seeds: " + "; ".join(f"{label} = {table.get(cfg, float('nan')):.4f} requests/s"
