@@ -386,7 +386,7 @@ def run_server_trial(
             "raise -c, use --kv-unified, or lower -p/-n"
         )
     argv = flags.server_argv(_tool(engine, "llama-server"), cfg, caps)
-    log_jsonl = caps is None or caps.supports("llama-server", "--log-jsonl")
+    log_jsonl = flags.server_logs_jsonl(caps)
     sampler = Sampler(nvml)
     sampler.start()
     levels: tuple[LevelResult, ...] = ()

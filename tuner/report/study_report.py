@@ -18,6 +18,10 @@ from tuner.search.verdict import Verdict
 RESULT_VERSION = 1
 
 
+# How the baselines read in the report ("fit": llama.cpp's own --fit placement).
+BASELINE_NAMES = {"fit": "llama.cpp fit"}
+
+
 def result_from_study(st: Any) -> dict[str, Any]:
     """Rebuild the whole result from the study's storage alone."""
     attrs = dict(st.user_attrs)
@@ -68,11 +72,7 @@ def launch_line(result: dict[str, Any], *, rank: int = 1, fmt: str = "shell", ho
         raise UsageError(f"--rank {rank} is out of range: this result has {len(cands)} measured configs")
     cand = cands[rank - 1]
     cfg = config_from_dict(cand.config)
-    argv = flags.server_argv(Path(binary), cfg)
-    if host is not None:
-        argv += ["--host", host]
-    if port is not None:
-        argv += ["--port", str(port)]
+    argv = flags.server_argv(Path(binary), cfg) + flags.address_argv(host, port)
     if fmt == "shell":
         return shlex.join(argv)
     if fmt == "json":
@@ -80,7 +80,7 @@ def launch_line(result: dict[str, Any], *, rank: int = 1, fmt: str = "shell", ho
                            "gen_cv_pct": cand.gen_cv_pct}, indent=2)
     if fmt == "llama-swap":
         name = Path(cand.config["model"]).stem
-        cmd = shlex.join([*argv[:1], *argv[1:], *([] if port is not None else ["--port", "${PORT}"])])
+        cmd = shlex.join([*argv, *([] if port is not None else flags.address_argv(port="${PORT}"))])
         return f"models:\n  {json.dumps(name)}:\n    cmd: {json.dumps(cmd)}\n"
     raise UsageError(f"unknown --format {fmt}: use shell, llama-swap or json")
 
@@ -98,7 +98,7 @@ def _winner_lines(result: dict[str, Any]) -> list[str]:
         return []
     fin = Finish.from_dict(result["finish"])
     sp = result.get("speedup") or {}
-    versus = "; ".join(f"vs {'--fit' if k == 'fit' else k}: {v:.2f}x" for k, v in sp.items() if v is not None)
+    versus = "; ".join(f"vs {BASELINE_NAMES.get(k, k)}: {v:.2f}x" for k, v in sp.items() if v is not None)
     cfg = w["config"]
     q = result.get("quality") or {}
     floor = q.get("max_kld")

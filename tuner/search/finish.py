@@ -7,8 +7,6 @@ Baselines: ``default`` is ``llama-server -m MODEL -c CTX -np N`` (llama.cpp's de
 
 from __future__ import annotations
 
-import re
-import shlex
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -29,7 +27,6 @@ from tuner.search import space
 from tuner.search.verdict import BETTER, UNDECIDED, Verdict, compare
 
 FIT_MARGIN_MIB = 1024  # llama.cpp's default -fitt
-_OT_LAYER = re.compile(r"blk\\?\.\(?([0-9|]+)\)?\\?\.ffn_[a-z_()|]*exps")
 
 
 def fit_target_mib(hw: Hardware, vram_margin_mib: float | None = None) -> int:
@@ -56,26 +53,8 @@ def fit_config(loc: EngineLocation, base: LaunchConfig, timeout_s: float = 120.0
         res = runner.run_process(argv, timeout_s=timeout_s, what="llama-fit-params", fix="check the model file")
     except TunerError:
         return None
-    line = next((ln for ln in reversed(res.stdout.splitlines()) if ln.strip().startswith("-c ")), None)
-    return parse_fit(line, base) if line else None
-
-
-def parse_fit(line: str, base: LaunchConfig) -> LaunchConfig:
-    tokens = shlex.split(line)
-    cfg = base
-    layers: set[int] = set()
-    for flag, value in zip(tokens, tokens[1:], strict=False):
-        if flag == "-c":
-            cfg = replace(cfg, ctx=int(value))
-        elif flag == "-ngl":
-            cfg = replace(cfg, n_gpu_layers=None if int(value) < 0 else int(value))
-        elif flag == "-ot":
-            for part in value.split(","):
-                for m in _OT_LAYER.finditer(part):
-                    layers.update(int(x) for x in m.group(1).split("|") if x)
-    if layers:
-        cfg = replace(cfg, n_cpu_moe=max(layers) + 1)
-    return cfg
+    line = flags.fit_choice_line(res.stdout)
+    return flags.parse_fit_line(line, base) if line else None
 
 
 def default_config(sp: space.SearchSpace) -> LaunchConfig:

@@ -1,0 +1,36 @@
+"""The only place llama.cpp flags are spelled: LaunchConfig ↔ argv for llama-bench, llama-server,
+llama-perplexity and llama-fit-params.
+
+:mod:`~tuner.engine.flags.render` turns a config into argv (the measured argv and the emitted launch line come
+from the same function, so they cannot differ); :mod:`~tuner.engine.flags.parse` reads argv back: a pasted
+``llama-server …`` line, or the flags llama-fit-params chose. Nothing outside this package spells a flag
+(tests/test_architecture.py checks it).
+"""
+
+from tuner.engine.flags.parse import ParsedCommand, fit_choice_line, parse_command, parse_fit_line, parse_spec_types
+from tuner.engine.flags.render import (
+    BENCH,
+    FIT_PARAMS,
+    PERPLEXITY,
+    SERVER,
+    UnsupportedFlagError,
+    address_argv,
+    bench_argv,
+    bench_group_argv,
+    fit_params_argv,
+    launch_line,
+    listen_argv,
+    perplexity_argv,
+    server_argv,
+    server_logs_jsonl,
+    validate,
+    with_fit_target,
+    with_overrides,
+)
+
+__all__ = [
+    "BENCH", "FIT_PARAMS", "PERPLEXITY", "SERVER", "ParsedCommand", "UnsupportedFlagError", "address_argv",
+    "bench_argv", "bench_group_argv", "fit_choice_line", "fit_params_argv", "launch_line", "listen_argv",
+    "parse_command", "parse_fit_line", "parse_spec_types", "perplexity_argv", "server_argv", "server_logs_jsonl",
+    "validate", "with_fit_target", "with_overrides",
+]

@@ -1,0 +1,174 @@
+"""argv → LaunchConfig: a pasted ``llama-server …`` line, and llama-fit-params' chosen flags, read back."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from tuner.core.config import CacheType, FlashAttn, LaunchConfig, SpecType
+from tuner.core.errors import UsageError
+from tuner.engine.flags.render import _IGNORED_BARE, _IGNORED_WITH_VALUE, _SPEC_NUMBERS, _SPELL, validate
+
+# llama-fit-params' -ot override for whole layers' experts: blk\.(3|4|5)\.ffn_(up|down|gate)_exps=CPU
+_OT_LAYER = re.compile(r"blk\\?\.\(?([0-9|]+)\)?\\?\.ffn_[a-z_()|]*exps")
+@dataclass(frozen=True, slots=True)
+class ParsedCommand:
+    config: LaunchConfig
+    # Flags that do not change speed or memory (host, port, sampling, logging): dropped from the config.
+    ignored: tuple[str, ...] = ()
+
+
+_ALIASES = {s: name for name, spellings in _SPELL.items() for s in spellings}
+_ALIASES.update({"--n-cpu-moe": "n_cpu_moe", "-ncmoe": "n_cpu_moe", "--no-mmap": "no_mmap", "--mmap": "mmap",
+                 "--repack": "repack", "-fitt": "fit", "--fit": "fit"})
+_INT_FIELDS = {"ctx", "parallel", "n_gpu_layers", "n_cpu_moe", "threads", "threads_batch", "batch", "ubatch"}
+_BARE = {"kv_unified", "no_kv_unified", "swa_full", "no_repack", "repack", "no_mmap", "mmap"}
+
+
+def parse_command(text: str) -> ParsedCommand:
+    """Read a pasted ``llama-server …`` command (shell quoting, ``\\`` line breaks, ``VAR=x`` prefixes)."""
+    try:
+        tokens = shlex.split(text.replace("\\\n", " "))
+    except ValueError as exc:
+        raise UsageError(f"cannot read the pasted command ({exc}): check its quotes") from None
+    while tokens and "=" in tokens[0] and not tokens[0].startswith("-"):
+        tokens.pop(0)  # environment assignments before the program
+    if not tokens or not os.path.basename(tokens[0]).startswith("llama-server"):
+        raise UsageError("the pasted command must start with llama-server: paste the whole launch line")
+    values: dict[str, object] = {}
+    ignored: list[str] = []
+    i = 1
+    while i < len(tokens):
+        tok = tokens[i]
+        flag, eq, inline = tok.partition("=") if tok.startswith("--") else (tok, "", "")
+        i += 1
+
+        def value(flag: str = flag, eq: str = eq, inline: str = inline) -> str:
+            nonlocal i
+            if eq:
+                return inline
+            if i >= len(tokens):
+                raise UsageError(f"{flag} needs a value in the pasted command")
+            i += 1
+            return tokens[i - 1]
+
+        if flag in _IGNORED_BARE:
+            ignored.append(flag)
+            continue
+        if flag in _IGNORED_WITH_VALUE:
+            ignored.append(f"{flag} {value()}")
+            continue
+        name = _ALIASES.get(flag)
+        if name is None or name == "fit":
+            raise UsageError(
+                f"{flag} in the pasted command is not something moe-tune measures: remove it and paste again"
+            )
+        if name in _BARE:
+            values[name] = True
+        elif name == "flash_attn":
+            # Older builds took a bare -fa; it meant "on".
+            if not eq and (i >= len(tokens) or tokens[i].startswith("-")):
+                values[name] = "on"
+            else:
+                values[name] = value()
+        else:
+            values[name] = value()
+    return ParsedCommand(_config_from(values), tuple(ignored))
+
+
+def _config_from(values: dict[str, object]) -> LaunchConfig:
+    if "model" not in values:
+        raise UsageError("the pasted command has no -m MODEL: add the model path")
+    kwargs: dict[str, object] = {"model": Path(str(values["model"]))}
+    for name in _INT_FIELDS & values.keys():
+        raw = str(values[name])
+        if name == "n_gpu_layers" and raw in ("auto", "all"):
+            if raw == "all":
+                kwargs[name] = 999  # more than any model has: every layer
+            continue
+        try:
+            kwargs[name] = int(raw)
+        except ValueError:
+            raise UsageError(f"{name} must be a whole number, got {raw!r}: fix it in the pasted command") from None
+    for name in ("cache_type_k", "cache_type_v"):
+        if name in values:
+            try:
+                kwargs[name] = CacheType(str(values[name]).lower())
+            except ValueError:
+                allowed = ", ".join(t.value for t in CacheType)
+                raise UsageError(f"unknown KV cache type {values[name]!r}: use one of {allowed}") from None
+    if "flash_attn" in values:
+        fa = {"1": "on", "0": "off", "true": "on", "false": "off"}.get(str(values["flash_attn"]).lower(),
+                                                                        str(values["flash_attn"]).lower())
+        try:
+            kwargs["flash_attn"] = FlashAttn(fa)
+        except ValueError:
+            raise UsageError(f"-fa takes on, off or auto, got {values['flash_attn']!r}") from None
+    if values.get("kv_unified"):
+        kwargs["kv_unified"] = True
+    if values.get("no_kv_unified"):
+        kwargs["kv_unified"] = False
+    kwargs["swa_full"] = bool(values.get("swa_full", False))
+    if values.get("no_mmap") or str(values.get("load_mode", "")) == "none":
+        kwargs["mmap"] = False
+    elif "load_mode" in values and str(values["load_mode"]) not in ("auto", "mmap"):
+        raise UsageError(f"-lm {values['load_mode']} is not measured by moe-tune: use -lm none or mmap")
+    kwargs["repack"] = not values.get("no_repack", False)
+    kwargs.update(_spec_from(values))
+    cfg = LaunchConfig(**kwargs)  # type: ignore[arg-type]
+    validate(cfg)
+    return cfg
+
+
+def parse_spec_types(text: str) -> tuple[SpecType, ...]:
+    """``--spec-type``'s comma list (``none``: no speculation)."""
+    try:
+        return tuple(SpecType(n.strip()) for n in text.split(",") if n.strip() not in ("", "none"))
+    except ValueError:
+        allowed = ", ".join(t.value for t in SpecType)
+        raise UsageError(f"unknown --spec-type in {text!r}: use none or {allowed}") from None
+
+
+def _spec_from(values: dict[str, object]) -> dict[str, object]:
+    """Speculation flags of a pasted command as LaunchConfig fields."""
+    out: dict[str, object] = {"spec_types": parse_spec_types(str(values.get("spec_types", "")))}
+    if "draft_model" in values:
+        out["draft_model"] = Path(str(values["draft_model"]))
+    try:
+        for name in _SPEC_NUMBERS:
+            if name in values:
+                raw = str(values[name])
+                out[name] = int(raw) if name.endswith(("n_max", "n_min")) else float(raw)
+        if "spec_synth_rates" in values:
+            out["spec_synth_rates"] = tuple(float(r) for r in str(values["spec_synth_rates"]).split(","))
+    except ValueError:
+        raise UsageError("a --spec-* value in the pasted command is not a number: fix it") from None
+    return out
+
+
+def parse_fit_line(line: str, base: LaunchConfig) -> LaunchConfig:
+    """``base`` placed as llama-fit-params chose (its ``-c … -ngl … -ot …`` line). ``-ot`` overrides that keep
+    whole layers' experts on the CPU become ``--n-cpu-moe`` (their count); ``-ngl -1`` means all layers."""
+    tokens = shlex.split(line)
+    cfg = base
+    layers: set[int] = set()
+    for flag, value in zip(tokens, tokens[1:], strict=False):
+        if flag in _SPELL["ctx"]:
+            cfg = replace(cfg, ctx=int(value))
+        elif flag in _SPELL["n_gpu_layers"]:
+            cfg = replace(cfg, n_gpu_layers=None if int(value) < 0 else int(value))
+        elif flag in ("-ot", "--override-tensor"):
+            for part in value.split(","):
+                for m in _OT_LAYER.finditer(part):
+                    layers.update(int(x) for x in m.group(1).split("|") if x)
+    if layers:
+        cfg = replace(cfg, n_cpu_moe=max(layers) + 1)
+    return cfg
+
+
+def fit_choice_line(stdout: str) -> str | None:
+    """The line of llama-fit-params' output that holds its chosen flags (it starts with the context flag)."""
+    return next((ln for ln in reversed(stdout.splitlines()) if ln.strip().startswith(_SPELL["ctx"][0] + " ")), None)
