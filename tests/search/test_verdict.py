@@ -37,7 +37,7 @@ def _hog() -> list[subprocess.Popen[bytes]]:
 @pytest.mark.slow
 def test_a_noisy_arm_is_measured_again_and_left_undecided(engine_loc, demo_models, tmp_path):
     """The same config twice; a CPU hog runs while 'candidate-1' is measured in rounds 1 and 3. The true ratio is
-    1.0: the verdict must ask for more rounds and end undecided, naming the noise, rather than crown either arm."""
+    1.0: the finish must measure again or end undecided, naming the noise, rather than call a tie for the default."""
     model = demo_models[("qwen3moe", "Q4_K_M")]
     cfg = LaunchConfig(model=model, ctx=512, parallel=1, threads=2)
     load = Workload(WorkloadKind.CUSTOM, 128, 96, rounds=2)
@@ -62,9 +62,16 @@ def test_a_noisy_arm_is_measured_again_and_left_undecided(engine_loc, demo_model
             p.kill()
             p.wait()
     [cand], [default] = done.candidates, done.baselines
-    assert len(cand.scores) == len(default.scores) == 4 and rounds_seen == {1, 2, 3, 4}  # measured again
-    hogged = [cand.scores[0], cand.scores[2]]
-    quiet = [cand.scores[1], cand.scores[3]]
-    assert all(s is not None for s in (*hogged, *quiet)) and min(quiet) > max(hogged)  # the hog did bite
+    assert all(x is not None for x in (*cand.scores, *default.scores))
     [v] = done.verdicts
-    assert v.outcome == "undecided" and v.noise_pct > 10 and "noise" in v.describe()
+    # Measured again (a fourth round) or left undecided: the spread of the hogged arm cannot be turned into a tie.
+    assert len(cand.scores) == 4 or v.outcome == "undecided", v
+    assert rounds_seen == set(range(1, len(cand.scores) + 1))
+    # No tie-break toward the baseline: the winner is the arm with the better median score ...
+    assert done.winner is max((cand, default), key=lambda m: done.score(m) or 0.0)
+    # ... and a decided verdict can only be the hog's doing (it never slows the quiet arm).
+    if v.outcome != "undecided":
+        loser = v.b if v.outcome == "better" else v.a
+        assert loser == "candidate-1", v
+    else:
+        assert v.noise_pct > 5 and "noise" in v.describe()
