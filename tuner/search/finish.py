@@ -279,7 +279,7 @@ class Rounds:
     winner's comparison with a baseline is undecided."""
 
     min: int = 3
-    max: int = 5
+    max: int = 4
 
 
 def slot_arms(candidates: Sequence[tuple[int, LaunchConfig]], slots: Sequence[int]
