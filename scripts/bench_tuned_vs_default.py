@@ -29,12 +29,13 @@ from tuner.measure import workload
 from tuner.models import demo
 from tuner.report import study_report
 from tuner.search import autotune, finish, study, verdict
+from tuner.search import result as study_result
 
 OUT = Path(__file__).resolve().parent.parent / "results" / "benchmarks"
 
 
 def tune_first(loc: build.EngineLocation, model: Path, load: workload.Workload, trials: int,
-               results_dir: Path, kld_chunks: int) -> dict[str, Any]:
+               results_dir: Path, kld_chunks: int) -> study_result.StudyResult:
     req = autotune.TuneRequest(model=model, workload=load, budget=study.Budget(trials=trials),
                                measure=study.Measure.for_workload(load, max_gen_tokens=16, repetitions=2),
                                results_dir=results_dir, top_candidates=1, rounds=finish.Rounds(min=1, max=1),
@@ -42,8 +43,8 @@ def tune_first(loc: build.EngineLocation, model: Path, load: workload.Workload, 
     hw = hardware.probe_hardware(host_bandwidth_s=0.3)
     t0 = time.monotonic()
     res = autotune.auto_tune(req, loc, hw, on_step=lambda m: print(f"  auto-tune: {m}", flush=True))
-    print(f"auto-tune: {len(res.result['trials'])} trials in {time.monotonic() - t0:.0f} s, study {res.study_name}")
-    for t in res.result["trials"]:
+    print(f"auto-tune: {len(res.result.trials)} trials in {time.monotonic() - t0:.0f} s, study {res.study_name}")
+    for t in (r.to_dict() for r in res.result.trials):
         c = t["config"]
         print(f"  trial {t['number']}: {t['status']:<10} {c['cache_type_k']}/{c['cache_type_v']} fa {c['flash_attn']}"
               f" t {c['threads']} ub {c['ubatch']}: pp {t['prompt_tok_s'] or 0:.1f} tok/s at depth "
@@ -102,7 +103,7 @@ def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "tuned_vs_default.json").write_text(json.dumps({
         "engine": caps.commit, "model": str(tuned.model), "workload": load.describe(), "rounds": args.rounds,
-        "arms": {k: m.to_dict() for k, m in arms.items()}, "verdicts": ratio, "study": result.get("study"),
+        "arms": {k: m.to_dict() for k, m in arms.items()}, "verdicts": ratio, "study": result.study,
         "elapsed_s": round(time.monotonic() - t0, 1), "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}, indent=1))
     print(f"tuned/default: {ratio['default']['ratio']:.2f}x, tuned/fit: {ratio['fit']['ratio']:.2f}x")
 

@@ -44,7 +44,8 @@ _API: dict[str, tuple[str, str]] = {
     "auto_tune": ("tuner.search.autotune", "auto_tune"),
     "CompareRequest": ("tuner.search.compare", "CompareRequest"),
     "compare_quants": ("tuner.search.compare", "compare"),
-    "load_result": ("tuner.report.study_report", "load_result"),
+    "load_result": ("tuner.search.result", "load_result"),
+    "write_report": ("tuner.report.study_report", "write"),
 }
 __all__ = ["__version__", *_API]
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.conftest import run_cli
 from tuner.core.config import CacheType, FlashAttn, LaunchConfig
 from tuner.core.errors import UsageError
 from tuner.engine import flags
@@ -25,8 +26,6 @@ from tuner.measure import bench, failures
 from tuner.measure.bench import BenchRow
 from tuner.measure.failures import FailureKind, TrialFailedError
 from tuner.measure.workload import Workload, WorkloadKind
-
-from tests.conftest import run_cli
 
 SMALL = Workload(WorkloadKind.CUSTOM, prompt_tokens=48, gen_tokens=8, rounds=1)
 

@@ -7,11 +7,10 @@ import shutil
 
 import pytest
 
+from tests.conftest import run_cli
 from tuner.core.config import CacheType
 from tuner.core.errors import UsageError
 from tuner.quality import kld, perplexity
-
-from tests.conftest import run_cli
 
 CTX = 256
 CHUNKS = 4  # 4 × 127 scored tokens: above the 100 llama-perplexity needs for statistics, in one batch

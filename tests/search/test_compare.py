@@ -7,10 +7,9 @@ import json
 
 import pytest
 
-from tuner.search import compare
-
 from tests.conftest import run_cli
 from tests.hub_server import HubServer, root_layout
+from tuner.search import compare
 
 REPO = "demo/Compare-GGUF"
 

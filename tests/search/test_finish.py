@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from tuner.report import study_report
 from tuner.search.finish import Finish, ServerMeasurement
+from tuner.search.result import StudyResult
 
 
 def _m(label: str, scores: list[float | None], *, kld: float | None = None, loaded: float | None = None,
@@ -57,7 +58,7 @@ def test_failures_never_win_and_the_per_request_floor_holds():
 def test_launch_line_rank_one_is_the_winner_and_the_result_round_trips():
     fin = Finish((_m("candidate-1", [1.3, 1.31, 1.29]), _m("candidate-2", [0.8, 0.8, 0.81])),
                  (_m("default", [1.0, 1.0, 1.01]),), prompt_tokens=512, gen_tokens=128)
-    result = {"finish": fin.to_dict()}
+    result = StudyResult(study="s", model="m.gguf", finish=fin)
     assert [m.label for m in study_report.ranked(result)] == ["candidate-1", "default", "candidate-2"]
     again = Finish.from_dict(fin.to_dict())
     assert again.winner == fin.winner and again.metric.startswith("end-to-end request time (P=512")

@@ -11,6 +11,7 @@ from tuner.core.errors import UsageError
 from tuner.machine import hardware
 from tuner.measure.workload import WorkloadKind, preset
 from tuner.quality import kv_price
+from tuner.report import study_report
 from tuner.search import autotune, finish, study
 
 KLD_CTX, KLD_CHUNKS = 256, 4
@@ -49,10 +50,11 @@ def test_kv_pairs_above_the_floor_are_never_launched(engine_loc, demo_models, tm
         assert (t.user_attrs["status"] == "infeasible") == over, t.user_attrs
         if over:
             assert t.state is optuna.trial.TrialState.PRUNED and t.values is None and not t.user_attrs.get("argv")
-    w = res.result["winner"]
+    doc = res.result.to_dict()
+    w = doc["winner"]
     assert w["kld_mean"] is not None and w["kld_mean"] <= floor
-    assert res.result["quality"]["winner_kld_mean"] == w["kld_mean"] and res.result["quality"]["max_kld"] == floor
-    assert "mean KLD" in (res.result_dir / "report.md").read_text()
+    assert doc["quality"]["winner_kld_mean"] == w["kld_mean"] and doc["quality"]["max_kld"] == floor
+    assert "mean KLD" in study_report.markdown(res.result)
 
 
 def test_a_floor_below_every_lossy_pair_leaves_f16(engine_loc, demo_models, tmp_path, monkeypatch):
@@ -63,4 +65,4 @@ def test_a_floor_below_every_lossy_pair_leaves_f16(engine_loc, demo_models, tmp_
     recs = study.records(optuna.load_study(study_name=res.study_name, storage=f"sqlite:///{tmp_path}/s.db"))
     measured = [r for r in recs if r.status == "measured"]
     assert measured and all((r.config["cache_type_k"], r.config["cache_type_v"]) == ("f16", "f16") for r in measured)
-    assert res.result["winner"]["kld_mean"] == 0.0
+    assert res.result.to_dict()["winner"]["kld_mean"] == 0.0

@@ -21,9 +21,8 @@ import psutil
 import pytest
 from optuna.trial import TrialState
 
-from tuner.search import study
-
 from tests.conftest import run_cli
+from tuner.search import study
 
 TRIALS_EACH = 3
 

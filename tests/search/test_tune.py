@@ -10,14 +10,14 @@ from pathlib import Path
 import optuna
 import pytest
 
+from tests.conftest import run_cli
 from tuner.engine import build, runner
 from tuner.machine import hardware
 from tuner.measure import workload
 from tuner.measure.workload import Workload, WorkloadKind
 from tuner.report import study_report
 from tuner.search import autotune, finish, study
-
-from tests.conftest import run_cli
+from tuner.search import result as study_result
 
 
 def test_auto_tune_ends_with_a_launch_line_that_reproduces_its_speed(demo_models, tmp_path):
@@ -46,7 +46,9 @@ def test_auto_tune_ends_with_a_launch_line_that_reproduces_its_speed(demo_models
     assert (result_file.parent / "pareto_front.png").stat().st_size > 100
     # result.json is the study rebuilt from its storage alone.
     st = optuna.load_study(study_name=result["study"], storage=f"sqlite:///{tmp_path}/studies.db")
-    assert json.loads(json.dumps(study_report.result_from_study(st))) == result
+    rebuilt = study_result.result_from_study(st)
+    assert json.loads(json.dumps(rebuilt.to_dict())) == result
+    assert study_result.StudyResult.from_dict(result) == rebuilt  # to_dict / from_dict round trip
 
     printed = run_cli("launch-line", str(result_file))
     assert printed.returncode == 0 and printed.stdout.strip() == last.removeprefix("launch line: ")
@@ -97,10 +99,10 @@ def test_batch_workload_searches_slot_counts_and_reports_each(engine_loc, demo_m
                                measure=study.Measure.for_workload(load, repetitions=1),
                                rounds=finish.Rounds(min=1, max=1), kld_chunks=4, kld_ctx=256)
     res = autotune.auto_tune(req, engine_loc, hardware.probe_hardware(host_bandwidth_s=0))
-    cands = res.result["finish"]["candidates"]
+    cands = res.result.to_dict()["finish"]["candidates"]
     assert [c["slots"] for c in cands] == [1, 2, 4] and [c["label"] for c in cands][-1] == "candidate-1 np4"
     for c in cands:
         assert c["loaded_gen_tok_s"] > 0 and c["end_to_end_gen_tok_s"] > 0 and c["config"]["parallel"] == c["slots"]
         assert c["config"]["ctx"] == 256 * c["slots"]  # 1024 tokens over 4 slots: each slot keeps its 256
-    assert res.result["finish"]["concurrency"] == 4
-    assert "aggregate" in (res.result_dir / "report.md").read_text()
+    assert res.result.to_dict()["finish"]["concurrency"] == 4
+    assert "aggregate" in study_report.markdown(res.result)

@@ -101,12 +101,13 @@ def auto_tune_cmd(
             bar.update(task, completed=p.done, description=f"search (best {best}; last: {p.last.status})")
 
         result = autotune.auto_tune(req, loc, hw, on_progress=on_progress, on_step=say)
+    study_report.write(result.result, result.result_dir)
     if result.search.interrupted:
         say(f"interrupted after {result.search.trials_this_run} trials; run the same command again to resume "
             f"study {result.study_name}")
         raise typer.Exit(130)
     if as_json:
-        out.print_json(json.dumps(result.result | {"result_dir": str(result.result_dir)}))
+        out.print_json(json.dumps(result.result.to_dict() | {"result_dir": str(result.result_dir)}))
         return
     _summary(result)
 
@@ -120,7 +121,7 @@ def _speculation(on: bool, draft: str | None, prompts: Path | None) -> Speculati
 
 
 def _summary(res: autotune.TuneResult) -> None:
-    r = res.result
+    r = res.result.to_dict()
     w = r["workload"]
     table = Table(title=f"llama-server re-measure ({w['kind']}, P={w['prompt_tokens']}, G={w['gen_tokens']}, "
                         f"depth {w.get('depth_tokens', w['prompt_tokens'])})")
@@ -153,7 +154,7 @@ def _summary(res: autotune.TuneResult) -> None:
     for v in fin.get("verdicts", []):
         out.print(verdict.Verdict.from_dict(v).describe(), highlight=False, soft_wrap=True)
     out.print(f"report: {res.result_dir / 'report.md'}", highlight=False, soft_wrap=True)
-    out.print(f"launch line: {study_report.launch_line(r)}", highlight=False, soft_wrap=True)
+    out.print(f"launch line: {study_report.launch_line(res.result)}", highlight=False, soft_wrap=True)
 
 
 @app.command("launch-line")
@@ -178,8 +179,6 @@ def launch_line_cmd(
         if fmt != "shell":
             raise UsageError("--exec runs the shell form: drop --format")
         binary = str(build.locate_engine(llama_cpp_dir).tool("llama-server"))
-        argv = study_report.launch_line(data, rank=rank, host=host, port=port, binary=binary)
-        import shlex
-
-        runner.run_process(shlex.split(argv), timeout_s=10**9, what="llama-server",
+        argv = study_report.launch_argv(data, rank=rank, host=host, port=port, binary=binary)
+        runner.run_process(argv, timeout_s=10**9, what="llama-server",
                            fix="check the flags in the launch line")

@@ -1,5 +1,6 @@
-"""A study's result as files: result.json (everything needed to rebuild the report), report.md, PNG plots;
-and the launch line of the measured winner (or the N-th), rendered by the same renderer that measured it.
+"""A study's result for people: report.md, PNG plots (only those that carry information), and the launch line of
+the measured winner (or the N-th), rendered by the same renderer that measured it. The result itself (result.json,
+typed and versioned) is :mod:`tuner.search.result`'s.
 """
 
 from __future__ import annotations
@@ -11,68 +12,43 @@ from typing import Any
 
 from tuner.core.errors import UsageError
 from tuner.engine import flags
+from tuner.machine.fileio import atomic_write
 from tuner.search.finish import Finish, ServerMeasurement
-from tuner.search.study import TrialRecord, config_from_dict, non_dominated, pareto_front, records
+from tuner.search.result import StudyResult, load_result, write_result  # noqa: F401 - load_result re-exported
+from tuner.search.study import TrialRecord, config_from_dict, non_dominated
 from tuner.search.verdict import Verdict
-
-RESULT_VERSION = 1
-
 
 # How the baselines read in the report ("fit": llama.cpp's own --fit placement).
 BASELINE_NAMES = {"fit": "llama.cpp fit"}
 
 
-def result_from_study(st: Any) -> dict[str, Any]:
-    """Rebuild the whole result from the study's storage alone."""
-    attrs = dict(st.user_attrs)
-    recs = records(st)
-    fin = Finish.from_dict(attrs["finish"]) if "finish" in attrs else Finish((), ())
-    winner = fin.winner
-    return {
-        "version": RESULT_VERSION, "study": st.study_name, "model": attrs.get("model"),
-        "hardware": attrs.get("hardware"), "engine": attrs.get("engine"), "workload": attrs.get("workload"),
-        "objective": attrs.get("objective"), "space": attrs.get("space"),
-        "trials": [r.to_dict() for r in recs],
-        "pareto": [r.number for r in pareto_front(st)],
-        "finish": fin.to_dict(),
-        "winner": winner.to_dict() if winner else None,
-        "speedup": {"default": fin.speedup("default"), "fit": fin.speedup("fit")},
-        "measure": attrs.get("measure"),
-        "quality": {"max_kld": (attrs.get("objective") or {}).get("max_kld"),
-                    "winner_kld_mean": winner.kld_mean if winner else None,
-                    "winner_same_top_pct": winner.same_top_pct if winner else None,
-                    "kv_prices": attrs.get("kv_prices", [])},
-    }
-
-
-def load_result(path: Path) -> dict[str, Any]:
-    file = path / "result.json" if path.is_dir() else path
-    try:
-        data = json.loads(file.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise UsageError(f"cannot read {file} ({exc}): pass results/<study>/result.json from auto-tune") from None
-    if not isinstance(data, dict) or "finish" not in data:
-        raise UsageError(f"{file} is not an auto-tune result: pass results/<study>/result.json")
-    return data
-
-
-def ranked(result: dict[str, Any]) -> list[ServerMeasurement]:
+def ranked(result: StudyResult) -> list[ServerMeasurement]:
     """Every config re-measured with llama-server (candidates and baselines): the winner
     (:attr:`tuner.search.finish.Finish.winner`) first, then the rest fastest first, failed ones last."""
-    fin = Finish.from_dict(result["finish"])
+    fin = result.finish
     rest = sorted((m for m in (*fin.candidates, *fin.baselines) if m is not fin.winner),
                   key=lambda m: -(m.gen_tok_s or -1.0))
     return [fin.winner, *rest] if fin.winner is not None else rest
 
 
-def launch_line(result: dict[str, Any], *, rank: int = 1, fmt: str = "shell", host: str | None = None,
-                port: int | None = None, binary: str = "llama-server") -> str:
+def _ranked_at(result: StudyResult, rank: int) -> ServerMeasurement:
     cands = ranked(result)
     if not 1 <= rank <= len(cands):
         raise UsageError(f"--rank {rank} is out of range: this result has {len(cands)} measured configs")
-    cand = cands[rank - 1]
-    cfg = config_from_dict(cand.config)
-    argv = flags.server_argv(Path(binary), cfg) + flags.address_argv(host, port)
+    return cands[rank - 1]
+
+
+def launch_argv(result: StudyResult, *, rank: int = 1, host: str | None = None, port: int | None = None,
+                binary: str = "llama-server") -> list[str]:
+    """The measured command of the ``rank``-th config as an argument list (what ``--exec`` runs)."""
+    cfg = config_from_dict(_ranked_at(result, rank).config)
+    return flags.server_argv(Path(binary), cfg) + flags.address_argv(host, port)
+
+
+def launch_line(result: StudyResult, *, rank: int = 1, fmt: str = "shell", host: str | None = None,
+                port: int | None = None, binary: str = "llama-server") -> str:
+    cand = _ranked_at(result, rank)
+    argv = launch_argv(result, rank=rank, host=host, port=port, binary=binary)
     if fmt == "shell":
         return shlex.join(argv)
     if fmt == "json":
@@ -92,7 +68,7 @@ def _fmt(v: float | None, spec: str = ",.1f") -> str:
     return "n/a" if v is None else format(v, spec)
 
 
-def _winner_lines(result: dict[str, Any]) -> list[str]:
+def _winner_lines(result: dict[str, Any]) -> list[str]:  # the to_dict() form
     w = result.get("winner")
     if not w:
         return []
@@ -120,7 +96,8 @@ def _winner_lines(result: dict[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
-def markdown(result: dict[str, Any]) -> str:
+def markdown(study_result: StudyResult) -> str:
+    result = study_result.to_dict()
     trials = [TrialRecord(**t) for t in result["trials"]]
     m = result.get("measure") or {}
     lines = [f"# auto-tune: {Path(result['model'] or '?').name}", "",
@@ -159,7 +136,8 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plots(result: dict[str, Any], out_dir: Path) -> list[Path]:
+def plots(study_result: StudyResult, out_dir: Path) -> list[Path]:
+    result = study_result.to_dict()
     """Only plots that carry information: tok/s vs --n-cpu-moe per KV pair when --n-cpu-moe took several
     values, and generation vs prompt tok/s with the Pareto front when two or more trials were measured."""
     import matplotlib
@@ -212,8 +190,7 @@ def _save(fig: Any, path: Path) -> Path:
     return path
 
 
-def write(result: dict[str, Any], out_dir: Path) -> list[Path]:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "result.json").write_text(json.dumps(result, indent=2) + "\n")
-    (out_dir / "report.md").write_text(markdown(result))
-    return [out_dir / "result.json", out_dir / "report.md", *plots(result, out_dir)]
+def write(result: StudyResult, out_dir: Path) -> list[Path]:
+    """result.json (the data), report.md and the plots (for people) into ``out_dir``."""
+    written = [write_result(result, out_dir), atomic_write(out_dir / "report.md", markdown(result))]
+    return [*written, *plots(result, out_dir)]

@@ -8,7 +8,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from tuner.core.config import CacheType, LaunchConfig
 from tuner.core.errors import UsageError
@@ -21,6 +20,7 @@ from tuner.plan.roofline import roofline
 from tuner.quality import kv_price
 from tuner.quality.kv_price import KvPrice
 from tuner.search import finish, space, speculation, study
+from tuner.search import result as study_result
 
 DEFAULT_CTX = 4096
 TOP_CANDIDATES = 2
@@ -57,7 +57,7 @@ class TuneResult:
     study_name: str
     storage: str
     result_dir: Path
-    result: dict[str, Any]
+    result: study_result.StudyResult
     search: study.SearchOutcome
 
 
@@ -83,7 +83,6 @@ def choose_ctx(req: TuneRequest, info: ModelInfo, hw: Hardware, parallel: int) -
 def auto_tune(req: TuneRequest, loc: build.EngineLocation, hw: Hardware, *,
               on_progress: Callable[[study.Progress], None] | None = None,
               on_step: Callable[[str], None] | None = None) -> TuneResult:
-    from tuner.report import study_report
 
     caps = build.capabilities(loc)
     info = inspect_model(req.model)
@@ -135,7 +134,7 @@ def auto_tune(req: TuneRequest, loc: build.EngineLocation, hw: Hardware, *,
                                on_progress=on_progress)
     result_dir = req.results_dir / name
     if outcome.interrupted:
-        return TuneResult(name, storage, result_dir, study_report.result_from_study(st), outcome)
+        return TuneResult(name, storage, result_dir, study_result.result_from_study(st), outcome)
     top = study.top_configs(study.records(st), req.top_candidates)
     if not top:
         kld = f", raise --max-kld (now {req.max_kld})" if req.max_kld is not None else ""
@@ -156,6 +155,6 @@ def auto_tune(req: TuneRequest, loc: build.EngineLocation, hw: Hardware, *,
         done = speculation.after_finish(loc, st, done, info, hw, req.speculation, req.workload, result_dir=result_dir,
                                         caps=caps, on_step=on_step)
     st.set_user_attr("finish", done.to_dict())
-    result = study_report.result_from_study(st)
-    study_report.write(result, result_dir)
+    result = study_result.result_from_study(st)
+    study_result.write_result(result, result_dir)  # the data; report.md and plots are the caller's to draw
     return TuneResult(name, storage, result_dir, result, outcome)

@@ -184,7 +184,7 @@ def _measure_one(t: _Target, req: CompareRequest, reference: Path | None, loc: b
         res = autotune.auto_tune(tune, loc, tune_hw, on_step=on_step)
     except TunerError as exc:
         return replace(row, error=str(exc))
-    w = res.result.get("winner") or {}
+    w = res.result.to_dict().get("winner") or {}
     if w.get("gen_tok_s") is None:
         return replace(row, study=res.study_name, error="no config measured with llama-server")
     return replace(row, launch_line=w.get("launch_line"), gen_tok_s=w.get("gen_tok_s"),

@@ -1,0 +1,43 @@
+"""result.json's schema: typed values with one to/from-dict convention, a version, and clear refusals."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tuner.core.errors import UsageError
+from tuner.search import result as study_result
+from tuner.search.finish import Finish
+from tuner.search.study import TrialRecord
+
+
+def _result() -> study_result.StudyResult:
+    trial = TrialRecord(0, "measured", {"model": "/m.gguf", "ctx": 4096}, seed="default", gen_tok_s=12.5,
+                        prompt_tok_s=300.0, request_s=2.0, prompt_depth=512, gen_depth=1024)
+    return study_result.StudyResult(study="s", model="/m.gguf", finish=Finish((), ()), trials=(trial,),
+                                    pareto=(0,), workload={"kind": "agent", "depth_tokens": 1024},
+                                    quality=study_result.QualitySummary(0.002, None, None, ({"k": "q8_0"},)))
+
+
+def test_round_trip_through_json(tmp_path):
+    res = _result()
+    path = study_result.write_result(res, tmp_path)
+    assert json.loads(path.read_text())["version"] == study_result.RESULT_VERSION
+    assert study_result.load_result(tmp_path) == res
+    assert study_result.StudyResult.from_dict(res.to_dict()) == res
+    assert res.to_dict()["trials"][0]["gen_depth"] == 1024 and res.winner is None
+
+
+def test_an_older_result_is_refused_with_the_fix(tmp_path):
+    doc = _result().to_dict() | {"version": 1}
+    (tmp_path / "result.json").write_text(json.dumps(doc))
+    with pytest.raises(study_result.ResultVersionError, match=r"version 1.*run the same `moe-tune auto-tune`"):
+        study_result.load_result(tmp_path / "result.json")
+
+
+@pytest.mark.parametrize(("text", "words"), [("{", "cannot read"), ('{"a": 1}', "not an auto-tune result")])
+def test_other_files_are_refused(tmp_path, text, words):
+    (tmp_path / "x.json").write_text(text)
+    with pytest.raises(UsageError, match=words):
+        study_result.load_result(tmp_path / "x.json")

@@ -1,0 +1,129 @@
+"""result.json: a study's result as typed values, rebuilt from the Optuna storage alone, versioned.
+
+One convention for every record in it: ``to_dict()`` gives JSON-safe data, ``from_dict()`` reads it back and
+``from_dict(x.to_dict()) == x``. A file from another schema version is refused with the fix, never half-read.
+The report (:mod:`tuner.report.study_report`) renders these values; it does not build them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tuner.core.errors import UsageError
+from tuner.machine.fileio import atomic_write
+from tuner.search.finish import Finish, ServerMeasurement
+from tuner.search.study import TrialRecord, pareto_front, records
+
+# 2: trials at the workload's depth, KV quality prices, slots, verdicts; 1: the first auto-tune.
+RESULT_VERSION = 2
+RESULT_FILE = "result.json"
+
+
+class ResultVersionError(UsageError):
+    def __init__(self, file: Path, found: object) -> None:
+        super().__init__(f"{file} has result schema version {found!r}, this moe-tune reads version "
+                         f"{RESULT_VERSION}: run the same `moe-tune auto-tune` again (the study storage keeps every "
+                         "trial, so it resumes and rewrites the result)")
+
+
+@dataclass(frozen=True, slots=True)
+class QualitySummary:
+    max_kld: float | None = None  # the floor the search used (None: no floor)
+    winner_kld_mean: float | None = None
+    winner_same_top_pct: float | None = None
+    kv_prices: tuple[dict[str, Any], ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "kv_prices": list(self.kv_prices)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> QualitySummary:
+        return cls(d.get("max_kld"), d.get("winner_kld_mean"), d.get("winner_same_top_pct"),
+                   tuple(d.get("kv_prices") or ()))
+
+
+@dataclass(frozen=True, slots=True)
+class StudyResult:
+    study: str
+    model: str | None
+    finish: Finish
+    trials: tuple[TrialRecord, ...] = ()
+    pareto: tuple[int, ...] = ()
+    hardware: dict[str, Any] | None = None
+    engine: dict[str, Any] | None = None
+    workload: dict[str, Any] | None = None
+    objective: dict[str, Any] | None = None
+    space: dict[str, Any] | None = None
+    measure: dict[str, Any] | None = None
+    quality: QualitySummary = field(default_factory=QualitySummary)
+    version: int = RESULT_VERSION
+
+    @property
+    def winner(self) -> ServerMeasurement | None:
+        return self.finish.winner
+
+    @property
+    def speedup(self) -> dict[str, float | None]:
+        return {"default": self.finish.speedup("default"), "fit": self.finish.speedup("fit")}
+
+    def to_dict(self) -> dict[str, Any]:
+        winner = self.winner
+        return {
+            "version": self.version, "study": self.study, "model": self.model, "hardware": self.hardware,
+            "engine": self.engine, "workload": self.workload, "objective": self.objective, "space": self.space,
+            "trials": [t.to_dict() for t in self.trials], "pareto": list(self.pareto),
+            "finish": self.finish.to_dict(), "winner": winner.to_dict() if winner else None,
+            "speedup": self.speedup, "measure": self.measure, "quality": self.quality.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], file: Path = Path(RESULT_FILE)) -> StudyResult:
+        if d.get("version") != RESULT_VERSION:
+            raise ResultVersionError(file, d.get("version"))
+        return cls(
+            study=d["study"], model=d.get("model"), finish=Finish.from_dict(d["finish"]),
+            trials=tuple(TrialRecord(**t) for t in d.get("trials", [])), pareto=tuple(d.get("pareto", [])),
+            hardware=d.get("hardware"), engine=d.get("engine"), workload=d.get("workload"),
+            objective=d.get("objective"), space=d.get("space"), measure=d.get("measure"),
+            quality=QualitySummary.from_dict(d.get("quality") or {}),
+        )
+
+
+def result_from_study(st: Any) -> StudyResult:
+    """Rebuild the whole result from the study's storage alone."""
+    attrs = dict(st.user_attrs)
+    fin = Finish.from_dict(attrs["finish"]) if "finish" in attrs else Finish((), ())
+    winner = fin.winner
+    return StudyResult(
+        study=st.study_name, model=attrs.get("model"), finish=fin, trials=tuple(records(st)),
+        pareto=tuple(r.number for r in pareto_front(st)), hardware=attrs.get("hardware"),
+        engine=attrs.get("engine"), workload=attrs.get("workload"), objective=attrs.get("objective"),
+        space=attrs.get("space"), measure=attrs.get("measure"),
+        quality=QualitySummary((attrs.get("objective") or {}).get("max_kld"),
+                               winner.kld_mean if winner else None, winner.same_top_pct if winner else None,
+                               tuple(attrs.get("kv_prices", []))),
+    )
+
+
+def write_result(result: StudyResult, out_dir: Path) -> Path:
+    return atomic_write(out_dir / RESULT_FILE, json.dumps(result.to_dict(), indent=2) + "\n")
+
+
+def load_result(path: Path) -> StudyResult:
+    """A result.json (or the folder holding one) written by auto-tune; a clear error for anything else."""
+    file = path / RESULT_FILE if path.is_dir() else path
+    try:
+        data = json.loads(file.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise UsageError(f"cannot read {file} ({exc}): pass results/<study>/result.json from auto-tune") from None
+    if not isinstance(data, dict) or "finish" not in data or "study" not in data:
+        raise UsageError(f"{file} is not an auto-tune result: pass results/<study>/result.json")
+    if data.get("version") != RESULT_VERSION:
+        raise ResultVersionError(file, data.get("version"))
+    try:
+        return StudyResult.from_dict(data, file)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise UsageError(f"{file} is not a whole auto-tune result ({exc}): run auto-tune again") from None
