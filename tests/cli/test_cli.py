@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from typer.testing import CliRunner
 
 from tests.conftest import run_cli
+from tuner.cli import app
 from tuner.engine import build
 
 COMMANDS = [["doctor"], ["demo-model"], ["bench"], ["plan"], ["quality"], ["quants"], ["download"], ["compare-quants"],
@@ -24,9 +26,9 @@ def test_top_level_help_lists_commands():
 
 @pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(c))
 def test_every_command_has_help_with_an_example(command):
-    proc = run_cli(*command, "--help")
-    assert proc.returncode == 0, proc.stderr
-    assert "Example" in proc.stdout
+    res = CliRunner().invoke(app, [*command, "--help"], env={"COLUMNS": "200", "NO_COLOR": "1"})
+    assert res.exit_code == 0, res.output
+    assert "Example" in res.output
 
 
 def test_bench_on_a_missing_model_is_one_line():

@@ -95,6 +95,7 @@ def test_dry_run_lists_the_gpu_steps_and_the_cpu_ones(tmp_path):
 
 
 @pytest.mark.skipif(os.path.exists("/dev/nvidiactl"), reason="a GPU is here: the GPU path runs instead")
+@pytest.mark.slow  # writes a real-scale shape and runs the CLI per step
 def test_cpu_fallback_plans_each_budget_and_resumes(tmp_path):
     out, cache = tmp_path / "out", tmp_path / "cache"
     stopped = _run("--out", str(out), "--budgets", "16", "--long-ctx", "0", "--time-limit", "1", cache=cache)

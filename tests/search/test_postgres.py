@@ -24,6 +24,7 @@ from optuna.trial import TrialState
 from tests.conftest import run_cli
 from tuner.search import study
 
+pytestmark = pytest.mark.slow  # a real PostgreSQL server and several tuner processes
 TRIALS_EACH = 3
 
 
@@ -59,7 +60,8 @@ def postgres_url(postgres: Any, request: pytest.FixtureRequest) -> str:
     return _database(postgres, re.sub(r"\W", "_", request.node.name)[:60].lower())
 
 
-_OPEN = "import sys; from tuner import study; print(study.create_or_load('s', sys.argv[1], study.Objective())[1])"
+_OPEN = ("import sys; from tuner.search import study; "
+         "print(study.create_or_load('s', sys.argv[1], study.Objective())[1])")
 
 
 def test_processes_opening_a_new_shared_study_at_once_all_succeed_and_one_creates_it(postgres_url):
