@@ -18,6 +18,7 @@ from typing import Any
 
 from tuner.core.config import FlashAttn, LaunchConfig
 from tuner.core.errors import EngineNotFoundError, ProcessFailedError, TunerError, UsageError
+from tuner.core.stats import cv_pct
 from tuner.engine import breakdown, flags, runner
 from tuner.engine.breakdown import MemoryBreakdown
 from tuner.engine.build import Capabilities, EngineLocation
@@ -43,8 +44,7 @@ def spread(samples: Sequence[float]) -> Spread:
     if not samples:
         raise ValueError("no samples")
     mean = statistics.fmean(samples)
-    sd = statistics.stdev(samples) if len(samples) > 1 else 0.0
-    cv = 100 * sd / mean if mean else 0.0
+    cv = cv_pct(samples) or 0.0
     rse = cv / math.sqrt(len(samples)) if len(samples) > 1 else math.inf
     return Spread(len(samples), statistics.median(samples), mean, cv, rse)
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from tuner.core.config import LaunchConfig
 from tuner.core.errors import TunerError, UsageError
+from tuner.core.stats import cv_pct
 from tuner.engine import flags, runner
 from tuner.engine.build import Capabilities, EngineLocation
 from tuner.measure import failures, workload
@@ -134,10 +135,7 @@ class ArmResult:
 
     @property
     def gen_cv_pct(self) -> float | None:
-        samples = [r.gen_tok_s for r in self.requests]
-        if len(samples) < 2 or not statistics.fmean(samples):
-            return None
-        return 100 * statistics.stdev(samples) / statistics.fmean(samples)
+        return cv_pct([r.gen_tok_s for r in self.requests])
 
     def to_dict(self) -> dict[str, Any]:
         return {"label": self.arm.label, "launch_line": flags.launch_line(self.arm.config),

@@ -15,6 +15,7 @@ from typing import Any
 
 from tuner.core.config import FlashAttn, LaunchConfig
 from tuner.core.errors import TunerError
+from tuner.core.stats import cv_pct
 from tuner.engine import flags, runner
 from tuner.engine.build import Capabilities, EngineLocation
 from tuner.machine import hardware
@@ -124,13 +125,6 @@ def _median(xs: Sequence[float | None]) -> float | None:
     return statistics.median(ok) if ok else None
 
 
-def _cv(samples: Sequence[float]) -> float | None:
-    if len(samples) < 2:
-        return None
-    mean = statistics.fmean(samples)
-    return 100 * statistics.stdev(samples) / mean if mean else None
-
-
 def server_load(load: Workload) -> Workload:
     """What a server trial sends for ``load``: with a history deeper than the prompt, the whole history is the
     prompt (so generation happens at the workload's depth); the score still charges only the new prompt."""
@@ -166,7 +160,7 @@ def summarize(label: str, cfg: LaunchConfig, runs: Sequence[bench.ServerTrial | 
     gen = _median(samples)
     last = ok[-1]
     return ServerMeasurement(
-        label, config_to_dict(cfg), line, list(last.argv), gen, samples, _cv(samples),
+        label, config_to_dict(cfg), line, list(last.argv), gen, samples, cv_pct(samples),
         _median([t.levels[0].per_request_prompt_tok_s for t in ok]), _median([t.levels[0].ttft_s for t in ok]),
         _median([t.levels[-1].aggregate_gen_tok_s for t in ok]), max(t.memory.rss_peak_bytes or 0 for t in ok) or None,
         max(t.memory.vram_peak_bytes or 0 for t in ok) or None, last.spill.kind.value, last.tokens_per_joule,

@@ -11,7 +11,7 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tuner.core.config import CacheType, FlashAttn, LaunchConfig
 from tuner.core.errors import UsageError
@@ -194,19 +194,10 @@ def _context_flags(a: _Argv, cfg: LaunchConfig) -> None:
         a.add("no_repack")
 
 
-def bench_argv(
-    binary: Path,
-    cfg: LaunchConfig,
-    *,
-    n_prompt: int,
-    n_gen: int,
-    repetitions: int,
-    depth: int | Sequence[int] = 0,
-    caps: Capabilities | None = None,
-) -> list[str]:
-    """llama-bench for one config; it has no -c (context = prompt + generated + depth)."""
-    return bench_group_argv(binary, [cfg], n_prompt=n_prompt, n_gen=n_gen, repetitions=repetitions, depth=depth,
-                            caps=caps)
+def bench_argv(binary: Path, cfg: LaunchConfig, **options: Any) -> list[str]:
+    """llama-bench for one config (options as :func:`bench_group_argv`); it has no -c (context = prompt +
+    generated + depth)."""
+    return bench_group_argv(binary, [cfg], **options)
 
 
 def bench_group_argv(
