@@ -80,17 +80,35 @@ def _load_nvml() -> Any:
     return pynvml
 
 
-def probe_gpus(nvml: Any = None) -> GpuProbe:
-    """List NVIDIA GPUs with their memory, or say why none could be listed."""
+class NvmlUnavailableError(Exception):
+    """No usable NVML: bindings missing or no driver (the message says which)."""
+
+
+def open_nvml(nvml: Any = None) -> Any:
+    """NVML, initialised (``nvml``: a stand-in such as the tests' fake); the caller shuts it down."""
     if nvml is None:
         try:
             nvml = _load_nvml()
         except ImportError:
-            return GpuProbe((), "no NVIDIA GPU found (NVML bindings not installed: pip install nvidia-ml-py)")
+            raise NvmlUnavailableError("NVML bindings not installed: pip install nvidia-ml-py") from None
     try:
         nvml.nvmlInit()
     except Exception as exc:  # NVMLError subclasses vary by driver; all mean "no usable driver"
-        return GpuProbe((), f"no NVIDIA GPU found (NVML: {exc})")
+        raise NvmlUnavailableError(f"NVML: {exc}") from None
+    return nvml
+
+
+def close_nvml(nvml: Any) -> None:
+    with contextlib.suppress(Exception):
+        nvml.nvmlShutdown()
+
+
+def probe_gpus(nvml: Any = None) -> GpuProbe:
+    """List NVIDIA GPUs with their memory, or say why none could be listed."""
+    try:
+        nvml = open_nvml(nvml)
+    except NvmlUnavailableError as exc:
+        return GpuProbe((), f"no NVIDIA GPU found ({exc})")
     try:
         driver = _text(nvml.nvmlSystemGetDriverVersion())
         gpus = []
@@ -110,8 +128,7 @@ def probe_gpus(nvml: Any = None) -> GpuProbe:
                 )
             )
     finally:
-        with contextlib.suppress(Exception):
-            nvml.nvmlShutdown()
+        close_nvml(nvml)
     if not gpus:
         return GpuProbe((), "no NVIDIA GPU found (the driver lists none)")
     return GpuProbe(tuple(gpus))
@@ -119,14 +136,9 @@ def probe_gpus(nvml: Any = None) -> GpuProbe:
 
 def probe_gpu_details(nvml: Any = None) -> tuple[GpuDetails, ...]:
     """Bus width, memory clock, PCIe link and power limit of each GPU; empty without a driver."""
-    if nvml is None:
-        try:
-            nvml = _load_nvml()
-        except ImportError:
-            return ()
     try:
-        nvml.nvmlInit()
-    except Exception:
+        nvml = open_nvml(nvml)
+    except NvmlUnavailableError:
         return ()
     try:
         details = []
@@ -143,8 +155,7 @@ def probe_gpu_details(nvml: Any = None) -> tuple[GpuDetails, ...]:
                 power_limit_w=float(_optional(nvml, "nvmlDeviceGetPowerManagementLimit", h, 0)) / 1000,
             ))
     finally:
-        with contextlib.suppress(Exception):
-            nvml.nvmlShutdown()
+        close_nvml(nvml)
     return tuple(details)
 
 

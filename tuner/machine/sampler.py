@@ -19,6 +19,7 @@ from typing import Any
 import psutil
 
 from tuner.core.units import MIB
+from tuner.machine import hardware
 
 DEFAULT_INTERVAL_S = 0.2
 # VRAM this close to the card's total counts as "at capacity" (drivers keep a little for themselves).
@@ -140,8 +141,7 @@ class Sampler:
             self._thread = None
             self.samples.append(self.read_once())
         if self._nvml is not None and self._handle is not None:
-            with contextlib.suppress(Exception):
-                self._nvml.nvmlShutdown()
+            hardware.close_nvml(self._nvml)
             self._handle = None
         return self.report()
 
@@ -153,17 +153,12 @@ class Sampler:
             self.samples.append(self.read_once())
 
     def _open_nvml(self) -> None:
-        if self._nvml is None:
-            try:
-                import pynvml
-
-                self._nvml = pynvml
-            except ImportError:
-                return
         try:
-            self._nvml.nvmlInit()
+            self._nvml = hardware.open_nvml(self._nvml)
             self._handle = self._nvml.nvmlDeviceGetHandleByIndex(self.gpu_index)
-        except Exception:  # no driver or no such card: a CPU-only run
+        except hardware.NvmlUnavailableError:
+            return  # a CPU-only run
+        except Exception:  # no such card
             self._handle = None
 
     def read_once(self) -> Sample:
