@@ -244,7 +244,7 @@ def spill_verdict(
     peak, total = memory.vram_peak_bytes, memory.vram_total_bytes
     if peak is not None and total:
         full = total if not vram_budget_bytes else min(total, (memory.vram_baseline_bytes or 0) + vram_budget_bytes)
-        of = "" if full == total else f" (budget {vram_budget_bytes / MIB:,.0f} MiB over {total / MIB:,.0f})"
+        of = "" if full == total else f" (budget {(vram_budget_bytes or 0) / MIB:,.0f} MiB over {total / MIB:,.0f})"
         vram = f"VRAM peaked at {peak / MIB:,.0f} of {full / MIB:,.0f} MiB{of}"
         if peak >= full - margin_bytes:
             if gen_tok_s is not None and roofline_tok_s and gen_tok_s < CLIFF_FRACTION * roofline_tok_s:

@@ -14,6 +14,7 @@ A demo model is a small :class:`~tuner.models.model_spec.ModelSpec` written by t
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from tuner.core.errors import UsageError
 from tuner.models import gguf_writer
@@ -24,7 +25,7 @@ DEMO_ARCHS = ("qwen3moe", "qwen35moe")
 DEMO_SIZES = ("tiny", "large")
 
 
-def _spec(arch: str, size: str, **shape: int) -> ModelSpec:
+def _spec(arch: str, size: str, **shape: Any) -> ModelSpec:
     hybrid = {}
     if arch == "qwen35moe":
         # Tied embeddings keep the tiny hybrid under 35 MB; the large one ties too so the arch is consistent.

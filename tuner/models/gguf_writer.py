@@ -182,7 +182,7 @@ def _chunks(t: PlannedTensor, rng: np.random.Generator, pools: Mapping[Q, np.nda
 
 
 def _write_all(f: io.RawIOBase, item: np.ndarray | bytes) -> None:
-    view = memoryview(item if isinstance(item, bytes) else item.view(np.uint8))
+    view = memoryview(item) if isinstance(item, bytes) else memoryview(item.view(np.uint8).data)
     while view:
         view = view[f.write(view) or 0:]
 

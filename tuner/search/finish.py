@@ -150,7 +150,7 @@ def summarize(label: str, cfg: LaunchConfig, runs: Sequence[bench.ServerTrial | 
 
     line = flags.launch_line(cfg)
     ok = [t for t in runs if isinstance(t, bench.ServerTrial)]
-    quality = {"kld_mean": kld.kld_mean, "same_top_pct": kld.same_top_pct} if kld else {}
+    quality: dict[str, Any] = {"kld_mean": kld.kld_mean, "same_top_pct": kld.same_top_pct} if kld else {}
     if not ok:
         failed = next(f for f in runs if isinstance(f, failures.Failure))
         return ServerMeasurement(label, config_to_dict(cfg), line, [], None, [], None, None, None, None,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +66,7 @@ def _label(kind: SpecType, draft: Path | None, n_max: int | None, p_min: float |
 def arms_for(base: LaunchConfig, info: ModelInfo, req: SpeculationRequest) -> list[Arm]:
     """``none`` first, then every speculation mode that applies to this model."""
     plain = without_speculation(base)
-    synth = {"spec_synth_len": req.synth_len}
+    synth: dict[str, Any] = {"spec_synth_len": req.synth_len}
     arms = [Arm("none", plain)]
     arms += [Arm(t.value, replace(plain, spec_types=(t,), **synth)) for t in req.ngram_types]
     kinds: list[tuple[SpecType, Path | None]] = []
@@ -139,7 +139,7 @@ def as_measurement(v: ArmVerdict, load: Workload) -> ServerMeasurement:
 
     r = v.result
     acc = "" if r.acceptance_rate is None else f", {100 * r.acceptance_rate:.0f} % accepted"
-    per_round = {"scores": round_scores(r, load)} if "scores" in {f.name for f in fields(ServerMeasurement)} else {}
+    per_round: dict[str, Any] = {"scores": round_scores(r, load)}
     return ServerMeasurement(
         label=f"speculation {r.arm.label}{acc}", config=config_to_dict(r.arm.config),
         launch_line=flags.launch_line(r.arm.config), argv=list(r.argv), gen_tok_s=r.gen_tok_s,
