@@ -39,6 +39,8 @@ _API: dict[str, tuple[str, str]] = {
     "Workload": ("tuner.measure.workload", "Workload"),
     "WorkloadKind": ("tuner.measure.workload", "WorkloadKind"),
     "workload_preset": ("tuner.measure.workload", "preset"),
+    "bench": ("tuner.measure.one_config", "bench_config"),
+    "BenchReport": ("tuner.measure.one_config", "BenchReport"),
     "measure_quality": ("tuner.quality.perplexity", "measure"),
     "TuneRequest": ("tuner.search.autotune", "TuneRequest"),
     "auto_tune": ("tuner.search.autotune", "auto_tune"),

@@ -12,11 +12,8 @@ from tuner.cli.app import JsonFlag, LlamaDir, app, err, friendly, mib, model_pat
 from tuner.core.config import CacheType, FlashAttn, LaunchConfig
 from tuner.core.errors import TunerError, UsageError
 from tuner.engine import build, flags
-from tuner.machine import hardware, paths
-from tuner.measure import bench, speculation, workload
+from tuner.measure import one_config, workload
 from tuner.models import demo
-from tuner.models.gguf_reader import inspect_model
-from tuner.plan import roofline
 
 
 @app.command("bench")
@@ -109,34 +106,18 @@ def bench_cmd(
         err.print("llama-bench has no speculative decoding at the pinned engine: its rows are measured without it; "
                   "the llama-server trial measures it", highlight=False)
     load = workload.preset(workload_kind, n_prompt, n_gen)
-    caps = build.capabilities(loc)
-
-    with err.status(f"llama-bench on {cfg.model.name} (pp{load.prompt_tokens}, tg{load.gen_tokens}, depth {depth})"):
-        plain = speculation.without_speculation(cfg)  # llama-bench has no speculation
-        result = bench.run_bench(loc, plain, n_prompt=load.prompt_tokens, n_gen=load.gen_tokens,
-                                 repetitions=repetitions, depth=depth, caps=caps)
-    with err.status("measuring host memory bandwidth for the roofline"):
-        hw = hardware.with_vram_budget(hardware.probe_hardware(host_bandwidth_s=1.0), vram_budget)
-    roof = roofline.roofline(inspect_model(cfg.model), cfg, hw, depth_tokens=depth)
-    trial = None
-    if not no_server:
-        with err.status(f"llama-server {load.kind.value} workload at concurrency 1..{cfg.parallel or 1}"):
-            trial = bench.run_server_trial(loc, cfg, load, log_dir=paths.cache_root() / "logs", caps=caps,
-                                           roofline_tok_s=roof.gen_tok_s or None,
-                                           vram_budget_bytes=hw.vram_budget_bytes or None)
-    accepted = speculation.acceptance_from_log(trial.log_path.read_text(errors="replace")) if trial else None
+    with err.status(f"measuring {cfg.model.name}") as status:
+        report = one_config.bench_config(loc, cfg, load, depth=depth, repetitions=repetitions, server=not no_server,
+                                         vram_budget_mib=vram_budget, on_step=status.update)
     if as_json:
-        report = _report(cfg, result, trial, roof)
-        if accepted is not None:
-            report["server"]["speculation"] = {"drafted_n": accepted.drafted_n, "accepted_n": accepted.accepted_n,
-                                               "acceptance_rate": accepted.rate, "mean_len": accepted.mean_len}
-        out.print_json(json.dumps(report))
+        out.print_json(json.dumps(report.to_dict()))
         return
-    _print(cfg, result, trial, roof)
+    _print(report)
+    accepted = report.acceptance
     if accepted is not None:
         out.print(f"speculation: {accepted.accepted_n} of {accepted.drafted_n} drafted tokens accepted "
                   f"({100 * (accepted.rate or 0):.0f} %), {accepted.mean_len:.2f} tokens per step", highlight=False)
-    elif cfg.speculative and trial is not None:
+    elif cfg.speculative and report.server is not None:
         out.print("speculation: nothing was drafted in this workload", highlight=False)
 
 
@@ -147,45 +128,8 @@ def _number(text: str) -> float:
         raise UsageError(f"--spec-synth-rates takes numbers like 0.8,0.6, got {text!r}") from None
 
 
-def _percent(measured_tok_s: float, ceiling_tok_s: float | None) -> float | None:
-    return 100.0 * measured_tok_s / ceiling_tok_s if ceiling_tok_s else None
-
-
-def _report(cfg: LaunchConfig, result: bench.BenchResult, trial: bench.ServerTrial | None,
-            roof: roofline.Roofline) -> dict[str, Any]:
-    report: dict[str, Any] = {
-        "model": str(cfg.model), "argv": list(result.argv), "elapsed_s": result.elapsed_s,
-        "launch_line": flags.launch_line(cfg), "runs": result.runs, "rows": [r.to_dict() for r in result.rows],
-        "roofline": {"gen_tok_s": roof.gen_tok_s or None, "prompt_tok_s": roof.prompt_tok_s,
-                     "gpu_bytes_per_token": roof.gpu_bytes_per_token,
-                     "host_bytes_per_token": roof.host_bytes_per_token},
-    }
-    for row in report["rows"]:
-        if row["n_gen"]:
-            row["percent_of_roofline"] = _percent(row["median_tok_s"], roof.gen_tok_s)
-    if trial is not None:
-        mem = trial.memory
-        report["server"] = {
-            "argv": list(trial.argv), "workload": trial.workload.kind.value,
-            "prompt_tokens": trial.workload.prompt_tokens, "gen_tokens": trial.workload.gen_tokens,
-            "levels": [lvl.to_dict() for lvl in trial.levels],
-            "memory": {"rss_peak_bytes": mem.rss_peak_bytes, "vram_peak_bytes": mem.vram_peak_bytes,
-                       "vram_total_bytes": mem.vram_total_bytes, "proc_vram_peak_bytes": mem.proc_vram_peak_bytes,
-                       "swap_growth_bytes": mem.swap_growth_bytes, "energy_j": mem.energy_j,
-                       "samples": mem.n_samples},
-            "tokens_per_joule": trial.tokens_per_joule, "roofline_tok_s": trial.roofline_tok_s,
-            "spill": {"verdict": trial.spill.kind.value, "evidence": trial.spill.evidence},
-            "llama_cpp_memory_mib": None if trial.memory_breakdown is None else [
-                {"buffer": r.name, "model": r.model_mib, "context": r.context_mib, "compute": r.compute_mib}
-                for r in trial.memory_breakdown.rows
-            ],
-            "log": str(trial.log_path),
-        }
-    return report
-
-
-def _print(cfg: LaunchConfig, result: bench.BenchResult, trial: bench.ServerTrial | None,
-           roof: roofline.Roofline) -> None:
+def _print(report: one_config.BenchReport) -> None:
+    cfg, result, trial = report.config, report.bench, report.server
     out.print(f"{cfg.model.name}  (llama.cpp {build.PIN.commit})", highlight=False, soft_wrap=True)
     table = Table(title="llama-bench")
     for col in ("test", "depth", "median tok/s", "CV %", "samples", "% of ceiling"):
@@ -193,7 +137,7 @@ def _print(cfg: LaunchConfig, result: bench.BenchResult, trial: bench.ServerTria
     for row in result.rows:
         s = row.spread
         test = f"pp{row.n_prompt}" if row.kind == "pp" else f"tg{row.n_gen}"
-        pct = _percent(s.median, roof.gen_tok_s) if row.kind == "tg" else None
+        pct = report.percent_of_roofline(s.median) if row.kind == "tg" else None
         table.add_row(test, str(row.n_depth), f"{s.median:,.1f}", f"{s.cv_pct:.1f}", str(s.n),
                       "" if pct is None else f"{pct:.0f} %")
     out.print(table)

@@ -1,0 +1,95 @@
+"""One config measured end to end, as a library call: llama-bench at depth (with its spread), then a llama-server
+workload at concurrency 1..slots (TTFT, per-request and aggregate tok/s, memory peaks, spill verdict), with the
+roofline beside it and, for a speculative config, the acceptance llama-server reported.
+
+``moe-tune bench`` is this function plus a table; :meth:`BenchReport.to_dict` is its ``--json`` schema.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tuner.core.config import LaunchConfig
+from tuner.engine import build, flags
+from tuner.engine.build import EngineLocation
+from tuner.machine import hardware, paths
+from tuner.measure import speculation
+from tuner.measure.bench import BenchResult, ServerTrial, run_bench, run_server_trial
+from tuner.measure.workload import Workload
+from tuner.models.gguf_reader import inspect_model
+from tuner.plan import roofline
+
+
+@dataclass(frozen=True, slots=True)
+class BenchReport:
+    config: LaunchConfig
+    bench: BenchResult
+    server: ServerTrial | None
+    roofline: roofline.Roofline
+    acceptance: speculation.LogAcceptance | None = None
+
+    def percent_of_roofline(self, gen_tok_s: float) -> float | None:
+        ceiling = self.roofline.gen_tok_s
+        return 100.0 * gen_tok_s / ceiling if ceiling else None
+
+    def to_dict(self) -> dict[str, Any]:
+        result, trial, roof = self.bench, self.server, self.roofline
+        report: dict[str, Any] = {
+            "model": str(self.config.model), "argv": list(result.argv), "elapsed_s": result.elapsed_s,
+            "launch_line": flags.launch_line(self.config), "runs": result.runs,
+            "rows": [r.to_dict() for r in result.rows],
+            "roofline": {"gen_tok_s": roof.gen_tok_s or None, "prompt_tok_s": roof.prompt_tok_s,
+                         "gpu_bytes_per_token": roof.gpu_bytes_per_token,
+                         "host_bytes_per_token": roof.host_bytes_per_token},
+        }
+        for row in report["rows"]:
+            if row["n_gen"]:
+                row["percent_of_roofline"] = self.percent_of_roofline(row["median_tok_s"])
+        if trial is not None:
+            mem = trial.memory
+            report["server"] = {
+                "argv": list(trial.argv), "workload": trial.workload.kind.value,
+                "prompt_tokens": trial.workload.prompt_tokens, "gen_tokens": trial.workload.gen_tokens,
+                "levels": [lvl.to_dict() for lvl in trial.levels],
+                "memory": {"rss_peak_bytes": mem.rss_peak_bytes, "vram_peak_bytes": mem.vram_peak_bytes,
+                           "vram_total_bytes": mem.vram_total_bytes, "proc_vram_peak_bytes": mem.proc_vram_peak_bytes,
+                           "swap_growth_bytes": mem.swap_growth_bytes, "energy_j": mem.energy_j,
+                           "samples": mem.n_samples},
+                "tokens_per_joule": trial.tokens_per_joule, "roofline_tok_s": trial.roofline_tok_s,
+                "spill": {"verdict": trial.spill.kind.value, "evidence": trial.spill.evidence},
+                "llama_cpp_memory_mib": None if trial.memory_breakdown is None else [
+                    {"buffer": r.name, "model": r.model_mib, "context": r.context_mib, "compute": r.compute_mib}
+                    for r in trial.memory_breakdown.rows
+                ],
+                "log": str(trial.log_path),
+            }
+            if self.acceptance is not None:
+                a = self.acceptance
+                report["server"]["speculation"] = {"drafted_n": a.drafted_n, "accepted_n": a.accepted_n,
+                                                   "acceptance_rate": a.rate, "mean_len": a.mean_len}
+        return report
+
+
+def bench_config(loc: EngineLocation, cfg: LaunchConfig, load: Workload, *, depth: int = 0,
+                 repetitions: int | None = None, server: bool = True, vram_budget_mib: float | None = None,
+                 log_dir: Path | None = None, on_step: Callable[[str], None] | None = None) -> BenchReport:
+    """Measure ``cfg`` for ``load``: llama-bench (without speculation, which it cannot run), then llama-server."""
+    say = on_step or (lambda _msg: None)
+    flags.validate(cfg)
+    caps = build.capabilities(loc)
+    say(f"llama-bench on {cfg.model.name} (pp{load.prompt_tokens}, tg{load.gen_tokens}, depth {depth})")
+    result = run_bench(loc, speculation.without_speculation(cfg), n_prompt=load.prompt_tokens,
+                       n_gen=load.gen_tokens, repetitions=repetitions, depth=depth, caps=caps)
+    say("measuring host memory bandwidth for the roofline")
+    hw = hardware.with_vram_budget(hardware.probe_hardware(host_bandwidth_s=1.0), vram_budget_mib)
+    roof = roofline.roofline(inspect_model(cfg.model), cfg, hw, depth_tokens=depth)
+    trial = None
+    if server:
+        say(f"llama-server {load.kind.value} workload at concurrency 1..{cfg.parallel or 1}")
+        trial = run_server_trial(loc, cfg, load, log_dir=log_dir or paths.cache_root() / "logs", caps=caps,
+                                 roofline_tok_s=roof.gen_tok_s or None, vram_budget_bytes=hw.vram_budget_bytes or None)
+    accepted = speculation.acceptance_from_log(trial.log_path.read_text(errors="replace")) if trial else None
+    return BenchReport(cfg, result, trial, roof, accepted)
