@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tuner import __version__
+from tuner.core.config import CacheType, FlashAttn
 from tuner.core.errors import TunerError
 from tuner.engine import build
 
@@ -36,6 +37,12 @@ LlamaDir = Annotated[
     typer.Option("--llama-cpp-dir", help="Folder with llama.cpp binaries (overrides LLAMA_CPP_DIR and PATH)."),
 ]
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of tables.")]
+
+# llama-server's own settings, declared once for every command that takes them (llama.cpp's spelling).
+CacheTypeK = Annotated[CacheType | None, typer.Option("-ctk", "--cache-type-k", help="KV cache type of K.")]
+CacheTypeV = Annotated[CacheType | None, typer.Option("-ctv", "--cache-type-v", help="KV cache type of V.")]
+FlashAttnOpt = Annotated[FlashAttn | None, typer.Option("-fa", "--flash-attn", help="Flash attention: on, off, auto.")]
+UbatchOpt = Annotated[int | None, typer.Option("-ub", "--ubatch-size", help="Physical batch size.")]
 
 
 def friendly(func: F) -> F:

@@ -8,8 +8,21 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from tuner.cli.app import JsonFlag, LlamaDir, app, err, friendly, mib, model_path, out
-from tuner.core.config import CacheType, FlashAttn, LaunchConfig
+from tuner.cli.app import (
+    CacheTypeK,
+    CacheTypeV,
+    FlashAttnOpt,
+    JsonFlag,
+    LlamaDir,
+    UbatchOpt,
+    app,
+    err,
+    friendly,
+    mib,
+    model_path,
+    out,
+)
+from tuner.core.config import LaunchConfig
 from tuner.core.errors import TunerError, UsageError
 from tuner.engine import build, flags
 from tuner.measure import one_config, workload
@@ -26,15 +39,15 @@ def bench_cmd(
     n_cpu_moe: Annotated[int | None, typer.Option("--n-cpu-moe", "-ncmoe", help="Layers whose experts stay in RAM.")]
     = None,
     n_gpu_layers: Annotated[int | None, typer.Option("-ngl", "--n-gpu-layers", help="Layers on the GPU.")] = None,
-    cache_type_k: Annotated[CacheType | None, typer.Option("-ctk", "--cache-type-k")] = None,
-    cache_type_v: Annotated[CacheType | None, typer.Option("-ctv", "--cache-type-v")] = None,
-    flash_attn: Annotated[FlashAttn | None, typer.Option("-fa", "--flash-attn")] = None,
+    cache_type_k: CacheTypeK = None,
+    cache_type_v: CacheTypeV = None,
+    flash_attn: FlashAttnOpt = None,
     ctx: Annotated[int | None, typer.Option("-c", "--ctx-size", help="Server context (all slots).")] = None,
     parallel: Annotated[int | None, typer.Option("-np", "--parallel", help="Server slots; measured 1..N.")] = None,
     threads: Annotated[int | None, typer.Option("-t", "--threads")] = None,
     threads_batch: Annotated[int | None, typer.Option("-tb", "--threads-batch")] = None,
     batch: Annotated[int | None, typer.Option("-b", "--batch-size")] = None,
-    ubatch: Annotated[int | None, typer.Option("-ub", "--ubatch-size")] = None,
+    ubatch: UbatchOpt = None,
     kv_unified: Annotated[bool | None, typer.Option("--kv-unified/--no-kv-unified")] = None,
     no_mmap: Annotated[bool, typer.Option("--no-mmap", help="Load weights into RAM (-lm none).")] = False,
     no_repack: Annotated[bool, typer.Option("--no-repack")] = False,

@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from tuner.catalog import cards
-from tuner.cli.app import JsonFlag, app, err, friendly, mib, out
+from tuner.cli.app import CacheTypeK, CacheTypeV, FlashAttnOpt, JsonFlag, UbatchOpt, app, err, friendly, mib, out
 from tuner.core.config import CacheType, FlashAttn, LaunchConfig
 from tuner.core.errors import UsageError
 from tuner.machine import hardware
@@ -89,11 +89,11 @@ def plan_cmd(
         "--vram-budget", help="MiB of VRAM the model may use (default: free VRAM now, or the whole --gpu card).")]
     = None,
     ctx: Annotated[str | None, typer.Option("-c", "--ctx-size", help="Context(s), e.g. 8192 or 8192,32768.")] = None,
-    cache_type_k: Annotated[CacheType, typer.Option("-ctk", "--cache-type-k")] = CacheType.F16,
-    cache_type_v: Annotated[CacheType, typer.Option("-ctv", "--cache-type-v")] = CacheType.F16,
+    cache_type_k: CacheTypeK = CacheType.F16,
+    cache_type_v: CacheTypeV = CacheType.F16,
     parallel: Annotated[int | None, typer.Option("-np", "--parallel", help="Slots (default: 4, unified KV).")] = None,
-    flash_attn: Annotated[FlashAttn, typer.Option("-fa", "--flash-attn")] = FlashAttn.AUTO,
-    ubatch: Annotated[int | None, typer.Option("-ub", "--ubatch-size")] = None,
+    flash_attn: FlashAttnOpt = FlashAttn.AUTO,
+    ubatch: UbatchOpt = None,
     engine_check: Annotated[bool, typer.Option(
         "--engine-check", help="Also run llama.cpp's own projection (llama-fit-params) and show both.")] = False,
     as_json: JsonFlag = False,
@@ -104,6 +104,8 @@ def plan_cmd(
 
     Example: moe-tune plan qwen3-30b-a3b:Q4_K_M --gpu "RTX 4090" --vram-budget 20000   # 4 GB held by the desktop
     """
+    cache_type_k, cache_type_v = cache_type_k or CacheType.F16, cache_type_v or CacheType.F16
+    flash_attn = flash_attn or FlashAttn.AUTO
     from tuner.hub.resolve import resolve_model
 
     resolved = resolve_model(model, header_only=True)

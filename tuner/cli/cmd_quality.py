@@ -8,7 +8,20 @@ from typing import Annotated
 
 import typer
 
-from tuner.cli.app import JsonFlag, LlamaDir, app, err, facts_table, friendly, mib, model_path, out
+from tuner.cli.app import (
+    CacheTypeK,
+    CacheTypeV,
+    FlashAttnOpt,
+    JsonFlag,
+    LlamaDir,
+    app,
+    err,
+    facts_table,
+    friendly,
+    mib,
+    model_path,
+    out,
+)
 from tuner.core.config import CacheType, FlashAttn
 from tuner.core.errors import UsageError
 from tuner.engine import build
@@ -30,9 +43,9 @@ def quality_cmd(
         typer.Option("--reference", help="Reference GGUF (default: the highest-precision file of the same model "
                                          "next to MODEL: F32/BF16/F16/Q8_0)."),
     ] = None,
-    cache_type_k: Annotated[CacheType, typer.Option("-ctk", "--cache-type-k")] = CacheType.F16,
-    cache_type_v: Annotated[CacheType, typer.Option("-ctv", "--cache-type-v")] = CacheType.F16,
-    flash_attn: Annotated[FlashAttn, typer.Option("-fa", "--flash-attn")] = FlashAttn.AUTO,
+    cache_type_k: CacheTypeK = CacheType.F16,
+    cache_type_v: CacheTypeV = CacheType.F16,
+    flash_attn: FlashAttnOpt = FlashAttn.AUTO,
     ctx: Annotated[int, typer.Option("-c", "--ctx-size", help="Tokens per chunk.")] = perplexity.DEFAULT_CTX,
     chunks: Annotated[int, typer.Option("--chunks", help="Chunks to evaluate.")] = perplexity.DEFAULT_CHUNKS,
     text_file: Annotated[
@@ -55,6 +68,8 @@ def quality_cmd(
 
     Example: moe-tune quality unsloth/Qwen3-30B-A3B-GGUF:Q4_K_M --dataset wikitext-2 -c 512 --chunks 64
     """
+    cache_type_k, cache_type_v = cache_type_k or CacheType.F16, cache_type_v or CacheType.F16
+    flash_attn = flash_attn or FlashAttn.AUTO
     if dataset is not None:
         if text_file is not None:
             raise UsageError("-f and --dataset both name the text: keep one")
