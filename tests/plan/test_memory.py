@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -134,3 +135,12 @@ def test_nextn_block_weights_are_not_loaded(real_shapes):
     nextn = sum(t.n_bytes for t in info.tensors if t.layer == 46)
     assert est.host.weights_bytes == info.tensor_bytes - nextn
     assert abs(est.host.weights_bytes // MIB - 67175) <= 16  # llama-fit-params --no-repack
+
+
+def test_effective_config_spells_out_engine_defaults():
+    base = LaunchConfig(model=Path("m.gguf"), ctx=4096, parallel=1)
+    spelled = LaunchConfig(model=Path("m.gguf"), ctx=4096, parallel=1, threads=2, threads_batch=2,
+                           flash_attn=FlashAttn.ON, batch=2048, ubatch=512, n_cpu_moe=0)
+    assert memory.effective_config(base, 2) == memory.effective_config(spelled, 2)
+    assert memory.effective_config(base, 4) != memory.effective_config(spelled, 4)  # 2 threads of 4 cores
+    assert memory.effective_config(base, 2) != memory.effective_config(replace(base, flash_attn=FlashAttn.OFF), 2)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import optuna
 import pytest
 from optuna.trial import TrialState
 
 from tuner.catalog.cards import find_card
+from tuner.core.config import FlashAttn, LaunchConfig
 from tuner.core.errors import UsageError
 from tuner.engine import build
 from tuner.models.gguf_reader import inspect_model
@@ -84,3 +86,16 @@ def test_search_gates_by_memory_resumes_and_stops_on_ctrl_c(demo_models, tmp_pat
     assert out2.interrupted and out2.trials_this_run == 1
     states = [t.state for t in study.open_study(name, storage, obj).trials]
     assert len(states) >= 4 and TrialState.RUNNING not in states and states[:3] == [t.state for t in st.trials[:3]]
+
+
+def test_top_configs_leave_out_what_runs_as_a_baseline():
+    from tuner.plan.memory import effective_config
+
+    default = LaunchConfig(model=Path("m.gguf"), ctx=4096, parallel=1)
+    same_as_default = study.config_to_dict(replace(default, threads=2, flash_attn=FlashAttn.ON))
+    other = study.config_to_dict(replace(default, threads=1, flash_attn=FlashAttn.ON))
+    recs = [study.TrialRecord(0, "measured", same_as_default, gen_tok_s=10.0, request_s=1.0),
+            study.TrialRecord(1, "measured", other, gen_tok_s=9.0, request_s=1.1)]
+    assert [r.number for r, _ in study.top_configs(recs, 2)] == [0, 1]
+    kept = study.top_configs(recs, 2, exclude=[default], same=lambda c: effective_config(c, 2))
+    assert [r.number for r, _ in kept] == [1]

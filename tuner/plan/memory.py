@@ -107,6 +107,16 @@ def resolve(model: ModelInfo, cfg: LaunchConfig, backend: str) -> Resolved:
     return Resolved(n_ctx, n_seq, unified, n_ubatch, fa, ngl, n_cpu_moe)
 
 
+def effective_config(cfg: LaunchConfig, physical_cores: int) -> LaunchConfig:
+    """``cfg`` with the engine's defaults spelled out, so two launch lines that run the same way compare equal
+    (``-fa auto`` is on where the backend has flash attention, as CPU and CUDA do; threads default to the
+    physical cores; the threads of prompt processing to the threads)."""
+    threads = cfg.threads or (physical_cores or None)
+    return replace(cfg, flash_attn=FlashAttn.OFF if cfg.flash_attn is FlashAttn.OFF else FlashAttn.ON,
+                   threads=threads, threads_batch=cfg.threads_batch or threads, batch=cfg.batch or DEFAULT_BATCH,
+                   ubatch=cfg.ubatch or DEFAULT_UBATCH, n_cpu_moe=cfg.n_cpu_moe or None)
+
+
 def _pad(n: int, to: int) -> int:
     return -(-n // to) * to
 

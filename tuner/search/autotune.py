@@ -15,6 +15,7 @@ from tuner.engine import build
 from tuner.machine.hardware import Hardware
 from tuner.measure.workload import Workload
 from tuner.models.gguf_reader import ModelInfo, inspect_model
+from tuner.plan.memory import effective_config
 from tuner.plan.placement import largest_fitting_ctx
 from tuner.plan.roofline import roofline
 from tuner.quality import kv_price
@@ -135,14 +136,18 @@ def auto_tune(req: TuneRequest, loc: build.EngineLocation, hw: Hardware, *,
     result_dir = req.results_dir / name
     if outcome.interrupted:
         return TuneResult(name, storage, result_dir, study_result.result_from_study(st), outcome)
-    top = study.top_configs(study.records(st), req.top_candidates)
-    if not top:
+    recs = study.records(st)
+    if not any(r.status == "measured" for r in recs):
         kld = f", raise --max-kld (now {req.max_kld})" if req.max_kld is not None else ""
         raise UsageError("no config could be measured: see the failures in the report, or raise --vram-margin / "
                          f"lower --min-ctx{kld}")
     baselines = [("default", finish.default_config(sp))]
     if fit is not None and fit != baselines[0][1]:
         baselines.append(("fit", fit))
+    # A candidate that runs exactly as a baseline (its flags only spell the engine's defaults) is the baseline:
+    # measured once, under the baseline's simpler launch line.
+    top = study.top_configs(recs, req.top_candidates, exclude=[cfg for _, cfg in baselines],
+                            same=lambda cfg: effective_config(cfg, hw.physical_cores))
 
     def roof(cfg: LaunchConfig) -> float | None:
         return roofline(info, cfg, hw).gen_tok_s or None

@@ -465,16 +465,19 @@ def _failure_attr(f: failures.Failure) -> dict[str, Any]:
     return d
 
 
-def top_configs(recs: Sequence[TrialRecord], n: int) -> list[tuple[TrialRecord, LaunchConfig]]:
-    """The ``n`` best distinct measured configs, by the workload's score."""
+def top_configs(recs: Sequence[TrialRecord], n: int, *, same: Callable[[LaunchConfig], LaunchConfig] = lambda c: c,
+                exclude: Sequence[LaunchConfig] = ()) -> list[tuple[TrialRecord, LaunchConfig]]:
+    """The ``n`` best distinct measured configs, by the workload's score. ``same`` maps a config to what it runs
+    as (two configs that map alike are one); configs that run as one of ``exclude`` (the baselines) are left out,
+    since the finish measures those anyway."""
     ranked = sorted((r for r in recs if r.status == "measured" and r.score is not None),
                     key=lambda r: r.score or 0.0, reverse=True)
     out: list[tuple[TrialRecord, LaunchConfig]] = []
-    seen: set[LaunchConfig] = set()
+    seen: set[LaunchConfig] = {same(c) for c in exclude}
     for rec in ranked:
         cfg = config_from_dict(rec.config)
-        if cfg not in seen:
-            seen.add(cfg)
+        if same(cfg) not in seen:
+            seen.add(same(cfg))
             out.append((rec, cfg))
         if len(out) == n:
             break
