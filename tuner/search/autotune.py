@@ -145,8 +145,10 @@ def auto_tune(req: TuneRequest, loc: build.EngineLocation, hw: Hardware, *,
     if fit is not None and fit != baselines[0][1]:
         baselines.append(("fit", fit))
     # A candidate that runs exactly as a baseline (its flags only spell the engine's defaults) is the baseline:
-    # measured once, under the baseline's simpler launch line.
-    top = study.top_configs(recs, req.top_candidates, exclude=[cfg for _, cfg in baselines],
+    # measured once, under the baseline's simpler launch line. Concurrent workloads keep their best candidate,
+    # whose slot counts the finish measures.
+    same_as_baseline = [cfg for _, cfg in baselines] if len(sp.slots) < 2 else []
+    top = study.top_configs(recs, req.top_candidates, exclude=same_as_baseline,
                             same=lambda cfg: effective_config(cfg, hw.physical_cores))
 
     def roof(cfg: LaunchConfig) -> float | None:
