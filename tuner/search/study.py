@@ -467,9 +467,8 @@ def _failure_attr(f: failures.Failure) -> dict[str, Any]:
 
 def top_configs(recs: Sequence[TrialRecord], n: int, *, same: Callable[[LaunchConfig], LaunchConfig] = lambda c: c,
                 exclude: Sequence[LaunchConfig] = ()) -> list[tuple[TrialRecord, LaunchConfig]]:
-    """The ``n`` best distinct measured configs, by the workload's score. ``same`` maps a config to what it runs
-    as (two configs that map alike are one); configs that run as one of ``exclude`` (the baselines) are left out,
-    since the finish measures those anyway."""
+    """The ``n`` best measured configs, by score, distinct by what they run as (``same``), none running as one
+    of ``exclude`` (the baselines the finish measures anyway)."""
     ranked = sorted((r for r in recs if r.status == "measured" and r.score is not None),
                     key=lambda r: r.score or 0.0, reverse=True)
     out: list[tuple[TrialRecord, LaunchConfig]] = []
