@@ -258,7 +258,8 @@ def inspect_model(path: Path) -> ModelInfo:
     if not path.is_file():
         raise GGUFFormatError(path, "file not found")
     parts = tuple(split_parts(path))
-    stamp = tuple((str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in parts)
+    stats = [(p, p.stat()) for p in parts]
+    stamp = tuple((str(p.resolve()), st.st_size, st.st_mtime_ns) for p, st in stats)
     return _inspect_parts(path, parts, stamp)
 
 

@@ -38,17 +38,20 @@ def _ranked_at(result: StudyResult, rank: int) -> ServerMeasurement:
     return cands[rank - 1]
 
 
+def _argv(cand: ServerMeasurement, host: str | None, port: int | None, binary: str) -> list[str]:
+    return flags.server_argv(Path(binary), config_from_dict(cand.config)) + flags.address_argv(host, port)
+
+
 def launch_argv(result: StudyResult, *, rank: int = 1, host: str | None = None, port: int | None = None,
                 binary: str = "llama-server") -> list[str]:
     """The measured command of the ``rank``-th config as an argument list (what ``--exec`` runs)."""
-    cfg = config_from_dict(_ranked_at(result, rank).config)
-    return flags.server_argv(Path(binary), cfg) + flags.address_argv(host, port)
+    return _argv(_ranked_at(result, rank), host, port, binary)
 
 
 def launch_line(result: StudyResult, *, rank: int = 1, fmt: str = "shell", host: str | None = None,
                 port: int | None = None, binary: str = "llama-server") -> str:
     cand = _ranked_at(result, rank)
-    argv = launch_argv(result, rank=rank, host=host, port=port, binary=binary)
+    argv = _argv(cand, host, port, binary)
     if fmt == "shell":
         return shlex.join(argv)
     if fmt == "json":
