@@ -96,13 +96,22 @@ def slot_counts(concurrency: int) -> tuple[int, ...]:
     return tuple(sorted(counts))
 
 
+def feasible_n_cpu_moe(info: ModelInfo, cfg: LaunchConfig, hw: Hardware,
+                       vram_margin_mib: float | None = None) -> tuple[int, int] | None:
+    """The ``--n-cpu-moe`` values at which ``cfg`` fits, as an inclusive interval, or None when none does.
+
+    VRAM bounds it from below (each layer's experts moved to the host free VRAM) and host RAM from above
+    (they need RAM there), so the feasible set is an interval that can be empty in the middle of the range.
+    """
+    ok = [n for n in range(info.n_layer + 1) if check(info, replace(cfg, n_cpu_moe=n), hw, vram_margin_mib).feasible]
+    return (ok[0], ok[-1]) if ok else None
+
+
 def fitting_boundary(info: ModelInfo, cfg: LaunchConfig, hw: Hardware,
                      vram_margin_mib: float | None = None) -> int | None:
-    """The smallest ``--n-cpu-moe`` at which ``cfg`` fits, or None when even all experts on the host do not."""
-    for n in range(0, info.n_layer + 1):
-        if check(info, replace(cfg, n_cpu_moe=n), hw, vram_margin_mib).feasible:
-            return n
-    return None
+    """The smallest ``--n-cpu-moe`` at which ``cfg`` fits, or None when no value does."""
+    interval = feasible_n_cpu_moe(info, cfg, hw, vram_margin_mib)
+    return interval[0] if interval else None
 
 
 def build_space(model_path: Path, info: ModelInfo, hw: Hardware, *, ctx: int, parallel: int, prompt_tokens: int,
@@ -121,13 +130,18 @@ def build_space(model_path: Path, info: ModelInfo, hw: Hardware, *, ctx: int, pa
     pairs = tuple(dict.fromkeys(kv_pairs))
     moe: tuple[int, int] | None = None
     if with_moe:
-        bounds = [fitting_boundary(info, LaunchConfig(model=model_path, cache_type_k=k, cache_type_v=v,
-                                                      flash_attn=FlashAttn.ON, ctx=ctx, parallel=parallel,
-                                                      ubatch=u), hw, vram_margin_mib)
-                  for (k, v), u in product(pairs, ubatch)]
-        fits = [b for b in bounds if b is not None]
-        lo = min(fits) if fits else info.n_layer
-        moe = (lo, min(info.n_layer, (max(fits) if fits else lo) + N_CPU_MOE_ABOVE))
+        intervals = [feasible_n_cpu_moe(info, LaunchConfig(model=model_path, cache_type_k=k, cache_type_v=v,
+                                                           flash_attn=FlashAttn.ON, ctx=ctx, parallel=parallel,
+                                                           ubatch=u), hw, vram_margin_mib)
+                     for (k, v), u in product(pairs, ubatch)]
+        fits = [i for i in intervals if i is not None]
+        if fits:
+            lo = min(i[0] for i in fits)
+            # A few above the largest lower bound absorb the memory model's error, never past where RAM ends.
+            hi = min(max(i[1] for i in fits), max(i[0] for i in fits) + N_CPU_MOE_ABOVE)
+            moe = (lo, max(lo, hi))
+        else:
+            moe = (info.n_layer, info.n_layer)
     return SearchSpace(
         model=model_path, ctx=ctx, parallel=parallel, n_cpu_moe=moe, kv_pairs=pairs,
         flash_attn=(FlashAttn.ON, FlashAttn.OFF), threads=_physical_threads(max(1, hw.physical_cores)),
