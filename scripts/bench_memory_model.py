@@ -102,7 +102,7 @@ def compare(info: gguf_reader.ModelInfo, cfg: LaunchConfig, truth: breakdown.Mem
         cfg = replace(cfg, parallel=1)  # llama-fit-params defaults to one slot; llama-server to 4
     est = memory.estimate(info, cfg, CPU_ONLY)
     h = est.host
-    weights = h.weights_bytes
+    weights = est.engine_host_weights_bytes
     if projected:
         # The projection sizes the mapped buffer without the repacked tensors (the loaded model maps the
         # whole range), and llama-fit-params' plain table leaves the CPU_REPACK row out.

@@ -87,7 +87,7 @@ def test_llama_cpp_projects_each_shape_and_the_model_agrees(target, shapes, engi
                               flash_attn=FlashAttn.ON, ubatch=1024)):
         truth = breakdown.fit_params_breakdown(engine_loc, cfg)
         est = memory.estimate(info, cfg, CPU)
-        pairs = [(est.host.weights_bytes - est.repack_bytes, truth.host_total("model")),
+        pairs = [(est.engine_host_weights_bytes - est.repack_bytes, truth.host_total("model")),
                  (est.host.context_bytes, truth.host_total("context")),
                  (est.host.compute_bytes, truth.host_total("compute"))]
         for pred, real in pairs:

@@ -21,7 +21,7 @@ def _check(info, cfg, truth, projected: bool) -> None:
     if projected and cfg.parallel is None:
         cfg = replace(cfg, parallel=1)  # llama-fit-params defaults to one slot; llama-server to 4
     est = memory.estimate(info, cfg, CPU)
-    weights = est.host.weights_bytes
+    weights = est.engine_host_weights_bytes
     if projected:  # the projection maps without the repacked tensors; the plain table drops CPU_REPACK
         weights -= est.repack_bytes
         if truth.row("CPU_REPACK") is None:

@@ -60,7 +60,8 @@ def test_cli_plan_for_a_card_without_gpu(demo_models):
     assert res.returncode == 0, res.stderr
     data = json.loads(res.stdout)
     assert "RTX 4060 Ti 16GB" in data["hardware"] and len(data["rows"]) == 9
-    assert {s["ctx"] for s in data["smallest_n_cpu_moe"]} == {8192, 16384}
+    assert {s["ctx"] for s in data["fit_intervals"]} == {8192, 16384}
+    assert all(s["lo"] == 0 and s["hi"] == 8 for s in data["fit_intervals"])  # the tiny model fits anywhere
     assert data["rows"][0]["verdict"] == "fits" and data["rows"][0]["gpu"]["recurrent"] > 0
 
 
@@ -80,7 +81,8 @@ def test_plan_row_tolerance_and_engine_check_rows(demo_models):
     cfg = LaunchConfig(model=info.paths[0], ctx=4096, parallel=1)
     est = estimate(info, cfg, CPU_ONLY)
     mib = 2**20
-    host = {"model": (est.host.weights_bytes - est.repack_bytes) // mib + 3, "context": est.host.context_bytes // mib,
+    host = {"model": (est.engine_host_weights_bytes - est.repack_bytes) // mib + 3,
+            "context": est.host.context_bytes // mib,
             "compute": est.host.compute_bytes // mib + 40}
     rows = placement.engine_check_rows(est, True, host, None, info.tensor_bytes)
     assert [(r.component, r.error_mib, r.agrees) for r in rows] == [

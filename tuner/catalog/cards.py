@@ -95,16 +95,36 @@ def find_card(query: str, cards: tuple[Card, ...] | None = None) -> Card:
     return matches[0]
 
 
-def machine(gpu: str | None, host_bandwidth_s: float = 0.0, ram_bytes: int | None = None) -> Hardware:
+# The host a planned card sits in when it is not this machine and --host-bandwidth is not given: a typical
+# desktop with dual-channel DDR5-5600, 2 channels x 8 bytes x 5600 MT/s. A peak figure, as a ceiling wants.
+DESKTOP_HOST_BANDWIDTH_BYTES_S = 2 * 8 * 5600e6
+DESKTOP_HOST = "assumed: dual-channel DDR5-5600 desktop; --host-bandwidth GB/s to set"
+
+
+def machine(gpu: str | None, host_bandwidth_s: float = 0.0, ram_bytes: int | None = None,
+            host_bandwidth_gb_s: float | None = None) -> Hardware:
     """This machine as probed, or the named card put into it (its host cores, the card empty).
 
-    ``ram_bytes`` plans for another amount of host RAM (all of it taken as available).
+    ``ram_bytes`` plans for another amount of host RAM (all of it taken as available). Host bandwidth: the
+    ``host_bandwidth_gb_s`` given, else with a named card a typical desktop's (this machine's RAM is not the
+    user's), else this machine's, measured for ``host_bandwidth_s`` seconds.
     """
+    if host_bandwidth_gb_s is not None and host_bandwidth_gb_s <= 0:
+        raise UsageError(f"--host-bandwidth must be > 0 GB/s, got {host_bandwidth_gb_s:g}: e.g. 89.6 for "
+                         "dual-channel DDR5-5600")
     host = hardware.probe_host()
     ram = ram_bytes if ram_bytes is not None else host.ram_total_bytes
     avail = ram_bytes if ram_bytes is not None else host.ram_available_bytes
-    bw = hardware.measure_host_bandwidth(host_bandwidth_s) if host_bandwidth_s > 0 else 0.0
+    if host_bandwidth_gb_s is not None:
+        bw, bw_source = host_bandwidth_gb_s * 1e9, "--host-bandwidth"
+    elif gpu:
+        bw, bw_source = DESKTOP_HOST_BANDWIDTH_BYTES_S, DESKTOP_HOST
+    else:
+        bw = hardware.measure_host_bandwidth(host_bandwidth_s) if host_bandwidth_s > 0 else 0.0
+        bw_source = "measured here" if bw else "not measured"
     if gpu:
-        return find_card(gpu).hardware(ram, avail, bw, host.physical_cores, host.swap_total_bytes)
-    return replace(hardware.probe_hardware(host_bandwidth_s=0), ram_total_bytes=ram, ram_available_bytes=avail,
-                   host_bandwidth_bytes_s=bw)
+        hw = find_card(gpu).hardware(ram, avail, bw, host.physical_cores, host.swap_total_bytes)
+    else:
+        hw = replace(hardware.probe_hardware(host_bandwidth_s=0), ram_total_bytes=ram, ram_available_bytes=avail,
+                     host_bandwidth_bytes_s=bw)
+    return replace(hw, host_bandwidth_source=bw_source)

@@ -3,23 +3,35 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich import box
 from rich.table import Table
 
 from tuner.catalog import cards
-from tuner.cli.app import CacheTypeK, CacheTypeV, FlashAttnOpt, JsonFlag, UbatchOpt, app, err, friendly, mib, out
+from tuner.cli.app import CacheTypeK, CacheTypeV, FlashAttnOpt, JsonFlag, UbatchOpt, app, err, friendly, out
 from tuner.core.config import CacheType, FlashAttn, LaunchConfig
 from tuner.core.errors import UsageError
 from tuner.machine import hardware
 from tuner.models import gguf_reader
-from tuner.plan.placement import KV_CHOICES, EngineCheckRow, Plan, make_plan
+from tuner.plan.memory import Breakdown, HostBuffer, MemoryEstimate
+from tuner.plan.placement import KV_CHOICES, EngineCheckRow, Plan, load_mode_note, make_plan
 
 MODEL_SOURCE = "moe-tune's memory model (tuner.plan.memory)"
 
 HOST_BANDWIDTH_PROBE_S = 0.3
+LOAD_MODES = ("mmap", "none")
+
+# What each host buffer is, in the words the table's notes use.
+_BUFFER_WORDS = {
+    HostBuffer.PINNED.value: "pinned (CUDA_Host), one copy",
+    HostBuffer.REPACK.value: "repacked (CPU_REPACK)",
+    HostBuffer.MAPPED.value: "mapped from the file, read every token",
+    HostBuffer.PLAIN.value: "plain RAM (CPU)",
+}
 
 
 def _ctxs(text: str | None) -> list[int]:
@@ -38,21 +50,43 @@ def _rate(v: float | None) -> str:
     return "-" if not v else f"{v:,.0f}"
 
 
-def _as_json(p: Plan) -> dict[str, Any]:
+def _mib(n_bytes: int) -> str:
+    return f"{n_bytes / 2**20:,.0f}"
+
+
+def _parts(b: Breakdown) -> dict[str, int]:
+    return {"weights": b.weights_bytes, "kv": b.kv_bytes, "recurrent": b.recurrent_bytes,
+            "compute": b.compute_bytes, "overhead": b.overhead_bytes}
+
+
+def _row_json(n_cpu_moe: int, e: MemoryEstimate, gen: float, prompt: float | None) -> dict[str, Any]:
     return {
-        "model": str(p.model.paths[0]), "hardware": p.hardware.describe(), "n_configs": p.n_configs,
-        "vram_budget_bytes": p.hardware.vram_budget_bytes, "vram_budget_source": p.hardware.vram_budget_source,
-        "rows": [{
-            "n_cpu_moe": r.n_cpu_moe, "verdict": r.estimate.verdict.value,
-            "vram_bytes": r.estimate.gpu.total_bytes, "ram_bytes": r.estimate.host.total_bytes,
-            "gpu": _parts(r.estimate.gpu), "host": _parts(r.estimate.host),
-            "gen_tok_s_ceiling": r.roofline.gen_tok_s, "prompt_tok_s_ceiling": r.roofline.prompt_tok_s,
-        } for r in p.rows],
-        "smallest_n_cpu_moe": [{"ctx": s.ctx, "cache_type_k": s.cache_type_k.value,
-                                "cache_type_v": s.cache_type_v.value, "n_cpu_moe": s.n_cpu_moe}
-                               for s in p.smallest_fits],
+        "n_cpu_moe": n_cpu_moe, "verdict": e.verdict.value,
+        "vram_bytes": e.gpu.total_bytes, "ram_bytes": e.host.total_bytes,
+        "ram_need_bytes": e.host_need_bytes, "ram_reclaimable_bytes": e.reclaimable_bytes,
+        "load_mode": "mmap" if e.mapped_bytes or e.mapped_span_bytes else "none",
+        "host_buffers": [{"buffer": name, "bytes": n, "resident": name != HostBuffer.MAPPED.value or None}
+                         for name, n in e.host_buffers],
+        "gpu_offload_copy_bytes": e.gpu_offload_copy_bytes,
+        "gpu": _parts(e.gpu), "host": _parts(e.host),
+        "gen_tok_s_ceiling": gen, "prompt_tok_s_ceiling": prompt,
+    }
+
+
+def _as_json(p: Plan, notes: list[str]) -> dict[str, Any]:
+    hw = p.hardware
+    return {
+        "model": str(p.model.paths[0]), "hardware": hw.describe(), "n_configs": p.n_configs,
+        "vram_budget_bytes": hw.vram_budget_bytes, "vram_budget_source": hw.vram_budget_source,
+        "ram_available_bytes": hw.ram_available_bytes,
+        "host_bandwidth_bytes_s": hw.host_bandwidth_bytes_s, "host_bandwidth_source": hw.host_bandwidth_source,
+        "rows": [_row_json(r.n_cpu_moe, r.estimate, r.roofline.gen_tok_s, r.roofline.prompt_tok_s) for r in p.rows],
+        "fit_intervals": [{"ctx": s.ctx, "cache_type_k": s.cache_type_k.value, "cache_type_v": s.cache_type_v.value,
+                           "n_cpu_moe": s.n_cpu_moe, **s.interval.to_dict(), "summary": s.interval.describe()}
+                          for s in p.smallest_fits],
         "largest_ctx": [{"cache_type_k": c.cache_type_k.value, "cache_type_v": c.cache_type_v.value,
                          "n_cpu_moe": c.n_cpu_moe, "ctx": c.ctx} for c in p.largest_ctx],
+        "notes": notes,
     }
 
 
@@ -73,9 +107,24 @@ def _check_json(rows: tuple[EngineCheckRow, ...]) -> list[dict[str, Any]]:
              "error_mib": r.error_mib, "agrees": r.agrees} for r in rows]
 
 
-def _parts(b: Any) -> dict[str, int]:
-    return {"weights": b.weights_bytes, "kv": b.kv_bytes, "recurrent": b.recurrent_bytes,
-            "compute": b.compute_bytes, "overhead": b.overhead_bytes}
+def _notes(info: gguf_reader.ModelInfo, p: Plan, base: LaunchConfig) -> list[str]:
+    """What a reader needs beside the table: how the host side is held, and when the load mode matters."""
+    notes = []
+    first = p.smallest_fits[0] if p.smallest_fits else None
+    n = first.n_cpu_moe if first and first.n_cpu_moe is not None else info.n_layer
+    est = next(r.estimate for r in p.rows if r.n_cpu_moe == n)
+    held = ", ".join(f"{_BUFFER_WORDS[name]} {b / 2**30:.1f} GiB" for name, b in est.host_buffers)
+    if held:
+        notes.append(f"host weights at --n-cpu-moe {n}: {held}")
+    if first is not None:
+        note = load_mode_note(info, _with_ctx_kv(base, first), p.hardware, first.interval)
+        if note:
+            notes.append(note)
+    return notes
+
+
+def _with_ctx_kv(base: LaunchConfig, s: Any) -> LaunchConfig:
+    return replace(base, ctx=s.ctx, cache_type_k=s.cache_type_k, cache_type_v=s.cache_type_v)
 
 
 @app.command("plan")
@@ -85,6 +134,9 @@ def plan_cmd(
         help="GGUF file, owner/name:QUANT (header only, no download), or a catalog shape like qwen3-30b-a3b:Q4_K_M.")],
     gpu: Annotated[str | None, typer.Option("--gpu", help="Plan for this card, e.g. \"RTX 4060 Ti 16GB\".")] = None,
     ram: Annotated[float | None, typer.Option("--ram", help="Plan for this much host RAM, in GiB.")] = None,
+    host_bandwidth: Annotated[float | None, typer.Option(
+        "--host-bandwidth", help="Host RAM bandwidth in GB/s for the speed ceilings (default with --gpu: "
+        "dual-channel DDR5-5600, 89.6).")] = None,
     vram_budget: Annotated[float | None, typer.Option(
         "--vram-budget", help="MiB of VRAM the model may use (default: free VRAM now, or the whole --gpu card).")]
     = None,
@@ -94,71 +146,106 @@ def plan_cmd(
     parallel: Annotated[int | None, typer.Option("-np", "--parallel", help="Slots (default: 4, unified KV).")] = None,
     flash_attn: FlashAttnOpt = FlashAttn.AUTO,
     ubatch: UbatchOpt = None,
+    load_mode: Annotated[str, typer.Option(
+        "-lm", "--load-mode", help="How weights are loaded: mmap (llama.cpp's default) or none.")] = "mmap",
+    no_host: Annotated[bool, typer.Option("--no-host", help="No pinned host buffer (as llama-server --no-host).")]
+    = False,
+    no_repack: Annotated[bool, typer.Option("--no-repack", help="No CPU repacking (as llama-server --no-repack).")]
+    = False,
     engine_check: Annotated[bool, typer.Option(
         "--engine-check", help="Also run llama.cpp's own projection (llama-fit-params) and show both.")] = False,
     as_json: JsonFlag = False,
 ) -> None:
     """VRAM and RAM needed, verdict and speed ceilings for every --n-cpu-moe; works without a GPU.
 
+    RAM is what the launch needs resident (pinned, repacked or anonymous buffers, and the mapped experts it
+    reads every token); the page cache the load leaves behind is shown apart, as reclaimable.
+
     Example: moe-tune plan unsloth/Qwen3.6-35B-A3B-GGUF:Q4_K_M --gpu "RTX 3060 12GB" -c 32768 --engine-check
 
-    Example: moe-tune plan qwen3-30b-a3b:Q4_K_M --gpu "RTX 4090" --vram-budget 20000   # 4 GB held by the desktop
+    Example: moe-tune plan gpt-oss-120b:MXFP4_MOE --gpu "RTX 3090" --ram 64 -c 32768 --host-bandwidth 51.2
     """
     cache_type_k, cache_type_v = cache_type_k or CacheType.F16, cache_type_v or CacheType.F16
     flash_attn = flash_attn or FlashAttn.AUTO
+    if ram is not None and ram <= 0:
+        raise UsageError(f"--ram must be more than 0 GiB, got {ram:g}: e.g. --ram 64")
+    if parallel is not None and parallel < 1:
+        raise UsageError(f"-np must be >= 1, got {parallel}")
+    if load_mode not in LOAD_MODES:
+        raise UsageError(f"--load-mode {load_mode!r} is not planned: use mmap or none")
+    if cache_type_v.is_quantized and flash_attn is FlashAttn.OFF:
+        raise UsageError(f"V cache type {cache_type_v.value} needs flash attention: use -fa on or -ctv f16")
     from tuner.hub.resolve import resolve_model
 
     resolved = resolve_model(model, header_only=True)
     info = gguf_reader.inspect_model(resolved.path)
-    if parallel is not None and parallel < 1:
-        raise UsageError(f"-np must be >= 1, got {parallel}")
-    if cache_type_v.is_quantized and flash_attn is FlashAttn.OFF:
-        raise UsageError(f"V cache type {cache_type_v.value} needs flash attention: use -fa on or -ctv f16")
     hw = hardware.with_vram_budget(
-        cards.machine(gpu, HOST_BANDWIDTH_PROBE_S, int(ram * 2**30) if ram is not None else None), vram_budget)
+        cards.machine(gpu, HOST_BANDWIDTH_PROBE_S, int(ram * 2**30) if ram is not None else None, host_bandwidth),
+        vram_budget)
     ctxs = _ctxs(ctx)
     base = LaunchConfig(model=resolved.path, cache_type_k=cache_type_k, cache_type_v=cache_type_v,
-                        flash_attn=flash_attn, parallel=parallel, ubatch=ubatch, ctx=ctxs[0] if ctxs else None)
+                        flash_attn=flash_attn, parallel=parallel, ubatch=ubatch, ctx=ctxs[0] if ctxs else None,
+                        mmap=load_mode == "mmap", no_host=no_host, repack=not no_repack)
     p = make_plan(info, base, hw, ctxs, KV_CHOICES)
+    notes = _notes(info, p, base)
     check = _engine_check(info, base, hw) if engine_check else ()
     if as_json:
-        doc = _as_json(p)
+        doc = _as_json(p, notes)
         doc.update({"model_source": resolved.source, "figures_from": MODEL_SOURCE})
         if engine_check:
             doc["engine_check"] = _check_json(check)
         out.print_json(json.dumps(doc))
         return
-    c = ctxs[0] if ctxs else info.ctx_train
-    out.print(f"{Path(model).name}: {info.arch}, {info.n_layer} layers, {info.n_expert} experts; {hw.describe()}",
-              highlight=False, soft_wrap=True)
-    out.print(f"-c {c} -ctk {cache_type_k.value} -ctv {cache_type_v.value} -fa {flash_attn.value}", highlight=False)
-    table = Table()
-    for col in ("--n-cpu-moe", "VRAM", "RAM", "verdict", "tg ceiling tok/s", "pp bound tok/s"):
-        table.add_column(col, justify="right")
-    for r in p.rows:
-        table.add_row(str(r.n_cpu_moe), mib(r.estimate.gpu.total_bytes), mib(r.estimate.host.total_bytes),
-                      r.estimate.verdict.value, _rate(r.roofline.gen_tok_s), _rate(r.roofline.prompt_tok_s))
-    out.print(table)
-    for s in p.smallest_fits:
-        n = "does not fit" if s.n_cpu_moe is None else f"--n-cpu-moe {s.n_cpu_moe}"
-        out.print(f"smallest fit at -c {s.ctx} -ctk {s.cache_type_k.value} -ctv {s.cache_type_v.value}: {n}",
-                  highlight=False)
-    for lc in p.largest_ctx:
-        out.print(f"largest ctx at -ctk {lc.cache_type_k.value} -ctv {lc.cache_type_v.value} "
-                  f"(--n-cpu-moe {lc.n_cpu_moe}): {lc.ctx}", highlight=False)
-    out.print(f"model header: {resolved.source}; figures: {MODEL_SOURCE}", highlight=False, soft_wrap=True)
+    _print_plan(model, info, p, base, notes, resolved.source)
     if check:
         _print_check(check, base)
     else:
         out.print("add --engine-check to compare them with llama.cpp's own projection (llama-fit-params)",
-                  highlight=False)
+                  highlight=False, markup=False, soft_wrap=True)
     if not hw.has_gpu:
-        err.print("no GPU: planned for the CPU backend; pass --gpu NAME to plan for a card", highlight=False)
+        err.print("no GPU: planned for the CPU backend; pass --gpu NAME to plan for a card", highlight=False,
+                  markup=False)
+
+
+def _say(text: str) -> None:
+    """A line of plain text (model names and paths are printed as given, never as markup), wrapped by the terminal."""
+    out.print(text, highlight=False, markup=False, soft_wrap=True)
+
+
+def _print_plan(model: str, info: gguf_reader.ModelInfo, p: Plan, base: LaunchConfig, notes: list[str],
+                source: str) -> None:
+    hw = p.hardware
+    c = base.ctx or info.ctx_train
+    _say(f"{Path(model).name}: {info.arch}, {info.n_layer} layers, {info.n_expert} experts; {hw.describe()}")
+    _say(f"-c {c} -ctk {base.cache_type_k.value} -ctv {base.cache_type_v.value} -fa {base.flash_attn.value} "
+         f"--load-mode {'mmap' if base.mmap else 'none'}; RAM available {hw.ram_available_bytes / 2**30:.1f} GiB; "
+         f"host bandwidth {hw.host_bandwidth_bytes_s / 1e9:.1f} GB/s ({hw.host_bandwidth_source})")
+    # Fits 80 columns: no vertical rules, units in the headers.
+    table = Table(box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False, collapse_padding=True)
+    for col in ("--n-cpu-moe", "VRAM\nMiB", "RAM need\nMiB", "page cache\nMiB", "verdict", "tg max\ntok/s",
+                "pp max\ntok/s"):
+        table.add_column(col, justify="right", no_wrap=True)
+    for r in p.rows:
+        e = r.estimate
+        table.add_row(str(r.n_cpu_moe), _mib(e.gpu.total_bytes), _mib(e.host_need_bytes), _mib(e.reclaimable_bytes),
+                      e.verdict.value, _rate(r.roofline.gen_tok_s), _rate(r.roofline.prompt_tok_s))
+    out.print(table)
+    _say("RAM need: pinned, repacked or anonymous buffers and the mapped weights read every token; page "
+         "cache: file pages read at load, reclaimable")
+    for s in p.smallest_fits:
+        _say(f"-c {s.ctx} -ctk {s.cache_type_k.value} -ctv {s.cache_type_v.value} {s.interval.describe()}")
+    for lc in p.largest_ctx:
+        where = f"{lc.ctx} (--n-cpu-moe {lc.n_cpu_moe})" if lc.n_cpu_moe is not None else "none fits"
+        _say(f"largest ctx at -ctk {lc.cache_type_k.value} -ctv {lc.cache_type_v.value}: {where}")
+    for note in notes:
+        _say(note)
+    _say(f"model header: {source}; figures: {MODEL_SOURCE}")
 
 
 def _print_check(rows: tuple[EngineCheckRow, ...], base: LaunchConfig) -> None:
-    table = Table(title=f"llama.cpp projection (llama-fit-params -fitp on, -np {base.parallel or 1}) vs the model")
-    for col in ("component", "where", "model MiB", "llama.cpp MiB", "diff MiB", "within 2 % / 16 MiB"):
+    table = Table(title=f"llama.cpp projection (llama-fit-params -fitp on, -np {base.parallel or 1}) vs the model",
+                  box=box.SIMPLE_HEAD)
+    for col in ("component", "where", "model MiB", "llama.cpp MiB", "diff MiB", "agrees"):
         table.add_column(col, justify="right")
     for r in rows:
         table.add_row(r.component, r.where, f"{r.model_mib:,}", f"{r.engine_mib:,}", f"{r.error_mib:+,}",

@@ -76,6 +76,8 @@ class LaunchConfig:
     mmap: bool = True
     # CPU backend repacks some weights into faster layouts (a separate buffer); ``--no-repack`` turns it off.
     repack: bool = True
+    # With a GPU, host-resident weights go to the GPU's pinned host buffer unless ``--no-host`` (then as on CPU).
+    no_host: bool = False
     # Speculative decoding (llama-server only). Empty: none, the engine default.
     spec_types: tuple[SpecType, ...] = ()
     draft_model: Path | None = None  # -md, for the draft-* types that need a second model

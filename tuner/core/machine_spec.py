@@ -29,6 +29,8 @@ class Hardware:
     source: str = "probed"
     # VRAM the run may use when ``--vram-budget`` names it; None: the VRAM free at start (vram_budget_bytes).
     vram_budget_override_bytes: int | None = None
+    # Where host_bandwidth_bytes_s came from: "measured" here, "--host-bandwidth", or an assumed desktop.
+    host_bandwidth_source: str = "measured"
 
     @property
     def has_gpu(self) -> bool:

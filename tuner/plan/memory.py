@@ -8,6 +8,12 @@ the KV of a layer lives where the layer lives.
 Two backends are modelled separately. CPU: validated against the engine's own breakdown (see
 ``scripts/bench_memory_model.py``). CUDA: the same placement and KV arithmetic, the CPU compute-buffer
 model applied to the device, plus a fixed CUDA context overhead; not validated on a GPU here.
+
+Host RAM is the engine's buffer placement for the backend planned for (:func:`host_buffer`): each host
+tensor lives in exactly one buffer, pinned (CUDA_Host), repacked (CPU_REPACK), mapped from the file
+(CPU_Mapped) or plain (CPU). What a launch *needs* is those buffers once, plus KV, compute and output
+buffers; the page cache the load leaves behind (file pages of tensors that went to the GPU, were repacked
+or were read into anonymous memory) is *reclaimable*: the kernel drops it under pressure.
 """
 
 from __future__ import annotations
@@ -38,6 +44,15 @@ KV_TYPE_BYTES: dict[CacheType, float] = {
 }
 
 
+class HostBuffer(str, Enum):
+    """The host buffer type a weight lands in, named as llama.cpp's load log names them."""
+
+    PINNED = "CUDA_Host"  # the GPU's pinned host buffer: anonymous, page-locked, a resident need
+    REPACK = "CPU_REPACK"  # interleaved copy for the CPU kernels: anonymous, a resident need
+    MAPPED = "CPU_Mapped"  # the file's pages, mapped: needed resident to run at speed (the working set)
+    PLAIN = "CPU"  # plain anonymous host buffer (no mmap): a resident need
+
+
 class Verdict(str, Enum):
     FITS = "fits"
     NEEDS_SPILL = "needs spill"  # more VRAM than the card has: OOM on Linux, a slow spill on Windows
@@ -64,16 +79,39 @@ class Breakdown:
 
 @dataclass(frozen=True, slots=True)
 class MemoryEstimate:
+    """``host.weights_bytes`` is what the host weights need (each tensor once, in its buffer); the page cache
+    the load leaves is ``reclaimable_bytes``, not a need."""
+
     backend: str  # "cuda" or "cpu"
     gpu: Breakdown
     host: Breakdown
     repack_bytes: int  # part of host.weights_bytes held in CPU_REPACK (anonymous memory)
-    mapped_bytes: int  # part of host.weights_bytes mapped from the file (page cache); 0 without mmap
+    mapped_bytes: int  # part of host.weights_bytes mapped from the file and read while running; 0 without mmap
     n_ctx: int  # cells after padding, all slots together
     n_seq: int
     n_ubatch: int
     flash_attn: bool
     verdict: Verdict
+    # Host weight bytes per buffer type (HostBuffer values), the parts of host.weights_bytes.
+    host_buffers: tuple[tuple[str, int], ...] = ()
+    # The span llama.cpp maps for the CPU_Mapped buffer: first to last mapped tensor in file order, so tensors
+    # placed elsewhere in between (repacked, on the GPU) count again in the engine's breakdown, not in RAM need.
+    mapped_span_bytes: int = 0
+    reclaimable_bytes: int = 0  # page cache of file pages read at load and not read again while running
+    gpu_offload_copy_bytes: int = 0  # part of gpu.compute_bytes: a host weight copied up for a large batch
+
+    @property
+    def host_need_bytes(self) -> int:
+        return self.host.total_bytes
+
+    @property
+    def engine_host_weights_bytes(self) -> int:
+        """Host weights as llama.cpp's own breakdown counts them (the mapped span instead of the mapped tensors)."""
+        return self.host.weights_bytes - self.mapped_bytes + self.mapped_span_bytes
+
+    @property
+    def load_mode(self) -> str:
+        return "mmap" if self.mapped_bytes or self.mapped_span_bytes else "none"
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,14 +160,16 @@ def _pad(n: int, to: int) -> int:
 
 
 def layer_on_gpu(model: ModelInfo, r: Resolved, layer: int) -> bool:
-    return layer >= model.n_layer - min(r.n_gpu_layers, model.n_layer)
+    """``llama_model_base::load_tensors``: ``i_gpu_start = n_layer + 1 - n_gpu_layers``; the output head is layer
+    ``n_layer`` of that count, so -ngl N puts the head and the last N-1 repeating layers on the GPU."""
+    return layer >= model.n_layer + 1 - r.n_gpu_layers
 
 
 def tensor_on_gpu(model: ModelInfo, r: Resolved, t: TensorInfo) -> bool:
     if t.klass is TensorClass.TOKEN_EMBD:
         return False
     if t.layer is None:
-        return r.n_gpu_layers > model.n_layer  # output head and final norm
+        return layer_on_gpu(model, r, model.n_layer)  # output head and final norm
     if t.klass is TensorClass.ROUTED_EXPERTS and t.layer < r.n_cpu_moe:
         return False
     return layer_on_gpu(model, r, t.layer)
@@ -138,6 +178,27 @@ def tensor_on_gpu(model: ModelInfo, r: Resolved, t: TensorInfo) -> bool:
 def is_repacked(t: TensorInfo) -> bool:
     return (t.ggml_type in REPACK_TYPES and t.klass is not TensorClass.TOKEN_EMBD
             and len(t.shape) >= 2 and t.shape[1] % 8 == 0)
+
+
+def host_buffer(t: TensorInfo, cfg: LaunchConfig, backend: str) -> HostBuffer:
+    """Where a host-resident weight lands, as the pinned engine decides it.
+
+    ``make_cpu_buft_list`` (src/llama-model.cpp) orders the host buffer types ACCEL, then the GPU's host
+    buffer (CUDA_Host; not with ``--no-host``), then the CPU's extra types (CPU_REPACK; not with
+    ``--no-repack``), then plain CPU. ``llama_model_loader::create_tensor`` sends layers kept on the host and
+    tensors overridden to CPU (``--n-cpu-moe``, ``-ot …=CPU``) through ``select_weight_buft`` over that list:
+    the first type whose device supports the weight's op wins. The CUDA device supports the matmuls and
+    GET_ROWS of every weight type these models use, so with a GPU that is CUDA_Host, never the repack
+    buffer. The same function then swaps a device host buffer for plain CPU when mmap is on ("avoid using a
+    host buffer when using mmap"), and ``create_backend_buffers`` maps only a device's default buffer type
+    from the file. So: GPU + mmap → mapped; GPU + ``--load-mode none`` → one pinned copy; CPU build (or
+    ``--no-host``) → repacked where the CPU repacks the type, else mapped (mmap) or plain (none).
+    """
+    if backend == "cuda" and not cfg.no_host:
+        return HostBuffer.MAPPED if cfg.mmap else HostBuffer.PINNED
+    if cfg.repack and is_repacked(t):
+        return HostBuffer.REPACK
+    return HostBuffer.MAPPED if cfg.mmap else HostBuffer.PLAIN
 
 
 def kv_bytes_per_cell(model: ModelInfo, layer: int, type_k: CacheType, type_v: CacheType) -> float:
@@ -177,11 +238,8 @@ def compute_bytes(model: ModelInfo, r: Resolved) -> int:
     """
     n_tok = r.n_ubatch
     n_q = model.n_head * model.head_dim_k
-    # Routed experts of one layer: gate, up and activation per used expert, the expert outputs, and a few
-    # embedding-wide residual tensors. At long contexts this, with the mask still live, is the peak.
-    moe = n_tok * 4 * (model.n_expert_used * (3 * model.n_ff_exp + model.n_embd) + 5 * model.n_embd)
-    # Unified: one stream of n_ctx cells. Split: n_seq streams of n_ctx / n_seq cells, n_tok / n_seq tokens each.
-    cells = r.n_ctx if r.unified or r.n_seq <= 1 else r.n_ctx // r.n_seq
+    moe = _moe_activation_bytes(model, n_tok)
+    cells = _mask_cells(r)
     if r.flash_attn:
         attn = cells * n_tok * 2 + moe
     else:
@@ -197,6 +255,17 @@ def compute_bytes(model: ModelInfo, r: Resolved) -> int:
     return int(max(attn, output))
 
 
+def _moe_activation_bytes(model: ModelInfo, n_tok: int) -> int:
+    """Routed experts of one layer: gate, up and activation per used expert, the expert outputs, and a few
+    embedding-wide residual tensors. At long contexts this, with the mask still live, is the peak."""
+    return n_tok * 4 * (model.n_expert_used * (3 * model.n_ff_exp + model.n_embd) + 5 * model.n_embd)
+
+
+def _mask_cells(r: Resolved) -> int:
+    """Unified: one stream of n_ctx cells. Split: n_seq streams of n_ctx / n_seq cells each."""
+    return r.n_ctx if r.unified or r.n_seq <= 1 else r.n_ctx // r.n_seq
+
+
 def mtp_layers(model: ModelInfo) -> frozenset[int]:
     """NextN / multi-token-prediction blocks (GLM-4.5's last block): llama.cpp skips their tensors and
     gives them no KV unless speculative decoding with MTP is asked for."""
@@ -208,21 +277,24 @@ def estimate(model: ModelInfo, cfg: LaunchConfig, hw: Hardware, draft: ModelInfo
     backend = "cuda" if hw.has_gpu else "cpu"
     r = resolve(model, cfg, backend)
     skipped = mtp_layers(model)
-    gpu_w = host_w = repack = 0
+    gpu_w = 0
+    loaded: list[TensorInfo] = []
+    where: list[HostBuffer | None] = []  # per loaded tensor in file order: its host buffer, None on the GPU
     for t in model.tensors:
         if t.layer in skipped and SpecType.DRAFT_MTP not in cfg.spec_types:  # draft-mtp loads the head
             continue
+        loaded.append(t)
         if tensor_on_gpu(model, r, t):
             gpu_w += t.n_bytes
+            where.append(None)
         else:
-            host_w += t.n_bytes
-            if cfg.repack and is_repacked(t):
-                repack += t.n_bytes
-    # With mmap the mapped range still spans the repacked tensors, so their bytes count twice: once
-    # mapped (page cache) and once in the CPU_REPACK buffer. Without mmap they are loaded only once.
-    if cfg.mmap:
-        host_w += repack
-    if backend == "cuda" and model.tied_embeddings and r.n_gpu_layers > model.n_layer:
+            where.append(host_buffer(t, cfg, backend))
+    by_buffer = {b: sum(t.n_bytes for t, w in zip(loaded, where, strict=True) if w is b) for b in HostBuffer}
+    host_w = sum(by_buffer.values())
+    repack, mapped = by_buffer[HostBuffer.REPACK], by_buffer[HostBuffer.MAPPED]
+    span = _mapped_span(loaded, where)
+    reclaimable = sum(t.n_bytes for t in loaded) - mapped
+    if backend == "cuda" and model.tied_embeddings and layer_on_gpu(model, r, model.n_layer):
         gpu_w += next(t.n_bytes for t in model.tensors if t.klass is TensorClass.TOKEN_EMBD)
     gpu_kv = host_kv = 0.0
     gpu_rec = host_rec = 0
@@ -238,14 +310,15 @@ def estimate(model: ModelInfo, cfg: LaunchConfig, hw: Hardware, draft: ModelInfo
         else:
             host_kv, host_rec = host_kv + kv, host_rec + rec
     graph = compute_bytes(model, r)
+    copy = offload_copy_bytes(model, r, loaded, where) if backend == "cuda" else 0
     # Logits of every slot are copied back to a host output buffer.
     host_overhead = r.n_seq * model.n_vocab * 4
     if backend == "cuda":
-        any_host_layers = r.n_cpu_moe > 0 or r.n_gpu_layers < model.n_layer
+        any_host_layers = r.n_cpu_moe > 0 or r.n_gpu_layers < model.n_layer + 1
         host_compute = r.n_ubatch * 4 * model.n_embd * 2
         if any_host_layers:
             host_compute += r.n_ubatch * 4 * 3 * model.n_expert_used * model.n_ff_exp
-        gpu = Breakdown(gpu_w, int(gpu_kv), gpu_rec, graph, CUDA_CONTEXT_BYTES)
+        gpu = Breakdown(gpu_w, int(gpu_kv), gpu_rec, max(graph, copy), CUDA_CONTEXT_BYTES)
         host = Breakdown(host_w, int(host_kv), host_rec, host_compute, host_overhead)
     else:
         gpu = Breakdown()
@@ -253,8 +326,40 @@ def estimate(model: ModelInfo, cfg: LaunchConfig, hw: Hardware, draft: ModelInfo
     if cfg.spec_types:
         gpu, host = speculation_bytes(model, cfg, hw, r, gpu, host, draft)
     verdict = judge(gpu, host, hw)
-    mapped = host.weights_bytes - repack if cfg.mmap else 0
-    return MemoryEstimate(backend, gpu, host, repack, mapped, r.n_ctx, r.n_seq, r.n_ubatch, r.flash_attn, verdict)
+    buffers = tuple((b.value, n) for b, n in by_buffer.items() if n)
+    return MemoryEstimate(backend, gpu, host, repack, mapped, r.n_ctx, r.n_seq, r.n_ubatch, r.flash_attn, verdict,
+                          buffers, span, reclaimable, copy if copy > graph else 0)
+
+
+def _mapped_span(loaded: list[TensorInfo], where: list[HostBuffer | None]) -> int:
+    """llama.cpp's CPU_Mapped buffer: ``get_mapping_range`` spans the first to the last mapped tensor of the
+    file (tensors are listed in file order), so whatever lies between counts in the engine's figure."""
+    idx = [i for i, w in enumerate(where) if w is HostBuffer.MAPPED]
+    return sum(t.n_bytes for t in loaded[idx[0]:idx[-1] + 1]) if idx else 0
+
+
+OP_OFFLOAD_MIN_BATCH = 32  # ggml-cuda's op_offload_min_batch_size default
+
+
+def offload_copy_bytes(model: ModelInfo, r: Resolved, loaded: list[TensorInfo], where: list[HostBuffer | None]) -> int:
+    """GPU compute buffer when a batch of >= 32 tokens runs a host weight's matmul on the GPU.
+
+    ``ggml_backend_cuda_device_offload_op`` takes a MUL_MAT / MUL_MAT_ID of at least 32 tokens to the GPU
+    even when the weight lives on the host (never GET_ROWS: the token embedding stays). The scheduler
+    (``ggml_backend_sched_split_graph``) then copies the weight into the GPU's compute buffer at its full
+    size (``ggml_dup_tensor_layout``; only the used experts' rows are transferred) and starts a new split at
+    each such weight "so the memory of the previously offloaded weights can be reused": one copy is live at a
+    time, beside that layer's expert activations. The compute buffer is reserved at n_ubatch tokens, so it
+    holds the largest host weight plus those activations when n_ubatch >= 32.
+    """
+    if r.n_ubatch < OP_OFFLOAD_MIN_BATCH:
+        return 0
+    host = [t.n_bytes for t, w in zip(loaded, where, strict=True)
+            if w is not None and t.klass is not TensorClass.TOKEN_EMBD and len(t.shape) >= 2]
+    if not host:
+        return 0
+    mask = _mask_cells(r) * r.n_ubatch * (2 if r.flash_attn else 4)  # the KQ mask is live all graph long
+    return max(host) + _moe_activation_bytes(model, r.n_ubatch) + mask
 
 
 def _plus(a: Breakdown, b: Breakdown) -> Breakdown:

@@ -1,6 +1,9 @@
 """Plans without launching: for each --n-cpu-moe value, what a config needs in VRAM and RAM, whether it
-fits, and its speed ceilings; the smallest --n-cpu-moe that fits each ctx/KV combination; the largest
+fits, and its speed ceilings; the --n-cpu-moe values that fit each ctx/KV combination; the largest
 context that fits at each KV type. Pure, like tuner.plan.memory.
+
+Feasibility in --n-cpu-moe is an interval: each layer's experts moved to the host free VRAM and take RAM,
+so VRAM bounds it from below and host RAM from above; it can be empty with neither end at the edge.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from tuner.core.config import CacheType, FlashAttn, LaunchConfig
 from tuner.core.machine_spec import Hardware
 from tuner.core.model import ModelInfo
 from tuner.core.units import MIB
-from tuner.plan.memory import CTX_PAD, MemoryEstimate, Verdict, estimate
+from tuner.plan.memory import CTX_PAD, FIT_MARGIN_BYTES, MemoryEstimate, Verdict, estimate
 from tuner.plan.roofline import Roofline, roofline
 
 KV_CHOICES: tuple[tuple[CacheType, CacheType], ...] = (
@@ -32,18 +35,82 @@ class PlanRow:
 
 
 @dataclass(frozen=True, slots=True)
+class FitInterval:
+    """The --n-cpu-moe values at which a config fits, ``lo``..``hi`` inclusive; both None when none does.
+
+    When none does, ``ram_short_bytes`` is the RAM missing at the fewest host experts VRAM allows (None: even
+    every expert on the host overflows the card) and ``vram_short_bytes`` the VRAM missing at the most host
+    experts RAM allows (None: even every expert on the card overflows the RAM). Either fix alone would do.
+    """
+
+    lo: int | None
+    hi: int | None
+    ram_short_bytes: int | None = None
+    vram_short_bytes: int | None = None
+
+    @property
+    def fits(self) -> bool:
+        return self.lo is not None
+
+    def describe(self) -> str:
+        if self.lo is not None:
+            return f"fits with --n-cpu-moe {self.lo}" + ("" if self.lo == self.hi else f"..{self.hi}")
+        fixes = []
+        if self.ram_short_bytes is not None:
+            fixes.append(f"{_gib(self.ram_short_bytes)} more RAM")
+        if self.vram_short_bytes is not None:
+            fixes.append(f"a {_gib(self.vram_short_bytes)} larger card")
+        return "does not fit: needs " + (" or ".join(fixes) if fixes else "more VRAM and more RAM")
+
+    def to_dict(self) -> dict[str, int | None]:
+        return {"lo": self.lo, "hi": self.hi, "ram_short_bytes": self.ram_short_bytes,
+                "vram_short_bytes": self.vram_short_bytes}
+
+
+def _gib(n_bytes: int) -> str:
+    return f"{max(n_bytes, 1) / 2**30:.1f} GiB"
+
+
+def overs(est: MemoryEstimate, hw: Hardware, margin_bytes: int = FIT_MARGIN_BYTES) -> tuple[int, int]:
+    """(VRAM over the budget with the margin, host need over the available RAM), in bytes; <= 0 fits."""
+    vram = est.gpu.total_bytes + margin_bytes - hw.vram_budget_bytes if hw.has_gpu else -1
+    return vram, est.host.total_bytes - hw.ram_available_bytes
+
+
+def fit_interval(model: ModelInfo, cfg: LaunchConfig, hw: Hardware,
+                 margin_bytes: int = FIT_MARGIN_BYTES) -> FitInterval:
+    """Which --n-cpu-moe values fit ``cfg`` on ``hw``, and, when none does, what is short by how much."""
+    rows = [overs(estimate(model, replace(cfg, n_cpu_moe=n), hw), hw, margin_bytes) for n in range(model.n_layer + 1)]
+    ok = [n for n, (v, h) in enumerate(rows) if v <= 0 and h <= 0]
+    if ok:
+        return FitInterval(ok[0], ok[-1])
+    vram_ok = [n for n, (v, _) in enumerate(rows) if v <= 0]
+    ram_ok = [n for n, (_, h) in enumerate(rows) if h <= 0]
+    return FitInterval(None, None,
+                       ram_short_bytes=min(rows[n][1] for n in vram_ok) if vram_ok else None,
+                       vram_short_bytes=min(rows[n][0] for n in ram_ok) if ram_ok else None)
+
+
+@dataclass(frozen=True, slots=True)
 class SmallestFit:
+    """The --n-cpu-moe values that fit at one ctx and KV pair (the name is kept from when it was one bound)."""
+
     ctx: int
     cache_type_k: CacheType
     cache_type_v: CacheType
-    n_cpu_moe: int | None  # None: does not fit even with every expert on the host
+    interval: FitInterval
+
+    @property
+    def n_cpu_moe(self) -> int | None:
+        """The fastest value that fits: the fewest experts on the host."""
+        return self.interval.lo
 
 
 @dataclass(frozen=True, slots=True)
 class LargestCtx:
     cache_type_k: CacheType
     cache_type_v: CacheType
-    n_cpu_moe: int
+    n_cpu_moe: int | None  # the fewest host experts that fit at that context; None when nothing fits
     ctx: int  # 0: not even the smallest context fits
 
 
@@ -66,33 +133,35 @@ def plan_rows(model: ModelInfo, base: LaunchConfig, hw: Hardware) -> tuple[PlanR
     return tuple(rows)
 
 
-def smallest_fitting_n_cpu_moe(model: ModelInfo, cfg: LaunchConfig, hw: Hardware) -> int | None:
-    """Fewest layers' experts on the host that still fit; VRAM falls as n_cpu_moe grows (monotone)."""
-    lo, hi = 0, model.n_layer
-    if estimate(model, replace(cfg, n_cpu_moe=hi), hw).verdict is not Verdict.FITS:
+def load_mode_note(model: ModelInfo, cfg: LaunchConfig, hw: Hardware, interval: FitInterval) -> str | None:
+    """A sentence when the other load mode (``--load-mode none`` vs mmap) changes which --n-cpu-moe fit."""
+    other = replace(cfg, mmap=not cfg.mmap)
+    alt = fit_interval(model, other, hw)
+    if (alt.lo, alt.hi) == (interval.lo, interval.hi):
         return None
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if estimate(model, replace(cfg, n_cpu_moe=mid), hw).verdict is Verdict.FITS:
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo
+    flag = "--load-mode mmap" if other.mmap else "--load-mode none"
+    return f"with {flag}: {alt.describe()}"
 
 
-def largest_fitting_ctx(model: ModelInfo, cfg: LaunchConfig, hw: Hardware) -> int:
-    """Largest context (a multiple of 256, at most the training context) that fits with ``cfg``."""
-    def fits(ctx: int) -> bool:
-        return estimate(model, replace(cfg, ctx=ctx), hw).verdict is Verdict.FITS
+def smallest_fitting_n_cpu_moe(model: ModelInfo, cfg: LaunchConfig, hw: Hardware) -> int | None:
+    """Fewest layers' experts on the host that still fit (the low end of :func:`fit_interval`)."""
+    return fit_interval(model, cfg, hw).lo
+
+
+def largest_fitting_ctx(model: ModelInfo, cfg: LaunchConfig, hw: Hardware) -> tuple[int, int | None]:
+    """Largest context (a multiple of 256, at most the training context) at which some --n-cpu-moe fits, and the
+    fewest host experts that fit there. More context only adds memory on both sides, so this is monotone."""
+    def fitting(ctx: int) -> int | None:
+        return fit_interval(model, replace(cfg, ctx=ctx), hw).lo
 
     lo, hi = 0, max(1, model.ctx_train // CTX_PAD)
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if fits(mid * CTX_PAD):
+        if fitting(mid * CTX_PAD) is not None:
             lo = mid
         else:
             hi = mid - 1
-    return lo * CTX_PAD
+    return lo * CTX_PAD, (fitting(lo * CTX_PAD) if lo else None)
 
 
 def make_plan(model: ModelInfo, base: LaunchConfig, hw: Hardware, ctxs: Sequence[int] = (),
@@ -106,13 +175,13 @@ def make_plan(model: ModelInfo, base: LaunchConfig, hw: Hardware, ctxs: Sequence
     for ctx in ctxs:
         for ctk, ctv in kv:
             cfg = _with_kv(replace(base, ctx=ctx), ctk, ctv)
-            smallest.append(SmallestFit(ctx, ctk, ctv, smallest_fitting_n_cpu_moe(model, cfg, hw)))
-            n += model.n_layer.bit_length() + 1
+            smallest.append(SmallestFit(ctx, ctk, ctv, fit_interval(model, cfg, hw)))
+            n += model.n_layer + 1
     largest = []
     for ctk, ctv in kv:
-        cfg = _with_kv(replace(base, n_cpu_moe=model.n_layer), ctk, ctv)
-        largest.append(LargestCtx(ctk, ctv, model.n_layer, largest_fitting_ctx(model, cfg, hw)))
-        n += (model.ctx_train // CTX_PAD).bit_length() + 1
+        ctx_max, n_cpu_moe = largest_fitting_ctx(model, _with_kv(base, ctk, ctv), hw)
+        largest.append(LargestCtx(ctk, ctv, n_cpu_moe, ctx_max))
+        n += ((model.ctx_train // CTX_PAD).bit_length() + 2) * (model.n_layer + 1)
     return Plan(model, hw, base, rows, tuple(smallest), tuple(largest), n)
 
 
@@ -161,7 +230,7 @@ def engine_check_rows(est: MemoryEstimate, mmap: bool, engine_host: dict[str, in
     The projection sizes the mapped weights without the tensors it will repack (the loaded model maps
     the whole range), so the model's host weights are compared without that double count.
     """
-    host_w = est.host.weights_bytes - (est.repack_bytes if mmap else 0)
+    host_w = est.engine_host_weights_bytes - (est.repack_bytes if mmap else 0)
     sides = [("host", (host_w, est.host.context_bytes, est.host.compute_bytes), engine_host)]
     if engine_gpu is not None:
         sides.append(("gpu", (est.gpu.weights_bytes, est.gpu.context_bytes, est.gpu.compute_bytes), engine_gpu))
@@ -183,11 +252,15 @@ def scaled(model: ModelInfo, ratio: float) -> ModelInfo:
 
 def fit_verdict(model: ModelInfo, ctx_tokens: int, hw: Hardware) -> str:
     """Whether ``model`` runs on ``hw`` at ``ctx_tokens`` (one slot), in the user's words: "VRAM" (all on the
-    GPU), "offload N" (with --n-cpu-moe N), "RAM (no GPU)" (a machine without a GPU holds it) or "no"."""
+    GPU), "offload N" (with --n-cpu-moe N, the fewest that fit) or "offload N..M" (when host RAM caps it),
+    "RAM (no GPU)" (a machine without a GPU holds it) or "no"."""
     cfg = LaunchConfig(model=model.paths[0], ctx=ctx_tokens, parallel=1)
     if not hw.has_gpu:
         return "RAM (no GPU)" if estimate(model, cfg, hw).verdict is Verdict.FITS else "no"
-    n_cpu_moe = smallest_fitting_n_cpu_moe(model, cfg, hw)
-    if n_cpu_moe is None:
+    interval = fit_interval(model, cfg, hw)
+    if interval.lo is None:
         return "no"
-    return "VRAM" if n_cpu_moe == 0 else f"offload {n_cpu_moe}"
+    if interval.lo == 0:
+        return "VRAM"
+    capped = interval.hi is not None and interval.hi < model.n_layer
+    return f"offload {interval.lo}..{interval.hi}" if capped else f"offload {interval.lo}"

@@ -65,10 +65,11 @@ class TuneResult:
 def choose_ctx(req: TuneRequest, info: ModelInfo, hw: Hardware, parallel: int) -> int:
     need = req.workload.context_tokens
     if req.goal_context:
-        # The largest context the memory model lets fit with compact q8_0 KV and every expert on the host.
-        probe = LaunchConfig(model=req.model, n_cpu_moe=info.n_layer, cache_type_k=CacheType.Q8_0,
-                             cache_type_v=CacheType.Q8_0, parallel=parallel)
-        ctx = largest_fitting_ctx(info, probe, hw)
+        # The largest context the memory model lets fit with compact q8_0 KV at any --n-cpu-moe that fits
+        # (host RAM may cap how many experts can go to the host).
+        probe = LaunchConfig(model=req.model, cache_type_k=CacheType.Q8_0, cache_type_v=CacheType.Q8_0,
+                             parallel=parallel)
+        ctx, _ = largest_fitting_ctx(info, probe, hw)
         if ctx < need * parallel:
             raise UsageError(f"no context of {need * parallel} tokens fits this machine: use a smaller model")
         return ctx

@@ -29,7 +29,8 @@ from tuner.core.config import CacheType, FlashAttn, LaunchConfig
 from tuner.core.errors import UsageError
 from tuner.machine.hardware import Hardware
 from tuner.models.gguf_reader import ModelInfo
-from tuner.plan.memory import DEFAULT_UBATCH, MIB, MemoryEstimate, estimate
+from tuner.plan.memory import DEFAULT_UBATCH, FIT_MARGIN_BYTES, MIB, MemoryEstimate, estimate
+from tuner.plan.placement import fit_interval, overs
 
 F16, Q8, Q4 = CacheType.F16, CacheType.Q8_0, CacheType.Q4_0
 # Same-type pairs and K-more-precise-than-V pairs over f16 > q8_0 > q4_0, most precise first. The exotic
@@ -103,8 +104,8 @@ def feasible_n_cpu_moe(info: ModelInfo, cfg: LaunchConfig, hw: Hardware,
     VRAM bounds it from below (each layer's experts moved to the host free VRAM) and host RAM from above
     (they need RAM there), so the feasible set is an interval that can be empty in the middle of the range.
     """
-    ok = [n for n in range(info.n_layer + 1) if check(info, replace(cfg, n_cpu_moe=n), hw, vram_margin_mib).feasible]
-    return (ok[0], ok[-1]) if ok else None
+    interval = fit_interval(info, cfg, hw, _margin_bytes(vram_margin_mib))
+    return (interval.lo, interval.hi) if interval.lo is not None and interval.hi is not None else None
 
 
 def fitting_boundary(info: ModelInfo, cfg: LaunchConfig, hw: Hardware,
@@ -242,13 +243,13 @@ class Feasibility:
 def check(info: ModelInfo, cfg: LaunchConfig, hw: Hardware, vram_margin_mib: float | None = None) -> Feasibility:
     """Would ``cfg`` fit? ``vram_margin_mib`` replaces llama.cpp's own 1 GiB --fit margin when given."""
     est = estimate(info, cfg, hw)
-    if hw.has_gpu:
-        margin_bytes = (vram_margin_mib if vram_margin_mib is not None else 1024) * MIB
-        vram_over = (est.gpu.total_bytes + margin_bytes - hw.vram_budget_bytes) / MIB
-    else:
-        vram_over = -1.0  # nothing goes to a GPU: satisfied by construction
-    ram_over = (est.host.total_bytes - hw.ram_available_bytes) / MIB
-    return Feasibility(est, vram_over, ram_over)
+    vram_over, ram_over = overs(est, hw, _margin_bytes(vram_margin_mib))
+    # Without a GPU nothing goes to one: satisfied by construction.
+    return Feasibility(est, vram_over / MIB if hw.has_gpu else -1.0, ram_over / MIB)
+
+
+def _margin_bytes(vram_margin_mib: float | None) -> int:
+    return int(vram_margin_mib * MIB) if vram_margin_mib is not None else FIT_MARGIN_BYTES
 
 
 def best_guess(space: SearchSpace, info: ModelInfo, hw: Hardware, vram_margin_mib: float | None = None

@@ -23,9 +23,10 @@ class ParsedCommand:
 
 _ALIASES = {s: name for name, spellings in _SPELL.items() for s in spellings}
 _ALIASES.update({"--n-cpu-moe": "n_cpu_moe", "-ncmoe": "n_cpu_moe", "--no-mmap": "no_mmap", "--mmap": "mmap",
-                 "--repack": "repack", "-fitt": "fit", "--fit": "fit"})
+                 "--repack": "repack", "-fitt": "fit", "--fit": "fit",
+                 "--no-host": "no_host"})
 _INT_FIELDS = {"ctx", "parallel", "n_gpu_layers", "n_cpu_moe", "threads", "threads_batch", "batch", "ubatch"}
-_BARE = {"kv_unified", "no_kv_unified", "swa_full", "no_repack", "repack", "no_mmap", "mmap"}
+_BARE = {"kv_unified", "no_kv_unified", "swa_full", "no_repack", "repack", "no_mmap", "mmap", "no_host"}
 
 
 def parse_command(text: str) -> ParsedCommand:
@@ -117,6 +118,7 @@ def _config_from(values: dict[str, object]) -> LaunchConfig:
     elif "load_mode" in values and str(values["load_mode"]) not in ("auto", "mmap"):
         raise UsageError(f"-lm {values['load_mode']} is not measured by moe-tune: use -lm none or mmap")
     kwargs["repack"] = not values.get("no_repack", False)
+    kwargs["no_host"] = bool(values.get("no_host", False))
     kwargs.update(_spec_from(values))
     cfg = LaunchConfig(**kwargs)  # type: ignore[arg-type]
     validate(cfg)

@@ -43,6 +43,7 @@ _SPELL: dict[str, tuple[str, ...]] = {
     "swa_full": ("--swa-full",),
     "load_mode": ("-lm", "--load-mode"),
     "no_repack": ("--no-repack", "-nr"),
+    "no_host": ("--no-host",),
     "fit_print": ("-fitp", "--fit-print"),
     "fit_target": ("-fitt", "--fit-target"),
     "log_jsonl": ("--log-jsonl",),
@@ -192,6 +193,8 @@ def _context_flags(a: _Argv, cfg: LaunchConfig) -> None:
         a.add("load_mode", "none")  # read weights into anonymous memory instead of mapping the file
     if not cfg.repack:
         a.add("no_repack")
+    if cfg.no_host:
+        a.add("no_host")
 
 
 def bench_argv(binary: Path, cfg: LaunchConfig, **options: Any) -> list[str]:
@@ -220,7 +223,7 @@ def bench_group_argv(
         raise UsageError("no configs to benchmark: pass at least one")
     for cfg in cfgs:
         validate(cfg)
-    if len({(c.model, c.mmap, c.repack) for c in cfgs}) != 1:
+    if len({(c.model, c.mmap, c.repack, c.no_host) for c in cfgs}) != 1:
         raise UsageError("configs in one llama-bench run must share the model file and load mode")
     depths = [depth] if isinstance(depth, int) else list(depth)
     a = _Argv(binary, BENCH, caps)
@@ -252,6 +255,8 @@ def bench_group_argv(
         a.add("load_mode", "none")
     if not first.repack:
         a.add("repack", "0")
+    if first.no_host:
+        a.add("no_host", "1")
     return a.argv + ["-o", "jsonl"]
 
 
