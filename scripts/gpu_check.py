@@ -221,12 +221,25 @@ def _memory_rows(plan: dict[str, Any], bench_doc: dict[str, Any], n_cpu_moe: int
         return []
     out = []
     for device, parts in (("GPU", row["gpu"]), ("host", row["host"])):
-        engine = [b for b in found if (b["buffer"].upper().startswith("CUDA") == (device == "GPU"))]
+        # CUDA_Host is pinned host memory: it belongs to the host side, not the card.
+        engine = [b for b in found if _on_gpu(b["buffer"]) == (device == "GPU")]
         model = {"model": parts["weights"], "context": parts["kv"] + parts["recurrent"], "compute": parts["compute"]}
         for comp, model_bytes in model.items():
             out.append({"device": device, "component": comp, "model_mib": round(model_bytes / 2**20),
                         "engine_mib": sum(int(b.get(comp) or 0) for b in engine) if engine else None})
+    # The host weights buffer by buffer (CUDA_Host / CPU_Mapped / CPU_REPACK / CPU), as the load log names them;
+    # a mapped buffer is the span llama.cpp maps, first to last mapped tensor.
+    for b in row.get("host_buffers", []):
+        name = b["buffer"]
+        model_bytes = row.get("mapped_span_bytes", b["bytes"]) if name == "CPU_Mapped" else b["bytes"]
+        engine_row = next((e for e in found if e["buffer"] == name), None)
+        out.append({"device": "host", "component": f"model in {name}", "model_mib": round(model_bytes / 2**20),
+                    "engine_mib": int(engine_row.get("model") or 0) if engine_row else None})
     return out
+
+
+def _on_gpu(buffer: str) -> bool:
+    return buffer.upper().startswith("CUDA") and not buffer.upper().startswith("CUDA_HOST")
 
 
 def tune_run(c: Check, budget_gib: int, workload: str, ctx: int) -> dict[str, Any]:

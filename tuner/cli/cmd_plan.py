@@ -64,10 +64,12 @@ def _row_json(n_cpu_moe: int, e: MemoryEstimate, gen: float, prompt: float | Non
         "n_cpu_moe": n_cpu_moe, "verdict": e.verdict.value,
         "vram_bytes": e.gpu.total_bytes, "ram_bytes": e.host.total_bytes,
         "ram_need_bytes": e.host_need_bytes, "ram_reclaimable_bytes": e.reclaimable_bytes,
-        "load_mode": "mmap" if e.mapped_bytes or e.mapped_span_bytes else "none",
-        "host_buffers": [{"buffer": name, "bytes": n, "resident": name != HostBuffer.MAPPED.value or None}
+        "load_mode": e.load_mode,
+        # Every host buffer is needed resident; a mapped one is file-backed (the kernel could evict it, at the
+        # price of reading the file again every token).
+        "host_buffers": [{"buffer": name, "bytes": n, "file_backed": name == HostBuffer.MAPPED.value}
                          for name, n in e.host_buffers],
-        "gpu_offload_copy_bytes": e.gpu_offload_copy_bytes,
+        "mapped_span_bytes": e.mapped_span_bytes, "gpu_offload_copy_bytes": e.gpu_offload_copy_bytes,
         "gpu": _parts(e.gpu), "host": _parts(e.host),
         "gen_tok_s_ceiling": gen, "prompt_tok_s_ceiling": prompt,
     }

@@ -46,6 +46,8 @@ def auto_tune_cmd(
     vram_margin: Annotated[float | None, typer.Option("--vram-margin", help="MiB of VRAM to leave free.")] = None,
     vram_budget: Annotated[float | None, typer.Option(
         "--vram-budget", help="MiB of VRAM this model may use (default: what is free at start).")] = None,
+    ram: Annotated[float | None, typer.Option(
+        "--ram", help="GiB of host RAM this model may use (default: what is available at start).")] = None,
     pareto: Annotated[bool, typer.Option("--pareto", help="Optimize gen and prompt tok/s (Pareto front).")]
     = False,
     trials: Annotated[int | None, typer.Option("--trials", help="Trials in this run (default 10).")] = None,
@@ -90,7 +92,8 @@ def auto_tune_cmd(
                                vram_margin_mib=vram_margin, pareto=pareto, budget=budget, measure=measure,
                                storage=storage, results_dir=results_dir, seed=seed,
                                speculation=_speculation(speculate, draft, prompts))
-    hw = hardware.with_vram_budget(hardware.probe_hardware(host_bandwidth_s=0.3), vram_budget)
+    hw = hardware.with_ram_budget(
+        hardware.with_vram_budget(hardware.probe_hardware(host_bandwidth_s=0.3), vram_budget), ram)
     say(f"machine: {hw.describe()}")
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=err, disable=as_json, transient=False) as bar:

@@ -254,3 +254,19 @@ def with_vram_budget(hw: Hardware, budget_mib: float | None) -> Hardware:
 def vram_held_back_bytes(hw: Hardware) -> int:
     """Free VRAM the budget leaves unused (a big card emulating a small one); 0 when the budget is all free."""
     return max(0, hw.vram_free_bytes - hw.vram_budget_bytes) if hw.has_gpu else 0
+
+
+def with_ram_budget(hw: Hardware, ram_gib: float | None) -> Hardware:
+    """``hw`` planning for ``ram_gib`` GiB of host RAM instead of what is available (None: unchanged): room kept
+    for other programs, or a smaller machine simulated. It cannot exceed the RAM that is there."""
+    if ram_gib is None:
+        return hw
+    ram = int(ram_gib * 2**30)
+    if ram <= 0:
+        raise UsageError(f"--ram must be more than 0 GiB, got {ram_gib:g}: e.g. --ram 32")
+    if ram > hw.ram_total_bytes:
+        raise UsageError(f"--ram {ram_gib:g} GiB is more than this machine's {hw.ram_total_bytes / 2**30:.1f} GiB: "
+                         "name at most what is installed (plan --ram can plan for another machine)")
+    # Never more than is free now: the gate must not launch what the machine cannot hold today.
+    return replace(hw, ram_available_bytes=min(ram, hw.ram_available_bytes))
+

@@ -93,6 +93,8 @@ def auto_tune(req: TuneRequest, loc: build.EngineLocation, hw: Hardware, *,
     sp = space.build_space(req.model, info, hw, ctx=ctx, parallel=parallel,
                            prompt_tokens=req.workload.prompt_tokens, concurrency=req.workload.concurrency,
                            vram_margin_mib=req.vram_margin_mib)
+    if on_step and sp.n_cpu_moe_why:
+        on_step(sp.n_cpu_moe_why)
     objective = study.Objective(pareto=req.pareto, max_kld=req.max_kld)
     measure = req.measure or study.Measure.for_workload(req.workload)
     name = study.study_name(req.model, hw, caps, sp, measure, objective)
@@ -108,7 +110,9 @@ def auto_tune(req: TuneRequest, loc: build.EngineLocation, hw: Hardware, *,
     st.set_user_attr("model", str(req.model))
     st.set_user_attr("hardware", {"describe": hw.describe(), "gpu": hw.gpu_name, "has_gpu": hw.has_gpu,
                                   "vram_total_bytes": hw.vram_total_bytes, "ram_total_bytes": hw.ram_total_bytes,
-                                  "vram_budget_bytes": hw.vram_budget_bytes, "physical_cores": hw.physical_cores})
+                                  "vram_budget_bytes": hw.vram_budget_bytes, "physical_cores": hw.physical_cores,
+                                  "ram_available_bytes": hw.ram_available_bytes,
+                                  "n_cpu_moe_why": sp.n_cpu_moe_why})
     st.set_user_attr("engine", {"commit": caps.commit, "version": caps.version, "backend": caps.backend})
     st.set_user_attr("workload", req.workload.describe())
     st.set_user_attr("measure", {"n_prompt": measure.n_prompt, "n_gen": measure.n_gen,

@@ -65,6 +65,8 @@ class SearchSpace:
     threads: tuple[int | None, ...]
     ubatch: tuple[int | None, ...]
     slots: tuple[int, ...] = (1,)  # -np values the finish measures (concurrent workloads)
+    # Why --n-cpu-moe spans what it spans, in words (which memory bounds it); not part of the study's identity.
+    n_cpu_moe_why: str = ""
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -130,6 +132,7 @@ def build_space(model_path: Path, info: ModelInfo, hw: Hardware, *, ctx: int, pa
         if long_prompt else (None,)
     pairs = tuple(dict.fromkeys(kv_pairs))
     moe: tuple[int, int] | None = None
+    why = ""
     if with_moe:
         intervals = [feasible_n_cpu_moe(info, LaunchConfig(model=model_path, cache_type_k=k, cache_type_v=v,
                                                            flash_attn=FlashAttn.ON, ctx=ctx, parallel=parallel,
@@ -139,15 +142,30 @@ def build_space(model_path: Path, info: ModelInfo, hw: Hardware, *, ctx: int, pa
         if fits:
             lo = min(i[0] for i in fits)
             # A few above the largest lower bound absorb the memory model's error, never past where RAM ends.
-            hi = min(max(i[1] for i in fits), max(i[0] for i in fits) + N_CPU_MOE_ABOVE)
+            ram_cap = max(i[1] for i in fits)
+            hi = min(ram_cap, max(i[0] for i in fits) + N_CPU_MOE_ABOVE)
             moe = (lo, max(lo, hi))
+            why = _n_cpu_moe_why(info, hw, ctx, moe, ram_cap)
         else:
             moe = (info.n_layer, info.n_layer)
+            why = f"no --n-cpu-moe fits at -c {ctx}: every trial will be refused by the memory gate"
     return SearchSpace(
         model=model_path, ctx=ctx, parallel=parallel, n_cpu_moe=moe, kv_pairs=pairs,
         flash_attn=(FlashAttn.ON, FlashAttn.OFF), threads=_physical_threads(max(1, hw.physical_cores)),
-        ubatch=ubatch, slots=slot_counts(concurrency),
+        ubatch=ubatch, slots=slot_counts(concurrency), n_cpu_moe_why=why,
     )
+
+
+def _n_cpu_moe_why(info: ModelInfo, hw: Hardware, ctx: int, moe: tuple[int, int], ram_cap: int) -> str:
+    lo, hi = moe
+    low = "every layer's experts fit on the card" if lo == 0 else \
+        f"the card ({hw.vram_budget_bytes / 2**30:.1f} GiB budget) needs at least {lo} layers' experts on the host"
+    if ram_cap < info.n_layer:
+        high = (f"host RAM ({hw.ram_available_bytes / 2**30:.1f} GiB available) holds at most {ram_cap} "
+                "layers' experts")
+    else:
+        high = f"more host experts only read more bytes over the slow path (searched up to {hi})"
+    return f"--n-cpu-moe searched {lo}..{hi} at -c {ctx}: {low}; {high}"
 
 
 def make_config(space: SearchSpace, params: dict[str, Any]) -> LaunchConfig:
