@@ -46,3 +46,18 @@ def test_search_stays_inside_a_ram_capped_interval_and_says_why(demo_models, tmp
     assert out.trials_this_run == 2
     measured = [r for r in study.records(st) if r.status == "measured"]
     assert measured and all(interval[0] <= (r.config.get("n_cpu_moe") or 0) <= interval[1] for r in measured)
+
+
+def test_ram_budget_is_checked_and_never_exceeds_what_is_free():
+    import pytest
+
+    from tuner.core.errors import UsageError
+    from tuner.machine.hardware import with_ram_budget
+
+    hw = find_card("RTX 3090").hardware(32 * GIB, 20 * GIB, 50e9)
+    assert with_ram_budget(hw, None) is hw
+    assert with_ram_budget(hw, 16).ram_available_bytes == 16 * GIB
+    assert with_ram_budget(hw, 24).ram_available_bytes == 20 * GIB  # only 20 GiB are free now
+    for bad in (0, -1, 33):
+        with pytest.raises(UsageError, match="--ram"):
+            with_ram_budget(hw, bad)
