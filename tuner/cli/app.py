@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
+from rich.progress import Progress, SpinnerColumn, TextColumn
 from rich.table import Table
 
 from tuner import __version__
 from tuner.core.config import CacheType, FlashAttn
 from tuner.core.errors import TunerError
-from tuner.engine import build
+from tuner.engine import build, runner
+from tuner.machine import processes, quiet
 
 app = typer.Typer(
     name="moe-tune",
@@ -43,6 +47,38 @@ CacheTypeK = Annotated[CacheType | None, typer.Option("-ctk", "--cache-type-k", 
 CacheTypeV = Annotated[CacheType | None, typer.Option("-ctv", "--cache-type-v", help="KV cache type of V.")]
 FlashAttnOpt = Annotated[FlashAttn | None, typer.Option("-fa", "--flash-attn", help="Flash attention: on, off, auto.")]
 UbatchOpt = Annotated[int | None, typer.Option("-ub", "--ubatch-size", help="Physical batch size.")]
+# Every measuring command (auto-tune, bench, compare-quants) waits for a quiet machine: see measuring().
+AllowBusy = Annotated[bool, typer.Option(
+    "--allow-busy", help="Measure even while another moe-tune run, a llama.cpp process or CPU load is busy here "
+    "(what was seen is reported; disturbed rounds decide no verdict).")]
+BusyWait = Annotated[str, typer.Option(
+    "--busy-wait", help="How long to wait for a busy machine before giving up, e.g. 10m, 30s, 0.")]
+
+
+@contextlib.contextmanager
+def measuring(command: str, *, allow_busy: bool, busy_wait: str, quiet_output: bool = False) -> Iterator[str | None]:
+    """Hold the machine for a measuring command (see :mod:`tuner.machine.quiet`); yields what was busy when
+    ``--allow-busy`` went ahead anyway (None: quiet). Waiting shows one live line; Ctrl-C ends it (exit 130)."""
+    from tuner.search.study import parse_duration  # optuna loads only for the commands that measure
+
+    wait_s = parse_duration(busy_wait)
+    for left in processes.left_by_earlier_runs():
+        err.print(f"warning: {left.describe()} is still running: stop it with `kill {left.pid}`",
+                  highlight=False, markup=False, soft_wrap=True)
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), console=err, transient=True,
+                  disable=quiet_output) as bar:
+        task = bar.add_task("checking that the machine is quiet", total=None)
+
+        def on_wait(what: str, waited_s: float) -> None:
+            bar.update(task, description=f"{escape(what)} ({waited_s:.0f} s of {wait_s:.0f} s; Ctrl-C to stop)")
+
+        with quiet.claim_machine(command, allow_busy=allow_busy, wait_s=wait_s, own=runner.own_pids,
+                                 on_wait=on_wait) as claim:
+            bar.stop()
+            if claim.noise and not quiet_output:
+                err.print(f"warning: measuring on a busy machine: {claim.noise}", highlight=False, markup=False,
+                          soft_wrap=True)
+            yield claim.noise
 
 
 def friendly(func: F) -> F:

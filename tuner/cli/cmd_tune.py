@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -10,7 +11,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from tuner.cli.app import JsonFlag, LlamaDir, app, err, friendly, model_path, out
+from tuner.cli.app import AllowBusy, BusyWait, JsonFlag, LlamaDir, app, err, friendly, measuring, model_path, out
 from tuner.core.errors import UsageError
 from tuner.engine import build, runner
 from tuner.machine import hardware
@@ -63,6 +64,8 @@ def auto_tune_cmd(
     prompts: Annotated[Path | None, typer.Option(
         "--prompts", help="Real requests to judge speculation on: JSONL {\"prompt\": ...} or text split by --- lines "
         "(implies --speculation).")] = None,
+    allow_busy: AllowBusy = False,
+    busy_wait: BusyWait = "10m",
     llama_cpp_dir: LlamaDir = None,
     as_json: JsonFlag = False,
 ) -> None:
@@ -90,17 +93,10 @@ def auto_tune_cmd(
                                vram_margin_mib=vram_margin, pareto=pareto, budget=budget, measure=measure,
                                storage=storage, results_dir=results_dir, seed=seed,
                                speculation=_speculation(speculate, draft, prompts))
-    hw = hardware.with_vram_budget(hardware.probe_hardware(host_bandwidth_s=0.3), vram_budget)
-    say(f"machine: {hw.describe()}")
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=err, disable=as_json, transient=False) as bar:
-        task = bar.add_task("search", total=budget.trials)
-
-        def on_progress(p: study.Progress) -> None:
-            best = "n/a" if p.best_request_s is None else f"{p.best_request_s:,.2f} s/request"
-            bar.update(task, completed=p.done, description=f"search (best {best}; last: {p.last.status})")
-
-        result = autotune.auto_tune(req, loc, hw, on_progress=on_progress, on_step=say)
+    with measuring("auto-tune", allow_busy=allow_busy, busy_wait=busy_wait, quiet_output=as_json):
+        hw = hardware.with_vram_budget(hardware.probe_hardware(host_bandwidth_s=0.3), vram_budget)
+        say(f"machine: {hw.describe()}")
+        result = _search(req, loc, hw, budget, as_json, say)
     study_report.write(result.result, result.result_dir)
     if result.search.interrupted:
         say(f"interrupted after {result.search.trials_this_run} trials; run the same command again to resume "
@@ -110,6 +106,19 @@ def auto_tune_cmd(
         out.print_json(json.dumps(result.result.to_dict() | {"result_dir": str(result.result_dir)}))
         return
     _summary(result)
+
+
+def _search(req: autotune.TuneRequest, loc: build.EngineLocation, hw: hardware.Hardware, budget: study.Budget,
+            as_json: bool, say: Callable[[str], None]) -> autotune.TuneResult:
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err, disable=as_json, transient=False) as bar:
+        task = bar.add_task("search", total=budget.trials)
+
+        def on_progress(p: study.Progress) -> None:
+            best = "n/a" if p.best_request_s is None else f"{p.best_request_s:,.2f} s/request"
+            bar.update(task, completed=p.done, description=f"search (best {best}; last: {p.last.status})")
+
+        return autotune.auto_tune(req, loc, hw, on_progress=on_progress, on_step=say)
 
 
 def _speculation(on: bool, draft: str | None, prompts: Path | None) -> SpeculationRequest | None:
