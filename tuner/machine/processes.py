@@ -113,8 +113,11 @@ def other_llama_processes(own: Collection[int] = ()) -> list[LlamaProcess]:
 
 
 def left_by_earlier_runs() -> list[LlamaProcess]:
-    """llama.cpp processes an earlier moe-tune run left behind (orphans running our engine's binaries)."""
-    return [p for p in other_llama_processes() if p.ours_earlier]
+    """llama.cpp processes an earlier moe-tune run left behind (orphans running our engine's binaries). An
+    orphan has lost its ancestry, so the scope does not apply: the whole machine is searched."""
+    procs = _snapshot()
+    found = [_llama(p, procs) for p in procs.values() if p.name.startswith(LLAMA_PREFIX)]
+    return [p for p in found if p.ours_earlier]
 
 
 @dataclass(frozen=True, slots=True)
