@@ -106,6 +106,8 @@ def plan_cmd(
     """
     cache_type_k, cache_type_v = cache_type_k or CacheType.F16, cache_type_v or CacheType.F16
     flash_attn = flash_attn or FlashAttn.AUTO
+    if ram is not None and ram <= 0:
+        raise UsageError(f"--ram {ram:g} GiB leaves nothing to plan for: give the host RAM in GiB, e.g. --ram 64")
     from tuner.hub.resolve import resolve_model
 
     resolved = resolve_model(model, header_only=True)

@@ -83,8 +83,8 @@ def auto_tune_cmd(
         if not as_json:
             err.print(msg, highlight=False, soft_wrap=True)
 
-    path = demo.default_model(loc, on_step=say) if model is None else model_path(model)
     load = workload.preset(workload_kind, n_prompt, n_gen, depth_tokens=depth)
+    path = demo.default_model(loc, on_step=say) if model is None else model_path(model)
     budget = study.Budget(trials=trials if trials is not None or time_limit else 10,
                           time_s=study.parse_duration(time_limit) if time_limit else None)
     measure = study.Measure.for_workload(load)
