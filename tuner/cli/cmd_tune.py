@@ -134,9 +134,11 @@ def _summary(res: autotune.TuneResult) -> None:
     w = r["workload"]
     table = Table(title=f"llama-server re-measure ({w['kind']}, P={w['prompt_tokens']}, G={w['gen_tokens']}, "
                         f"depth {w.get('depth_tokens', w['prompt_tokens'])})")
-    for col in ("config", "slots", "gen tok/s", "CV %", "prompt tok/s", "per request loaded", "aggregate",
-                "KLD", "spill"):
-        table.add_column(col, justify="right")
+    # Short headers, and cells fold rather than being cut: at 80 columns every name and figure stays whole.
+    table.caption = ("gen/pp: one request alone; busy: per request with every slot in use; e2e: generated tok/s "
+                     "of wall time, prompts and all slots included")
+    for col in ("config", "slots", "gen tok/s", "CV %", "pp tok/s", "busy", "e2e", "KLD", "spill"):
+        table.add_column(col, justify="left" if col == "config" else "right", overflow="fold")
     fin = r["finish"]
 
     def num(v: float | None, spec: str = ",.1f") -> str:
@@ -146,7 +148,7 @@ def _summary(res: autotune.TuneResult) -> None:
         gen = "failed" if m["gen_tok_s"] is None else f"{m['gen_tok_s']:,.1f}"
         table.add_row(m["label"], str(m.get("slots", 1)), gen, num(m["gen_cv_pct"]), num(m["prompt_tok_s"]),
                       num(m.get("loaded_gen_tok_s")), num(m.get("end_to_end_gen_tok_s")),
-                      num(m.get("kld_mean"), ".4f"), m["spill"] or "")
+                      num(m.get("kld_mean"), ".2g"), m["spill"] or "")
     out.print(table)
     n = len(r["trials"])
     out.print(f"study {res.study_name}: {n} trials stored ({res.search.trials_this_run} this run) in {res.storage}",
