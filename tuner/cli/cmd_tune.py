@@ -49,7 +49,8 @@ def auto_tune_cmd(
         "--vram-budget", help="MiB of VRAM this model may use (default: what is free at start).")] = None,
     pareto: Annotated[bool, typer.Option("--pareto", help="Optimize gen and prompt tok/s (Pareto front).")]
     = False,
-    trials: Annotated[int | None, typer.Option("--trials", help="Trials in this run (default 10).")] = None,
+    trials: Annotated[int | None, typer.Option(
+        "--trials", help=f"Trials in this run (default {autotune.DEFAULT_TRIALS}).")] = None,
     time_limit: Annotated[str | None, typer.Option("--time", help="Time budget, e.g. 20m.")] = None,
     storage: Annotated[str | None, typer.Option("--storage", help="Optuna RDB URL; default sqlite in results/.")]
     = None,
@@ -85,7 +86,7 @@ def auto_tune_cmd(
 
     load = workload.preset(workload_kind, n_prompt, n_gen, depth_tokens=depth)
     path = demo.default_model(loc, on_step=say) if model is None else model_path(model)
-    budget = study.Budget(trials=trials if trials is not None or time_limit else 10,
+    budget = study.Budget(trials=trials if trials is not None or time_limit else autotune.DEFAULT_TRIALS,
                           time_s=study.parse_duration(time_limit) if time_limit else None)
     measure = study.Measure.for_workload(load)
     req = autotune.TuneRequest(model=path, workload=load, min_ctx=min_ctx, goal_context=goal == "context",
