@@ -13,6 +13,7 @@ import psutil
 import pytest
 
 from tuner.engine import build
+from tuner.machine import processes
 from tuner.models import demo
 
 REPO = Path(__file__).resolve().parent.parent
@@ -22,6 +23,9 @@ def pytest_configure(config):
     # A shell that starts pytest in the background ignores SIGINT, and Python then keeps it ignored; the Ctrl-C
     # tests need the normal KeyboardInterrupt behaviour however the suite was launched.
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    # Other test suites may run llama.cpp on this machine at the same time: the interference check (and the
+    # measuring lock) look only at this session's own processes. The busy tests start competitors under it.
+    os.environ[processes.SCOPE_ENV] = str(os.getpid())
 
 
 ENGINE_FIXTURES = {"engine_loc", "demo_models"}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 
 @dataclass
@@ -20,8 +21,10 @@ class FakeNVML:
     """Stands in for the ``pynvml`` module: a driver with the given cards, or none at all."""
 
     def __init__(self, cards: list[tuple[str, int, int]] | None = None, driver: str = "570.86.10",
-                 init_error: str | None = None, extras: dict[str, float | None] | None = None) -> None:
+                 init_error: str | None = None, extras: dict[str, float | None] | None = None,
+                 processes: list[tuple[int, int]] | None = None) -> None:
         self.cards = cards or []
+        self.processes = processes or []  # (pid, used bytes) holding a context on every card
         self.extras = extras or {}
         self.driver = driver
         self.init_error = init_error
@@ -53,6 +56,9 @@ class FakeNVML:
 
     def nvmlDeviceGetUUID(self, handle: int) -> str:  # noqa: N802
         return f"GPU-fake-{handle}"
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[SimpleNamespace]:  # noqa: N802
+        return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in self.processes]
 
     # Spec-like figures of an RTX 3090 (384-bit GDDR6X, NVML reports 9751 MHz memory clock), unless
     # ``extras`` says otherwise; a key mapped to None raises, as a driver that lacks the query does.

@@ -62,3 +62,39 @@ def test_bench_json_reports_real_speeds(demo_models):
 def test_version():
     proc = run_cli("--version")
     assert proc.returncode == 0 and build.PIN.commit in proc.stdout
+
+
+@pytest.mark.parametrize("args,says", [
+    (["plan", "any.gguf", "--ram", "0"], "--ram 0 GiB leaves nothing to plan for"),
+    (["plan", "any.gguf", "--ram", "-1"], "--ram -1 GiB leaves nothing to plan for"),
+    (["bench", "x.gguf", "-ctk", "q3_0"], "'q3_0' is not one of 'f32', 'f16'"),
+    (["bench", "--no-such-flag"], "No such option: --no-such-flag; see `moe-tune bench --help`"),
+    (["auto-tune", "x.gguf", "-p", "0"], "-p/--n-prompt 0 measures nothing"),
+    (["download", "a:b:c", "--offline"], "a:b:c is not a Hugging Face repo name"),
+])
+def test_bad_input_is_one_line_exit_1_printed_literally(args, says):
+    res = run_cli(*args)
+    assert res.returncode == 1, res.stderr
+    [line] = res.stderr.strip().splitlines()
+    assert line.startswith("error: ") and says in line, line
+    assert "🅱" not in line and "Usage" not in line
+
+
+def test_help_shows_flags_without_a_type_and_bare_command_shows_help():
+    res = run_cli("--help")
+    assert res.returncode == 0 and "--version  " in res.stdout and "<bool>" not in res.stdout.split("--version")[1][:30]
+    bare = run_cli()
+    assert bare.returncode == 0 and "auto-tune" in bare.stdout
+
+
+def test_model_path_is_absolute_and_study_name_keeps_its_letters(tmp_path, monkeypatch):
+    from tuner.cli.app import model_path
+    from tuner.search.study import _slug
+
+    folder = tmp_path / "dir with space"
+    folder.mkdir()
+    (folder / "модель.gguf").write_bytes(b"GGUF")
+    monkeypatch.chdir(folder)
+    path = model_path("модель.gguf")
+    assert path.is_absolute() and path == folder / "модель.gguf"
+    assert _slug(path.stem) == "модель" and _slug("dir with space/x") == "dir-with-space-x"

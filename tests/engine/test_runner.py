@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -121,3 +122,58 @@ def test_streamed_completion_times_the_first_token_and_keeps_timings(engine_loc,
     assert done.timings["prompt_n"] == len(tokens) and done.timings["predicted_n"] == 6
     assert done.tokens_predicted == 6 and 0 < done.ttft_s <= done.elapsed_s
     assert "listening on" in tail and '{"type"' not in tail  # JSONL records read back as plain text
+
+
+def test_kill_9_of_the_tool_leaves_no_llama_process(demo_models):
+    """A hard kill cannot run any cleanup: the children die with the tool (PR_SET_PDEATHSIG), not later."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    model = demo_models[("qwen3moe", "Q4_K_M")]
+    exe = Path(sys.executable).parent / "moe-tune"
+    tool = subprocess.Popen([str(exe), "bench", str(model), "-r", "1", "-p", "16", "-n", "64"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    server = None
+    try:
+        deadline = time.monotonic() + 60
+        while server is None and time.monotonic() < deadline and tool.poll() is None:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                server = next((c for c in psutil.Process(tool.pid).children(recursive=True)
+                               if c.name() == "llama-server"), None)
+            time.sleep(0.01)
+    finally:
+        tool.send_signal(signal.SIGKILL)
+        _, stderr = tool.communicate()
+    assert server is not None, f"the bench never started llama-server: {stderr[-500:]}"
+    try:
+        server.wait(timeout=3)
+    except psutil.TimeoutExpired:
+        server.kill()
+        raise AssertionError(f"llama-server pid {server.pid} outlived kill -9 of moe-tune") from None
+
+
+def test_a_new_run_names_llama_processes_left_by_an_earlier_one(engine_loc, demo_models, tmp_path):
+    """An orphan running our engine's llama-server (started here without the death signal, its parent gone)."""
+    import subprocess
+
+    from tuner.machine import processes
+
+    model = demo_models[("qwen3moe", "Q4_K_M")]
+    argv = [*flags.server_argv(engine_loc.tool("llama-server"), LaunchConfig(model=model, ctx=256, threads=1)),
+            *flags.listen_argv("127.0.0.1", runner.free_port())]
+    # A shell that starts the server in the background and exits: the server is adopted by init (ppid 1).
+    pidfile = tmp_path / "orphan.pid"
+    subprocess.run(["sh", "-c", '"$@" >/dev/null 2>&1 & echo $! > ' + str(pidfile), "sh", *argv], check=True)
+    pid = int(pidfile.read_text())
+    try:
+        time.sleep(0.3)
+        found = [p for p in processes.left_by_earlier_runs() if p.pid == pid]
+        assert found and found[0].orphan and "left by an earlier moe-tune run" in found[0].describe()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 3
+        while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE \
+                and time.monotonic() < deadline:
+            time.sleep(0.05)

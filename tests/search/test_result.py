@@ -41,3 +41,20 @@ def test_other_files_are_refused(tmp_path, text, words):
     (tmp_path / "x.json").write_text(text)
     with pytest.raises(UsageError, match=words):
         study_result.load_result(tmp_path / "x.json")
+
+
+def test_report_md_has_no_python_reprs_and_no_none():
+    from tuner.report import study_report
+
+    trial = TrialRecord(0, "measured", {"model": "/m.gguf", "ctx": 4096, "n_cpu_moe": None, "ubatch": None,
+                                        "cache_type_k": "q8_0", "cache_type_v": "q8_0", "flash_attn": "on",
+                                        "threads": None}, gen_tok_s=12.5, prompt_tok_s=300.0, request_s=2.0,
+                        kld=5e-05)
+    res = study_result.StudyResult(study="s", model="/m.gguf", finish=Finish((), ()), trials=(trial,),
+                                   workload={"kind": "chat", "prompt_tokens": 512, "gen_tokens": 128,
+                                             "depth_tokens": 512, "concurrency": 1})
+    text = study_report.markdown(res)
+    assert "None" not in text and "{'" not in text and "{\"" not in text
+    assert "- workload: chat: 512-token prompts, 128-token replies generated at depth 512, one request at a time" \
+        in text
+    assert "| default | q8_0/q8_0 | on | default | default |" in text and "| 5e-05 |" in text

@@ -19,9 +19,17 @@ from tuner.cli import (  # noqa: F401 - registers the commands
     cmd_shape,
     cmd_tune,
 )
-from tuner.cli.app import app
+from tuner.cli.app import app, usage_error
 
 
 def main() -> None:
-    app()
-    sys.exit(0)
+    """Run the app; a mistyped command line (unknown option, a value outside its choices) is one line naming
+    the valid values and exit 1, like every other mistake, instead of a boxed usage screen and exit 2."""
+    try:
+        code = app(standalone_mode=False)
+    except Exception as exc:
+        handled = usage_error(exc)
+        if handled is None:
+            raise
+        sys.exit(handled)
+    sys.exit(code if isinstance(code, int) else 0)

@@ -2,20 +2,25 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
+from rich.progress import Progress, SpinnerColumn, TextColumn
 from rich.table import Table
+from rich.text import Text
 
 from tuner import __version__
 from tuner.core.config import CacheType, FlashAttn
 from tuner.core.errors import TunerError
-from tuner.engine import build
+from tuner.engine import build, runner
+from tuner.machine import processes, quiet
 
 app = typer.Typer(
     name="moe-tune",
@@ -27,8 +32,10 @@ app = typer.Typer(
 engine_app = typer.Typer(help="Install, locate and inspect the llama.cpp engine.", no_args_is_help=True)
 app.add_typer(engine_app, name="engine")
 
-out = Console()
-err = Console(stderr=True)
+# No markup and no :emoji: codes by default: model names, repo ids and error messages are user text and print
+# literally (`a:b:c` stays `a:b:c`). Styled words are built as rich Text.
+out = Console(markup=False, emoji=False)
+err = Console(stderr=True, markup=False, emoji=False)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -43,6 +50,38 @@ CacheTypeK = Annotated[CacheType | None, typer.Option("-ctk", "--cache-type-k", 
 CacheTypeV = Annotated[CacheType | None, typer.Option("-ctv", "--cache-type-v", help="KV cache type of V.")]
 FlashAttnOpt = Annotated[FlashAttn | None, typer.Option("-fa", "--flash-attn", help="Flash attention: on, off, auto.")]
 UbatchOpt = Annotated[int | None, typer.Option("-ub", "--ubatch-size", help="Physical batch size.")]
+# Every measuring command (auto-tune, bench, compare-quants) waits for a quiet machine: see measuring().
+AllowBusy = Annotated[bool, typer.Option(
+    "--allow-busy", metavar="", help="Measure even while another moe-tune run, a llama.cpp process or CPU load "
+    "is busy here (what was seen is reported; disturbed rounds decide no verdict).")]
+BusyWait = Annotated[str, typer.Option(
+    "--busy-wait", help="How long to wait for a busy machine before giving up, e.g. 10m, 30s, 0.")]
+
+
+@contextlib.contextmanager
+def measuring(command: str, *, allow_busy: bool, busy_wait: str, quiet_output: bool = False) -> Iterator[str | None]:
+    """Hold the machine for a measuring command (see :mod:`tuner.machine.quiet`); yields what was busy when
+    ``--allow-busy`` went ahead anyway (None: quiet). Waiting shows one live line; Ctrl-C ends it (exit 130)."""
+    from tuner.search.study import parse_duration  # optuna loads only for the commands that measure
+
+    wait_s = parse_duration(busy_wait)
+    for left in processes.left_by_earlier_runs():
+        err.print(f"warning: {left.describe()} is still running: stop it with `kill {left.pid}`",
+                  highlight=False, markup=False, soft_wrap=True)
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), console=err, transient=True,
+                  disable=quiet_output) as bar:
+        task = bar.add_task("checking that the machine is quiet", total=None)
+
+        def on_wait(what: str, waited_s: float) -> None:
+            bar.update(task, description=f"{escape(what)} ({waited_s:.0f} s of {wait_s:.0f} s; Ctrl-C to stop)")
+
+        with quiet.claim_machine(command, allow_busy=allow_busy, wait_s=wait_s, own=runner.own_pids,
+                                 on_wait=on_wait) as claim:
+            bar.stop()
+            if claim.noise and not quiet_output:
+                err.print(f"warning: measuring on a busy machine: {claim.noise}", highlight=False, markup=False,
+                          soft_wrap=True)
+            yield claim.noise
 
 
 def friendly(func: F) -> F:
@@ -55,13 +94,31 @@ def friendly(func: F) -> F:
         except TunerError as exc:
             if os.environ.get("MOE_TUNE_DEBUG"):
                 raise
-            err.print(f"[bold red]error:[/] {exc}", markup=True, highlight=False, soft_wrap=True)
+            err.print(Text.assemble(("error:", "bold red"), f" {exc}"), highlight=False, soft_wrap=True)
             raise typer.Exit(exc.exit_code) from None
         except KeyboardInterrupt:
             err.print("interrupted", highlight=False)
             raise typer.Exit(130) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def usage_error(exc: Exception) -> int | None:
+    """Print the command-line parser's complaint about ``exc`` on one line, with the command whose --help lists
+    the valid options, and return the exit code (0 after the help a bare command shows, else 1); None when
+    ``exc`` is not such a complaint. (Duck-typed: typer's parser errors carry
+    ``format_message`` and exit code 2; nothing here imports the parser's internals.)"""
+    if getattr(exc, "exit_code", None) != 2 or not hasattr(exc, "format_message"):
+        return None
+    ctx = getattr(exc, "ctx", None)
+    command = getattr(ctx, "command_path", "") or "moe-tune"
+    if type(exc).__name__ == "NoArgsIsHelpError" and ctx is not None:
+        out.print(ctx.get_help(), highlight=False)
+        return 0
+    message = " ".join(str(exc.format_message()).split()).replace("Value error, ", "").rstrip(".")
+    err.print(Text.assemble(("error:", "bold red"), f" {message}; see `{command} --help`"), highlight=False,
+              soft_wrap=True)
+    return 1
 
 
 def model_path(name: str) -> Path:
@@ -71,7 +128,7 @@ def model_path(name: str) -> Path:
     """
     path = Path(name).expanduser()
     if path.is_file():
-        return path
+        return path.absolute()  # the launch line must run from any directory
     from tuner.hub.resolve import resolve_model
 
     return resolve_model(name).path
@@ -98,7 +155,8 @@ def _version_callback(value: bool) -> None:
 @app.callback()
 def _root(
     version: Annotated[
-        bool, typer.Option("--version", callback=_version_callback, is_eager=True, help="Print the version.")
+        bool, typer.Option("--version", callback=_version_callback, is_eager=True, metavar="",
+                            help="Print the version.")
     ] = False,
 ) -> None:
     """moe-tune: measured llama.cpp settings for MoE models on one consumer GPU."""

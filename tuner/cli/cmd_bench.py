@@ -9,6 +9,8 @@ import typer
 from rich.table import Table
 
 from tuner.cli.app import (
+    AllowBusy,
+    BusyWait,
     CacheTypeK,
     CacheTypeV,
     FlashAttnOpt,
@@ -18,6 +20,7 @@ from tuner.cli.app import (
     app,
     err,
     friendly,
+    measuring,
     mib,
     model_path,
     out,
@@ -74,6 +77,8 @@ def bench_cmd(
     = False,
     vram_budget: Annotated[float | None, typer.Option(
         "--vram-budget", help="MiB of VRAM the spill verdict counts as full (default: what is free).")] = None,
+    allow_busy: AllowBusy = False,
+    busy_wait: BusyWait = "10m",
     llama_cpp_dir: LlamaDir = None,
     as_json: JsonFlag = False,
 ) -> None:
@@ -119,7 +124,8 @@ def bench_cmd(
         err.print("llama-bench has no speculative decoding at the pinned engine: its rows are measured without it; "
                   "the llama-server trial measures it", highlight=False)
     load = workload.preset(workload_kind, n_prompt, n_gen)
-    with err.status(f"measuring {cfg.model.name}") as status:
+    with measuring("bench", allow_busy=allow_busy, busy_wait=busy_wait, quiet_output=as_json), \
+            err.status(f"measuring {cfg.model.name}") as status:
         report = one_config.bench_config(loc, cfg, load, depth=depth, repetitions=repetitions, server=not no_server,
                                          vram_budget_mib=vram_budget, on_step=status.update)
     if as_json:

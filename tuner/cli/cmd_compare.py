@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from tuner.catalog import cards
-from tuner.cli.app import JsonFlag, LlamaDir, app, err, friendly, out
+from tuner.cli.app import AllowBusy, BusyWait, JsonFlag, LlamaDir, app, err, friendly, measuring, out
 from tuner.core.errors import UsageError
 from tuner.engine import build
 from tuner.hub import repos
@@ -43,6 +43,8 @@ def compare_quants_cmd(
     n_gen: Annotated[int | None, typer.Option("-n", "--n-gen", help="Generated tokens per request.")] = None,
     out_dir: Annotated[Path | None, typer.Option("--out", help="Output folder (default results/compare-<name>).")]
     = None,
+    allow_busy: AllowBusy = False,
+    busy_wait: BusyWait = "10m",
     llama_cpp_dir: LlamaDir = None,
     as_json: JsonFlag = False,
     as_csv: Annotated[bool, typer.Option("--csv", help="Print CSV instead of the table.")] = False,
@@ -70,7 +72,8 @@ def compare_quants_cmd(
         trials=trials, min_ctx=min_ctx, workload=workload.preset(workload.WorkloadKind.CHAT, n_prompt, n_gen),
         kld_ctx=ctx, kld_chunks=chunks, reference=reference, out_dir=out_dir)
     tune_hw = hardware.probe_hardware(host_bandwidth_s=0.3)
-    result = compare.compare(req, loc, tune_hw, fit_of, on_step=say)
+    with measuring("compare-quants", allow_busy=allow_busy, busy_wait=busy_wait, quiet_output=as_json or as_csv):
+        result = compare.compare(req, loc, tune_hw, fit_of, on_step=say)
     compare_report.write(result)
     if as_json:
         out.print_json(json.dumps(compare_report.to_json(result)))

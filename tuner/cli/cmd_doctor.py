@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import typer
+from rich.text import Text
 
 from tuner.cli.app import JsonFlag, LlamaDir, app, facts_table, friendly, mib, out
 from tuner.engine import doctor
@@ -28,7 +29,7 @@ def doctor_cmd(llama_cpp_dir: LlamaDir = None, as_json: JsonFlag = False) -> Non
             table.add_row("version", f"build {eng['build_number']}, commit {eng['commit']}, backend {eng['backend']}")
             table.add_row("flags", ", ".join(f"{t}: {len(f)}" for t, f in eng["flags"].items()))
         else:
-            table.add_row("engine", "[red]not found[/]")
+            table.add_row("engine", Text("not found", style="red"))
         if report.gpus:
             for gpu in report.gpus:
                 table.add_row(
@@ -47,8 +48,8 @@ def doctor_cmd(llama_cpp_dir: LlamaDir = None, as_json: JsonFlag = False) -> Non
         out.print(table)
         for problem in report.problems:
             style = "red" if problem.fatal else "yellow"
-            out.print(f"[{style}]problem:[/] {problem.what}\n  fix: {problem.fix}", highlight=False)
+            out.print(Text.assemble(("problem:", style), f" {problem.what}\n  fix: {problem.fix}"), highlight=False)
         if not report.problems:
-            out.print("[green]no problems found[/]")
+            out.print(Text("no problems found", style="green"))
     if not report.ok:
         raise typer.Exit(1)

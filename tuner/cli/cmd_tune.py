@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -10,7 +11,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from tuner.cli.app import JsonFlag, LlamaDir, app, err, friendly, model_path, out
+from tuner.cli.app import AllowBusy, BusyWait, JsonFlag, LlamaDir, app, err, friendly, measuring, model_path, out
 from tuner.core.errors import UsageError
 from tuner.engine import build, runner
 from tuner.machine import hardware
@@ -50,7 +51,8 @@ def auto_tune_cmd(
         "--ram", help="GiB of host RAM this model may use (default: what is available at start).")] = None,
     pareto: Annotated[bool, typer.Option("--pareto", help="Optimize gen and prompt tok/s (Pareto front).")]
     = False,
-    trials: Annotated[int | None, typer.Option("--trials", help="Trials in this run (default 10).")] = None,
+    trials: Annotated[int | None, typer.Option(
+        "--trials", help=f"Trials in this run (default {autotune.DEFAULT_TRIALS}).")] = None,
     time_limit: Annotated[str | None, typer.Option("--time", help="Time budget, e.g. 20m.")] = None,
     storage: Annotated[str | None, typer.Option("--storage", help="Optuna RDB URL; default sqlite in results/.")]
     = None,
@@ -65,6 +67,8 @@ def auto_tune_cmd(
     prompts: Annotated[Path | None, typer.Option(
         "--prompts", help="Real requests to judge speculation on: JSONL {\"prompt\": ...} or text split by --- lines "
         "(implies --speculation).")] = None,
+    allow_busy: AllowBusy = False,
+    busy_wait: BusyWait = "10m",
     llama_cpp_dir: LlamaDir = None,
     as_json: JsonFlag = False,
 ) -> None:
@@ -82,9 +86,9 @@ def auto_tune_cmd(
         if not as_json:
             err.print(msg, highlight=False, soft_wrap=True)
 
-    path = demo.default_model(loc, on_step=say) if model is None else model_path(model)
     load = workload.preset(workload_kind, n_prompt, n_gen, depth_tokens=depth)
-    budget = study.Budget(trials=trials if trials is not None or time_limit else 10,
+    path = demo.default_model(loc, on_step=say) if model is None else model_path(model)
+    budget = study.Budget(trials=trials if trials is not None or time_limit else autotune.DEFAULT_TRIALS,
                           time_s=study.parse_duration(time_limit) if time_limit else None)
     measure = study.Measure.for_workload(load)
     req = autotune.TuneRequest(model=path, workload=load, min_ctx=min_ctx, goal_context=goal == "context",
@@ -92,18 +96,11 @@ def auto_tune_cmd(
                                vram_margin_mib=vram_margin, pareto=pareto, budget=budget, measure=measure,
                                storage=storage, results_dir=results_dir, seed=seed,
                                speculation=_speculation(speculate, draft, prompts))
-    hw = hardware.with_ram_budget(
-        hardware.with_vram_budget(hardware.probe_hardware(host_bandwidth_s=0.3), vram_budget), ram)
-    say(f"machine: {hw.describe()}")
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=err, disable=as_json, transient=False) as bar:
-        task = bar.add_task("search", total=budget.trials)
-
-        def on_progress(p: study.Progress) -> None:
-            best = "n/a" if p.best_request_s is None else f"{p.best_request_s:,.2f} s/request"
-            bar.update(task, completed=p.done, description=f"search (best {best}; last: {p.last.status})")
-
-        result = autotune.auto_tune(req, loc, hw, on_progress=on_progress, on_step=say)
+    with measuring("auto-tune", allow_busy=allow_busy, busy_wait=busy_wait, quiet_output=as_json):
+        hw = hardware.with_ram_budget(
+            hardware.with_vram_budget(hardware.probe_hardware(host_bandwidth_s=0.3), vram_budget), ram)
+        say(f"machine: {hw.describe()}")
+        result = _search(req, loc, hw, budget, as_json, say)
     study_report.write(result.result, result.result_dir)
     if result.search.interrupted:
         say(f"interrupted after {result.search.trials_this_run} trials; run the same command again to resume "
@@ -113,6 +110,19 @@ def auto_tune_cmd(
         out.print_json(json.dumps(result.result.to_dict() | {"result_dir": str(result.result_dir)}))
         return
     _summary(result)
+
+
+def _search(req: autotune.TuneRequest, loc: build.EngineLocation, hw: hardware.Hardware, budget: study.Budget,
+            as_json: bool, say: Callable[[str], None]) -> autotune.TuneResult:
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err, disable=as_json, transient=False) as bar:
+        task = bar.add_task("search", total=budget.trials)
+
+        def on_progress(p: study.Progress) -> None:
+            best = "n/a" if p.best_request_s is None else f"{p.best_request_s:,.2f} s/request"
+            bar.update(task, completed=p.done, description=f"search (best {best}; last: {p.last.status})")
+
+        return autotune.auto_tune(req, loc, hw, on_progress=on_progress, on_step=say)
 
 
 def _speculation(on: bool, draft: str | None, prompts: Path | None) -> SpeculationRequest | None:
@@ -128,9 +138,11 @@ def _summary(res: autotune.TuneResult) -> None:
     w = r["workload"]
     table = Table(title=f"llama-server re-measure ({w['kind']}, P={w['prompt_tokens']}, G={w['gen_tokens']}, "
                         f"depth {w.get('depth_tokens', w['prompt_tokens'])})")
-    for col in ("config", "slots", "gen tok/s", "CV %", "prompt tok/s", "per request loaded", "aggregate",
-                "KLD", "spill"):
-        table.add_column(col, justify="right")
+    # Short headers, and cells fold rather than being cut: at 80 columns every name and figure stays whole.
+    table.caption = ("gen/pp: one request alone; busy: per request with every slot in use; e2e: generated tok/s "
+                     "of wall time, prompts and all slots included")
+    for col in ("config", "slots", "gen tok/s", "CV %", "pp tok/s", "busy", "e2e", "KLD", "spill"):
+        table.add_column(col, justify="left" if col == "config" else "right", overflow="fold")
     fin = r["finish"]
 
     def num(v: float | None, spec: str = ",.1f") -> str:
@@ -140,7 +152,7 @@ def _summary(res: autotune.TuneResult) -> None:
         gen = "failed" if m["gen_tok_s"] is None else f"{m['gen_tok_s']:,.1f}"
         table.add_row(m["label"], str(m.get("slots", 1)), gen, num(m["gen_cv_pct"]), num(m["prompt_tok_s"]),
                       num(m.get("loaded_gen_tok_s")), num(m.get("end_to_end_gen_tok_s")),
-                      num(m.get("kld_mean"), ".4f"), m["spill"] or "")
+                      num(m.get("kld_mean"), ".2g"), m["spill"] or "")
     out.print(table)
     n = len(r["trials"])
     out.print(f"study {res.study_name}: {n} trials stored ({res.search.trials_this_run} this run) in {res.storage}",

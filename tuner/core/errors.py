@@ -92,6 +92,16 @@ class HardwareError(TunerError):
     pass
 
 
+class MachineBusyError(HardwareError):
+    """Another measuring run or another program keeps the machine busy; measuring now would measure it."""
+
+    def __init__(self, what: str, waited_s: float) -> None:
+        self.what = what
+        self.waited_s = waited_s
+        super().__init__(f"the machine is busy ({what}; waited {waited_s:.0f} s): stop it or run again later, "
+                         "or pass --allow-busy to measure anyway (rounds it disturbs decide no verdict)")
+
+
 def _last_meaningful_line(text: str) -> str:
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     for line in reversed(lines):

@@ -2,19 +2,23 @@
 
 Every child runs in its own process group, from an argument list (never a shell), with a timeout that
 kills the whole group. Ctrl-C while a child runs stops the child before the exception travels on, so no
-llama.cpp process outlives the call that started it.
+llama.cpp process outlives the call that started it; on Linux every child also gets ``PR_SET_PDEATHSIG``, so
+even ``kill -9`` of the tool takes its children with it. :func:`own_pids` names the children alive now (the
+interference check must not count them as another program's load).
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import ctypes
 import json
 import os
 import queue
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -33,6 +37,45 @@ from tuner.engine.server_client import (  # noqa: F401 - re-exported for callers
 
 STDERR_TAIL_LINES = 40
 TERM_GRACE_S = 5.0
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+_LIVE: set[int] = set()  # pids of the children started here and not yet stopped
+_LIVE_LOCK = threading.Lock()
+
+
+def own_pids() -> frozenset[int]:
+    """The children this process started through the runner and that may still run."""
+    with _LIVE_LOCK:
+        return frozenset(_LIVE)
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes the child get SIGKILL when the thread that started it dies (Linux
+    ``prctl(PR_SET_PDEATHSIG)``), so a hard-killed tool leaves no llama-server holding VRAM. If the parent died
+    between fork and prctl the child kills itself at once. None elsewhere (the group kill still applies)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before the fork, not in the child
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def hook() -> None:
+        prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        if os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return hook
+
+
+def _popen(argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[Any]:
+    """Every child starts here: its own session and process group, dying with us, counted as ours."""
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_parent(),
+                            **kwargs)
+    with _LIVE_LOCK:
+        _LIVE.add(proc.pid)
+    return proc
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +89,14 @@ class ProcessResult:
 
 def _stop_group(proc: subprocess.Popen[Any], grace_s: float = TERM_GRACE_S) -> None:
     """TERM the child's process group, then KILL it if it has not gone within the grace period."""
+    try:
+        _stop_group_now(proc, grace_s)
+    finally:
+        with _LIVE_LOCK:
+            _LIVE.discard(proc.pid)
+
+
+def _stop_group_now(proc: subprocess.Popen[Any], grace_s: float) -> None:
     if proc.poll() is not None:
         # The leader is gone but helpers it spawned may not be; sweep the group anyway.
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -92,17 +143,8 @@ def run_process(
     start = time.monotonic()
     merged = on_line is not None
     try:
-        proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT if merged else subprocess.PIPE,
-            cwd=cwd,
-            env=_child_env(env),
-            text=True,
-            errors="replace",
-            start_new_session=True,
-        )
+        proc = _popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT if merged else subprocess.PIPE,
+                      cwd=cwd, env=_child_env(env), text=True, errors="replace")
     except FileNotFoundError as exc:
         raise EngineError(f"{argv[0]} could not be started ({exc.strerror}): {fix}") from exc
     except PermissionError as exc:
@@ -172,8 +214,8 @@ def hold(argv: Sequence[str], *, ready_timeout_s: float, what: str, fix: str,
     yield that line, and stop its process group on the way out, whatever happened."""
     argv = [str(a) for a in argv]
     try:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                env=_child_env(env), text=True, errors="replace", start_new_session=True)
+        proc = _popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_child_env(env), text=True,
+                      errors="replace")
     except OSError as exc:
         raise EngineError(f"{argv[0]} could not be started ({exc}): {fix}") from exc
     lines: queue.Queue[str] = queue.Queue()
@@ -278,10 +320,7 @@ def serve(
     log = log_dir / f"llama-server-{port}.log"
     with log.open("w") as log_fh:
         try:
-            proc = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=log_fh, stderr=subprocess.STDOUT,
-                env=_child_env(env), start_new_session=True,
-            )
+            proc = _popen(argv, stdout=log_fh, stderr=subprocess.STDOUT, env=_child_env(env))
         except FileNotFoundError as exc:
             raise EngineError(f"{argv[0]} could not be started ({exc.strerror}): run `moe-tune doctor`") from exc
         except OSError as exc:

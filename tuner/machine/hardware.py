@@ -159,6 +159,34 @@ def probe_gpu_details(nvml: Any = None) -> tuple[GpuDetails, ...]:
     return tuple(details)
 
 
+@dataclass(frozen=True, slots=True)
+class GpuProcess:
+    pid: int
+    name: str
+    used_bytes: int
+    gpu_index: int
+
+
+def gpu_processes(nvml: Any = None) -> list[GpuProcess]:
+    """Processes holding a GPU context (compute or graphics), any card; raises NvmlUnavailableError without
+    NVML. The interference check (:mod:`tuner.machine.processes`) leaves out our own."""
+    nvml = open_nvml(nvml)
+    found: dict[int, GpuProcess] = {}
+    try:
+        for index in range(int(nvml.nvmlDeviceGetCount())):
+            h = nvml.nvmlDeviceGetHandleByIndex(index)
+            for fn in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
+                for p in _optional(nvml, fn, h, []) or []:
+                    pid = int(p.pid)
+                    name = "?"
+                    with contextlib.suppress(psutil.Error):
+                        name = psutil.Process(pid).name()
+                    found[pid] = GpuProcess(pid, name, int(getattr(p, "usedGpuMemory", 0) or 0), index)
+    finally:
+        close_nvml(nvml)
+    return list(found.values())
+
+
 def _optional(nvml: Any, fn: str, handle: Any, default: Any, *args: Any) -> Any:
     """One NVML query that older drivers or laptop parts may not answer: ``default`` then."""
     try:

@@ -97,6 +97,10 @@ def preset(kind: WorkloadKind, prompt_tokens: int | None = None, gen_tokens: int
     """A named workload; explicit token counts override the preset (and are required for ``custom``)."""
     if kind is WorkloadKind.CUSTOM and (prompt_tokens is None or gen_tokens is None):
         raise UsageError("--workload custom needs both -p PROMPT_TOKENS and -n GEN_TOKENS")
+    for flag, value in (("-p/--n-prompt", prompt_tokens), ("-n/--n-gen", gen_tokens), ("--depth", depth_tokens),
+                        ("-np/--parallel", concurrency)):
+        if value is not None and value < 1:
+            raise UsageError(f"{flag} {value} measures nothing: give a positive number of tokens (or drop it)")
     p, g = PRESETS.get(kind, (0, 0))
     return Workload(kind, prompt_tokens or p, gen_tokens or g, rounds, depth_tokens,
                     concurrency or CONCURRENCY.get(kind, 1))

@@ -71,6 +71,25 @@ def _fmt(v: float | None, spec: str = ",.1f") -> str:
     return "n/a" if v is None else format(v, spec)
 
 
+def _cell(v: object) -> str:
+    """A config value as a person reads it: "default" where the engine's own default applies."""
+    return "default" if v is None else str(v)
+
+
+def _or_dash(v: object) -> str:
+    return "-" if v is None else str(v)
+
+
+def workload_words(w: dict[str, Any] | None) -> str:
+    """``{"kind": "chat", "prompt_tokens": 512, ...}`` as words: chat, 512-token prompts, 128-token replies ..."""
+    if not w:
+        return "-"
+    users = w.get("concurrency") or 1
+    text = (f"{w.get('kind')}: {w.get('prompt_tokens')}-token prompts, {w.get('gen_tokens')}-token replies "
+            f"generated at depth {w.get('depth_tokens', w.get('prompt_tokens'))}")
+    return text + (f", {users} requests in flight" if users > 1 else ", one request at a time")
+
+
 def _winner_lines(result: dict[str, Any]) -> list[str]:  # the to_dict() form
     w = result.get("winner")
     if not w:
@@ -104,22 +123,25 @@ def markdown(study_result: StudyResult) -> str:
     trials = [TrialRecord(**t) for t in result["trials"]]
     m = result.get("measure") or {}
     lines = [f"# auto-tune: {Path(result['model'] or '?').name}", "",
-             f"- study: `{result['study']}`", f"- machine: {(result.get('hardware') or {}).get('describe')}",
-             f"- engine: llama.cpp {(result.get('engine') or {}).get('commit')} "
-             f"({(result.get('engine') or {}).get('backend')})",
-             f"- workload: {result.get('workload')}",
+             f"- study: `{result['study']}`", f"- machine: {_or_dash((result.get('hardware') or {}).get('describe'))}",
+             f"- engine: llama.cpp {_or_dash((result.get('engine') or {}).get('commit'))} "
+             f"({_or_dash((result.get('engine') or {}).get('backend'))})",
+             f"- workload: {workload_words(result.get('workload'))}",
              f"- trials: llama-bench pp{m.get('n_prompt')} at depth {m.get('prompt_depth')}, tg{m.get('n_gen')} at "
              f"depth {m.get('gen_depth')}, scored by one request's end-to-end time" if m else "- trials: llama-bench",
              "", *_winner_lines(result)]
     lines += ["## Server re-measure", "",
-              "| config | slots | gen tok/s | CV % | prompt tok/s | per request, slots busy | aggregate tok/s | "
+              "gen tok/s and prompt tok/s: one request alone; per request, slots busy: each request's generation "
+              "speed with every slot in use; end-to-end tok/s: generated tokens per second of wall time, prompts "
+              "and every slot included (below the generation speed with one slot, as it counts the prompt too).",
+              "", "| config | slots | gen tok/s | CV % | prompt tok/s | per request, slots busy | end-to-end tok/s | "
               "KLD | rounds | launch line |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     fin = result["finish"]
     for s in [*fin.get("baselines", []), *fin.get("candidates", [])]:
         rounds = sum(x is not None for x in s.get("scores", []))
         lines.append(f"| {s['label']} | {s.get('slots', 1)} | {_fmt(s['gen_tok_s'])} | {_fmt(s['gen_cv_pct'])} | "
                      f"{_fmt(s['prompt_tok_s'])} | {_fmt(s.get('loaded_gen_tok_s'))} | "
-                     f"{_fmt(s.get('end_to_end_gen_tok_s'))} | {_fmt(s.get('kld_mean'), '.5f')} | {rounds} | "
+                     f"{_fmt(s.get('end_to_end_gen_tok_s'))} | {_fmt(s.get('kld_mean'), '.3g')} | {rounds} | "
                      f"`{s['launch_line']}` |")
     lines += ["", "## Trials", "",
               "| # | status | seed | n-cpu-moe | K/V | fa | threads | ubatch | depth | reps | gen tok/s | "
@@ -132,10 +154,11 @@ def markdown(study_result: StudyResult) -> str:
             note = ", ".join(f"{k}={v:+.4g}" for k, v in t.constraints.items() if v > 0)
         elif t.failure:
             note = f"{t.failure.get('kind')}: {str(t.failure.get('reason'))[:60]}"
-        lines.append(f"| {t.number} | {t.status} | {t.seed or ''} | {c.get('n_cpu_moe')} | {c.get('cache_type_k')}/"
-                     f"{c.get('cache_type_v')} | {c.get('flash_attn')} | {c.get('threads')} | {c.get('ubatch')} | "
+        lines.append(f"| {t.number} | {t.status} | {t.seed or ''} | {_cell(c.get('n_cpu_moe'))} | "
+                     f"{c.get('cache_type_k')}/{c.get('cache_type_v')} | {_cell(c.get('flash_attn'))} | "
+                     f"{_cell(c.get('threads'))} | {_cell(c.get('ubatch'))} | "
                      f"{'' if t.gen_depth is None else t.gen_depth} | {t.repetitions or ''} | {_fmt(t.gen_tok_s)} | "
-                     f"{_fmt(t.prompt_tok_s)} | {_fmt(t.request_s, '.3f')} | {_fmt(t.kld, '.5f')} | {note} |")
+                     f"{_fmt(t.prompt_tok_s)} | {_fmt(t.request_s, '.3f')} | {_fmt(t.kld, '.3g')} | {note} |")
     return "\n".join(lines) + "\n"
 
 

@@ -24,6 +24,7 @@ from tuner.search import finish, space, speculation, study
 from tuner.search import result as study_result
 
 DEFAULT_CTX = 4096
+DEFAULT_TRIALS = 10  # the CLI's default too: one number
 TOP_CANDIDATES = 2
 
 
@@ -41,7 +42,7 @@ class TuneRequest:
     kld_chunks: int = kv_price.PRICE_CHUNKS
     vram_margin_mib: float | None = None
     pareto: bool = False
-    budget: study.Budget = study.Budget(trials=12)
+    budget: study.Budget = study.Budget(trials=DEFAULT_TRIALS)
     measure: study.Measure | None = None  # None: study.Measure.for_workload(workload)
     min_tok_s: float | None = None  # per-request generation floor for concurrent workloads
     rounds: finish.Rounds = finish.Rounds()

@@ -18,7 +18,7 @@ from tuner.core.errors import TunerError
 from tuner.core.stats import cv_pct
 from tuner.engine import flags, runner
 from tuner.engine.build import Capabilities, EngineLocation
-from tuner.machine import hardware
+from tuner.machine import hardware, quiet
 from tuner.machine.hardware import Hardware
 from tuner.measure import bench, failures
 from tuner.measure.workload import LevelResult, Workload
@@ -111,6 +111,13 @@ class ServerMeasurement:
     scores: list[float | None] = field(default_factory=list)  # the workload's score per round
     kld_mean: float | None = None  # quality cost of the config's KV pair (vs f16 KV); None: not priced
     same_top_pct: float | None = None
+    # Per round (aligned with ``scores``): what else kept the machine busy, None when it was quiet.
+    interference: list[str | None] = field(default_factory=list)
+
+    def quiet_scores(self) -> list[float | None]:
+        """The scores of the rounds measured on a quiet machine (None for a disturbed round)."""
+        busy = self.interference
+        return [None if i < len(busy) and busy[i] else s for i, s in enumerate(self.scores)]
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -144,13 +151,14 @@ def round_score(levels: Sequence[LevelResult], load: Workload) -> float | None:
 
 def summarize(label: str, cfg: LaunchConfig, runs: Sequence[bench.ServerTrial | failures.Failure], load: Workload,
               *, roofline_tok_s: float | None = None, trial_number: int | None = None,
-              kld: KvPrice | None = None) -> ServerMeasurement:
+              kld: KvPrice | None = None, noise: Sequence[str | None] = ()) -> ServerMeasurement:
     """An arm's rounds as one measurement: medians over rounds, the per-round scores kept for the verdict."""
     from tuner.search.study import config_to_dict
 
     line = flags.launch_line(cfg)
     ok = [t for t in runs if isinstance(t, bench.ServerTrial)]
     quality: dict[str, Any] = {"kld_mean": kld.kld_mean, "same_top_pct": kld.same_top_pct} if kld else {}
+    quality["interference"] = list(noise)
     if not ok:
         failed = next(f for f in runs if isinstance(f, failures.Failure))
         return ServerMeasurement(label, config_to_dict(cfg), line, [], None, [], None, None, None, None,
@@ -210,8 +218,11 @@ class Finish:
         return self.min_tok_s is None or (per_request or 0.0) >= self.min_tok_s
 
     def verdict(self, a: ServerMeasurement, b: ServerMeasurement) -> Verdict:
+        """Judged on the rounds where the machine was quiet for both arms: a disturbed round decides nothing."""
         if a.scores and b.scores:
-            return compare(a.label, b.label, a.scores, b.scores)
+            pairs = zip(a.quiet_scores(), b.quiet_scores(), a.scores, b.scores, strict=False)
+            busy = sum(1 for qa, qb, sa, sb in pairs if sa and sb and not (qa and qb))
+            return replace(compare(a.label, b.label, a.quiet_scores(), b.quiet_scores()), busy_rounds=busy)
         sa, sb = self.score(a), self.score(b)
         return compare(a.label, b.label, [sa], [sb])  # one figure each: never decided
 
@@ -303,11 +314,13 @@ def finish(loc: EngineLocation, candidates: Sequence[tuple[int, LaunchConfig]],
     out. An arm whose server fails to start in the first round is not measured again."""
     arms = [(label, cfg, None) for label, cfg in baselines] + slot_arms(candidates, slots)
     runs: dict[str, list[bench.ServerTrial | failures.Failure]] = {label: [] for label, _, _ in arms}
+    noise: dict[str, list[str | None]] = {label: [] for label, _, _ in arms}
     sent = server_load(load)
 
     def build() -> Finish:
         done = [summarize(label, cfg, runs[label], load, roofline_tok_s=roofline_of(cfg) if roofline_of else None,
-                          trial_number=num, kld=kld_of(cfg) if kld_of else None) for label, cfg, num in arms]
+                          trial_number=num, kld=kld_of(cfg) if kld_of else None, noise=noise[label])
+                for label, cfg, num in arms]
         return Finish(tuple(m for m in done if m.label.startswith("candidate")),
                       tuple(m for m in done if not m.label.startswith("candidate")), load.prompt_tokens,
                       load.gen_tokens, load.concurrency, min_tok_s)
@@ -321,12 +334,16 @@ def finish(loc: EngineLocation, candidates: Sequence[tuple[int, LaunchConfig]],
                 on_step(f"round {r + 1}: llama-server {label} ({flags.launch_line(cfg)})")
             roof = roofline_of(cfg) if roofline_of else None
             concurrency = cfg.parallel or 1
-            try:
-                runs[label].append(bench.run_server_trial(loc, cfg, replace(sent, concurrency=concurrency),
-                                                          log_dir=log_dir, caps=caps, roofline_tok_s=roof,
-                                                          vram_budget_bytes=vram_budget_bytes))
-            except failures.TrialFailedError as exc:
-                runs[label].append(exc.failure)
+            with quiet.Watch(own=runner.own_pids) as watch:
+                try:
+                    runs[label].append(bench.run_server_trial(loc, cfg, replace(sent, concurrency=concurrency),
+                                                              log_dir=log_dir, caps=caps, roofline_tok_s=roof,
+                                                              vram_budget_bytes=vram_budget_bytes))
+                except failures.TrialFailedError as exc:
+                    runs[label].append(exc.failure)
+            noise[label].append(watch.noise)
+            if watch.noise and on_step:
+                on_step(f"round {r + 1}: {label} was measured on a busy machine ({watch.noise}): it decides nothing")
         if r + 1 >= rounds.min and all(v.outcome != UNDECIDED for v in build().verdicts):
             break
     return build()

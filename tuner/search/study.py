@@ -29,7 +29,9 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tuner.core.config import LaunchConfig
 from tuner.core.errors import UsageError
+from tuner.engine import runner
 from tuner.engine.build import Capabilities, EngineLocation
+from tuner.machine import quiet
 from tuner.machine.hardware import Hardware
 from tuner.measure import bench, failures
 from tuner.measure.workload import Workload, WorkloadKind
@@ -125,11 +127,10 @@ def parse_duration(text: str) -> float:
     return h * 3600 + mins * 60 + s
 
 
-# -------------------------------------------------------------------------------------------- naming
-
 
 def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-") or "x"
+    """Letters of any script, digits and ``._-`` kept (a model named модель keeps its name); the rest is ``-``."""
+    return re.sub(r"[^\w.-]+", "-", text).strip("-") or "x"
 
 
 def study_name(model_path: Path, hw: Hardware, caps: Capabilities, sp: space.SearchSpace, measure: Measure,
@@ -229,8 +230,6 @@ def _is_creation_race(exc: BaseException) -> bool:
                          "StorageInternalError"})
 
 
-# ------------------------------------------------------------------------------------------- records
-
 
 def config_to_dict(cfg: LaunchConfig) -> dict[str, Any]:
     out: dict[str, Any] = {}
@@ -311,8 +310,6 @@ def repetitions_now(recs: Sequence[TrialRecord], measure: Measure) -> int:
         return min(measure.quiet_repetitions, measure.repetitions)
     return measure.repetitions
 
-
-# --------------------------------------------------------------------------------------------- seeds
 
 
 def enqueue_seeds(study: optuna.Study, sp: space.SearchSpace, seeds: Sequence[tuple[str, LaunchConfig]]) -> int:
@@ -438,11 +435,13 @@ def run_search(
                     report(trial)
             if pending:
                 reps = repetitions_now(records(study), measure)
-                results = bench.run_bench_many(loc, [c for _, c in pending], n_prompt=measure.n_prompt,
-                                               n_gen=measure.n_gen, depth=measure.prompt_depth,
-                                               gen_depth=measure.gen_depth, repetitions=reps,
-                                               timeout_s=measure.timeout_s, caps=caps)
+                with quiet.Watch(own=runner.own_pids) as watch:  # what else ran is kept with the figures
+                    results = bench.run_bench_many(loc, [c for _, c in pending], n_prompt=measure.n_prompt,
+                                                   n_gen=measure.n_gen, depth=measure.prompt_depth,
+                                                   gen_depth=measure.gen_depth, repetitions=reps,
+                                                   timeout_s=measure.timeout_s, caps=caps)
                 for (trial, cfg), res in zip(list(pending), results, strict=True):
+                    trial.set_user_attr("interference", watch.noise)
                     if isinstance(res, failures.Failure):
                         _tell_pruned(study, trial, "failed", {"failure": _failure_attr(res)})
                     else:

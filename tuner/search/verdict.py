@@ -43,6 +43,7 @@ class Verdict:
     noise_pct: float  # spread of the per-round ratios (sample SD of their logs, in %): the machine's noise
     outcome: str  # better | worse | undecided
     confidence_pct: float = CONFIDENCE_PCT
+    busy_rounds: int = 0  # rounds left out: measured while something else kept the machine busy
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -52,6 +53,12 @@ class Verdict:
         return cls(**d)
 
     def describe(self) -> str:
+        busy = f"; {self.busy_rounds} rounds measured on a busy machine left out" if self.busy_rounds else ""
+        if self.rounds == 0 and self.busy_rounds:
+            return f"{self.a} vs {self.b}: undecided (every round was measured on a busy machine)"
+        return self._describe() + (busy and f" [{busy[2:]}]")
+
+    def _describe(self) -> str:
         bound = f"{self.confidence_pct:.0f} % interval {self.low:.2f}-{self.high:.2f}x"
         if self.outcome == UNDECIDED:
             return (f"{self.a} vs {self.b}: undecided ({self.ratio:.2f}x, {bound} over {self.rounds} rounds; "
