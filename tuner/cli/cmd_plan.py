@@ -170,7 +170,7 @@ def plan_cmd(
     cache_type_k, cache_type_v = cache_type_k or CacheType.F16, cache_type_v or CacheType.F16
     flash_attn = flash_attn or FlashAttn.AUTO
     if ram is not None and ram <= 0:
-        raise UsageError(f"--ram must be more than 0 GiB, got {ram:g}: e.g. --ram 64")
+        raise UsageError(f"--ram {ram:g} GiB leaves nothing to plan for: give the host RAM in GiB, e.g. --ram 64")
     if parallel is not None and parallel < 1:
         raise UsageError(f"-np must be >= 1, got {parallel}")
     if load_mode not in LOAD_MODES:

@@ -77,10 +77,11 @@ def _ancestors(pid: int, procs: dict[int, _Proc]) -> Iterable[int]:
 class _View:
     """One snapshot, judged: which processes are someone else's, within the scope."""
 
-    def __init__(self, own: Collection[int]) -> None:
+    def __init__(self, own: Collection[int] | Callable[[], Collection[int]]) -> None:
         self.procs = _snapshot()
         self.me = os.getpid()  # this process itself; its children count as ours only when the runner started them
-        self.own = set(own)
+        # Asked after the snapshot: a child the runner started while the snapshot was taken is already ours.
+        self.own = set(own() if callable(own) else own)
         self.root = scope_root()
 
     def others(self) -> list[_Proc]:
@@ -153,9 +154,10 @@ def cpu_limit_cores() -> float:
     return max(0.5, 0.1 * (psutil.cpu_count(logical=True) or 1))
 
 
-def observe(own: Collection[int] = (), interval_s: float = 0.5, nvml: object = None,
+def observe(own: Collection[int] | Callable[[], Collection[int]] = (), interval_s: float = 0.5, nvml: object = None,
             wait: Callable[[float], object] = time.sleep) -> Interference:
     """Look at the machine for ``interval_s``: other llama.cpp processes, others' CPU use, others on the GPU.
+    ``own`` names our children, or is asked for them at each look (a watch's children come and go).
     ``wait`` sleeps (a watch passes its stop event's wait, so it can end early)."""
     first = _View(own)
     before = {p.pid: p.cpu_s for p in first.others()}

@@ -85,14 +85,14 @@ def claim_machine(command: str, *, allow_busy: bool = False, wait_s: float = DEF
             fh.write(f"moe-tune {command} (pid {os.getpid()})")
             fh.flush()
         try:
-            seen = observe(own(), nvml=nvml)
+            seen = observe(own, nvml=nvml)
             while seen.busy and not allow_busy:
                 waited = time.monotonic() - start
                 if waited >= wait_s:
                     raise MachineBusyError(seen.describe(), waited)
                 if on_wait:
                     on_wait(f"waiting for a quiet machine: {seen.describe()}", waited)
-                seen = observe(own(), nvml=nvml)
+                seen = observe(own, nvml=nvml)
             if seen.busy:
                 noise = "; ".join(x for x in (noise, seen.describe()) if x)
             yield Claim(locked, noise)
@@ -119,7 +119,7 @@ class Watch:
     def _loop(self) -> None:
         while not self._stop.is_set():
             with contextlib.suppress(Exception):  # a process vanishing mid-scan must not end the watch
-                self._seen = self._seen.worse(observe(self._own(), self._interval_s, self._nvml, self._stop.wait))
+                self._seen = self._seen.worse(observe(self._own, self._interval_s, self._nvml, self._stop.wait))
 
     def __enter__(self) -> Watch:
         self._thread.start()
