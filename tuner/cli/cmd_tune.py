@@ -103,8 +103,8 @@ def auto_tune_cmd(
         result = _search(req, loc, hw, budget, as_json, say)
     study_report.write(result.result, result.result_dir)
     if result.search.interrupted:
-        say(f"interrupted after {result.search.trials_this_run} trials; run the same command again to resume "
-            f"study {result.study_name}")
+        say(f"interrupted: {_kept(result.search.kept)}; run the same command again to resume study "
+            f"{result.study_name}")
         raise typer.Exit(130)
     if as_json:
         out.print_json(json.dumps(result.result.to_dict() | {"result_dir": str(result.result_dir)}))
@@ -123,6 +123,16 @@ def _search(req: autotune.TuneRequest, loc: build.EngineLocation, hw: hardware.H
             bar.update(task, completed=p.done, description=f"search (best {best}; last: {p.last.status})")
 
         return autotune.auto_tune(req, loc, hw, on_progress=on_progress, on_step=say)
+
+
+def _kept(kept: dict[str, int]) -> str:
+    """What an interrupted search left in the study, in words."""
+    if not kept:
+        return "no trial of this run is in the study"
+    words = {"measured": "measured", "infeasible": "refused by the memory gate", "failed": "failed",
+             "interrupted": "cut short by Ctrl-C (to be measured again)"}
+    parts = [f"{n} {words.get(status, status)}" for status, n in sorted(kept.items())]
+    return f"kept {sum(kept.values())} trials of this run in the study ({', '.join(parts)})"
 
 
 def _speculation(on: bool, draft: str | None, prompts: Path | None) -> SpeculationRequest | None:

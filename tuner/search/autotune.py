@@ -28,6 +28,9 @@ DEFAULT_TRIALS = 10  # the CLI's default too: one number
 TOP_CANDIDATES = 2
 
 
+FINISH_PENDING = "finish_pending"  # study attribute: the search ended, its finish has not (Ctrl-C, a crash)
+
+
 @dataclass(frozen=True, slots=True)
 class TuneRequest:
     model: Path
@@ -136,9 +139,17 @@ def auto_tune(req: TuneRequest, loc: build.EngineLocation, hw: Hardware, *,
             st.set_user_attr("kv_prices", [p.to_dict() for p in prices.values()])
         return prices[key]
 
-    outcome = study.run_search(st, sp, info, hw, loc, budget=req.budget, measure=measure, objective=objective,
-                               caps=caps, vram_margin_mib=req.vram_margin_mib, kld_of=kld_of,
-                               on_progress=on_progress)
+    if st.user_attrs.get(FINISH_PENDING):
+        # The last run's search ended and its finish was cut short: finish it, do not spend a new budget.
+        if on_step:
+            on_step("this study's search is complete and its finish was interrupted: going straight to the finish")
+        outcome = study.SearchOutcome(st.study_name, 0, False, 0.0)
+    else:
+        outcome = study.run_search(st, sp, info, hw, loc, budget=req.budget, measure=measure, objective=objective,
+                                   caps=caps, vram_margin_mib=req.vram_margin_mib, kld_of=kld_of,
+                                   on_progress=on_progress)
+        if on_step and outcome.exhausted:
+            on_step("every config of the search space is in the study: the search stopped early")
     result_dir = req.results_dir / name
     if outcome.interrupted:
         return TuneResult(name, storage, result_dir, study_result.result_from_study(st), outcome)
@@ -147,6 +158,7 @@ def auto_tune(req: TuneRequest, loc: build.EngineLocation, hw: Hardware, *,
         kld = f", raise --max-kld (now {req.max_kld})" if req.max_kld is not None else ""
         raise UsageError("no config could be measured: see the failures in the report, or raise --vram-margin / "
                          f"lower --min-ctx{kld}")
+    st.set_user_attr(FINISH_PENDING, True)
     baselines = [("default", finish.default_config(sp))]
     if fit is not None and fit != baselines[0][1]:
         baselines.append(("fit", fit))
@@ -168,6 +180,7 @@ def auto_tune(req: TuneRequest, loc: build.EngineLocation, hw: Hardware, *,
         done = speculation.after_finish(loc, st, done, info, hw, req.speculation, req.workload, result_dir=result_dir,
                                         caps=caps, on_step=on_step)
     st.set_user_attr("finish", done.to_dict())
+    st.set_user_attr(FINISH_PENDING, False)
     result = study_result.result_from_study(st)
     study_result.write_result(result, result_dir)  # the data; report.md and plots are the caller's to draw
     return TuneResult(name, storage, result_dir, result, outcome)

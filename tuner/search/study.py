@@ -37,7 +37,8 @@ from tuner.measure import bench, failures
 from tuner.measure.workload import Workload, WorkloadKind
 from tuner.models.gguf_reader import ModelInfo
 from tuner.quality.kv_price import KvPrice
-from tuner.search import space
+from tuner.search import dedup, space
+from tuner.search.budget import Budget, parse_duration  # noqa: F401 - the study's public names since the start
 
 OPTUNA_MAJOR = int(optuna.__version__.split(".")[0])
 CONSTRAINTS_ATTR = "constraints"  # user attr holding the constraint dict (and Optuna 4's constraints_func input)
@@ -104,28 +105,6 @@ class Measure:
 
     def score(self, prompt_tok_s: float | None, gen_tok_s: float | None) -> float | None:
         return self.request.score(prompt_tok_s, gen_tok_s)
-
-
-@dataclass(frozen=True, slots=True)
-class Budget:
-    trials: int | None = None
-    time_s: float | None = None
-
-    def __post_init__(self) -> None:
-        if self.trials is not None and self.trials < 1:
-            raise UsageError("--trials must be >= 1")
-        if self.time_s is not None and self.time_s <= 0:
-            raise UsageError("--time must be positive, e.g. 20m or 90s")
-
-
-def parse_duration(text: str) -> float:
-    """``20m``, ``90s``, ``1h30m`` or plain seconds → seconds."""
-    m = re.fullmatch(r"\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s?)?\s*", text)
-    if not text.strip() or not m or not any(m.groups()):
-        raise UsageError(f"cannot read the duration {text!r}: write it like 20m, 90s or 1h30m")
-    h, mins, s = (float(g) if g else 0.0 for g in m.groups())
-    return h * 3600 + mins * 60 + s
-
 
 
 def _slug(text: str) -> str:
@@ -294,7 +273,9 @@ class TrialRecord:
 
 
 def records(study: optuna.Study) -> list[TrialRecord]:
-    return [TrialRecord.from_trial(t) for t in study.get_trials(deepcopy=False)]
+    """Every trial of the study but the sampler's skipped repeats (:mod:`tuner.search.dedup`)."""
+    return [TrialRecord.from_trial(t) for t in study.get_trials(deepcopy=False)
+            if t.user_attrs.get("status") != dedup.DUPLICATE]
 
 
 def best_measured(recs: Sequence[TrialRecord]) -> TrialRecord | None:
@@ -346,6 +327,8 @@ class SearchOutcome:
     trials_this_run: int
     interrupted: bool
     elapsed_s: float
+    kept: dict[str, int] = field(default_factory=dict)  # this run's trials left in the study, by status
+    exhausted: bool = False  # every config of the space was tried: the search stopped early
 
 
 def _tell_measured(study: optuna.Study, trial: optuna.Trial, result: bench.BenchResult, measure: Measure,
@@ -388,7 +371,8 @@ def run_search(
     """Ask, gate by memory (and quality), measure in grouped llama-bench runs, tell — until the budget ends.
 
     Ctrl-C: trials in flight are told FAIL with status ``interrupted`` (so none stays RUNNING) and the call
-    returns with ``interrupted=True``; the next run on the same storage continues the trial count.
+    returns with ``interrupted=True`` and what this run left in the study; the next run continues the count.
+    A config the study already holds is not measured again (:mod:`tuner.search.dedup`).
     """
     start = time.monotonic()
     done = 0
@@ -409,13 +393,19 @@ def run_search(
                                  best.request_s if best else None))
 
     pending: list[tuple[optuna.Trial, LaunchConfig]] = []
+    seen = dedup.Seen(study, sp, ((r.number, config_from_dict(r.config)) for r in records(study) if r.config))
+    interrupted = False
     try:
-        while ((n_left := left()) is None or n_left > 0) and (
+        while ((n_left := left()) is None or n_left > 0) and not seen.exhausted and (
                 budget.time_s is None or time.monotonic() - start < budget.time_s):
             want = batch_trials if left() is None else min(batch_trials, left() or 0)
             for _ in range(want):
                 trial = study.ask()
                 cfg = space.suggest(trial, sp)
+                if not seen.admit(trial, cfg):
+                    if seen.exhausted:
+                        break
+                    continue
                 pending.append((trial, cfg))
                 trial.set_user_attr("worker", WORKER)
                 trial.set_user_attr("config", config_to_dict(cfg))
@@ -449,13 +439,14 @@ def run_search(
                     pending.remove((trial, cfg))
                     report(trial)
     except KeyboardInterrupt:
-        return SearchOutcome(study.study_name, done, True, time.monotonic() - start)
+        interrupted = True
     finally:
         # Ctrl-C while asking or gating: nothing may stay RUNNING in the storage.
         for trial, _ in pending:
             trial.set_user_attr("status", "interrupted")
             study.tell(trial, state=TrialState.FAIL)
-    return SearchOutcome(study.study_name, done, False, time.monotonic() - start)
+    return SearchOutcome(study.study_name, done, interrupted, time.monotonic() - start,
+                         seen.kept(records(study)), seen.exhausted)
 
 
 def _failure_attr(f: failures.Failure) -> dict[str, Any]:
