@@ -118,6 +118,10 @@ def _notes(info: gguf_reader.ModelInfo, p: Plan, base: LaunchConfig) -> list[str
     held = ", ".join(f"{_BUFFER_WORDS[name]} {b / 2**30:.1f} GiB" for name, b in est.host_buffers)
     if held:
         notes.append(f"host weights at --n-cpu-moe {n}: {held}")
+    if p.hardware.has_gpu and base.mmap and not base.no_host and n > 0:
+        # llama_model_loader warns the same: overrides to CPU with mmap → consider --load-mode none.
+        notes.append("--load-mode none holds them as one pinned copy instead (same RAM): prompts copy experts to "
+                     "the GPU faster from pinned memory; llama.cpp suggests it when experts stay on the host")
     if first is not None:
         note = load_mode_note(info, _with_ctx_kv(base, first), p.hardware, first.interval)
         if note:
