@@ -24,10 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import quant_catalog
 from tuner.core.errors import TunerError
 
 SCHEMA_VERSION = 1
-CATALOG_DIR = Path(__file__).resolve().parent / "data"
+CATALOG_DIR = quant_catalog.FOLDER
 NOT_FAMILY_FILES = frozenset({"cards.json"})
 
 ArchValue = int | float | bool | str | None
