@@ -13,7 +13,7 @@ from pathlib import Path
 from tuner.core.config import LaunchConfig
 from tuner.core.errors import TunerError
 from tuner.engine import flags, runner
-from tuner.engine.build import EngineLocation
+from tuner.engine.caps import EngineLocation
 
 SERVER_ATTEMPTS = 3
 
