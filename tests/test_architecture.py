@@ -238,6 +238,24 @@ def test_no_module_imports_itself_through_others() -> None:
         " → ".join(c) for c in cycles)
 
 
+def test_error_classes_live_in_the_error_module() -> None:
+    """One error tree in one file (tuner/core/errors.py); a private control-flow signal (``_NeedMore``) may stay
+    beside the code that raises and catches it."""
+    def base_name(node: ast.expr) -> str:
+        return node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else ""
+
+    wrong = []
+    for mod in modules():
+        if mod.rel == "core/errors.py":
+            continue
+        for node in ast.walk(mod.tree):
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_") and (
+                    node.name.endswith("Error") or any(base_name(b).endswith(("Error", "Exception"))
+                                                       for b in node.bases)):
+                wrong.append(f"tuner/{mod.rel}:{node.lineno} defines {node.name}: move it to tuner/core/errors.py")
+    assert not wrong, "\n".join(wrong)
+
+
 @pytest.mark.parametrize("mod", modules(), ids=lambda m: m.rel)
 def test_modules_stay_small(mod: Module) -> None:
     assert mod.n_lines <= MAX_MODULE_LINES, f"tuner/{mod.rel} has {mod.n_lines} lines: split it by concern"

@@ -12,7 +12,7 @@ import pytest
 
 from tests.conftest import run_cli
 from tuner.core.config import CacheType
-from tuner.core.errors import UsageError
+from tuner.core.errors import OutputCutError, QualityError, TextTooShortError, UsageError
 from tuner.models import gguf_reader
 from tuner.quality import kld, kv_price, perplexity
 
@@ -56,22 +56,22 @@ def test_parse_kld_reads_every_figure():
 
 def test_output_without_the_summary_is_cut_not_a_number():
     cut = KLD_OUTPUT.split("====== Perplexity")[0]
-    with pytest.raises(kld.OutputCutError):
+    with pytest.raises(OutputCutError):
         kld.parse_kld(cut, want_chunks=4)
-    with pytest.raises(kld.OutputCutError):
+    with pytest.raises(OutputCutError):
         kld.parse_perplexity("perplexity: calculating perplexity over 4 chunks, n_ctx=512\n[1]12.5,", 4)
 
 
 def test_too_few_scored_tokens_and_non_finite_figures_are_errors():
     few = "kl_divergence: computing over 1 chunks, n_ctx=64, batch_size=2048, n_seq=32\n"
-    with pytest.raises(kld.QualityError, match="raise --chunks"):
+    with pytest.raises(QualityError, match="raise --chunks"):
         kld.parse_kld(few, want_chunks=1)
     nan = "calculating perplexity over 2 chunks, n_ctx=512\nFinal estimate: PPL = nan +/- nan\n"
-    with pytest.raises(kld.QualityError, match="non-finite"):
+    with pytest.raises(QualityError, match="non-finite"):
         kld.parse_perplexity(nan, want_chunks=2)
     short = ("perplexity: you need at least 1024 tokens to evaluate perplexity with a context of 512\n"
              "perplexity: the data file you provided tokenizes to only 3 tokens\n")
-    with pytest.raises(kld.TextTooShortError, match="only 3 tokens.*at least 1024 at -c 512"):
+    with pytest.raises(TextTooShortError, match="only 3 tokens.*at least 1024 at -c 512"):
         kld.parse_perplexity(short, want_chunks=2)
 
 

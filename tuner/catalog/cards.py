@@ -14,7 +14,7 @@ from functools import lru_cache
 from pathlib import Path
 
 import quant_catalog
-from tuner.core.errors import UsageError
+from tuner.core.errors import UnknownCardError, UsageError
 from tuner.machine import hardware
 from tuner.machine.hardware import Hardware, pcie_bandwidth_bytes_s
 
@@ -22,10 +22,6 @@ CATALOG = quant_catalog.FOLDER / "cards.json"
 _NOISE = re.compile(r"\b(nvidia|geforce|rtx|gtx|graphics|card)\b")
 _VRAM = re.compile(r"(\d+)\s*(?:gb|gib|g)\b")
 _MODEL = re.compile(r"\b(\d{4})\b")
-
-
-class UnknownCardError(UsageError):
-    pass
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,13 +22,12 @@ from pathlib import Path
 from typing import TypeVar
 
 from tuner.core.config import CacheType, FlashAttn, LaunchConfig
-from tuner.core.errors import DiskSpaceError, UsageError
+from tuner.core.errors import DiskSpaceError, OutputCutError, QualityError, TextTooShortError, UsageError
 from tuner.engine import build, flags, runner
 from tuner.machine import hardware, paths
 from tuner.machine.fileio import atomic_path, atomic_write, file_lock
 from tuner.models import gguf_reader
 from tuner.quality import corpus, kld
-from tuner.quality.kld import QualityError
 
 DEFAULT_CTX = 512
 DEFAULT_CHUNKS = 32
@@ -224,7 +223,7 @@ T = TypeVar("T")
 
 def _run(argv: list[str], parse: Callable[[str], T], timeout_s: float) -> T:
     """Run llama-perplexity and parse its figures; again when its last lines were lost at exit (see
-    :class:`~tuner.quality.kld.OutputCutError`): the figures are deterministic, so a second run gives the same."""
+    :class:`~tuner.core.errors.OutputCutError`): the figures are deterministic, so a second run gives the same."""
     for attempt in range(1, RUN_ATTEMPTS + 1):
         res = runner.run_process(
             argv, timeout_s=timeout_s, what="llama-perplexity",
@@ -232,7 +231,7 @@ def _run(argv: list[str], parse: Callable[[str], T], timeout_s: float) -> T:
         )
         try:
             return parse(res.stdout + "\n" + res.stderr_tail)
-        except kld.OutputCutError:
+        except OutputCutError:
             if attempt == RUN_ATTEMPTS:
                 raise
     raise AssertionError("unreachable")
@@ -323,7 +322,7 @@ def measure(
     # just before it exits and is usually lost (its logger thread is not joined at exit).
     need_tokens = 2 * ctx
     if text_file.stat().st_size < need_tokens:
-        raise kld.TextTooShortError(None, need_tokens, ctx)
+        raise TextTooShortError(None, need_tokens, ctx)
     # Each file's header is read once here and passed on (the reference is often the model itself).
     info = gguf_reader.inspect_model(model)
     ref_info: gguf_reader.ModelInfo | None = None

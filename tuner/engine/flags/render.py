@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.core.config import CacheType, FlashAttn, LaunchConfig
-from tuner.core.errors import UsageError
+from tuner.core.errors import UnsupportedFlagError, UsageError
 from tuner.engine.caps import Capabilities
 
 SERVER = "llama-server"
@@ -71,10 +71,6 @@ _IGNORED_BARE = {
     "--no-warmup", "--warmup", "--cont-batching", "-cb", "--embedding", "--embeddings", "--no-context-shift",
     "--context-shift", "--log-disable", "--perf", "--no-perf",
 }
-
-
-class UnsupportedFlagError(UsageError):
-    """The detected engine does not accept a flag the config needs."""
 
 
 def validate(cfg: LaunchConfig) -> None:
