@@ -29,6 +29,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from tuner.core.config import CacheType, FlashAttn, LaunchConfig
+from tuner.core.errors import BreakdownParseError
 from tuner.engine import breakdown, build
 from tuner.machine import hardware
 from tuner.models import demo, gguf_reader, shape_model
@@ -155,7 +156,7 @@ def demo_rows(table: Table, loc: build.EngineLocation, out: Path, size: str, ful
                 if actual:
                     try:
                         truth = breakdown.server_breakdown(loc, cfg, out / "logs")[1]
-                    except breakdown.BreakdownParseError as exc:
+                    except BreakdownParseError as exc:
                         # A server killed during a slow shutdown loses its buffered exit record.
                         print(f"  skipped {name}: {exc}")
                         continue

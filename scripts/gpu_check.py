@@ -29,7 +29,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(Path(__file__).resolve().parent)]
 
-from tuner.core.errors import ProcessTimeoutError, TunerError, UsageError  # noqa: E402
+from tuner.core.errors import NoGpuError, ProcessTimeoutError, TunerError, UsageError  # noqa: E402
 from tuner.engine import build, runner  # noqa: E402
 from tuner.machine import ballast, hardware, paths  # noqa: E402
 
@@ -308,7 +308,7 @@ def step_ballast_cpu(c: Check) -> dict[str, Any]:
     try:
         with ballast.hold_vram(1024, runner):
             pass
-    except ballast.NoGpuError as exc:
+    except NoGpuError as exc:
         return {"note": str(exc)}
     return {"note": "a GPU answered after all"}
 

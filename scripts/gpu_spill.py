@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.core.config import FlashAttn, LaunchConfig
+from tuner.core.errors import TrialFailedError
 from tuner.engine import build, runner
 from tuner.machine import ballast, hardware
 from tuner.machine.sampler import SpillKind, spill_verdict
@@ -27,7 +28,7 @@ def _trial(loc: build.EngineLocation, cfg: LaunchConfig, log_dir: Path, roof: fl
         t = bench.run_server_trial(loc, cfg, load, log_dir=log_dir, roofline_tok_s=roof,
                                    vram_budget_bytes=budget_bytes)
         return t.spill, t.levels[0].per_request_gen_tok_s, None
-    except failures.TrialFailedError as exc:
+    except TrialFailedError as exc:
         if exc.failure.kind is failures.FailureKind.OUT_OF_MEMORY:
             return spill_verdict(None, oom_reason=exc.failure.reason), None, None
         return None, None, f"{exc.failure.kind.value}: {exc.failure.reason}"

@@ -1,5 +1,5 @@
-"""A regular (non-editable) install works: the wheel carries the catalog and the corpus, and `moe-tune plan`
-runs from another directory with nothing of the repository on the path."""
+"""A regular (non-editable) install works: the wheel carries the catalog (top-level ``quant_catalog/``) and the
+corpus, and `moe-tune plan` runs from another directory with nothing of the repository on the path."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
+
+from tuner.catalog import cards, families
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow  # builds a wheel and a venv: ~10 s
@@ -33,7 +35,9 @@ def wheel(tmp_path_factory) -> Path:
 
 def test_wheel_carries_package_data(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
-    assert "tuner/catalog/data/cards.json" in names and "tuner/catalog/data/qwen3moe.json" in names
+    assert {"quant_catalog/__init__.py", "quant_catalog/cards.json", "quant_catalog/qwen3moe.json",
+            "quant_catalog/README.md"} <= names
+    assert not any(n.startswith("tuner/catalog/data/") for n in names)  # one copy, where the design card puts it
     assert "tuner/quality/corpus_data/manifest.json" in names
     assert not any(n.startswith("tests/") for n in names)
 
@@ -51,6 +55,15 @@ def test_installed_wheel_plans_from_another_directory(wheel, tmp_path):
     elsewhere.mkdir()
     where = _run([str(bin_dir / "python"), "-c", "import tuner; print(tuner.__file__)"], cwd=elsewhere, env=env)
     assert where.stdout.strip().startswith(str(venv)), where.stdout + where.stderr
+    # The catalog is read from the wheel's own top-level quant_catalog/, not from this checkout.
+    probe = ("from tuner.catalog import cards, families; print(cards.CATALOG); "
+             "print(len(cards.load_cards()), len(families.load_catalog()))")
+    found = _run([str(bin_dir / "python"), "-c", probe], cwd=elsewhere, env=env)
+    assert found.returncode == 0, found.stderr[-3000:]
+    catalog_file, counts = found.stdout.split("\n")[:2]
+    assert Path(catalog_file).parent.name == "quant_catalog" and catalog_file.startswith(str(venv)), catalog_file
+    n_cards, n_models = map(int, counts.split())
+    assert (n_cards, n_models) == (len(cards.load_cards()), len(families.load_catalog())) and n_cards and n_models
     check = _run([str(bin_dir / "python"), "-m", "pip", "check"], cwd=elsewhere, env=env)
     assert "moe-tune" not in check.stdout, check.stdout  # every declared dependency is met by its range
     res = _run([str(bin_dir / "moe-tune"), "plan", "qwen3-30b-a3b:Q4_K_M", "--gpu", "RTX 4060 Ti 16GB", "--json"],

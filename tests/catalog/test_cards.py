@@ -2,7 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from tuner.catalog.cards import UnknownCardError, find_card, load_cards
+from tuner.catalog.cards import find_card, load_cards
+from tuner.core.errors import UnknownCardError
 
 
 @pytest.mark.parametrize("query,name", [

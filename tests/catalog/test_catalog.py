@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from tuner.catalog import families
+from tuner.core.errors import CatalogError
 
 REQUIRED_MODELS = ("Qwen3.5-35B-A3B", "Qwen3.6-35B-A3B", "Qwen3-30B-A3B", "Qwen3-Coder-30B-A3B-Instruct",
                    "gpt-oss-20b", "gpt-oss-120b", "GLM-4.5-Air")
@@ -96,7 +97,7 @@ def test_schema_errors_are_one_line_naming_file_and_field(tmp_path, edit, words)
     assert families.load_catalog(_write(tmp_path, _valid()))[0].name == "M"
     data = _valid()
     edit(data)
-    with pytest.raises(families.CatalogError) as info:
+    with pytest.raises(CatalogError) as info:
         families.load_catalog(_write(tmp_path, data))
     message = str(info.value)
     assert "\n" not in message and message.startswith("broken.json: ") and words in message

@@ -2,7 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from tuner.engine.breakdown import BreakdownParseError, actual_breakdown, parse_fit_params, parse_log_jsonl
+from tuner.core.errors import BreakdownParseError
+from tuner.engine.breakdown import actual_breakdown, parse_fit_params, parse_log_jsonl
 
 LOG = "\n".join([
     '{"type":"log","time":1,"level":"info","msg":"fitting"}',

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tuner.core.config import CacheType, FlashAttn, LaunchConfig
-from tuner.core.errors import UsageError
+from tuner.core.errors import UnsupportedFlagError, UsageError
 from tuner.engine import build, flags
 
 MODEL = Path("/models/Qwen3-30B-A3B-Q4_K_M.gguf")
@@ -73,7 +73,7 @@ def test_the_spelling_the_binary_accepts_is_used():
 
 def test_a_flag_the_binary_lacks_is_refused_before_launch():
     caps = _caps(("-m", "-c"))
-    with pytest.raises(flags.UnsupportedFlagError, match="does not accept --n-cpu-moe 4: update llama.cpp"):
+    with pytest.raises(UnsupportedFlagError, match="does not accept --n-cpu-moe 4: update llama.cpp"):
         flags.server_argv(Path("llama-server"), LaunchConfig(model=MODEL, n_cpu_moe=4), caps)
 
 

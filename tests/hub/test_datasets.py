@@ -10,7 +10,7 @@ import pytest
 
 from tests.conftest import run_cli
 from tests.hub_server import HubServer
-from tuner.core.errors import UsageError
+from tuner.core.errors import HubError, UsageError
 from tuner.hub import datasets, repos
 from tuner.quality import corpus
 
@@ -49,7 +49,7 @@ def test_unknown_dataset_and_uncached_offline_are_one_line_errors(tmp_path):
     with pytest.raises(UsageError, match="unknown dataset 'wikitext-3': use one of wikitext-2"):
         datasets.spec("wikitext-3")
     offline = repos.HubOptions(endpoint="http://127.0.0.1:9", cache_dir=tmp_path / "empty", offline=True)
-    with pytest.raises(repos.HubError):
+    with pytest.raises(HubError):
         datasets.fetch("wikitext-2", offline)
 
 

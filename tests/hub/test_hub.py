@@ -12,6 +12,15 @@ from huggingface_hub import hf_hub_download
 
 from tests.conftest import run_cli
 from tests.hub_server import HubServer, root_layout, subfolder_layout
+from tuner.core.errors import (
+    DownloadInterruptedError,
+    GatedRepoError,
+    HashMismatchError,
+    HubDiskSpaceError,
+    NotCachedError,
+    RepoNotFoundError,
+    UnknownQuantError,
+)
 from tuner.engine import runner
 from tuner.hub import download, remote_header, repos
 from tuner.hub.resolve import resolve_model
@@ -212,7 +221,7 @@ def test_download_split_into_the_hf_cache_then_reuse_and_offline(srv, opts, hub_
     offline = repos.HubOptions(cache_dir=opts.hub_cache, offline=True, endpoint="http://127.0.0.1:9")
     assert download.download_quant(SPLIT, "Q8_0", options=offline).paths == got.paths
     assert repos.list_quants(SPLIT, options=offline).names == ("Q8_0",)
-    with pytest.raises(download.NotCachedError, match="Q4_K_M"):
+    with pytest.raises(NotCachedError, match="Q4_K_M"):
         download.download_quant(SPLIT, "Q4_K_M", options=offline)
 
 
@@ -229,7 +238,7 @@ def test_interrupted_download_resumes_on_the_next_run(srv, opts, hub_files):
     path = f"{BASE}-Q8_0.gguf"
     cut = 5 << 20
     srv.cut_next_download(ROOT, path, after_bytes=cut)
-    with pytest.raises(download.DownloadInterruptedError, match="run the same command again"):
+    with pytest.raises(DownloadInterruptedError, match="run the same command again"):
         download.download_quant(ROOT, "Q8_0", options=opts, retries=0)
     partial = list((opts.hub_cache / "models--demo--Root-GGUF" / "blobs").glob("*.incomplete"))
     assert len(partial) == 1 and partial[0].stat().st_size == cut
@@ -259,7 +268,7 @@ def test_ctrl_c_keeps_the_partial_download_for_the_next_run(opts, hub_files):
 
 
 def test_corrupted_file_is_rejected_and_deleted(opts):
-    with pytest.raises(download.HashMismatchError, match="corrupted"):
+    with pytest.raises(HashMismatchError, match="corrupted"):
         download.download_quant(CORRUPT, "Q4_K_M", options=opts)
     storage = opts.hub_cache / "models--demo--Corrupt-GGUF"
     assert not list((storage / "blobs").iterdir())
@@ -267,16 +276,16 @@ def test_corrupted_file_is_rejected_and_deleted(opts):
 
 
 def test_unknown_repo_and_unknown_quant(opts):
-    with pytest.raises(repos.RepoNotFoundError, match="nobody/Missing-GGUF not found"):
+    with pytest.raises(RepoNotFoundError, match="nobody/Missing-GGUF not found"):
         repos.list_quants("nobody/Missing-GGUF", options=opts)
-    with pytest.raises(repos.UnknownQuantError) as info:
+    with pytest.raises(UnknownQuantError) as info:
         download.download_quant(ROOT, "Q3_K_M", options=opts)
     assert info.value.available == ("Q4_K_M", "Q8_0") and "Q4_K_M, Q8_0" in str(info.value)
 
 
 def test_gated_repo_needs_a_token(opts):
     assert repos.list_quants(GATED, options=opts).names == ("Q4_K_M", "Q8_0")  # listing is public, files are not
-    with pytest.raises(repos.GatedRepoError, match="HF_TOKEN") as info:
+    with pytest.raises(GatedRepoError, match="HF_TOKEN") as info:
         download.download_quant(GATED, "Q4_K_M", options=opts)
     assert "login" in str(info.value)
     granted = repos.HubOptions(endpoint=opts.endpoint, cache_dir=opts.cache_dir, token=TOKEN)
@@ -303,7 +312,7 @@ def test_cdn_redirect_keeps_the_token_on_the_hub(hub_files, tmp_path, monkeypatc
 
 
 def test_not_enough_disk_is_refused_before_downloading(tmp_path):
-    with pytest.raises(download.HubDiskSpaceError, match="HF_HOME"):
+    with pytest.raises(HubDiskSpaceError, match="HF_HOME"):
         download.check_disk_space(1 << 60, tmp_path / "not" / "yet")
 
 

@@ -10,7 +10,7 @@ import psutil
 import pytest
 
 from tests.fakes import FakeNVML
-from tuner.core.errors import HardwareError, ProcessFailedError, ProcessTimeoutError
+from tuner.core.errors import HardwareError, NoGpuError, ProcessFailedError, ProcessTimeoutError
 from tuner.engine import runner
 from tuner.machine import ballast, hardware
 
@@ -21,7 +21,7 @@ STAND_IN = ("import json, sys, time; print(json.dumps({'held_mib': 65000, 'free_
 
 def test_no_gpu_is_reported_cleanly(monkeypatch):
     monkeypatch.setattr(hardware, "_load_nvml", lambda: FakeNVML(init_error="Driver Not Loaded"))
-    with pytest.raises(ballast.NoGpuError, match="needs an NVIDIA GPU") as exc, ballast.hold_vram(16384, runner):
+    with pytest.raises(NoGpuError, match="needs an NVIDIA GPU") as exc, ballast.hold_vram(16384, runner):
         pass
     assert "Driver Not Loaded" in str(exc.value)
 
@@ -30,7 +30,7 @@ def test_a_gpu_without_nvcc_cupy_or_torch_names_the_fix(monkeypatch):
     monkeypatch.setattr(hardware, "_load_nvml", lambda: FakeNVML([("NVIDIA H100 80GB HBM3", 80 << 30, 1 << 30)]))
     monkeypatch.setattr(ballast.shutil, "which", lambda name: None)
     monkeypatch.setattr(ballast.importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(ballast.NoGpuError, match="install the CUDA toolkit"), ballast.hold_vram(8192, runner):
+    with pytest.raises(NoGpuError, match="install the CUDA toolkit"), ballast.hold_vram(8192, runner):
         pass
 
 

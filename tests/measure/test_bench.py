@@ -18,13 +18,13 @@ import pytest
 
 from tests.conftest import run_cli
 from tuner.core.config import CacheType, FlashAttn, LaunchConfig
-from tuner.core.errors import UsageError
+from tuner.core.errors import TrialFailedError, UsageError
 from tuner.engine import flags
 from tuner.engine.build import EngineLocation
 from tuner.machine.sampler import SpillKind
 from tuner.measure import bench, failures
 from tuner.measure.bench import BenchRow
-from tuner.measure.failures import FailureKind, TrialFailedError
+from tuner.measure.failures import FailureKind
 from tuner.measure.workload import Workload, WorkloadKind
 
 SMALL = Workload(WorkloadKind.CUSTOM, prompt_tokens=48, gen_tokens=8, rounds=1)

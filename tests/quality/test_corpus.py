@@ -8,8 +8,9 @@ import shutil
 
 import pytest
 
+from tuner.core.errors import CorpusError
 from tuner.quality import corpus
-from tuner.quality.corpus import CorpusError, DocumentKind
+from tuner.quality.corpus import DocumentKind
 
 
 def test_every_kind_is_there_with_recorded_sources():

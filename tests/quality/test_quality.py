@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
+from collections import Counter
+from pathlib import Path
 
 import pytest
 
 from tests.conftest import run_cli
 from tuner.core.config import CacheType
-from tuner.core.errors import UsageError
-from tuner.quality import kld, perplexity
+from tuner.core.errors import OutputCutError, QualityError, TextTooShortError, UsageError
+from tuner.models import gguf_reader
+from tuner.quality import kld, kv_price, perplexity
 
 CTX = 256
 CHUNKS = 4  # 4 × 127 scored tokens: above the 100 llama-perplexity needs for statistics, in one batch
@@ -52,22 +56,22 @@ def test_parse_kld_reads_every_figure():
 
 def test_output_without_the_summary_is_cut_not_a_number():
     cut = KLD_OUTPUT.split("====== Perplexity")[0]
-    with pytest.raises(kld.OutputCutError):
+    with pytest.raises(OutputCutError):
         kld.parse_kld(cut, want_chunks=4)
-    with pytest.raises(kld.OutputCutError):
+    with pytest.raises(OutputCutError):
         kld.parse_perplexity("perplexity: calculating perplexity over 4 chunks, n_ctx=512\n[1]12.5,", 4)
 
 
 def test_too_few_scored_tokens_and_non_finite_figures_are_errors():
     few = "kl_divergence: computing over 1 chunks, n_ctx=64, batch_size=2048, n_seq=32\n"
-    with pytest.raises(kld.QualityError, match="raise --chunks"):
+    with pytest.raises(QualityError, match="raise --chunks"):
         kld.parse_kld(few, want_chunks=1)
     nan = "calculating perplexity over 2 chunks, n_ctx=512\nFinal estimate: PPL = nan +/- nan\n"
-    with pytest.raises(kld.QualityError, match="non-finite"):
+    with pytest.raises(QualityError, match="non-finite"):
         kld.parse_perplexity(nan, want_chunks=2)
     short = ("perplexity: you need at least 1024 tokens to evaluate perplexity with a context of 512\n"
              "perplexity: the data file you provided tokenizes to only 3 tokens\n")
-    with pytest.raises(kld.TextTooShortError, match="only 3 tokens.*at least 1024 at -c 512"):
+    with pytest.raises(TextTooShortError, match="only 3 tokens.*at least 1024 at -c 512"):
         kld.parse_perplexity(short, want_chunks=2)
 
 
@@ -143,3 +147,46 @@ def test_cli_json_names_the_text_and_serves_the_cache(demo_models, cache_env):
     assert report["kld_mean"] > 0 and report["reference"].endswith("-F16.gguf") and report["ctx"] == CTX
     second = json.loads(run_cli(*args, env=cache_env).stdout)
     assert second["from_cache"] is True and second["kld_mean"] == report["kld_mean"]
+
+
+def test_a_run_reads_and_hashes_each_file_once(engine_loc, demo_models, cache_env, monkeypatch):
+    """Counted with wrappers (instrumentation, nothing faked): a quality run reads each file's header once and
+    hashes each file once; a KV pricing pass over several types reads and hashes the model once in all. Before,
+    a run inspected the reference 3 times and hashed it twice, and pricing hashed the model 3 times per KV pair."""
+    reads, hashes, inspects = Counter(), Counter(), Counter()
+    read_part, inspect = gguf_reader._read_part, gguf_reader.inspect_model
+    hash_parts = perplexity._hash_parts.__wrapped__  # the hashing itself, under its memo
+
+    def counted_read(path):
+        reads[Path(path).name] += 1
+        return read_part(path)
+
+    def counted_hash(stamp):
+        hashes[Path(stamp[0][0]).name] += 1
+        return hash_parts(stamp)
+
+    def counted_inspect(path):
+        inspects[Path(path).name] += 1
+        return inspect(path)
+
+    monkeypatch.setattr(gguf_reader, "_read_part", counted_read)
+    monkeypatch.setattr(gguf_reader, "inspect_model", counted_inspect)
+    monkeypatch.setattr(perplexity, "_hash_parts", functools.lru_cache(maxsize=64)(counted_hash))
+    gguf_reader._inspect_parts.cache_clear()  # headers read earlier in this process are read again, and counted
+    q4, q8, f16 = (demo_models[("qwen3moe", q)] for q in ("Q4_K_M", "Q8_0", "F16"))
+
+    run = perplexity.measure(engine_loc, q4, ctx=CTX, chunks=CHUNKS)
+    assert run.reference == str(f16) and run.kld_mean is not None
+    # Q8_0 is a candidate reference beside it: its header is read (once) to rank it, never hashed.
+    assert reads == inspects == {q4.name: 1, q8.name: 1, f16.name: 1}
+    assert hashes == {q4.name: 1, f16.name: 1}
+
+    for counter in (reads, hashes, inspects):
+        counter.clear()
+    gguf_reader._inspect_parts.cache_clear()
+    perplexity._hash_parts.cache_clear()
+    pairs = [(CacheType.Q8_0, CacheType.Q8_0), (CacheType.Q4_0, CacheType.Q4_0)]
+    prices = [kv_price.price(engine_loc, q4, k, v, ctx=CTX, chunks=CHUNKS) for k, v in pairs]
+    assert [(p.cache_type_k, p.cache_type_v) for p in prices] == [(k.value, v.value) for k, v in pairs]
+    assert reads == hashes == {q4.name: 1}
+    assert inspects == {q4.name: len(pairs)}  # one call per price, served from memory after the first

@@ -22,6 +22,7 @@ import pytest
 from optuna.trial import TrialState
 
 from tests.conftest import run_cli
+from tuner.core.errors import StudyError
 from tuner.search import study
 
 pytestmark = pytest.mark.slow  # a real PostgreSQL server and several tuner processes
@@ -72,7 +73,7 @@ def test_processes_opening_a_new_shared_study_at_once_all_succeed_and_one_create
     assert [p.returncode for p in procs] == [0, 0, 0], [err for _, err in outs]
     assert sorted(out.strip() for out, _ in outs) == ["False", "False", "True"]
     bad = postgres_url.replace("/test_", "/missing_")
-    with pytest.raises(study.StudyError, match="check the URL"):
+    with pytest.raises(StudyError, match="check the URL"):
         study.open_study("s", bad, study.Objective())
 
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tuner.core.errors import UsageError
+from tuner.core.errors import ResultVersionError, UsageError
 from tuner.search import result as study_result
 from tuner.search.finish import Finish
 from tuner.search.study import TrialRecord
@@ -32,7 +32,7 @@ def test_round_trip_through_json(tmp_path):
 def test_an_older_result_is_refused_with_the_fix(tmp_path):
     doc = _result().to_dict() | {"version": 1}
     (tmp_path / "result.json").write_text(json.dumps(doc))
-    with pytest.raises(study_result.ResultVersionError, match=r"version 1.*run the same `moe-tune auto-tune`"):
+    with pytest.raises(ResultVersionError, match=r"version 1.*run the same `moe-tune auto-tune`"):
         study_result.load_result(tmp_path / "result.json")
 
 

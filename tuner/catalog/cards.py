@@ -13,18 +13,15 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 
-from tuner.core.errors import UsageError
+import quant_catalog
+from tuner.core.errors import UnknownCardError, UsageError
 from tuner.machine import hardware
 from tuner.machine.hardware import Hardware, pcie_bandwidth_bytes_s
 
-CATALOG = Path(__file__).resolve().parent / "data" / "cards.json"
+CATALOG = quant_catalog.FOLDER / "cards.json"
 _NOISE = re.compile(r"\b(nvidia|geforce|rtx|gtx|graphics|card)\b")
 _VRAM = re.compile(r"(\d+)\s*(?:gb|gib|g)\b")
 _MODEL = re.compile(r"\b(\d{4})\b")
-
-
-class UnknownCardError(UsageError):
-    pass
 
 
 @dataclass(frozen=True, slots=True)

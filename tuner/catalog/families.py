@@ -24,10 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tuner.core.errors import TunerError
+import quant_catalog
+from tuner.core.errors import CatalogError
 
 SCHEMA_VERSION = 1
-CATALOG_DIR = Path(__file__).resolve().parent / "data"
+CATALOG_DIR = quant_catalog.FOLDER
 NOT_FAMILY_FILES = frozenset({"cards.json"})
 
 ArchValue = int | float | bool | str | None
@@ -44,12 +45,6 @@ ATTENTION_KINDS = ("full", "swa-alternating", "hybrid-deltanet", "mla")
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "repeat_penalty")
 QUALITY_FIGURES = ("file_size_gb", "vram_gb", "vram_gib", "gen_tok_s", "prompt_tok_s", "ppl", "ppl_increase_pct", "kld",
                    "same_top_pct")
-
-
-class CatalogError(TunerError, ValueError):
-    def __init__(self, path: Path, where: str, problem: str) -> None:
-        self.path = path
-        super().__init__(f"{path.name}: {where}: {problem}; fix the catalog file (schema in tuner/catalog/families.py)")
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from tuner.catalog import cards, families
 from tuner.cli.app import JsonFlag, app, err, facts_table, friendly, mib, out
-from tuner.core.errors import UsageError
+from tuner.core.errors import HubError, UnknownQuantError, UsageError
 from tuner.models.gguf_reader import ModelInfo
 from tuner.plan import placement
 
@@ -67,7 +67,7 @@ def quants_cmd(
     options = _options(offline)
     listing = repos.list_quants(ref.repo_id, revision=revision, options=options)
     if not listing.quants:
-        raise repos.HubError(f"{ref.repo_id} holds no GGUF files: pick a GGUF repo (names often end in -GGUF)")
+        raise HubError(f"{ref.repo_id} holds no GGUF files: pick a GGUF repo (names often end in -GGUF)")
     probe = listing.get(ref.quant) if ref.quant else _probe_quant(listing)
     headers = remote_header.read_quant_headers(ref.repo_id, probe, commit=listing.commit or revision, options=options)
     model = headers.model_info()
@@ -147,7 +147,7 @@ def _probe_quant(listing: repos.RepoQuants) -> repos.Quant:
 
     try:
         return listing.get(repos.DEFAULT_QUANT)
-    except repos.UnknownQuantError:
+    except UnknownQuantError:
         return listing.quants[0]
 
 

@@ -1,4 +1,4 @@
-"""One error tree for the whole tool.
+"""One error tree for the whole tool: every error class moe-tune raises is defined here.
 
 Every message names the fix. The CLI prints ``str(error)`` on one line and exits 1; set
 ``MOE_TUNE_DEBUG=1`` to see the traceback instead.
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Generic, Protocol, TypeVar
 
 
 class TunerError(Exception):
@@ -100,6 +101,188 @@ class MachineBusyError(HardwareError):
         self.waited_s = waited_s
         super().__init__(f"the machine is busy ({what}; waited {waited_s:.0f} s): stop it or run again later, "
                          "or pass --allow-busy to measure anyway (rounds it disturbs decide no verdict)")
+
+
+
+class NvmlUnavailableError(HardwareError):
+    """No usable NVML: bindings missing or no driver (the message says which). Mostly caught: without NVML the
+    machine is probed as having no NVIDIA GPU."""
+
+
+class NoGpuError(HardwareError):
+    """No NVIDIA GPU (or no way to allocate on one) on this machine."""
+
+
+# -- usage and catalog ----------------------------------------------------------------------------------
+
+
+class UnknownCardError(UsageError):
+    """A card name the card catalog (quant_catalog/cards.json) does not hold; the message names the closest."""
+
+
+class CatalogError(TunerError, ValueError):
+    def __init__(self, path: Path, where: str, problem: str) -> None:
+        self.path = path
+        super().__init__(f"{path.name}: {where}: {problem}; fix the catalog file (schema in tuner/catalog/families.py)")
+
+
+class StudyError(UsageError):
+    """The study cannot be opened or used as asked."""
+
+
+class ResultVersionError(UsageError):
+    def __init__(self, file: Path, found: object, readable: int) -> None:
+        self.file = file
+        self.found = found
+        super().__init__(f"{file} has result schema version {found!r}, this moe-tune reads version "
+                         f"{readable}: run the same `moe-tune auto-tune` again (the study storage keeps every "
+                         "trial, so it resumes and rewrites the result)")
+
+
+# -- the engine and its processes -------------------------------------------------------------------------
+
+
+class UnsupportedFlagError(UsageError):
+    """The detected engine does not accept a flag the config needs."""
+
+
+class ServerGoneError(ProcessFailedError):
+    """llama-server exited while requests were in flight."""
+
+
+class RequestRejectedError(ProcessFailedError):
+    """llama-server answered a request with an HTTP error (e.g. the prompt exceeds the slot's context)."""
+
+
+class BreakdownParseError(TunerError, ValueError):
+    """llama.cpp's output held no memory breakdown."""
+
+
+class _Summarized(Protocol):
+    def summary(self) -> str: ...
+
+
+_F = TypeVar("_F", bound=_Summarized)
+
+
+class TrialFailedError(EngineError, Generic[_F]):
+    """A trial ended in a classified failure (a :class:`tuner.measure.failures.Failure`, which this pure module
+    does not import); the CLI prints its one-line summary."""
+
+    def __init__(self, what: str, failure: _F) -> None:
+        self.what = what
+        self.failure = failure
+        super().__init__(f"{what} {failure.summary()}")
+
+
+# -- quality --------------------------------------------------------------------------------------------
+
+
+class QualityError(TunerError):
+    """A quality measurement gave no trustworthy figure."""
+
+
+class OutputCutError(QualityError):
+    """The run ended without its final figures. llama.cpp's logger prints from a thread that the process does
+    not wait for at exit (common/log.cpp leaks it on purpose), so the last lines can be lost: run it again."""
+
+
+class TextTooShortError(QualityError, UsageError):
+    def __init__(self, n_tokens: int | None, need_tokens: int, ctx: int) -> None:
+        self.n_tokens = n_tokens
+        self.need_tokens = need_tokens
+        self.ctx = ctx
+        have = f"only {n_tokens} tokens" if n_tokens is not None else "too few tokens"
+        super().__init__(
+            f"the evaluation text has {have}; llama-perplexity needs at least {need_tokens} at -c {ctx}: "
+            "use a longer text (or the bundled corpus) or a smaller -c"
+        )
+
+
+class CorpusError(TunerError):
+    """The bundled corpus is damaged or missing (a broken install)."""
+
+
+# -- the Hugging Face Hub -------------------------------------------------------------------------------
+
+
+class HubError(TunerError):
+    """Something about a Hugging Face repo or download."""
+
+
+class RepoNotFoundError(HubError, LookupError):
+    def __init__(self, repo_id: str) -> None:
+        self.repo_id = repo_id
+        super().__init__(
+            f"repo {repo_id} not found on Hugging Face: check the name (owner/name, e.g. "
+            "unsloth/Qwen3-30B-A3B-GGUF); if it is private, run `hf auth login` or set HF_TOKEN"
+        )
+
+
+class GatedRepoError(HubError, PermissionError):
+    def __init__(self, repo_id: str) -> None:
+        self.repo_id = repo_id
+        super().__init__(
+            f"repo {repo_id} is gated: accept its terms at https://huggingface.co/{repo_id}, then run "
+            "`hf auth login` (`huggingface-cli login` with older huggingface_hub) or set HF_TOKEN"
+        )
+
+
+class UnknownQuantError(HubError, LookupError):
+    def __init__(self, repo_id: str, quant: str, available: tuple[str, ...], example: str) -> None:
+        self.repo_id = repo_id
+        self.quant = quant
+        self.available = available
+        have = ", ".join(available) if available else "none"
+        super().__init__(f"no quant {quant} in {repo_id}: pick one of {have} (e.g. {repo_id}:{example})")
+
+
+class HubUnreachableError(HubError, ConnectionError):
+    def __init__(self, endpoint: str, reason: str) -> None:
+        self.endpoint = endpoint
+        super().__init__(
+            f"cannot reach {endpoint} ({reason}): check your connection, proxy or HF_ENDPOINT; "
+            "for files already downloaded add --offline (or set HF_HUB_OFFLINE=1)"
+        )
+
+
+class HashMismatchError(HubError):
+    def __init__(self, repo_id: str, path: str, got: str, want: str) -> None:
+        self.repo_id, self.path, self.got, self.want = repo_id, path, got, want
+        super().__init__(
+            f"sha256 of {repo_id}/{path} is {got[:12]}…, the Hub's LFS hash is {want[:12]}…: the download was "
+            "corrupted and has been deleted; run the same command again"
+        )
+
+
+class DownloadInterruptedError(HubError):
+    def __init__(self, repo_id: str, path: str, have_bytes: int, total_bytes: int, reason: str) -> None:
+        self.repo_id, self.path, self.have_bytes, self.total_bytes = repo_id, path, have_bytes, total_bytes
+        super().__init__(
+            f"download of {repo_id}/{path} stopped at {have_bytes / 2**20:.1f} of {total_bytes / 2**20:.1f} MiB "
+            f"({reason}): run the same command again to resume where it stopped"
+        )
+
+
+class NotCachedError(HubError):
+    def __init__(self, repo_id: str, missing: list[str]) -> None:
+        self.repo_id, self.missing = repo_id, missing
+        super().__init__(
+            f"{repo_id}: {', '.join(missing)} not in the Hugging Face cache and offline mode is on: "
+            "run without --offline (and without HF_HUB_OFFLINE=1) to download"
+        )
+
+
+class HubDiskSpaceError(DiskSpaceError):
+    """Not enough room in the Hugging Face cache: the fix is HF_HOME, not MOE_TUNE_CACHE."""
+
+    def __init__(self, path: Path, need_bytes: int, free_bytes: int) -> None:
+        self.path, self.need_bytes, self.free_bytes = path, need_bytes, free_bytes
+        Exception.__init__(
+            self,
+            f"not enough disk space in {path}: need {need_bytes / 2**30:.2f} GiB, {free_bytes / 2**30:.2f} GiB "
+            "free; free some space or set HF_HOME (or HF_HUB_CACHE) to another disk",
+        )
 
 
 def _last_meaningful_line(text: str) -> str:

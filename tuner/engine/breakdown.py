@@ -11,15 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tuner.core.config import LaunchConfig
-from tuner.core.errors import TunerError
+from tuner.core.errors import BreakdownParseError
 from tuner.engine import flags, runner
-from tuner.engine.build import EngineLocation
+from tuner.engine.caps import EngineLocation
 
 SERVER_ATTEMPTS = 3
-
-
-class BreakdownParseError(TunerError, ValueError):
-    """llama.cpp's output held no memory breakdown."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,7 @@ import sys
 import tarfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from enum import Enum
 from pathlib import Path
 
@@ -30,6 +30,7 @@ from tuner.core.errors import (
     UsageError,
 )
 from tuner.engine import runner
+from tuner.engine.caps import Capabilities, EngineLocation  # the engine's public names: build.EngineLocation
 from tuner.machine import hardware, paths
 from tuner.machine.fileio import atomic_write, file_lock, sha256_file
 
@@ -72,35 +73,6 @@ class Backend(str, Enum):
     AUTO = "auto"
     CPU = "cpu"
     CUDA = "cuda"
-
-
-@dataclass(frozen=True, slots=True)
-class EngineLocation:
-    bin_dir: Path
-    source: str  # "option" | "env" | "path" | "managed"
-
-    def tool(self, name: str) -> Path:
-        path = self.bin_dir / name
-        if not (path.is_file() and os.access(path, os.X_OK)):
-            raise EngineNotFoundError(name, [str(self.bin_dir)])
-        return path
-
-    def has(self, name: str) -> bool:
-        path = self.bin_dir / name
-        return path.is_file() and os.access(path, os.X_OK)
-
-
-@dataclass(frozen=True, slots=True)
-class Capabilities:
-    version: str
-    build_number: str
-    commit: str
-    backend: str
-    devices: tuple[str, ...]
-    flags: dict[str, tuple[str, ...]] = field(default_factory=dict)
-
-    def supports(self, tool: str, flag: str) -> bool:
-        return flag in self.flags.get(tool, ())
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,12 +28,7 @@ from typing import Any
 
 from tuner.core.errors import EngineError, ProcessFailedError, ProcessTimeoutError
 from tuner.engine import flags
-from tuner.engine.server_client import (  # noqa: F401 - re-exported for callers of the runner
-    RequestRejectedError,
-    ServerClient,
-    ServerGoneError,
-    StreamedCompletion,
-)
+from tuner.engine.server_client import ServerClient, StreamedCompletion  # noqa: F401 - StreamedCompletion for callers
 
 STDERR_TAIL_LINES = 40
 TERM_GRACE_S = 5.0

@@ -13,7 +13,7 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
-from tuner.core.errors import ProcessFailedError, ProcessTimeoutError
+from tuner.core.errors import ProcessFailedError, ProcessTimeoutError, RequestRejectedError, ServerGoneError
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,15 +27,7 @@ class StreamedCompletion:
     started_s: float = 0.0  # time.monotonic() when the request was sent
 
 
-class ServerGoneError(ProcessFailedError):
-    """llama-server exited while requests were in flight."""
-
-
 _NET_ERRORS = (urllib.error.URLError, http.client.HTTPException, OSError, json.JSONDecodeError)
-
-
-class RequestRejectedError(ProcessFailedError):
-    """llama-server answered a request with an HTTP error (e.g. the prompt exceeds the slot's context)."""
 
 
 class ServerClient:

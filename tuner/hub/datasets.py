@@ -12,8 +12,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from tuner.core.errors import UsageError
-from tuner.hub.repos import DEFAULT_OPTIONS, HubError, HubOptions, hub_errors
+from tuner.core.errors import HubError, UsageError
+from tuner.hub.repos import DEFAULT_OPTIONS, HubOptions, hub_errors
 from tuner.machine import paths
 from tuner.machine.fileio import atomic_write, sha256_file
 

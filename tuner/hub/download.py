@@ -25,15 +25,21 @@ from huggingface_hub import hf_hub_download
 from huggingface_hub.file_download import get_hf_file_metadata, hf_hub_url
 from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
-from tuner.core.errors import DiskSpaceError, UsageError
+from tuner.core.errors import (
+    DownloadInterruptedError,
+    HashMismatchError,
+    HubDiskSpaceError,
+    HubError,
+    NotCachedError,
+    UnknownQuantError,
+    UsageError,
+)
 from tuner.hub.repos import (
     DEFAULT_OPTIONS,
     DEFAULT_QUANT,
-    HubError,
     HubOptions,
     Quant,
     RemoteFile,
-    UnknownQuantError,
     hub_errors,
     list_quants,
     parse_hub_ref,
@@ -42,43 +48,6 @@ from tuner.hub.repos import (
 CHUNK_BYTES = 1 << 20
 DEFAULT_RETRIES = 5
 RETRY_PAUSE_S = 0.2
-
-
-class HashMismatchError(HubError):
-    def __init__(self, repo_id: str, path: str, got: str, want: str) -> None:
-        self.repo_id, self.path, self.got, self.want = repo_id, path, got, want
-        super().__init__(
-            f"sha256 of {repo_id}/{path} is {got[:12]}…, the Hub's LFS hash is {want[:12]}…: the download was "
-            "corrupted and has been deleted; run the same command again"
-        )
-
-
-class DownloadInterruptedError(HubError):
-    def __init__(self, repo_id: str, path: str, have_bytes: int, total_bytes: int, reason: str) -> None:
-        self.repo_id, self.path, self.have_bytes, self.total_bytes = repo_id, path, have_bytes, total_bytes
-        super().__init__(
-            f"download of {repo_id}/{path} stopped at {have_bytes / 2**20:.1f} of {total_bytes / 2**20:.1f} MiB "
-            f"({reason}): run the same command again to resume where it stopped"
-        )
-
-
-class NotCachedError(HubError):
-    def __init__(self, repo_id: str, missing: list[str]) -> None:
-        self.repo_id, self.missing = repo_id, missing
-        super().__init__(
-            f"{repo_id}: {', '.join(missing)} not in the Hugging Face cache and offline mode is on: "
-            "run without --offline (and without HF_HUB_OFFLINE=1) to download"
-        )
-
-
-class HubDiskSpaceError(DiskSpaceError):
-    def __init__(self, path: Path, need_bytes: int, free_bytes: int) -> None:
-        self.path, self.need_bytes, self.free_bytes = path, need_bytes, free_bytes
-        Exception.__init__(
-            self,
-            f"not enough disk space in {path}: need {need_bytes / 2**30:.2f} GiB, {free_bytes / 2**30:.2f} GiB "
-            "free; free some space or set HF_HOME (or HF_HUB_CACHE) to another disk",
-        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,8 +16,8 @@ from pathlib import Path
 from huggingface_hub.file_download import hf_hub_url, repo_folder_name
 from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
-from tuner.core.errors import GGUFFormatError
-from tuner.hub.repos import DEFAULT_OPTIONS, HubError, HubOptions, Quant, RemoteFile, hub_errors
+from tuner.core.errors import GGUFFormatError, HubError
+from tuner.hub.repos import DEFAULT_OPTIONS, HubOptions, Quant, RemoteFile, hub_errors
 from tuner.machine import paths
 from tuner.machine.fileio import atomic_path
 from tuner.models.gguf_reader import ModelInfo, header_end, inspect_model, local_header_bytes

@@ -20,7 +20,14 @@ from huggingface_hub import HfApi, constants, errors
 from huggingface_hub.file_download import repo_folder_name
 from huggingface_hub.hf_api import RepoFile
 
-from tuner.core.errors import TunerError, UsageError
+from tuner.core.errors import (
+    GatedRepoError,
+    HubError,
+    HubUnreachableError,
+    RepoNotFoundError,
+    UnknownQuantError,
+    UsageError,
+)
 from tuner.models.gguf_reader import split_name
 
 DEFAULT_QUANT = "Q4_K_M"  # what llama.cpp's -hf picks when the name carries no quant
@@ -34,54 +41,12 @@ _REPO_RE = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+?)(?::(?P<quant>[\w.
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 
 
-# -- errors -------------------------------------------------------------------------------------------
-
-
-class HubError(TunerError):
-    """Something about a Hugging Face repo or download."""
-
-
-class RepoNotFoundError(HubError, LookupError):
-    def __init__(self, repo_id: str) -> None:
-        self.repo_id = repo_id
-        super().__init__(
-            f"repo {repo_id} not found on Hugging Face: check the name (owner/name, e.g. "
-            "unsloth/Qwen3-30B-A3B-GGUF); if it is private, run `hf auth login` or set HF_TOKEN"
-        )
-
-
-class GatedRepoError(HubError, PermissionError):
-    def __init__(self, repo_id: str) -> None:
-        self.repo_id = repo_id
-        super().__init__(
-            f"repo {repo_id} is gated: accept its terms at https://huggingface.co/{repo_id}, then run "
-            "`hf auth login` (`huggingface-cli login` with older huggingface_hub) or set HF_TOKEN"
-        )
-
-
-class UnknownQuantError(HubError, LookupError):
-    def __init__(self, repo_id: str, quant: str, available: tuple[str, ...]) -> None:
-        self.repo_id = repo_id
-        self.quant = quant
-        self.available = available
-        have = ", ".join(available) if available else "none"
-        super().__init__(f"no quant {quant} in {repo_id}: pick one of {have} (e.g. {repo_id}:{_example(available)})")
-
-
-class HubUnreachableError(HubError, ConnectionError):
-    def __init__(self, endpoint: str, reason: str) -> None:
-        self.endpoint = endpoint
-        super().__init__(
-            f"cannot reach {endpoint} ({reason}): check your connection, proxy or HF_ENDPOINT; "
-            "for files already downloaded add --offline (or set HF_HUB_OFFLINE=1)"
-        )
+# -- names --------------------------------------------------------------------------------------------
 
 
 def _example(available: tuple[str, ...]) -> str:
+    """The quant an error message suggests: llama.cpp's default when the repo has it."""
     return DEFAULT_QUANT if DEFAULT_QUANT in available or not available else available[0]
-
-
-# -- names --------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,7 +169,7 @@ class RepoQuants:
         for q in self.quants:
             if q.name.upper() == name.upper():
                 return q
-        raise UnknownQuantError(self.repo_id, name, self.names)
+        raise UnknownQuantError(self.repo_id, name, self.names, _example(self.names))
 
 
 def quant_name(path: str) -> str:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from tuner.core.errors import HardwareError, UsageError
+from tuner.core.errors import HardwareError, NoGpuError, UsageError
 from tuner.machine import hardware, paths
 
 # Plain cudaMalloc in halving chunks until what is free is down to the amount to leave; then sleep.
@@ -120,10 +120,6 @@ class Ballast:
     held_mib: int
     free_mib: int  # what the GPU has free with the ballast in place
     total_mib: int
-
-
-class NoGpuError(HardwareError):
-    """No NVIDIA GPU (or no way to allocate on one) on this machine."""
 
 
 def _build_dir() -> Path:

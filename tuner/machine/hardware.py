@@ -17,7 +17,7 @@ from typing import Any
 
 import psutil
 
-from tuner.core.errors import UsageError
+from tuner.core.errors import NvmlUnavailableError, UsageError
 from tuner.core.machine_spec import Hardware
 
 
@@ -78,10 +78,6 @@ def _load_nvml() -> Any:
     import pynvml
 
     return pynvml
-
-
-class NvmlUnavailableError(Exception):
-    """No usable NVML: bindings missing or no driver (the message says which)."""
 
 
 def open_nvml(nvml: Any = None) -> Any:

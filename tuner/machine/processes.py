@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import psutil
 
+from tuner.core.errors import NvmlUnavailableError
 from tuner.machine import hardware, paths
 
 SCOPE_ENV = "MOE_TUNE_MACHINE_SCOPE"
@@ -170,7 +171,7 @@ def observe(own: Collection[int] | Callable[[], Collection[int]] = (), interval_
     cores = spent / elapsed if elapsed >= MIN_CPU_WINDOW_S else 0.0
     llama = tuple(_llama(p, second.procs) for p in others if p.name.startswith(LLAMA_PREFIX))
     gpu: tuple[str, ...] = ()
-    with contextlib.suppress(hardware.NvmlUnavailableError):
+    with contextlib.suppress(NvmlUnavailableError):
         mine = {second.me} | second.own | {p for p in second.procs if set(_ancestors(p, second.procs)) & second.own}
         allowed = None if second.root is None else {p.pid for p in others}
         gpu = tuple(f"{g.name} pid {g.pid} on the GPU ({g.used_bytes / 2**20:,.0f} MiB)"

@@ -18,6 +18,7 @@ from typing import Any
 
 import psutil
 
+from tuner.core.errors import NvmlUnavailableError
 from tuner.core.units import MIB
 from tuner.machine import hardware
 
@@ -156,7 +157,7 @@ class Sampler:
         try:
             self._nvml = hardware.open_nvml(self._nvml)
             self._handle = self._nvml.nvmlDeviceGetHandleByIndex(self.gpu_index)
-        except hardware.NvmlUnavailableError:
+        except NvmlUnavailableError:
             return  # a CPU-only run
         except Exception:  # no such card
             self._handle = None

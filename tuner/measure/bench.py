@@ -2,7 +2,7 @@
 
 Noise control: a figure is repeated until its relative standard error is at most ``RSE_TARGET_PCT`` or a
 repetition cap is hit, and every figure carries its median and CV. Failures come back classified
-(:class:`tuner.measure.failures.TrialFailedError`), never as a 0.0.
+(:class:`tuner.core.errors.TrialFailedError`), never as a 0.0.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.core.config import FlashAttn, LaunchConfig
-from tuner.core.errors import EngineNotFoundError, ProcessFailedError, TunerError, UsageError
+from tuner.core.errors import EngineNotFoundError, ProcessFailedError, TrialFailedError, TunerError, UsageError
 from tuner.core.stats import cv_pct
 from tuner.engine import breakdown, flags, runner
 from tuner.engine.breakdown import MemoryBreakdown
@@ -195,7 +195,7 @@ def _tool(engine: EngineLocation, name: str) -> Path:
     try:
         return engine.tool(name)
     except EngineNotFoundError as exc:
-        raise failures.TrialFailedError(name, failures.from_error(exc)) from None
+        raise TrialFailedError(name, failures.from_error(exc)) from None
 
 
 _Test = tuple[int, int, tuple[int, ...]]  # (n_prompt, n_gen, depths) of one llama-bench process
@@ -225,14 +225,14 @@ def _bench_once(engine: EngineLocation, cfgs: Sequence[LaunchConfig], *, tests: 
                 on_start=sampler.attach if sampler else None,
             )
         except TunerError as exc:
-            raise failures.TrialFailedError("llama-bench", failures.from_error(exc)) from None
+            raise TrialFailedError("llama-bench", failures.from_error(exc)) from None
         got = parse_jsonl(result.stdout)
         expected = ((n_prompt > 0) + (n_gen > 0)) * len(depths) * len(cfgs)
         if len(got) < expected:
             # llama-bench can stop part-way through a sweep and still exit 0.
             err = ProcessFailedError("llama-bench", argv, result.returncode, result.stderr_tail,
                                      f"it reported {len(got)} of {expected} tests")
-            raise failures.TrialFailedError("llama-bench", failures.from_error(err))
+            raise TrialFailedError("llama-bench", failures.from_error(err))
         argvs = argv if not argvs else [*argvs, "&&", *argv]
         rows += got
         elapsed += result.elapsed_s
@@ -320,14 +320,14 @@ def run_bench_many(engine: EngineLocation, cfgs: Sequence[LaunchConfig], **kwarg
             for res in run_bench_group(engine, group, **kwargs):
                 assert res.config is not None
                 out[res.config] = res
-        except failures.TrialFailedError as exc:
+        except TrialFailedError as exc:
             if len(group) == 1:
                 out[group[0]] = exc.failure
                 continue
             for cfg in group:
                 try:
                     out[cfg] = run_bench_group(engine, [cfg], **kwargs)[0]
-                except failures.TrialFailedError as one:
+                except TrialFailedError as one:
                     out[cfg] = one.failure
     return [out[c] for c in cfgs]
 
@@ -403,7 +403,7 @@ def run_server_trial(
     finally:
         memory = sampler.stop()
     if failure is not None:
-        raise failures.TrialFailedError("llama-server", failure)
+        raise TrialFailedError("llama-server", failure)
     gen = levels[0].per_request_gen_tok_s if levels else None
     verdict = spill_verdict(memory, gen_tok_s=gen, roofline_tok_s=roofline_tok_s,
                             vram_budget_bytes=vram_budget_bytes)

@@ -17,11 +17,12 @@ from tuner.core.errors import (
     EngineNotFoundError,
     ProcessFailedError,
     ProcessTimeoutError,
+    RequestRejectedError,
+    TrialFailedError,
     TunerError,
     UsageError,
     _last_meaningful_line,
 )
-from tuner.engine.runner import RequestRejectedError
 
 
 class FailureKind(str, Enum):
@@ -75,15 +76,6 @@ class Failure:
             "kind": self.kind.value, "reason": self.reason, "argv": list(self.argv), "returncode": self.returncode,
             "signal": self.signal_name, "stderr_tail": self.stderr_tail,
         }
-
-
-class TrialFailedError(EngineError):
-    """A trial ended in a classified failure; the CLI prints its one-line summary."""
-
-    def __init__(self, what: str, failure: Failure) -> None:
-        self.what = what
-        self.failure = failure
-        super().__init__(f"{what} {failure.summary()}")
 
 
 def _signal_name(returncode: int | None) -> str | None:

@@ -16,7 +16,7 @@ from enum import Enum
 from functools import cache
 from pathlib import Path
 
-from tuner.core.errors import TunerError
+from tuner.core.errors import CorpusError
 from tuner.machine import paths
 from tuner.machine.fileio import atomic_write, sha256_file
 
@@ -24,10 +24,6 @@ MANIFEST_NAME = "manifest.json"
 # About 500 tokens of English with a 150k-token vocabulary: one segment per kind in each 512-token chunk.
 SEGMENT_CHARS = 2000
 SEGMENT_SEPARATOR = "\n\n"
-
-
-class CorpusError(TunerError):
-    """The bundled corpus is damaged or missing (a broken install)."""
 
 
 class DocumentKind(str, Enum):

@@ -12,32 +12,11 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from tuner.core.errors import TunerError, UsageError
+from tuner.core.errors import OutputCutError, QualityError, TextTooShortError
 
 LOGITS_MAGIC = b"_logits_"
 # Statistics need at least this many scored tokens; below it llama-perplexity prints none (perplexity.cpp).
 MIN_SCORED_TOKENS = 100
-
-
-class QualityError(TunerError):
-    """A quality measurement gave no trustworthy figure."""
-
-
-class OutputCutError(QualityError):
-    """The run ended without its final figures. llama.cpp's logger prints from a thread that the process does
-    not wait for at exit (common/log.cpp leaks it on purpose), so the last lines can be lost: run it again."""
-
-
-class TextTooShortError(QualityError, UsageError):
-    def __init__(self, n_tokens: int | None, need_tokens: int, ctx: int) -> None:
-        self.n_tokens = n_tokens
-        self.need_tokens = need_tokens
-        self.ctx = ctx
-        have = f"only {n_tokens} tokens" if n_tokens is not None else "too few tokens"
-        super().__init__(
-            f"the evaluation text has {have}; llama-perplexity needs at least {need_tokens} at -c {ctx}: "
-            "use a longer text (or the bundled corpus) or a smaller -c"
-        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,7 @@ hash, ctx, chunks, KV types and engine, so a study asks as often as it likes and
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -21,13 +22,12 @@ from pathlib import Path
 from typing import TypeVar
 
 from tuner.core.config import CacheType, FlashAttn, LaunchConfig
-from tuner.core.errors import DiskSpaceError, UsageError
+from tuner.core.errors import DiskSpaceError, OutputCutError, QualityError, TextTooShortError, UsageError
 from tuner.engine import build, flags, runner
 from tuner.machine import hardware, paths
 from tuner.machine.fileio import atomic_path, atomic_write, file_lock
 from tuner.models import gguf_reader
 from tuner.quality import corpus, kld
-from tuner.quality.kld import QualityError
 
 DEFAULT_CTX = 512
 DEFAULT_CHUNKS = 32
@@ -91,13 +91,21 @@ def model_identity(model: Path) -> str:
     """Content identity of a model file (all split parts): size plus hashes of its head and tail.
 
     Hashing a 20 GB file whole would cost minutes; the head holds the GGUF header (every tensor's name, type
-    and offset) and the start of the data, so a re-quantized or re-converted file differs there.
+    and offset) and the start of the data, so a re-quantized or re-converted file differs there. Hashed once per
+    process: a file seen again (same parts, sizes and modification times) is served from memory, so a pricing
+    pass over many KV types, or a model that is its own reference, reads it once.
     """
+    parts = gguf_reader.split_parts(model)
+    return _hash_parts(tuple((str(p.resolve()), st.st_size, st.st_mtime_ns) for p in parts for st in (p.stat(),)))
+
+
+@functools.lru_cache(maxsize=64)
+def _hash_parts(stamp: tuple[tuple[str, int, int], ...]) -> str:
+    """The hash itself, keyed by each part's (resolved path, size, mtime): a rewritten file is hashed again."""
     digest = hashlib.sha256()
-    for part in gguf_reader.split_parts(model):
-        size = part.stat().st_size
+    for part, size, _ in stamp:
         digest.update(f"{size}|".encode())
-        with part.open("rb") as fh:
+        with Path(part).open("rb") as fh:
             digest.update(fh.read(4 * 2**20))
             if size > 5 * 2**20:
                 fh.seek(size - 2**20)
@@ -123,10 +131,15 @@ def _base_name(path: Path) -> str:
 def find_reference(model: Path) -> Path | None:
     """The highest-precision file of the same model next to ``model`` (same folder, or per-quant sibling
     folders as Hugging Face repos lay them out): same name without the quant, same shape, F32/BF16/F16/Q8_0."""
-    info = gguf_reader.inspect_model(model)
+    found = _reference_near(model, gguf_reader.inspect_model(model))
+    return found[0] if found else None
+
+
+def _reference_near(model: Path, info: gguf_reader.ModelInfo) -> tuple[Path, gguf_reader.ModelInfo] | None:
+    """:func:`find_reference` for a model already read, with the reference's header (read once, kept)."""
     base = _base_name(model)
     folders = {model.parent} | {p for p in model.parent.parent.iterdir() if p.is_dir()}
-    best: tuple[int, Path] | None = None
+    best: tuple[int, Path, gguf_reader.ModelInfo] | None = None
     for folder in sorted(folders):
         for candidate in sorted(folder.glob("*.gguf")):
             split = gguf_reader.split_name(candidate.name)
@@ -142,8 +155,8 @@ def find_reference(model: Path) -> Path | None:
                 continue
             rank = REFERENCE_FILE_TYPES.index(other.file_type)
             if best is None or rank < best[0]:
-                best = (rank, candidate)
-    return best[1] if best else None
+                best = (rank, candidate, other)
+    return (best[1], best[2]) if best else None
 
 
 # -------------------------------------------------------------------------------------------- storage
@@ -210,7 +223,7 @@ T = TypeVar("T")
 
 def _run(argv: list[str], parse: Callable[[str], T], timeout_s: float) -> T:
     """Run llama-perplexity and parse its figures; again when its last lines were lost at exit (see
-    :class:`~tuner.quality.kld.OutputCutError`): the figures are deterministic, so a second run gives the same."""
+    :class:`~tuner.core.errors.OutputCutError`): the figures are deterministic, so a second run gives the same."""
     for attempt in range(1, RUN_ATTEMPTS + 1):
         res = runner.run_process(
             argv, timeout_s=timeout_s, what="llama-perplexity",
@@ -218,7 +231,7 @@ def _run(argv: list[str], parse: Callable[[str], T], timeout_s: float) -> T:
         )
         try:
             return parse(res.stdout + "\n" + res.stderr_tail)
-        except kld.OutputCutError:
+        except OutputCutError:
             if attempt == RUN_ATTEMPTS:
                 raise
     raise AssertionError("unreachable")
@@ -236,9 +249,12 @@ def reference_logits(
     cfg: LaunchConfig | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     on_step: Callable[[str], None] | None = None,
+    reference_info: gguf_reader.ModelInfo | None = None,
 ) -> ReferenceLogits:
-    """The reference's logits over ``chunks`` chunks, written once (f16 KV) and reused while they fit the budget."""
-    n_vocab = gguf_reader.inspect_model(reference).n_vocab
+    """The reference's logits over ``chunks`` chunks, written once (f16 KV) and reused while they fit the budget.
+
+    ``reference_info``: the reference's header when the caller has read it already (it is not read again)."""
+    n_vocab = (reference_info or gguf_reader.inspect_model(reference)).n_vocab
     key = _key(ref=model_identity(reference), text=text_sha256, ctx=ctx, chunks=chunks, engine=engine_identity(loc))
     path = logits_dir() / f"{key}.logits"
     meta = path.with_suffix(".json")
@@ -306,11 +322,17 @@ def measure(
     # just before it exits and is usually lost (its logger thread is not joined at exit).
     need_tokens = 2 * ctx
     if text_file.stat().st_size < need_tokens:
-        raise kld.TextTooShortError(None, need_tokens, ctx)
+        raise TextTooShortError(None, need_tokens, ctx)
+    # Each file's header is read once here and passed on (the reference is often the model itself).
+    info = gguf_reader.inspect_model(model)
+    ref_info: gguf_reader.ModelInfo | None = None
     if reference is None and auto_reference:
-        reference = find_reference(model)
-    if reference is not None:
-        m_vocab, r_vocab = gguf_reader.inspect_model(model).n_vocab, gguf_reader.inspect_model(reference).n_vocab
+        found = _reference_near(model, info)
+        reference, ref_info = found if found else (None, None)
+    elif reference is not None:
+        ref_info = info if reference.resolve() == model.resolve() else gguf_reader.inspect_model(reference)
+    if reference is not None and ref_info is not None:
+        m_vocab, r_vocab = info.n_vocab, ref_info.n_vocab
         if m_vocab != r_vocab:
             raise UsageError(f"reference {reference.name} has a {r_vocab}-token vocabulary and {model.name} "
                              f"{m_vocab}: name a reference of the same model with --reference")
@@ -340,7 +362,8 @@ def measure(
         result = replace(result, ppl=ppl.ppl, ppl_error=ppl.ppl_error, argv=tuple(argv))
     else:
         ref = reference_logits(loc, reference, text_file=text_file, text_sha256=text_sha, ctx=ctx, chunks=chunks,
-                               disk_budget_bytes=disk_budget_bytes, cfg=cfg, timeout_s=timeout_s, on_step=on_step)
+                               disk_budget_bytes=disk_budget_bytes, cfg=cfg, timeout_s=timeout_s, on_step=on_step,
+                               reference_info=ref_info)
         result = replace(result, reference=str(reference), reference_ppl=ref.ppl, reference_logits=str(ref.path),
                          reference_logits_bytes=ref.size_bytes)
         if ref_id == model_id and kv == ("f16", "f16"):

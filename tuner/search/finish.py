@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.core.config import FlashAttn, LaunchConfig
-from tuner.core.errors import TunerError
+from tuner.core.errors import TrialFailedError, TunerError
 from tuner.core.stats import cv_pct
 from tuner.engine import flags, runner
 from tuner.engine.build import Capabilities, EngineLocation
@@ -339,7 +339,7 @@ def finish(loc: EngineLocation, candidates: Sequence[tuple[int, LaunchConfig]],
                     runs[label].append(bench.run_server_trial(loc, cfg, replace(sent, concurrency=concurrency),
                                                               log_dir=log_dir, caps=caps, roofline_tok_s=roof,
                                                               vram_budget_bytes=vram_budget_bytes))
-                except failures.TrialFailedError as exc:
+                except TrialFailedError as exc:
                     runs[label].append(exc.failure)
             noise[label].append(watch.noise)
             if watch.noise and on_step:

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tuner.core.errors import UsageError
+from tuner.core.errors import ResultVersionError, UsageError
 from tuner.machine.fileio import atomic_write
 from tuner.search.finish import Finish, ServerMeasurement
 from tuner.search.study import TrialRecord, pareto_front, records
@@ -20,13 +20,6 @@ from tuner.search.study import TrialRecord, pareto_front, records
 # 2: trials at the workload's depth, KV quality prices, slots, verdicts; 1: the first auto-tune.
 RESULT_VERSION = 2
 RESULT_FILE = "result.json"
-
-
-class ResultVersionError(UsageError):
-    def __init__(self, file: Path, found: object) -> None:
-        super().__init__(f"{file} has result schema version {found!r}, this moe-tune reads version "
-                         f"{RESULT_VERSION}: run the same `moe-tune auto-tune` again (the study storage keeps every "
-                         "trial, so it resumes and rewrites the result)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +75,7 @@ class StudyResult:
     @classmethod
     def from_dict(cls, d: dict[str, Any], file: Path = Path(RESULT_FILE)) -> StudyResult:
         if d.get("version") != RESULT_VERSION:
-            raise ResultVersionError(file, d.get("version"))
+            raise ResultVersionError(file, d.get("version"), RESULT_VERSION)
         return cls(
             study=d["study"], model=d.get("model"), finish=Finish.from_dict(d["finish"]),
             trials=tuple(TrialRecord(**t) for t in d.get("trials", [])), pareto=tuple(d.get("pareto", [])),
@@ -122,7 +115,7 @@ def load_result(path: Path) -> StudyResult:
     if not isinstance(data, dict) or "finish" not in data or "study" not in data:
         raise UsageError(f"{file} is not an auto-tune result: pass results/<study>/result.json")
     if data.get("version") != RESULT_VERSION:
-        raise ResultVersionError(file, data.get("version"))
+        raise ResultVersionError(file, data.get("version"), RESULT_VERSION)
     try:
         return StudyResult.from_dict(data, file)
     except (KeyError, TypeError, ValueError) as exc:

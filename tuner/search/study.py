@@ -28,7 +28,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.core.config import LaunchConfig
-from tuner.core.errors import UsageError
+from tuner.core.errors import StudyError, UsageError
 from tuner.engine import runner
 from tuner.engine.build import Capabilities, EngineLocation
 from tuner.machine import quiet
@@ -50,10 +50,6 @@ WORKER = f"{socket.gethostname()}:{os.getpid()}"
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-
-
-class StudyError(UsageError):
-    """The study cannot be opened or used as asked."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,6 @@ from tuner.engine.flags.render import (
     FIT_PARAMS,
     PERPLEXITY,
     SERVER,
-    UnsupportedFlagError,
     address_argv,
     bench_argv,
     bench_group_argv,
@@ -29,7 +28,7 @@ from tuner.engine.flags.render import (
 )
 
 __all__ = [
-    "BENCH", "FIT_PARAMS", "PERPLEXITY", "SERVER", "ParsedCommand", "UnsupportedFlagError", "address_argv",
+    "BENCH", "FIT_PARAMS", "PERPLEXITY", "SERVER", "ParsedCommand", "address_argv",
     "bench_argv", "bench_group_argv", "fit_choice_line", "fit_params_argv", "launch_line", "listen_argv",
     "parse_command", "parse_fit_line", "parse_spec_types", "perplexity_argv", "server_argv", "server_logs_jsonl",
     "validate", "with_fit_target", "with_overrides",

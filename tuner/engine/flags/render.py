@@ -1,7 +1,7 @@
 """LaunchConfig → argv for llama-bench, llama-server, llama-perplexity and llama-fit-params.
 
 Because the measured argv and the emitted launch line come from the same function, they cannot differ. With
-the engine's :class:`~tuner.engine.build.Capabilities` each setting is spelled the way the detected binary accepts
+the engine's :class:`~tuner.engine.caps.Capabilities` each setting is spelled the way the detected binary accepts
 it (or refused before launch).
 """
 
@@ -11,13 +11,11 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tuner.core.config import CacheType, FlashAttn, LaunchConfig
-from tuner.core.errors import UsageError
-
-if TYPE_CHECKING:
-    from tuner.engine.build import Capabilities
+from tuner.core.errors import UnsupportedFlagError, UsageError
+from tuner.engine.caps import Capabilities
 
 SERVER = "llama-server"
 BENCH = "llama-bench"
@@ -73,10 +71,6 @@ _IGNORED_BARE = {
     "--no-warmup", "--warmup", "--cont-batching", "-cb", "--embedding", "--embeddings", "--no-context-shift",
     "--context-shift", "--log-disable", "--perf", "--no-perf",
 }
-
-
-class UnsupportedFlagError(UsageError):
-    """The detected engine does not accept a flag the config needs."""
 
 
 def validate(cfg: LaunchConfig) -> None:
