@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections import Counter
 
-import optuna
 import pytest
 
 from tuner.cli.cmd_tune import _kept
@@ -29,21 +28,19 @@ def _small_space(model):
     return info, sp
 
 
-def test_a_repeated_proposal_is_skipped_and_an_untried_config_queued(demo_models):
+def test_a_repeated_config_is_named_and_an_untried_one_offered(demo_models):
     info, sp = _small_space(demo_models[("qwen3moe", "Q4_K_M")])
     configs = list(space.iter_configs(sp))
     assert len(configs) == 4  # fa on/off x threads 1/2
-    st = optuna.create_study(directions=["maximize"])
-    seen = dedup.Seen(st, sp, [])
-    for _ in range(2):  # the sampler proposes the same config twice
-        st.enqueue_trial(space.params_of(sp, configs[0]))
-    first, second = st.ask(), st.ask()
-    assert seen.admit(first, space.suggest(first, sp))
-    assert not seen.admit(second, space.suggest(second, sp))
-    assert st.trials[second.number].user_attrs == {"status": "duplicate", "duplicate_of": first.number}
-    queued = st.ask()  # the next ask gets an untried config
-    assert space.suggest(queued, sp) not in (configs[0],) and seen.admit(queued, space.suggest(queued, sp))
-    assert not seen.exhausted
+    seen = dedup.Seen(sp, [(0, configs[0])])
+    assert seen.repeat_of(1, configs[0]) == 0  # a repeat of trial 0
+    assert seen.repeat_of(2, configs[1]) is None  # new: held from now on
+    fresh = seen.untried()
+    assert fresh is not None and space.make_config(sp, fresh) in configs[2:] and not seen.exhausted
+    for n, cfg in enumerate(configs[2:], start=3):
+        seen.repeat_of(n, cfg)
+    assert seen.untried() is None and seen.exhausted
+    assert seen.kept([type("R", (), {"number": n, "status": "measured"})() for n in (0, 1, 2, 9)]) == {"measured": 2}
 
 
 def test_search_measures_each_config_once_and_stops_when_the_space_is_spent(demo_models, tmp_path):

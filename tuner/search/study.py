@@ -28,7 +28,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.core.config import LaunchConfig
-from tuner.core.errors import StudyError, UsageError
+from tuner.core.errors import StudyError
 from tuner.engine import runner
 from tuner.engine.build import Capabilities, EngineLocation
 from tuner.machine import quiet
@@ -341,11 +341,12 @@ def _tell_measured(study: optuna.Study, trial: optuna.Trial, result: bench.Bench
     study.tell(trial, [gen.median, prompt.median] if objective.pareto else score)
 
 
-def _tell_pruned(study: optuna.Study, trial: optuna.Trial, status: str, extra: dict[str, Any]) -> None:
+def _tell_pruned(study: optuna.Study, trial: optuna.Trial, status: str, extra: dict[str, Any],
+                 state: TrialState = TrialState.PRUNED) -> None:
     trial.set_user_attr("status", status)
     for key, value in extra.items():
         trial.set_user_attr(key, value)
-    study.tell(trial, state=TrialState.PRUNED)
+    study.tell(trial, state=state)
 
 
 def run_search(
@@ -389,7 +390,7 @@ def run_search(
                                  best.request_s if best else None))
 
     pending: list[tuple[optuna.Trial, LaunchConfig]] = []
-    seen = dedup.Seen(study, sp, ((r.number, config_from_dict(r.config)) for r in records(study) if r.config))
+    seen = dedup.Seen(sp, ((r.number, config_from_dict(r.config)) for r in records(study) if r.config))
     interrupted = False
     try:
         while ((n_left := left()) is None or n_left > 0) and not seen.exhausted and (
@@ -398,9 +399,11 @@ def run_search(
             for _ in range(want):
                 trial = study.ask()
                 cfg = space.suggest(trial, sp)
-                if not seen.admit(trial, cfg):
-                    if seen.exhausted:
+                if (first := seen.repeat_of(trial.number, cfg)) is not None:  # measure nothing twice
+                    _tell_pruned(study, trial, dedup.DUPLICATE, {"duplicate_of": first}, TrialState.FAIL)
+                    if (fresh := seen.untried()) is None:
                         break
+                    study.enqueue_trial(fresh, user_attrs={"queued_for": dedup.DUPLICATE})
                     continue
                 pending.append((trial, cfg))
                 trial.set_user_attr("worker", WORKER)
