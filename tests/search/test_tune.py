@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import shlex
 import statistics
@@ -9,8 +10,10 @@ from pathlib import Path
 
 import optuna
 import pytest
+from rich.console import Console
 
 from tests.conftest import run_cli
+from tuner.cli import cmd_tune
 from tuner.engine import build, runner
 from tuner.machine import hardware
 from tuner.measure import workload
@@ -20,7 +23,7 @@ from tuner.search import autotune, finish, study
 from tuner.search import result as study_result
 
 
-def test_auto_tune_ends_with_a_launch_line_that_reproduces_its_speed(demo_models, tmp_path):
+def test_auto_tune_ends_with_a_launch_line_that_reproduces_its_speed(demo_models, tmp_path, monkeypatch):
     model = demo_models[("qwen3moe", "Q4_K_M")]
     args = ["auto-tune", str(model), "--workload", "agent", "-p", "32", "-n", "64", "--depth", "48", "--min-ctx",
             "1024", "--trials", "3", "--results-dir", str(tmp_path)]
@@ -49,6 +52,17 @@ def test_auto_tune_ends_with_a_launch_line_that_reproduces_its_speed(demo_models
     rebuilt = study_result.result_from_study(st)
     assert json.loads(json.dumps(rebuilt.to_dict())) == result
     assert study_result.StudyResult.from_dict(result) == rebuilt  # to_dict / from_dict round trip
+
+    # At 80 columns the re-measure table keeps every config name and figure whole (the table is drawn from
+    # result.json by the same function the command uses).
+    narrow = io.StringIO()
+    monkeypatch.setattr(cmd_tune, "out", Console(file=narrow, width=80))
+    cmd_tune._summary(autotune.TuneResult(result["study"], "s", result_file.parent, rebuilt, study.SearchOutcome(
+        result["study"], 3, False, 1.0)))
+    table = narrow.getvalue()
+    assert "…" not in table and all(len(line) <= 80 for line in table.splitlines() if "│" in line or "tok/s" in line)
+    for m in [*result["finish"]["baselines"], *result["finish"]["candidates"]]:
+        assert m["label"] in table and f"{m['gen_tok_s']:,.1f}" in table
 
     printed = run_cli("launch-line", str(result_file))
     assert printed.returncode == 0 and printed.stdout.strip() == last.removeprefix("launch line: ")

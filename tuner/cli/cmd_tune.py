@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich import box
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -147,12 +148,15 @@ def _summary(res: autotune.TuneResult) -> None:
     r = res.result.to_dict()
     w = r["workload"]
     table = Table(title=f"llama-server re-measure ({w['kind']}, P={w['prompt_tokens']}, G={w['gen_tokens']}, "
-                        f"depth {w.get('depth_tokens', w['prompt_tokens'])})")
-    # Short headers, and cells fold rather than being cut: at 80 columns every name and figure stays whole.
-    table.caption = ("gen/pp: one request alone; busy: per request with every slot in use; e2e: generated tok/s "
-                     "of wall time, prompts and all slots included")
-    for col in ("config", "slots", "gen tok/s", "CV %", "pp tok/s", "busy", "e2e", "KLD", "spill"):
-        table.add_column(col, justify="left" if col == "config" else "right", overflow="fold")
+                        f"depth {w.get('depth_tokens', w['prompt_tokens'])})", box=box.SIMPLE_HEAD,
+                  padding=(0, 1), pad_edge=False, collapse_padding=True)
+    # Short headers, no vertical rules, and cells fold rather than being cut: at 80 columns every name and
+    # figure stays whole.
+    table.caption = ("gen/pp: one request alone; loaded: per request with every slot in use; e2e: generated "
+                     "tok/s of wall time, prompts and all slots included")
+    for col in ("config", "slots", "gen tok/s", "CV %", "pp tok/s", "loaded", "e2e", "KLD", "spill"):
+        table.add_column(col, justify="left" if col == "config" else "right", overflow="fold",
+                         no_wrap=col == "config")
     fin = r["finish"]
 
     def num(v: float | None, spec: str = ",.1f") -> str:
