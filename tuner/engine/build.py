@@ -61,6 +61,9 @@ TOOLS = (
     "llama-quantize",
     "llama-fit-params",
     "llama-batched-bench",
+    # Since moe-tune 22 (compare-quants --imatrix). A build stamped before it still matches (the stamp lists
+    # its own tools), so nobody rebuilds for it; `engine install --force` adds it.
+    "llama-imatrix",
 )
 # A folder is an engine when it holds at least these.
 CORE_TOOLS = ("llama-server", "llama-bench")
