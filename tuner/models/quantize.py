@@ -33,6 +33,8 @@ MIX_HIGH_PATTERNS = ("attn_", r"ffn_(gate|up|down)(_shexp)?\.weight")
 # ggml tensor types a `--tensor-type` may name (ggml_type_name, matched case-insensitively by llama-quantize).
 GGML_TYPES = frozenset(t.name for t in gguf.GGMLQuantizationType)
 MADE_SUFFIX = ".made.json"
+# general.file_type (llama_ftype) of sources quantized from without --allow-requantize: F32, F16, BF16.
+FULL_PRECISION_FILE_TYPES = (0, 1, 32)
 QUANTIZE_TIMEOUT_S = 6 * 3600.0
 # Alignment padding GGUF puts after each tensor (general.alignment defaults to 32): a bound for the estimate.
 _TENSOR_PAD_BYTES = 32
@@ -117,7 +119,8 @@ def _argv(loc: EngineLocation, recipe: Recipe, source: Path, dest: Path, imatrix
     return flags.quantize_argv(
         loc.tool(flags.QUANTIZE), source, dest, recipe.ftype,
         tensor_types=[(p, mix) for p in MIX_HIGH_PATTERNS] if mix else (),
-        output_tensor_type=mix, token_embedding_type=mix, imatrix=imatrix, dry_run=dry_run)
+        output_tensor_type=mix, token_embedding_type=mix, imatrix=imatrix, dry_run=dry_run,
+        allow_requantize=gguf_reader.inspect_model(source).file_type not in FULL_PRECISION_FILE_TYPES)
 
 
 def made_path(source: Path, out_dir: Path, recipe: Recipe, imatrix: Path | None) -> Path:

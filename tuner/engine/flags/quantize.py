@@ -33,6 +33,7 @@ def quantize_argv(
     token_embedding_type: str | None = None,
     imatrix: Path | None = None,
     dry_run: bool = False,
+    allow_requantize: bool = False,
     threads: int | None = None,
 ) -> list[str]:
     """``llama-quantize [options] SOURCE [DEST] FTYPE [THREADS]``; a dry run writes nothing and names no DEST.
@@ -40,6 +41,8 @@ def quantize_argv(
     ``tensor_types`` are (regex searched in the tensor name, ggml type) pairs, applied in order.
     """
     argv = [str(binary)]
+    if allow_requantize:  # a Q8_0 source: its tensors are quantized already
+        argv.append("--allow-requantize")
     if imatrix is not None:
         argv += ["--imatrix", str(imatrix)]
     for pattern, ggml_type in tensor_types:
