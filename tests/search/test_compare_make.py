@@ -3,6 +3,7 @@ it runs, target mode and resuming — with the real engine."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from pathlib import Path
@@ -37,10 +38,8 @@ def test_made_quants_within_a_disk_budget_then_target_mode_and_resume(demo_model
 
     def sample() -> None:
         while not stop.is_set():
-            try:
+            with contextlib.suppress(FileNotFoundError):  # a file dropped between listing and stat
                 peak[0] = max(peak[0], quant_disk.tree_bytes(out) + quant_disk.tree_bytes(logits_dir))
-            except FileNotFoundError:  # a file dropped between listing and stat
-                pass
             stop.wait(0.05)
 
     sampler = threading.Thread(target=sample)

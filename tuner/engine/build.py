@@ -30,6 +30,7 @@ from tuner.core.errors import (
     UsageError,
 )
 from tuner.engine import runner
+from tuner.engine.flags.quantize import help_argv
 from tuner.machine import hardware, paths
 from tuner.machine.fileio import atomic_write, file_lock, sha256_file
 
@@ -250,7 +251,7 @@ def capabilities(loc: EngineLocation, use_cache: bool = True) -> Capabilities:
     for tool in TOOLS:
         if loc.has(tool):
             res = runner.run_process(
-                [str(loc.bin_dir / tool), "--help"], timeout_s=30, what=f"{tool} --help", fix=fix, check=False
+                help_argv(loc.bin_dir / tool), timeout_s=30, what=f"{tool} --help", fix=fix, check=False
             )
             flags[tool] = parse_help_flags(res.stdout + "\n" + res.stderr_tail)
     caps = Capabilities(version, build_number, commit, backend_of(devices, loc.bin_dir), devices, flags)

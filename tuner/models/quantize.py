@@ -76,7 +76,7 @@ class MadeQuant:
 @functools.cache
 def _help_types(binary: str) -> tuple[str, ...]:
     # llama-quantize prints its usage and exits 1 (tools/quantize/quantize.cpp `usage`).
-    res = runner.run_process(flags.quantize_help_argv(Path(binary)), timeout_s=60, what="llama-quantize --help",
+    res = runner.run_process(flags.help_argv(Path(binary)), timeout_s=60, what="llama-quantize --help",
                              fix="reinstall the engine: moe-tune engine install --force", check=False)
     return flags.parse_quant_types(res.stdout + "\n" + res.stderr_tail)
 

@@ -12,6 +12,7 @@ quant.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from collections.abc import Callable
@@ -37,7 +38,12 @@ def tree_bytes(path: Path) -> int:
         return path.stat().st_size
     if not path.is_dir():
         return 0
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+    total = 0
+    for p in path.rglob("*"):
+        with contextlib.suppress(FileNotFoundError):  # a journal or part file gone between listing and stat
+            if p.is_file() and not p.is_symlink():
+                total += p.stat().st_size
+    return total
 
 
 @dataclass

@@ -11,11 +11,11 @@ from tuner.engine.flags.parse import ParsedCommand, fit_choice_line, parse_comma
 from tuner.engine.flags.quantize import (
     IMATRIX,
     QUANTIZE,
+    help_argv,
     imatrix_argv,
     parse_quant_size_bytes,
     parse_quant_types,
     quantize_argv,
-    quantize_help_argv,
 )
 from tuner.engine.flags.render import (
     BENCH,
@@ -43,5 +43,5 @@ __all__ = [
     "parse_command", "parse_fit_line", "parse_spec_types", "perplexity_argv", "server_argv", "server_logs_jsonl",
     "validate", "with_fit_target", "with_overrides",
     "IMATRIX", "QUANTIZE", "imatrix_argv", "parse_quant_size_bytes", "parse_quant_types", "quantize_argv",
-    "quantize_help_argv",
+    "help_argv",
 ]

@@ -60,7 +60,8 @@ def quantize_argv(
     return argv
 
 
-def quantize_help_argv(binary: Path) -> list[str]:
+def help_argv(binary: Path) -> list[str]:
+    """Any llama.cpp tool's usage (its flags; llama-quantize's quant types)."""
     return [str(binary), "--help"]
 
 
