@@ -321,6 +321,8 @@ def compare(req: CompareRequest, loc: build.EngineLocation, tune_hw: Hardware, f
     if done:
         say(f"resuming: {len(done)} quant(s) already measured ({', '.join(sorted(done))})")
     ledger = quant_disk.DiskLedger(out_dir, req.disk_budget_bytes)
+    for stale in (out_dir / "quants").glob("*.part"):  # a quant an interrupted run was making: made again
+        stale.unlink(missing_ok=True)
     for r in rows:  # what an earlier run kept stays counted and droppable
         if r.kept and Path(r.path).is_file() and _inside_dir(Path(r.path), out_dir):
             ledger.keep(r.quant, Path(r.path), _dropper(Path(r.path)))
