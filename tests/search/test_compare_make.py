@@ -77,6 +77,13 @@ def test_made_quants_within_a_disk_budget_then_target_mode_and_resume(demo_model
     assert "no quant meets both --min-tok-s 1e+09 and --max-kld 1" in again.stdout
     assert "made here" in again.stdout and "llama-quantize" in again.stdout
 
+    # Fewer quants asked for: their rows come back as measured (not again), the others stay out of the table.
+    subset = run_cli(*[a if a != MAKE else "Q8_0,Q2_K/Q8_0" for a in _args(src, out, "--json")], env=env)
+    assert subset.returncode == 0, subset.stderr
+    kept = {r["quant"]: r for r in json.loads(subset.stdout)["rows"]}
+    assert sorted(kept) == ["Q2_K/Q8_0", "Q8_0"]
+    assert all(kept[q]["gen_tok_s"] == rows[q]["gen_tok_s"] for q in kept)
+
     # Target mode on the same rows: a floor no quant reaches, then one every quant reaches.
     floor = max(r["gen_tok_s"] + (r["gen_tok_s_error"] or 0) for r in rows.values()) + 1
     none = run_cli(*_args(src, out, "--min-tok-s", str(floor), "--json"), env=env)

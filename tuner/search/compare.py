@@ -296,9 +296,10 @@ def choose(rows: Sequence[QuantRow], min_tok_s: float | None, max_kld: float | N
 
 
 def _fingerprint(req: CompareRequest) -> str:
-    return quant_disk.fingerprint(sources=req.sources, quants=req.quants, make=req.make, make_from=req.make_from,
-                                  imatrix=req.imatrix, trials=req.trials, min_ctx=req.min_ctx,
-                                  workload=req.workload.describe(), kld=(req.kld_ctx, req.kld_chunks),
+    # Not the quant lists: a comparison run again with more (or fewer) quants keeps the rows it measured.
+    return quant_disk.fingerprint(sources=req.sources, make_from=req.make_from, imatrix=req.imatrix,
+                                  trials=req.trials, min_ctx=req.min_ctx, workload=req.workload.describe(),
+                                  kld=(req.kld_ctx, req.kld_chunks),
                                   reference=str(req.reference))
 
 
@@ -316,7 +317,8 @@ def compare(req: CompareRequest, loc: build.EngineLocation, tune_hw: Hardware, f
     title, targets, reference_of, catalog_key = _targets(req, loc, out_dir, say)
     known = families.find_model(catalog_key) if catalog_key else None
     key = _fingerprint(req)
-    rows = [QuantRow(**d) for d in quant_disk.load_rows(out_dir, key)]
+    names = {t.name for t in targets}
+    rows = [QuantRow(**d) for d in quant_disk.load_rows(out_dir, key) if d.get("quant") in names]
     done = {r.quant for r in rows}
     if done:
         say(f"resuming: {len(done)} quant(s) already measured ({', '.join(sorted(done))})")
