@@ -25,7 +25,8 @@ from tuner.search import compare
 @app.command("compare-quants")
 @friendly
 def compare_quants_cmd(
-    sources: Annotated[list[str], typer.Argument(help="One Hugging Face repo (owner/name) or several .gguf files.")],
+    sources: Annotated[list[str] | None, typer.Argument(
+        help="One Hugging Face repo (owner/name) or several .gguf files (none: only the --make quants).")] = None,
     quants: Annotated[str | None, typer.Option("--quants", help="Comma-separated quants, e.g. Q4_K_M,Q8_0 "
                                                "(default: every quant in the repo).")] = None,
     trials: Annotated[int, typer.Option("--trials", help="Auto-tune trials per quant.")] = compare.DEFAULT_TRIALS,
@@ -43,6 +44,24 @@ def compare_quants_cmd(
     n_gen: Annotated[int | None, typer.Option("-n", "--n-gen", help="Generated tokens per request.")] = None,
     out_dir: Annotated[Path | None, typer.Option("--out", help="Output folder (default results/compare-<name>).")]
     = None,
+    make: Annotated[str | None, typer.Option("--make", help="Quants to make here with llama-quantize, e.g. "
+                                             "Q4_K_M,IQ4_XS,Q3_K_M/Q8_0 (EXPERTS/REST: a MoE mix with the routed "
+                                             "experts at EXPERTS, attention/shared/embeddings/output at REST).")]
+    = None,
+    make_from: Annotated[str | None, typer.Option("--from", help="F16/BF16/Q8_0 source for --make: a .gguf or a "
+                                                  "repo (default: the repo's or the files' full-precision copy).")]
+    = None,
+    use_imatrix: Annotated[bool, typer.Option("--imatrix", help="Make with an importance matrix (llama-imatrix on "
+                                              "the bundled corpus, cached per source).")] = False,
+    disk_budget: Annotated[float | None, typer.Option("--disk-budget", help="GiB the comparison may keep on disk "
+                                                      "(quants, logits, its folder); keeps the winner, drops the "
+                                                      "rest as needed.")] = None,
+    min_tok_s: Annotated[float | None, typer.Option("--min-tok-s", help="Speed floor: generation tok/s at the "
+                                                    "workload's depth the answer must reach.")] = None,
+    max_kld: Annotated[float | None, typer.Option("--max-kld", help="Loss budget: the largest mean KLD the "
+                                                  "answer may have.")] = None,
+    depth: Annotated[int | None, typer.Option("--depth", help="Context depth (tokens) generation is measured "
+                                              "at (default: the prompt).")] = None,
     allow_busy: AllowBusy = False,
     busy_wait: BusyWait = "10m",
     llama_cpp_dir: LlamaDir = None,
@@ -51,8 +70,12 @@ def compare_quants_cmd(
 ) -> None:
     """Compare the quants of one model: size, fit, best config, prompt/gen tok/s, PPL, KLD, Pareto front.
 
-    Writes report.md, compare.csv, compare.json and gen_tok_s_vs_kld.png to the output folder.
+    Writes report.md, compare.csv, compare.json and gen_tok_s_vs_kld.png to the output folder. With --make it
+    quantizes here first (rows labelled "made here" with the command); with --min-tok-s/--max-kld it answers
+    which quant to run and which limit binds. Interrupted, it resumes at the next quant.
     Example: moe-tune compare-quants unsloth/Qwen3-30B-A3B-GGUF --quants Q4_K_M,Q6_K,Q8_0 --trials 4
+    Example: moe-tune compare-quants --from model-F16.gguf --make Q4_K_M,Q3_K_M,IQ4_XS,Q3_K_M/Q8_0
+             --disk-budget 40 --min-tok-s 20 --max-kld 0.05
     """
     if as_json and as_csv:
         raise UsageError("--json and --csv both choose the output: pick one")
@@ -68,9 +91,13 @@ def compare_quants_cmd(
             err.print(msg, highlight=False, soft_wrap=True)
 
     req = compare.CompareRequest(
-        sources=tuple(sources), quants=tuple(q.strip() for q in (quants or "").split(",") if q.strip()),
-        trials=trials, min_ctx=min_ctx, workload=workload.preset(workload.WorkloadKind.CHAT, n_prompt, n_gen),
-        kld_ctx=ctx, kld_chunks=chunks, reference=reference, out_dir=out_dir)
+        sources=tuple(sources or ()), quants=tuple(q.strip() for q in (quants or "").split(",") if q.strip()),
+        trials=trials, min_ctx=min_ctx,
+        workload=workload.preset(workload.WorkloadKind.CHAT, n_prompt, n_gen, depth_tokens=depth),
+        kld_ctx=ctx, kld_chunks=chunks, reference=reference, out_dir=out_dir,
+        make=tuple(m.strip() for m in (make or "").split(",") if m.strip()), make_from=make_from,
+        imatrix=use_imatrix, disk_budget_bytes=round(disk_budget * 2**30) if disk_budget is not None else None,
+        min_tok_s=min_tok_s, max_kld=max_kld)
     tune_hw = hardware.probe_hardware(host_bandwidth_s=0.3)
     with measuring("compare-quants", allow_busy=allow_busy, busy_wait=busy_wait, quiet_output=as_json or as_csv):
         result = compare.compare(req, loc, tune_hw, fit_of, on_step=say)
@@ -90,5 +117,13 @@ def compare_quants_cmd(
     if result.catalog_model:
         out.print(f"published (catalog) figures: {result.catalog_model}, not measured here", highlight=False)
     out.print(f"reference: {result.reference or 'none (PPL only)'}", highlight=False, soft_wrap=True)
+    for r in result.rows:
+        if r.command:
+            out.print(f"made here: {r.quant}: {r.command}", highlight=False, markup=False, soft_wrap=True)
+    answer = f"answer: {result.pick}; {result.binding}" if result.pick else result.binding
+    out.print(answer, highlight=False, markup=False, soft_wrap=True)
+    if result.disk_used_bytes is not None and req.disk_budget_bytes is not None:
+        out.print(f"disk: the comparison keeps {result.disk_used_bytes / 2**30:.3f} GiB of its "
+                  f"{req.disk_budget_bytes / 2**30:.3f} GiB budget", highlight=False)
     out.print(f"written: {result.out_dir}/report.md, compare.csv, compare.json, gen_tok_s_vs_kld.png",
               highlight=False, soft_wrap=True)

@@ -292,3 +292,12 @@ def _last_meaningful_line(text: str) -> str:
         if "error" in low or "failed" in low or "abort" in low or "what()" in low:
             return line[:300]
     return lines[-1][:300] if lines else "no output"
+
+
+class QuantizeError(UsageError):
+    """llama-quantize refused or failed; the message names the fix."""
+
+
+class OverBudgetError(UsageError):
+    """A quant (or what the comparison must keep) does not fit the --disk-budget."""
+

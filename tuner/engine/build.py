@@ -31,6 +31,7 @@ from tuner.core.errors import (
 )
 from tuner.engine import runner
 from tuner.engine.caps import Capabilities, EngineLocation  # the engine's public names: build.EngineLocation
+from tuner.engine.flags.quantize import help_argv
 from tuner.machine import hardware, paths
 from tuner.machine.fileio import atomic_write, file_lock, sha256_file
 
@@ -62,6 +63,9 @@ TOOLS = (
     "llama-quantize",
     "llama-fit-params",
     "llama-batched-bench",
+    # Since moe-tune 22 (compare-quants --imatrix). A build stamped before it still matches (the stamp lists
+    # its own tools), so nobody rebuilds for it; `engine install --force` adds it.
+    "llama-imatrix",
 )
 # A folder is an engine when it holds at least these.
 CORE_TOOLS = ("llama-server", "llama-bench")
@@ -219,7 +223,7 @@ def capabilities(loc: EngineLocation, use_cache: bool = True) -> Capabilities:
     for tool in TOOLS:
         if loc.has(tool):
             res = runner.run_process(
-                [str(loc.bin_dir / tool), "--help"], timeout_s=30, what=f"{tool} --help", fix=fix, check=False
+                help_argv(loc.bin_dir / tool), timeout_s=30, what=f"{tool} --help", fix=fix, check=False
             )
             flags[tool] = parse_help_flags(res.stdout + "\n" + res.stderr_tail)
     caps = Capabilities(version, build_number, commit, backend_of(devices, loc.bin_dir), devices, flags)

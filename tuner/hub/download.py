@@ -224,3 +224,17 @@ def quant_for(name: str, *, revision: str = "main", options: HubOptions = DEFAUL
     if ref is None:
         raise UsageError(f"{name} is not a Hugging Face name: use owner/name or owner/name:QUANT")
     return ref.repo_id, list_quants(ref.repo_id, revision=revision, options=options).get(ref.quant)
+
+
+def drop_quant(got: DownloadedQuant) -> int:
+    """Delete a quant this process downloaded from the cache (snapshot links and their blobs); the bytes freed.
+
+    compare-quants under a disk budget drops the quants it fetched once they are measured and not kept."""
+    freed = 0
+    for link in got.paths:
+        target = link.resolve()
+        if target.is_file():
+            freed += target.stat().st_size
+            target.unlink()
+        link.unlink(missing_ok=True)
+    return freed

@@ -19,7 +19,7 @@ import gguf
 import numpy as np
 
 from tuner.core.errors import EngineError, UsageError
-from tuner.engine import runner
+from tuner.engine import flags, runner
 from tuner.engine.build import EngineLocation
 from tuner.machine import paths
 
@@ -70,8 +70,7 @@ def _make_pool(typ: Q, engine: EngineLocation, path: Path) -> None:
         src = demo_model.write_demo_model(Path(tmp) / "source-F16.gguf", "qwen3moe", "tiny", seed=POOL_SEED)
         dst = Path(tmp) / f"source-{typ.name}.gguf"
         runner.run_process(
-            [str(engine.tool("llama-quantize")), "--tensor-type", f"_exps={typ.name.lower()}", str(src), str(dst),
-             "Q8_0"],
+            flags.quantize_argv(engine.tool(flags.QUANTIZE), src, dst, "Q8_0", tensor_types=[("_exps", typ.name)]),
             timeout_s=600, what=f"llama-quantize (a {typ.name} block pool)",
             fix=f"this engine's llama-quantize cannot write {typ.name}; pick another recipe",
         )

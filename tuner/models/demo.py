@@ -10,7 +10,7 @@ from pathlib import Path
 import gguf
 
 from tuner.core.errors import UsageError
-from tuner.engine import runner
+from tuner.engine import flags, runner
 from tuner.engine.build import EngineLocation
 from tuner.machine import paths
 from tuner.models import demo_model
@@ -109,7 +109,7 @@ def created_newer(source: Path, derived: Path) -> bool:
 def quantize(engine: EngineLocation, source: Path, dest: Path, quant: str) -> Path:
     tmp = dest.with_name(dest.name + ".part")
     runner.run_process(
-        [str(engine.tool("llama-quantize")), str(source), str(tmp), quant],
+        flags.quantize_argv(engine.tool(flags.QUANTIZE), source, tmp, quant),
         timeout_s=3600, what=f"llama-quantize {quant}",
         fix="check the quant name; IQ1/IQ2 types need an importance matrix",
     )

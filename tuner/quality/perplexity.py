@@ -237,6 +237,17 @@ def _run(argv: list[str], parse: Callable[[str], T], timeout_s: float) -> T:
     raise AssertionError("unreachable")
 
 
+def _logits_path(loc: build.EngineLocation, reference: Path, text_sha256: str, ctx: int, chunks: int) -> Path:
+    key = _key(ref=model_identity(reference), text=text_sha256, ctx=ctx, chunks=chunks, engine=engine_identity(loc))
+    return logits_dir() / f"{key}.logits"
+
+
+def cached_logits_path(loc: build.EngineLocation, reference: Path, *, ctx: int, chunks: int) -> Path | None:
+    """The reference logits over the bundled corpus, when they are cached (a disk budget counts them)."""
+    path = _logits_path(loc, reference, corpus.sha256(), ctx, chunks)
+    return path if path.is_file() else None
+
+
 def reference_logits(
     loc: build.EngineLocation,
     reference: Path,
@@ -255,8 +266,8 @@ def reference_logits(
 
     ``reference_info``: the reference's header when the caller has read it already (it is not read again)."""
     n_vocab = (reference_info or gguf_reader.inspect_model(reference)).n_vocab
-    key = _key(ref=model_identity(reference), text=text_sha256, ctx=ctx, chunks=chunks, engine=engine_identity(loc))
-    path = logits_dir() / f"{key}.logits"
+    path = _logits_path(loc, reference, text_sha256, ctx, chunks)
+    key = path.stem
     meta = path.with_suffix(".json")
     with file_lock(logits_dir() / f"{key}.lock"):
         if path.is_file() and meta.is_file():

@@ -19,8 +19,8 @@ def _f(v: float | None, spec: str) -> str:
     return "" if v is None else format(v, spec)
 
 
-COLUMNS = ("quant", "size", "fit", "best config", "prompt tok/s", "gen tok/s", "PPL", "mean KLD", "KLD p99",
-           "same top %", "Pareto", "published (catalog)")
+COLUMNS = ("quant", "origin", "size", "fit", "best config", "prompt tok/s", "gen tok/s at depth", "PPL",
+           "mean KLD", "KLD p99", "same top %", "Pareto", "verdict", "published (catalog)")
 
 
 def cells(r: QuantRow) -> list[str]:
@@ -30,8 +30,17 @@ def cells(r: QuantRow) -> list[str]:
         f"failed: {r.error}" if r.error else "")
     ppl = "" if r.ppl is None else f"{r.ppl:.3f} ± {r.ppl_error or 0:.3f}"
     kld = "0 (reference)" if r.is_reference and r.kld_mean == 0 else _f(r.kld_mean, ".5f")
-    return [r.quant, size, r.fit, config, _f(r.prompt_tok_s, ",.1f"), _f(r.gen_tok_s, ",.1f"), ppl, kld,
-            _f(r.kld_p99, ".4f"), _f(r.same_top_pct, ".2f"), "yes" if r.pareto else "", r.published or ""]
+    if kld and not r.is_reference and r.kld_mean_error is not None:
+        kld += f" ± {r.kld_mean_error:.5f}"
+    gen = _f(r.gen_tok_s, ",.1f")
+    if gen and r.gen_tok_s_error:
+        gen += f" ± {r.gen_tok_s_error:,.1f}"
+    if gen and r.depth_tokens is not None:
+        gen += f" @ {r.depth_tokens}"
+    origin = r.origin + ("" if r.kept or not r.path else " (dropped)")
+    return [r.quant, origin, size, r.fit, config, _f(r.prompt_tok_s, ",.1f"), gen, ppl, kld,
+            _f(r.kld_p99, ".4f"), _f(r.same_top_pct, ".2f"), "yes" if r.pareto else "", r.verdict,
+            r.published or ""]
 
 
 def markdown(cmp: Comparison) -> str:
@@ -41,6 +50,10 @@ def markdown(cmp: Comparison) -> str:
                   "and lower mean KLD.", ""]
     lines += ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(c.replace("|", "\\|") for c in cells(r)) + " |" for r in cmp.rows]
+    lines += ["", f"Answer: {cmp.pick}; {cmp.binding}" if cmp.pick else f"Answer: {cmp.binding}"]
+    made = [r for r in cmp.rows if r.command]
+    if made:
+        lines += ["", "Made here:", ""] + [f"- {r.quant}: `{r.command}`" for r in made]
     if cmp.catalog_model:
         lines += ["", f"Published figures come from the catalog entry {cmp.catalog_model}; they were not measured "
                   "here."]
@@ -50,7 +63,8 @@ def markdown(cmp: Comparison) -> str:
 
 def to_json(cmp: Comparison) -> dict[str, Any]:
     return {"title": cmp.title, "reference": cmp.reference, "catalog_model": cmp.catalog_model,
-            "out_dir": str(cmp.out_dir), "rows": [asdict(r) for r in cmp.rows]}
+            "out_dir": str(cmp.out_dir), "pick": cmp.pick, "binding": cmp.binding,
+            "disk_used_bytes": cmp.disk_used_bytes, "rows": [asdict(r) for r in cmp.rows]}
 
 
 def to_csv(rows: Sequence[QuantRow]) -> str:

@@ -1,5 +1,5 @@
 """The only place llama.cpp flags are spelled: LaunchConfig ↔ argv for llama-bench, llama-server,
-llama-perplexity and llama-fit-params.
+llama-perplexity and llama-fit-params; sources → argv for llama-quantize and llama-imatrix.
 
 :mod:`~tuner.engine.flags.render` turns a config into argv (the measured argv and the emitted launch line come
 from the same function, so they cannot differ); :mod:`~tuner.engine.flags.parse` reads argv back: a pasted
@@ -8,6 +8,15 @@ from the same function, so they cannot differ); :mod:`~tuner.engine.flags.parse`
 """
 
 from tuner.engine.flags.parse import ParsedCommand, fit_choice_line, parse_command, parse_fit_line, parse_spec_types
+from tuner.engine.flags.quantize import (
+    IMATRIX,
+    QUANTIZE,
+    help_argv,
+    imatrix_argv,
+    parse_quant_size_bytes,
+    parse_quant_types,
+    quantize_argv,
+)
 from tuner.engine.flags.render import (
     BENCH,
     FIT_PARAMS,
@@ -32,4 +41,6 @@ __all__ = [
     "bench_argv", "bench_group_argv", "fit_choice_line", "fit_params_argv", "launch_line", "listen_argv",
     "parse_command", "parse_fit_line", "parse_spec_types", "perplexity_argv", "server_argv", "server_logs_jsonl",
     "validate", "with_fit_target", "with_overrides",
+    "IMATRIX", "QUANTIZE", "imatrix_argv", "parse_quant_size_bytes", "parse_quant_types", "quantize_argv",
+    "help_argv",
 ]

@@ -1,0 +1,86 @@
+"""Target mode: the least loss that meets a speed floor, within a loss budget; error bars make ties, and the
+smaller file wins a tie."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from tuner.search import quant_pick
+from tuner.search.quant_pick import Candidate, pick
+
+MiB = 2**20
+
+
+def _c(quant: str, size_mib: float, gen: float, kld: float, gen_err: float = 1.0, kld_err: float = 0.001):
+    return Candidate(quant, round(size_mib * MiB), gen, gen_err, kld, kld_err)
+
+
+ROWS = [
+    _c("Q8_0", 16, 20.0, 0.001),
+    _c("Q6_K", 13, 25.0, 0.004),
+    _c("Q4_K_M", 10, 32.0, 0.020),
+    _c("Q3_K_M/Q8_0", 9, 35.0, 0.030),
+    _c("Q2_K", 7, 40.0, 0.120),
+]
+
+
+def test_speed_floor_binds_when_the_best_quality_is_too_slow():
+    p = pick(ROWS, min_tok_s=30.0)
+    assert p.quant == "Q4_K_M"
+    assert p.binding.startswith("the speed floor binds") and "Q8_0" in p.binding
+    assert p.verdicts["Q8_0"] == quant_pick.TOO_SLOW and p.verdicts["Q6_K"] == quant_pick.TOO_SLOW
+    assert p.verdicts["Q2_K"] == quant_pick.MORE_LOSS and p.verdicts["Q4_K_M"] == quant_pick.PICK
+
+
+def test_no_limit_binds_when_the_best_quality_is_fast_enough():
+    p = pick(ROWS, min_tok_s=10.0, max_kld=0.05)
+    assert p.quant == "Q8_0" and p.binding.startswith("no limit binds")
+
+
+def test_no_quant_meets_both_is_one_line_naming_the_nearest_misses():
+    p = pick(ROWS, min_tok_s=38.0, max_kld=0.05)
+    assert p.quant is None
+    assert p.binding.startswith("no quant meets both --min-tok-s 38 and --max-kld 0.05")
+    assert "Q3_K_M/Q8_0" in p.binding and "Q2_K" in p.binding and "\n" not in p.binding
+    assert p.verdicts["Q2_K"] == quant_pick.OVER_LOSS and p.verdicts["Q8_0"] == quant_pick.TOO_SLOW
+
+
+def test_a_kld_difference_inside_the_error_bars_is_a_tie_and_the_smaller_file_wins():
+    rows = [_c("Q8_0", 16, 20.0, 0.0010, kld_err=0.0008), _c("Q6_K", 13, 21.0, 0.0015, kld_err=0.0008),
+            _c("Q4_K_M", 10, 30.0, 0.0200, kld_err=0.0008)]
+    p = pick(rows)
+    assert p.quant == "Q6_K"
+    assert p.verdicts == {"Q8_0": quant_pick.TIE, "Q6_K": quant_pick.PICK, "Q4_K_M": quant_pick.MORE_LOSS}
+    # Tighter error bars separate them: the least loss wins again.
+    tight = [_c(c.quant, c.size_bytes / MiB, c.gen_tok_s or 0, c.kld_mean or 0, kld_err=0.0001) for c in rows]
+    assert pick(tight).quant == "Q8_0"
+
+
+def test_the_speed_floor_is_judged_with_the_speed_interval():
+    rows = [_c("Q8_0", 16, 29.0, 0.001, gen_err=2.0), _c("Q4_K_M", 10, 40.0, 0.02)]
+    assert pick(rows, min_tok_s=30.0).quant == "Q8_0"  # 29 ± 2 does not lie wholly below 30
+    rows = [_c("Q8_0", 16, 27.0, 0.001, gen_err=2.0), _c("Q4_K_M", 10, 40.0, 0.02)]
+    assert pick(rows, min_tok_s=30.0).quant == "Q4_K_M"
+
+
+def test_with_only_a_loss_budget_the_fastest_inside_it_wins_and_the_budget_binds():
+    p = pick(ROWS, max_kld=0.025)
+    assert p.quant == "Q4_K_M"
+    assert p.binding.startswith("the loss budget binds") and "Q2_K" in p.binding
+    assert p.verdicts["Q2_K"] == quant_pick.OVER_LOSS
+
+
+def test_unmeasured_rows_are_never_picked():
+    rows = [Candidate("Q8_0", 1, None, 0.0, None, 0.0), _c("Q4_K_M", 10, 30.0, 0.02)]
+    p = pick(rows, min_tok_s=5.0)
+    assert p.quant == "Q4_K_M" and p.verdicts["Q8_0"] == quant_pick.UNMEASURED
+    assert pick([Candidate("X", 1, None, 0.0, None, 0.0)]).binding.startswith("no quant was measured")
+
+
+def test_speed_error_is_the_t_interval_half_width():
+    assert quant_pick.speed_error([10.0]) == 0.0
+    half = quant_pick.speed_error([10.0, 12.0])
+    assert half == pytest.approx(6.314 * math.sqrt(2.0) / math.sqrt(2))
+    assert quant_pick.kld_error(0.01) == pytest.approx(0.01645)
