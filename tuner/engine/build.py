@@ -63,9 +63,7 @@ TOOLS = (
     "llama-quantize",
     "llama-fit-params",
     "llama-batched-bench",
-    # Since moe-tune 22 (compare-quants --imatrix). A build stamped before it still matches (the stamp lists
-    # its own tools), so nobody rebuilds for it; `engine install --force` adds it.
-    "llama-imatrix",
+    "llama-imatrix",  # compare-quants --imatrix; a build without it is built again (once) to add it
 )
 # A folder is an engine when it holds at least these.
 CORE_TOOLS = ("llama-server", "llama-bench")
@@ -284,7 +282,8 @@ def _stamp_matches(target: Path, backend: Backend) -> bool:
     return (
         data.get("pin") == asdict(PIN)
         and data.get("cmake_flags") == list(cmake_flags(backend))
-        and all((target / "bin" / t).is_file() for t in data.get("tools", TOOLS))
+        # Every tool this version runs: a build made before a tool was added is built again, once.
+        and all((target / "bin" / t).is_file() for t in TOOLS)
     )
 
 
