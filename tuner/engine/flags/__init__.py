@@ -9,12 +9,14 @@ from the same function, so they cannot differ); :mod:`~tuner.engine.flags.parse`
 
 from tuner.engine.flags.parse import ParsedCommand, fit_choice_line, parse_command, parse_fit_line, parse_spec_types
 from tuner.engine.flags.render import (
+    BATCHED_BENCH,
     BENCH,
     FIT_PARAMS,
     PERPLEXITY,
     SERVER,
     UnsupportedFlagError,
     address_argv,
+    batched_bench_argv,
     bench_argv,
     bench_group_argv,
     fit_params_argv,
@@ -29,8 +31,8 @@ from tuner.engine.flags.render import (
 )
 
 __all__ = [
-    "BENCH", "FIT_PARAMS", "PERPLEXITY", "SERVER", "ParsedCommand", "UnsupportedFlagError", "address_argv",
-    "bench_argv", "bench_group_argv", "fit_choice_line", "fit_params_argv", "launch_line", "listen_argv",
+    "BATCHED_BENCH", "BENCH", "FIT_PARAMS", "PERPLEXITY", "SERVER", "ParsedCommand", "UnsupportedFlagError", "address_argv",
+    "batched_bench_argv", "bench_argv", "bench_group_argv", "fit_choice_line", "fit_params_argv", "launch_line", "listen_argv",
     "parse_command", "parse_fit_line", "parse_spec_types", "perplexity_argv", "server_argv", "server_logs_jsonl",
     "validate", "with_fit_target", "with_overrides",
 ]

@@ -1,0 +1,125 @@
+"""The trade-off frontier: the context ladder, memory-gated multi-objective trials, Optuna's Pareto front, and
+`launch-line --ctx/--slots` — on a fake runner (the measurement boundary), plus the hypervolume by hand."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from dataclasses import replace
+
+import pytest
+
+from tests.fakes import FakeFrontierRunner
+from tuner.catalog.cards import find_card
+from tuner.core.errors import UsageError
+from tuner.machine.hardware import Hardware
+from tuner.measure.workload import WorkloadKind, preset
+from tuner.models.gguf_reader import inspect_model
+from tuner.quality.kv_price import KvPrice
+from tuner.search import frontier, hypervolume, study
+from tuner.search import result as study_result
+
+GIB = 2**30
+CPU = Hardware("", 0, 0, 0.0, 0.0, 16 * GIB, 12 * GIB, 0, 20e9, 2, source="none")
+
+
+def fake_kld(cfg):
+    """KLD prices as the tiny model measures them, roughly (pricing itself is tested in tests/quality)."""
+    cost = {"f16": 0.0, "q8_0": 0.0002, "q4_0": 0.004}
+    kld = cost[cfg.cache_type_k.value] + cost[cfg.cache_type_v.value]
+    return KvPrice(cfg.cache_type_k, cfg.cache_type_v, kld, 0.0, 99.0, 0.1, 512, 1)
+
+
+def test_ctx_ladder_is_log_spaced_and_keeps_both_ends():
+    assert frontier.ctx_ladder(4096, 32768) == (4096, 8192, 16384, 32768)
+    assert frontier.ctx_ladder(1024, 131072, 5) == (1024, 3328, 11520, 38912, 131072)
+    assert frontier.ctx_ladder(4096, 4096) == (4096,)
+    load = preset(WorkloadKind.CHAT, 512, 128)
+    assert frontier.depths(load, 8192, 1) == (8192 - 128 - 512, 8192 - 128)
+    assert frontier.depths(load, 8192, 4) == (2048 - 640, 2048 - 128)
+    assert frontier.depths(preset(WorkloadKind.CHAT, 512, 128, depth_tokens=6000), 4096, 1) == (5488, 6000)
+
+
+def test_hypervolume_by_hand_and_against_a_grid_count():
+    assert hypervolume.hypervolume([(1.0, 1.0)], (2.0, 2.0)) == pytest.approx(1.0)
+    assert hypervolume.hypervolume([(0.0, 1.0), (1.0, 0.0)], (2.0, 2.0)) == pytest.approx(3.0)
+    assert hypervolume.hypervolume([(3.0, 0.0)], (2.0, 2.0)) == 0.0
+    rng = random.Random(3)
+    pts = [tuple(rng.randint(0, 4) for _ in range(3)) for _ in range(12)]
+    ref = (5, 5, 5)
+    # Count the unit cells dominated by some point: the exact volume on an integer grid.
+    cells = sum(any(all(p[i] <= c[i] for i in range(3)) for p in pts) for c in itertools.product(range(5), repeat=3))
+    assert hypervolume.hypervolume([tuple(map(float, p)) for p in pts], tuple(map(float, ref))) == pytest.approx(cells)
+
+
+@pytest.fixture(scope="module")
+def model(demo_models):
+    return demo_models[("qwen3moe", "Q4_K_M")]
+
+
+def _run(model, hw, load, contexts, slots, tmp_path, trials, runner, margin=None):
+    info = inspect_model(model)
+    fs = frontier.build_frontier_space(model, info, hw, load, contexts, slots=slots, vram_margin_mib=margin)
+    axes = frontier.Axes(fs.concurrent, kld=True)
+    st, created = frontier.create_or_load("f", study.default_storage(tmp_path), axes, seed=0)
+    assert created
+    frontier.enqueue_seeds(st, fs, frontier.seed_configs(fs, info, hw, margin))
+    out = frontier.run_frontier(st, fs, info, hw, load, runner, budget=study.Budget(trials=trials), axes=axes,
+                                kld_of=fake_kld, vram_margin_mib=margin)
+    return st, fs, out, frontier.frontier_of(st, fs, hw.has_gpu)
+
+
+def test_cpu_frontier_has_a_point_per_context_and_launch_line_picks_one(model, tmp_path):
+    runner = FakeFrontierRunner(fail_kv="q4_0/q4_0")
+    load = preset(WorkloadKind.CHAT, 128, 32)
+    st, fs, out, front = _run(model, CPU, load, (512, 1024, 2048, 4096), (1,), tmp_path, 14, runner)
+    assert out.trials_this_run == 14 and not out.interrupted
+    # Every trial measured at the depth its context allows (the reply ends at the slot's end).
+    assert all(p.gen_depth == p.config.ctx - 32 and p.prompt_depth == p.gen_depth - 128 for p in runner.plans)
+    # The seeds measured the best guess at each context first: each context is a point of the front.
+    assert {p.ctx for p in front.points} == {512, 1024, 2048, 4096}
+    assert front.axes == ("request_s", "ctx", "kld") and front.notes and "CPU" in front.notes[0]
+    numbers = {t.number for t in st.best_trials}
+    assert {p.trial for p in front.points} == numbers
+    # A failed trial is pruned with its class, never scored.
+    failed = [t for t in st.trials if t.user_attrs.get("status") == "failed"]
+    assert all(t.values is None and t.user_attrs["failure"]["kind"] == "crashed" for t in failed)
+    # Deeper is slower here, so along the front a larger context never has a shorter request at the same KLD.
+    for a, b in itertools.combinations(front.points, 2):
+        if a.kld == b.kld and a.ctx < b.ctx:
+            assert a.request_s < b.request_s
+    pick = front.at(ctx=2048)
+    assert pick.ctx == 2048 and f"-c 2048" in pick.launch_line
+    assert pick.request_s == min(p.request_s for p in front.points if p.ctx == 2048)
+    with pytest.raises(UsageError, match="no frontier point at --ctx 3000: the frontier has -c 512, -c 1024"):
+        front.at(ctx=3000)
+    # result.json carries the front with its Optuna trial numbers, and reads back.
+    st.set_user_attr("frontier", front.to_dict())
+    st.set_user_attr("model", str(model))
+    res = study_result.result_from_study(st)
+    again = study_result.StudyResult.from_dict(res.to_dict())
+    assert frontier.Frontier.from_dict(again.frontier or {}) == front
+
+
+def test_gpu_frontier_never_launches_what_cannot_fit_and_batch_searches_slots(model, tmp_path):
+    info = inspect_model(model)
+    card = find_card("RTX 4060 Ti 16GB").hardware(64 * GIB, 60 * GIB, 50e9, physical_cores=2)
+    hw = replace(card, vram_total_bytes=330 * 2**20, vram_free_bytes=330 * 2**20)
+    runner = FakeFrontierRunner()
+    load = preset(WorkloadKind.BATCH, 64, 32)
+    st, fs, out, front = _run(model, hw, load, (1024, 2048, 4096), (1, 2, 4), tmp_path, 20, runner, margin=0)
+    assert fs.concurrent and fs.slots == (1, 2, 4) and fs.base.n_cpu_moe is not None
+    assert front.axes == ("request_s", "aggregate_tok_s", "ctx", "kld")
+    from tuner.search import space
+
+    # Nothing the memory model rejects, and no slot shorter than one request, was handed to the runner.
+    for p in runner.plans:
+        assert space.check(info, p.config, hw, 0).feasible
+        assert p.config.ctx // p.config.parallel >= load.context_tokens
+    infeasible = [t for t in st.trials if t.user_attrs.get("status") == "infeasible"]
+    assert infeasible and all(any(v > 0 for v in t.user_attrs["constraints"].values()) for t in infeasible)
+    # Context costs experts on this small card: the fewest host layers that fit grows with the context.
+    lowest = {c: min(p.config.n_cpu_moe for p in runner.plans if p.config.ctx == c) for c in (1024, 4096)}
+    assert lowest[1024] < lowest[4096]
+    assert len({p.slots for p in front.points}) >= 2 and len({p.ctx for p in front.points}) >= 2
+    assert front.at(slots=4).slots == 4 and front.at(ctx=4096, slots=1).ctx == 4096
