@@ -123,3 +123,39 @@ def test_gpu_frontier_never_launches_what_cannot_fit_and_batch_searches_slots(mo
     assert lowest[1024] < lowest[4096]
     assert len({p.slots for p in front.points}) >= 2 and len({p.ctx for p in front.points}) >= 2
     assert front.at(slots=4).slots == 4 and front.at(ctx=4096, slots=1).ctx == 4096
+
+
+def test_auto_tune_frontier_on_the_demo_model_end_to_end(demo_models, tmp_path):
+    """The real engine, a short ladder: every context a measured trial; --workload batch adds slot counts."""
+    from tests.conftest import run_cli
+
+    model = str(demo_models[("qwen3moe", "Q4_K_M")])
+    args = ["auto-tune", model, "--frontier", "-p", "16", "-n", "8", "--min-ctx", "256", "--max-ctx", "1024",
+            "--max-kld", "off", "--results-dir", str(tmp_path)]
+    done = run_cli(*args, "--trials", "4", timeout=300)
+    assert done.returncode == 0, done.stderr
+    [result_file] = tmp_path.glob("*frontier*/result.json")
+    res = study_result.load_result(result_file)
+    front = frontier.Frontier.from_dict(res.frontier or {})
+    assert front.contexts == (256, 512, 768, 1024) and len({p.ctx for p in front.points}) >= 3
+    measured = {t.number for t in res.trials if t.status == "measured"}
+    assert {p.trial for p in front.points} <= measured and set(res.pareto) == {p.trial for p in front.points}
+    assert "CPU only" in done.stdout and "frontier" in done.stdout
+    report = (result_file.parent / "report.md").read_text()
+    assert "## Frontier" in report and (result_file.parent / "frontier_context.png").stat().st_size > 100
+    line = run_cli("launch-line", str(result_file), "--ctx", str(front.points[0].ctx))
+    assert line.returncode == 0 and line.stdout.strip() == front.at(front.points[0].ctx).launch_line
+    bad = run_cli("launch-line", str(result_file), "--ctx", "300")
+    assert bad.returncode == 1 and "the frontier has -c " in bad.stderr and "Traceback" not in bad.stderr
+
+    batch = run_cli("auto-tune", model, "--frontier", "--workload", "batch", "-p", "16", "-n", "8", "--min-ctx",
+                    "256", "--max-ctx", "512", "--max-kld", "off", "--results-dir", str(tmp_path / "b"), "--trials",
+                    "6", timeout=300)
+    assert batch.returncode == 0, batch.stderr
+    [bfile] = (tmp_path / "b").glob("*frontier*/result.json")
+    bfront = frontier.Frontier.from_dict(study_result.load_result(bfile).frontier or {})
+    assert bfront.concurrent and len({p.slots for p in bfront.points}) >= 2
+    assert all(p.aggregate_tok_s and p.aggregate_tok_s > 0 for p in bfront.points)
+    assert (bfile.parent / "frontier_slots.png").exists()
+    n = bfront.points[0].slots
+    assert run_cli("launch-line", str(bfile), "--slots", str(n)).stdout.count(f"-np {n}") == 1

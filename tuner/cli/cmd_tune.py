@@ -10,6 +10,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from tuner.cli import cmd_frontier
 from tuner.cli.app import JsonFlag, LlamaDir, app, err, friendly, model_path, out
 from tuner.core.errors import UsageError
 from tuner.engine import build, runner
@@ -18,7 +19,7 @@ from tuner.measure import speculation as spec_measure
 from tuner.measure import workload
 from tuner.models import demo
 from tuner.quality import kv_price
-from tuner.report import study_report
+from tuner.report import frontier_report, study_report
 from tuner.search import autotune, finish, study, verdict
 from tuner.search.speculation import SpeculationRequest
 
@@ -55,6 +56,12 @@ def auto_tune_cmd(
     results_dir: Annotated[Path, typer.Option("--results-dir", help="Where results/<study>/ is written.")]
     = Path("results"),
     seed: Annotated[int, typer.Option("--seed", help="Sampler seed.")] = 0,
+    frontier: Annotated[bool, typer.Option(
+        "--frontier", help="Measure the trade-off frontier instead of one winner: context (from --min-ctx up to "
+        "--max-ctx, log-spaced), slots for batch, KV quality and speed at each context's depth.")] = False,
+    max_ctx: Annotated[int | None, typer.Option(
+        "--max-ctx", help="Largest context on the --frontier ladder (default: the model's training context).")]
+    = None,
     speculate: Annotated[bool, typer.Option(
         "--speculation", help="Then try speculative decoding on the winner (MTP head, n-gram modes, --draft); "
         "kept only when it pays.")] = False,
@@ -92,6 +99,11 @@ def auto_tune_cmd(
                                speculation=_speculation(speculate, draft, prompts))
     hw = hardware.with_vram_budget(hardware.probe_hardware(host_bandwidth_s=0.3), vram_budget)
     say(f"machine: {hw.describe()}")
+    if frontier or max_ctx is not None:
+        if not frontier:
+            raise UsageError("--max-ctx sets the --frontier ladder: add --frontier")
+        cmd_frontier.run(req, loc, hw, max_ctx=max_ctx, trials=trials, as_json=as_json, say=say)
+        return
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=err, disable=as_json, transient=False) as bar:
         task = bar.add_task("search", total=budget.trials)
@@ -166,6 +178,8 @@ def launch_line_cmd(
     host: Annotated[str | None, typer.Option("--host")] = None,
     port: Annotated[int | None, typer.Option("--port")] = None,
     execute: Annotated[bool, typer.Option("--exec", help="Run the printed llama-server command.")] = False,
+    ctx: Annotated[int | None, typer.Option("--ctx", help="The --frontier point at this context.")] = None,
+    slots: Annotated[int | None, typer.Option("--slots", help="The --frontier point at this slot count.")] = None,
     llama_cpp_dir: LlamaDir = None,
 ) -> None:
     """Print the measured llama-server command of a result, rendered by the renderer that measured it.
@@ -173,6 +187,12 @@ def launch_line_cmd(
     Example: moe-tune launch-line results/<study>/result.json --format llama-swap
     """
     data = study_report.load_result(result)
+    if ctx is not None or slots is not None:
+        if execute or fmt != "shell":
+            raise UsageError("--ctx/--slots print the shell line of a frontier point: drop --exec/--format")
+        out.print(frontier_report.launch_line(data, ctx, slots, host=host, port=port), highlight=False,
+                  soft_wrap=True, markup=False)
+        return
     line = study_report.launch_line(data, rank=rank, fmt=fmt, host=host, port=port)
     out.print(line, highlight=False, soft_wrap=True, markup=False)
     if execute:

@@ -1,0 +1,164 @@
+"""The frontier for people: the table (context | config | request time and tok/s at that depth | KLD | memory),
+the report.md section, the plots (speed vs context per KV pair; throughput vs latency per slot count) and the
+measured launch line of the point a user picks (``launch-line --ctx N --slots N``).
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Any
+
+from tuner.engine import flags
+from tuner.machine.fileio import atomic_write
+from tuner.search.frontier import Frontier, FrontierPoint
+from tuner.search.result import StudyResult, write_result
+from tuner.search.study import config_from_dict
+
+GIB = 2**30
+HEADERS = ("context", "slots", "config", "s/request", "gen tok/s", "aggregate tok/s", "KLD", "VRAM GiB", "RAM GiB",
+           "trial")
+
+
+def frontier_of(result: StudyResult) -> Frontier | None:
+    return Frontier.from_dict(result.frontier) if result.frontier else None
+
+
+def config_label(c: dict[str, Any]) -> str:
+    parts = [f"KV {c.get('cache_type_k')}/{c.get('cache_type_v')}", f"fa {c.get('flash_attn')}"]
+    for key, flag in (("n_cpu_moe", "ncmoe"), ("threads", "t"), ("ubatch", "ub")):
+        if c.get(key) is not None:
+            parts.append(f"{flag} {c[key]}")
+    return ", ".join(parts)
+
+
+def _num(v: float | int | None, spec: str) -> str:
+    return "" if v is None else format(v, spec)
+
+
+def rows(front: Frontier) -> list[tuple[str, ...]]:
+    """One row per frontier point, in the order of :data:`HEADERS`."""
+    return [(f"{p.ctx:,}", str(p.slots), config_label(p.config), _num(p.request_s, ",.3f"), _num(p.gen_tok_s, ",.1f"),
+             _num(p.aggregate_tok_s, ",.1f"), _num(p.kld, ".5f"),
+             _num(p.vram_bytes / GIB if p.vram_bytes is not None else None, ".2f"),
+             _num(p.ram_bytes / GIB if p.ram_bytes is not None else None, ".2f"), str(p.trial)) for p in front.points]
+
+
+def summary_lines(front: Frontier) -> list[str]:
+    """What the front says, in words: the cost of each step of context at the fastest point per context."""
+    lines = list(front.notes)
+    for slots in front.slots:
+        best = {}
+        for p in front.points:
+            if p.slots == slots and (p.ctx not in best or p.request_s < best[p.ctx].request_s):
+                best[p.ctx] = p
+        ctxs = sorted(best)
+        if len(ctxs) >= 2:
+            first, last = best[ctxs[0]], best[ctxs[-1]]
+            steps = "; ".join(f"{b:,}: {best[b].request_s / best[a].request_s:.2f}x the time of {a:,}"
+                              for a, b in zip(ctxs, ctxs[1:], strict=False))
+            who = "" if len(front.slots) < 2 else f"{slots} slots: "
+            lines.append(f"{who}from {ctxs[0]:,} to {ctxs[-1]:,} tokens "
+                         f"of context a request at full depth takes {last.request_s / first.request_s:.2f}x as long "
+                         f"({steps}).")
+    return lines
+
+
+def markdown(result: StudyResult) -> str:
+    front = frontier_of(result)
+    if front is None:
+        return ""
+    w = result.workload or {}
+    flight = "" if w.get("concurrency", 1) < 2 else f", up to {w.get('concurrency')} in flight"
+    lines = [f"# auto-tune --frontier: {Path(result.model or '?').name}", "",
+             f"- study: `{result.study}`", f"- machine: {(result.hardware or {}).get('describe')}",
+             f"- engine: llama.cpp {(result.engine or {}).get('commit')} ({(result.engine or {}).get('backend')})",
+             f"- workload: {w.get('kind')}, {w.get('prompt_tokens')} prompt + {w.get('gen_tokens')} generated tokens"
+             f"{flight}",
+             f"- objectives: {', '.join(front.axes)}; contexts {', '.join(f'{c:,}' for c in front.contexts)}"
+             f"{'' if len(front.slots) < 2 else '; slots ' + ', '.join(map(str, front.slots))}; "
+             f"{front.trials_measured} trials measured",
+             "- each request is measured at the depth its context allows: the reply ends at the slot's last token",
+             "", "## Frontier", "", *[f"- {line}" for line in summary_lines(front)], "",
+             "| " + " | ".join(HEADERS) + " | launch line |", "|" + "---:|" * 2 + "---|" + "---:|" * 7 + "---|"]
+    for row, p in zip(rows(front), front.points, strict=True):
+        lines.append("| " + " | ".join(row) + f" | `{p.launch_line}` |")
+    lines += ["", "`moe-tune launch-line result.json --ctx N" + (" --slots N" if front.concurrent else "") +
+              "` prints the measured line of a point.", ""]
+    return "\n".join(lines)
+
+
+def plots(result: StudyResult, out_dir: Path) -> list[Path]:
+    """Speed vs context, one line per KV pair (the fastest measured trial at each context); for concurrent
+    workloads, aggregate throughput vs per-request time, one series per slot count."""
+    front = frontier_of(result)
+    measured = [t for t in result.trials if t.status == "measured" and t.request_s]
+    if front is None or not measured:
+        return []
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for slots in front.slots:
+        by_kv: dict[str, dict[int, float]] = {}
+        for t in measured:
+            c = t.config
+            if (c.get("parallel") or 1) != slots:
+                continue
+            kv = by_kv.setdefault(f"K {c['cache_type_k']} / V {c['cache_type_v']}", {})
+            ctx = int(c.get("ctx") or 0)
+            kv[ctx] = min(kv.get(ctx, float("inf")), t.request_s or float("inf"))
+        for label, pts in sorted(by_kv.items()):
+            xs = sorted(pts)
+            ax.plot(xs, [pts[x] for x in xs], marker="o", label=label if len(front.slots) < 2 else f"{label}, np {slots}")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("context (tokens); each request measured at that depth")
+    ax.set_ylabel("seconds per request (lower is faster)")
+    ax.set_title("Request time vs context, per KV cache pair")
+    ax.legend(fontsize="small")
+    written.append(_save(fig, out_dir / "frontier_context.png"))
+    if front.concurrent:
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for slots in front.slots:
+            agg = sorted((p.request_s, p.aggregate_tok_s or 0.0) for p in front.points if p.slots == slots)
+            ax.plot([a[0] for a in agg], [a[1] for a in agg], marker="D", label=f"{slots} slots (frontier points)")
+        ax.set_xlabel("seconds per request, every slot busy")
+        ax.set_ylabel("aggregate generated tok/s")
+        ax.set_title("Throughput vs latency per slot count")
+        ax.legend(fontsize="small")
+        written.append(_save(fig, out_dir / "frontier_slots.png"))
+    return written
+
+
+def _save(fig: Any, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def point(result: StudyResult, ctx: int | None, slots: int | None) -> FrontierPoint:
+    from tuner.core.errors import UsageError
+
+    front = frontier_of(result)
+    if front is None:
+        raise UsageError("this result has no frontier: run `moe-tune auto-tune --frontier` for --ctx/--slots")
+    return front.at(ctx, slots)
+
+
+def launch_line(result: StudyResult, ctx: int | None, slots: int | None, *, host: str | None = None,
+                port: int | None = None, binary: str = "llama-server") -> str:
+    """The measured llama-server line of the frontier point at ``ctx``/``slots`` (the fastest there)."""
+    p = point(result, ctx, slots)
+    return shlex.join(flags.server_argv(Path(binary), config_from_dict(p.config)) + flags.address_argv(host, port))
+
+
+def write(result: StudyResult, out_dir: Path) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = [write_result(result, out_dir), atomic_write(out_dir / "report.md", markdown(result))]
+    return [*written, *plots(result, out_dir)]
