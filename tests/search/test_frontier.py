@@ -89,7 +89,7 @@ def test_cpu_frontier_has_a_point_per_context_and_launch_line_picks_one(model, t
         if a.kld == b.kld and a.ctx < b.ctx:
             assert a.request_s < b.request_s
     pick = front.at(ctx=2048)
-    assert pick.ctx == 2048 and f"-c 2048" in pick.launch_line
+    assert pick.ctx == 2048 and "-c 2048" in pick.launch_line
     assert pick.request_s == min(p.request_s for p in front.points if p.ctx == 2048)
     with pytest.raises(UsageError, match="no frontier point at --ctx 3000: the frontier has -c 512, -c 1024"):
         front.at(ctx=3000)

@@ -166,6 +166,9 @@ def _summary(res: autotune.TuneResult) -> None:
     for v in fin.get("verdicts", []):
         out.print(verdict.Verdict.from_dict(v).describe(), highlight=False, soft_wrap=True)
     out.print(f"report: {res.result_dir / 'report.md'}", highlight=False, soft_wrap=True)
+    where = frontier_report.winner_on_frontier(res.result, res.result_dir.parent)
+    if where:
+        out.print(where, highlight=False, soft_wrap=True)
     out.print(f"launch line: {study_report.launch_line(res.result)}", highlight=False, soft_wrap=True)
 
 

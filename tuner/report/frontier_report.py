@@ -48,7 +48,7 @@ def summary_lines(front: Frontier) -> list[str]:
     """What the front says, in words: the cost of each step of context at the fastest point per context."""
     lines = list(front.notes)
     for slots in front.slots:
-        best = {}
+        best: dict[int, FrontierPoint] = {}
         for p in front.points:
             if p.slots == slots and (p.ctx not in best or p.request_s < best[p.ctx].request_s):
                 best[p.ctx] = p
@@ -113,7 +113,8 @@ def plots(result: StudyResult, out_dir: Path) -> list[Path]:
             kv[ctx] = min(kv.get(ctx, float("inf")), t.request_s or float("inf"))
         for label, pts in sorted(by_kv.items()):
             xs = sorted(pts)
-            ax.plot(xs, [pts[x] for x in xs], marker="o", label=label if len(front.slots) < 2 else f"{label}, np {slots}")
+            name = label if len(front.slots) < 2 else f"{label}, np {slots}"
+            ax.plot(xs, [pts[x] for x in xs], marker="o", label=name)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("context (tokens); each request measured at that depth")
     ax.set_ylabel("seconds per request (lower is faster)")
@@ -162,3 +163,40 @@ def write(result: StudyResult, out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     written = [write_result(result, out_dir), atomic_write(out_dir / "report.md", markdown(result))]
     return [*written, *plots(result, out_dir)]
+
+
+_SETTINGS = ("cache_type_k", "cache_type_v", "flash_attn", "threads", "ubatch", "n_cpu_moe")
+
+
+def winner_on_frontier(result: StudyResult, results_dir: Path) -> str | None:
+    """Where a single-winner auto-tune's winner sits on a frontier measured for the same model in
+    ``results_dir`` (the newest one), in one line; None when there is no such frontier."""
+    from tuner.core.errors import UsageError
+    from tuner.search.result import load_result
+
+    w = result.winner
+    if w is None or not results_dir.is_dir():
+        return None
+    files = sorted(results_dir.glob("*frontier*/result.json"), key=lambda f: f.stat().st_mtime, reverse=True)
+    for file in files:
+        try:
+            other = load_result(file)
+        except UsageError:
+            continue
+        front = frontier_of(other)
+        if other.model != result.model or front is None or not front.points:
+            continue
+        ctx = int(w.config.get("ctx") or front.contexts[0])
+        slots = int(w.config.get("parallel") or 1)
+        rung = min(front.contexts, key=lambda c: abs(c - ctx))
+        settings = {k: w.config.get(k) for k in _SETTINGS}
+        same = [p for p in front.points if {k: p.config.get(k) for k in _SETTINGS} == settings]
+        if same:
+            where = ", ".join(f"trial {p.trial} at -c {p.ctx}" + (f" -np {p.slots}" if front.concurrent else "")
+                              for p in same)
+            return f"on the frontier ({file}): the winner's settings are frontier points {where}"
+        here = [p for p in front.points if p.ctx == rung and (not front.concurrent or p.slots == slots)]
+        best = min(here or front.points, key=lambda p: p.request_s)
+        return (f"on the frontier ({file}): the winner's settings are not on it; at -c {best.ctx} its fastest point "
+                f"is trial {best.trial} ({config_label(best.config)}, {best.request_s:.3f} s/request at full depth)")
+    return None

@@ -31,8 +31,8 @@ from tuner.engine.flags.render import (
 )
 
 __all__ = [
-    "BATCHED_BENCH", "BENCH", "FIT_PARAMS", "PERPLEXITY", "SERVER", "ParsedCommand", "UnsupportedFlagError", "address_argv",
-    "batched_bench_argv", "bench_argv", "bench_group_argv", "fit_choice_line", "fit_params_argv", "launch_line", "listen_argv",
-    "parse_command", "parse_fit_line", "parse_spec_types", "perplexity_argv", "server_argv", "server_logs_jsonl",
-    "validate", "with_fit_target", "with_overrides",
+    "BATCHED_BENCH", "BENCH", "FIT_PARAMS", "PERPLEXITY", "SERVER", "ParsedCommand", "UnsupportedFlagError",
+    "address_argv", "batched_bench_argv", "bench_argv", "bench_group_argv", "fit_choice_line", "fit_params_argv",
+    "launch_line", "listen_argv", "parse_command", "parse_fit_line", "parse_spec_types", "perplexity_argv",
+    "server_argv", "server_logs_jsonl", "validate", "with_fit_target", "with_overrides",
 ]
