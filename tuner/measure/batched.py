@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tuner.core.config import LaunchConfig
-from tuner.core.errors import ProcessFailedError, TunerError
+from tuner.core.errors import TunerError
 from tuner.core.stats import cv_pct
 from tuner.engine import flags, runner
 from tuner.engine.build import Capabilities, EngineLocation
@@ -106,8 +106,8 @@ def run_batched(engine: EngineLocation, cfg: LaunchConfig, *, n_prompt: int, n_g
     runs = parse_jsonl(res.stdout)
     if len(runs) < max(1, repetitions):
         # A batch that does not fit the context is skipped silently and the tool still exits 0.
-        err = ProcessFailedError(TOOL, argv, res.returncode, res.stderr_tail,
-                                 f"it reported {len(runs)} of {repetitions} batches (does -c hold "
-                                 f"{parallel} x ({n_prompt}+{n_gen}) tokens?)")
-        raise failures.TrialFailedError(TOOL, failures.from_error(err))
+        reason = (f"{TOOL} reported {len(runs)} of {repetitions} batches: -c {cfg.ctx} does not hold {parallel} x "
+                  f"({n_prompt}+{n_gen}) tokens")
+        raise failures.TrialFailedError(TOOL, failures.Failure(failures.FailureKind.REJECTED_CONFIG, reason,
+                                                                tuple(argv), res.returncode, None, res.stderr_tail))
     return BatchedResult(tuple(argv), runs, res.elapsed_s)
