@@ -159,3 +159,38 @@ def test_auto_tune_frontier_on_the_demo_model_end_to_end(demo_models, tmp_path):
     assert (bfile.parent / "frontier_slots.png").exists()
     n = bfront.points[0].slots
     assert run_cli("launch-line", str(bfile), "--slots", str(n)).stdout.count(f"-np {n}") == 1
+
+
+def _point(trial, ctx, request_s, kv="f16", fa="on"):
+    cfg = {"model": "m.gguf", "cache_type_k": kv, "cache_type_v": kv, "flash_attn": fa, "threads": 2, "ubatch": None,
+           "n_cpu_moe": None, "ctx": ctx, "parallel": 1}
+    return frontier.FrontierPoint(trial, ctx, 1, cfg, request_s, ctx - 8, 100.0, 1000.0, None, 0.0, None, 2 * GIB,
+                                  f"llama-server -m m.gguf -c {ctx}")
+
+
+def test_report_table_and_where_a_single_winner_sits(tmp_path):
+    from tests.search.test_finish import _m
+    from tuner.report import frontier_report
+    from tuner.search.finish import Finish
+
+    front = frontier.Frontier(("request_s", "ctx", "kld"), (_point(0, 1024, 0.5), _point(3, 4096, 1.0)),
+                              (1024, 4096), (1,), False, False, 5, ("CPU only: ...",))
+    fres = study_result.StudyResult(study="m__cpu__frontier-1", model="m.gguf", finish=Finish((), ()),
+                                    frontier=front.to_dict(), workload={"kind": "chat", "prompt_tokens": 8})
+    frontier_report.write(fres, tmp_path / fres.study)
+    md = (tmp_path / fres.study / "report.md").read_text()
+    assert "## Frontier" in md and "| 4,096 | 1 | KV f16/f16, fa on, t 2 | 1.000 |" in md
+    assert "from 1,024 to 4,096 tokens of context a request at full depth takes 2.00x as long" in md
+    assert (tmp_path / fres.study / "frontier_context.png").exists() is False  # no measured trials: no plot
+    assert frontier_report.launch_line(fres, 4096, None) == "llama-server -m m.gguf -c 4096 -np 1 -t 2 -fa on"
+
+    win = _m("candidate-1", [1.3, 1.31, 1.29])
+    on = replace(win, config=dict(_point(0, 1024, 0.5).config))
+    single = study_result.StudyResult(study="s", model="m.gguf", finish=Finish((on,), ()))
+    assert "are frontier points trial 0 at -c 1024" in (frontier_report.winner_on_frontier(single, tmp_path) or "")
+    off = replace(win, config=dict(_point(0, 4096, 0.5, kv="q8_0").config))
+    single = study_result.StudyResult(study="s", model="m.gguf", finish=Finish((off,), ()))
+    assert "not on it; at -c 4096 its fastest point is trial 3" in (
+        frontier_report.winner_on_frontier(single, tmp_path) or "")
+    other_model = study_result.StudyResult(study="s", model="other.gguf", finish=Finish((off,), ()))
+    assert frontier_report.winner_on_frontier(other_model, tmp_path) is None
