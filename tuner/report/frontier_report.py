@@ -11,6 +11,7 @@ from typing import Any
 
 from tuner.engine import flags
 from tuner.machine.fileio import atomic_write
+from tuner.report.study_report import _save  # one way to write a PNG
 from tuner.search.frontier import Frontier, FrontierPoint
 from tuner.search.result import StudyResult, write_result
 from tuner.search.study import config_from_dict
@@ -132,15 +133,6 @@ def plots(result: StudyResult, out_dir: Path) -> list[Path]:
         ax.legend(fontsize="small")
         written.append(_save(fig, out_dir / "frontier_slots.png"))
     return written
-
-
-def _save(fig: Any, path: Path) -> Path:
-    import matplotlib.pyplot as plt
-
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
 
 
 def point(result: StudyResult, ctx: int | None, slots: int | None) -> FrontierPoint:

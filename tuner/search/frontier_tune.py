@@ -12,18 +12,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from itertools import groupby
 
-from tuner.core.config import CacheType, LaunchConfig
+from tuner.core.config import LaunchConfig
 from tuner.core.errors import UsageError
 from tuner.engine import build
 from tuner.machine.hardware import Hardware
 from tuner.measure import batched, bench, failures
 from tuner.measure.workload import Workload
 from tuner.models.gguf_reader import inspect_model
-from tuner.quality import kv_price
 from tuner.quality.kv_price import KvPrice
 from tuner.search import frontier, space, study
 from tuner.search import result as study_result
-from tuner.search.autotune import TuneRequest, TuneResult, choose_ctx
+from tuner.search.autotune import TuneRequest, TuneResult, choose_ctx, kv_pricer
 
 MAX_GEN_TOKENS = 64  # generation timed per trial; speed at a depth does not depend on how many tokens are timed
 
@@ -102,24 +101,14 @@ def tune_frontier(req: TuneRequest, loc: build.EngineLocation, hw: Hardware, *, 
     st.set_user_attr("engine", {"commit": caps.commit, "version": caps.version, "backend": caps.backend})
     st.set_user_attr("workload", req.workload.describe())
     st.set_user_attr("objective", {"frontier": list(axes.names), "max_kld": req.max_kld})
-    prices: dict[tuple[CacheType, CacheType], KvPrice] = {}
-
-    def price(cfg: LaunchConfig) -> KvPrice | None:
-        key = (cfg.cache_type_k, cfg.cache_type_v)
-        if key not in prices:
-            prices[key] = kv_price.price(loc, req.model, *key, ctx=req.kld_ctx, chunks=req.kld_chunks,
-                                         on_step=on_step)
-            st.set_user_attr("kv_prices", [p.to_dict() for p in prices.values()])
-        return prices[key]
-
     budget = study.Budget(trials=trials or default_trials(fs), time_s=req.budget.time_s)
     if on_step:
         on_step(f"frontier: contexts {', '.join(map(str, fs.contexts))}; slots {', '.join(map(str, fs.slots))}; "
                 f"{budget.trials} trials; objectives {', '.join(axes.names)}")
     outcome = frontier.run_frontier(st, fs, info, hw, req.workload,
                                     measure or engine_measure(loc, req.workload, caps=caps), budget=budget,
-                                    axes=axes, kld_of=kld_of or price, vram_margin_mib=req.vram_margin_mib,
-                                    on_progress=on_progress)
+                                    axes=axes, kld_of=kld_of or kv_pricer(loc, req, st, on_step),
+                                    vram_margin_mib=req.vram_margin_mib, on_progress=on_progress)
     front = frontier.frontier_of(st, fs, hw.has_gpu)
     st.set_user_attr("frontier", front.to_dict())
     result = study_result.result_from_study(st)
