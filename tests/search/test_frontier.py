@@ -147,6 +147,11 @@ def test_auto_tune_frontier_on_the_demo_model_end_to_end(demo_models, tmp_path):
     assert line.returncode == 0 and line.stdout.strip() == front.at(front.points[0].ctx).launch_line
     bad = run_cli("launch-line", str(result_file), "--ctx", "300")
     assert bad.returncode == 1 and "the frontier has -c " in bad.stderr and "Traceback" not in bad.stderr
+    for extra in (["--pareto"], ["--goal", "context"]):
+        refused = run_cli("auto-tune", model, "--frontier", *extra, "--results-dir", str(tmp_path))
+        assert refused.returncode == 1 and "drop --pareto" in refused.stderr and len(refused.stderr.splitlines()) == 1
+    lone = run_cli("auto-tune", model, "--max-ctx", "1024", "--results-dir", str(tmp_path))
+    assert lone.returncode == 1 and "add --frontier" in lone.stderr
 
     batch = run_cli("auto-tune", model, "--frontier", "--workload", "batch", "-p", "16", "-n", "8", "--min-ctx",
                     "256", "--max-ctx", "512", "--max-kld", "off", "--results-dir", str(tmp_path / "b"), "--trials",

@@ -102,6 +102,9 @@ def auto_tune_cmd(
     if frontier or max_ctx is not None:
         if not frontier:
             raise UsageError("--max-ctx sets the --frontier ladder: add --frontier")
+        if pareto or goal == "context" or req.speculation is not None:
+            raise UsageError("--frontier has its own objectives and ladder: drop --pareto, --goal context and "
+                             "--speculation")
         cmd_frontier.run(req, loc, hw, max_ctx=max_ctx, trials=trials, as_json=as_json, say=say)
         return
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

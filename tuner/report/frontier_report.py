@@ -12,7 +12,7 @@ from typing import Any
 from tuner.engine import flags
 from tuner.machine.fileio import atomic_write
 from tuner.report.study_report import _save  # one way to write a PNG
-from tuner.search.frontier import Frontier, FrontierPoint
+from tuner.search.frontier_result import Frontier, FrontierPoint
 from tuner.search.result import StudyResult, write_result
 from tuner.search.study import config_from_dict
 
