@@ -38,6 +38,13 @@ from tuner.search import frontier, frontier_tune, hypervolume, study
 
 OUT = Path(__file__).resolve().parent.parent / "results" / "benchmarks"
 TARGET = 0.95
+LOG: list[str] = []
+
+
+def say(line: str = "") -> None:
+    """Print a figure, and keep it for --out."""
+    print(line, flush=True)
+    LOG.append(line)
 
 
 def _pairs(text: str) -> list[tuple[CacheType, CacheType]]:
@@ -59,6 +66,7 @@ def main() -> None:
     ap.add_argument("--budgets", default="4,6,8,10,12,16,20")
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--refresh", action="store_true")
+    ap.add_argument("--out", type=Path, help="also write the figures as markdown, with the command, to this file")
     args = ap.parse_args()
 
     loc = build.locate_engine()
@@ -73,8 +81,8 @@ def main() -> None:
                                        kv_pairs=_pairs(args.kv), threads=threads)
     axes = frontier.Axes(concurrent=False, kld=True)
     grid = list(frontier.iter_configs(fs))
-    print(f"model {model.name} ({model.stat().st_size / 2**30:.2f} GiB), llama.cpp {caps.commit}, {hw.describe()}")
-    print(f"space: contexts {list(fs.contexts)}, KV {args.kv}, threads {list(fs.base.threads)}; grid {len(grid)} "
+    say(f"model {model.name} ({model.stat().st_size / 2**30:.2f} GiB), llama.cpp {caps.commit}, {hw.describe()}")
+    say(f"space: contexts {list(fs.contexts)}, KV {args.kv}, threads {list(fs.base.threads)}; grid {len(grid)} "
           f"configs; llama-bench pp{args.n_prompt} and tg{min(args.n_gen, frontier_tune.MAX_GEN_TOKENS)} at the "
           f"depth each context allows (reply ends at the context's end), x{args.reps}")
 
@@ -84,7 +92,7 @@ def main() -> None:
     cached = json.loads(cache.read_text()) if cache.is_file() else None
     if cached and cached.get("key") == key and not args.refresh:
         rows = cached["rows"]
-        print(f"grid measurements from {cache.name} (measured {cached['measured_at']}, load {cached['load']})")
+        say(f"grid measurements from {cache.name} (measured {cached['measured_at']}, load {cached['load']})")
     else:
         import os
 
@@ -100,20 +108,20 @@ def main() -> None:
                              **({"failure": res.kind.value} if isinstance(res, failures.Failure) else
                                 {"request_s": res.request_s, "gen_tok_s": res.gen_tok_s,
                                  "prompt_tok_s": res.prompt_tok_s, "cv_pct": res.cv_pct})})
-            print(f"  {len(rows)}/{len(grid)} measured ({time.monotonic() - t0:.0f} s)", flush=True)
+            print(f"  {len(rows)}/{len(grid)} measured ({time.monotonic() - t0:.0f} s)", flush=True)  # progress
         load_after = os.getloadavg()
         note = (f"1-min load average {load_before[0]:.2f} before, {load_after[0]:.2f} after, on "
                 f"{os.cpu_count()} cores")
         cache.write_text(json.dumps({"key": key, "measured_at": time.strftime("%Y-%m-%d %H:%M:%S"),
                                      "elapsed_s": round(time.monotonic() - t0, 1), "load": note, "rows": rows},
                                     indent=1))
-        print(f"grid measured in {time.monotonic() - t0:.0f} s; {note}")
+        say(f"grid measured in {time.monotonic() - t0:.0f} s; {note}")
 
     prices = {}
     for k, v in {(c.cache_type_k, c.cache_type_v) for c in grid}:
         q = kv_price.price(loc, model, k, v, chunks=args.price_chunks) if (k, v) != (CacheType.F16,) * 2 else None
         prices[(k, v)] = q.kld_mean if q else 0.0
-    print("KLD vs f16 KV: " + ", ".join(f"{k.value}/{v.value} {x:.5f}" for (k, v), x in sorted(prices.items())))
+    say("KLD vs f16 KV: " + ", ".join(f"{k.value}/{v.value} {x:.5f}" for (k, v), x in sorted(prices.items())))
 
     table: dict[LaunchConfig, Any] = {}
     for row in rows:
@@ -126,14 +134,24 @@ def main() -> None:
     lows, spans = hypervolume.normalizer(points)
     ref = (1.1,) * len(lows)
     grid_hv = hypervolume.hypervolume(hypervolume.normalized(points, lows, spans), ref)
-    print(f"grid: {len(points)} measured; its front has {len(hypervolume.pareto_minimal(points))} points; "
+    say(f"grid: {len(points)} measured; its front has {len(hypervolume.pareto_minimal(points))} points; "
           f"normalized hypervolume {grid_hv:.4f}")
-    print("grid front (context, KV, fa, threads: s/request at that depth):")
+    say("grid front (context, KV, fa, threads: s/request at that depth):")
     for p in sorted(hypervolume.pareto_minimal(points), key=lambda p: p[1]):
         cfg = next(c for c, m in table.items() if isinstance(m, frontier.Measured) and axes.minimized(
             {"request_s": m.request_s, "ctx": float(c.ctx or 0), "kld": prices[(c.cache_type_k, c.cache_type_v)]}) == p)
-        print(f"  -c {cfg.ctx}: {cfg.cache_type_k.value}/{cfg.cache_type_v.value} fa {cfg.flash_attn.value} "
+        say(f"  -c {cfg.ctx}: {cfg.cache_type_k.value}/{cfg.cache_type_v.value} fa {cfg.flash_attn.value} "
               f"t {cfg.threads}: {p[0]:.3f} s, KLD {p[2]:.5f}")
+
+    say("grid: s/request at each context, the fastest config per KV pair (gen tok/s at that depth):")
+    for pair in sorted({(c.cache_type_k.value, c.cache_type_v.value) for c in table}):
+        cells = []
+        for ctx in fs.contexts:
+            ms = [m for c, m in table.items() if c.ctx == ctx and (c.cache_type_k.value, c.cache_type_v.value) == pair
+                  and isinstance(m, frontier.Measured)]
+            m = min(ms, key=lambda m: m.request_s, default=None)
+            cells.append(f"{ctx}: {m.request_s:.3f} s ({m.gen_tok_s or 0:.1f})" if m else f"{ctx}: failed")
+        say(f"  {pair[0]}/{pair[1]}: " + "; ".join(cells))
 
     def replay(plans: list[frontier.Plan]) -> list[Any]:
         return [table[p.config] for p in plans]
@@ -157,9 +175,9 @@ def main() -> None:
     methods = {"auto-tune --frontier (MOTPE + seeds)": ("tpe", True), "NSGA-II": ("nsga2", False),
                "random": ("random", False)}
     reached: dict[str, int | None] = {}
-    print(f"share of the grid's hypervolume, median (worst) over {args.seeds} sampler seeds:")
-    print("| method | " + " | ".join(f"{b} trials" for b in budgets) + " |")
-    print("|---|" + "---:|" * len(budgets))
+    say(f"share of the grid's hypervolume, median (worst) over {args.seeds} sampler seeds:")
+    say("| method | " + " | ".join(f"{b} trials" for b in budgets) + " |")
+    say("|---|" + "---:|" * len(budgets))
     for name, (sampler, seeded) in methods.items():
         cells, reached[name] = [], None
         for b in budgets:
@@ -167,10 +185,19 @@ def main() -> None:
             cells.append(f"{100 * statistics.median(shares):.1f} % ({100 * min(shares):.1f})")
             if reached[name] is None and min(shares) >= TARGET:
                 reached[name] = b
-        print(f"| {name} | " + " | ".join(cells) + " |")
+        say(f"| {name} | " + " | ".join(cells) + " |")
     first = reached["auto-tune --frontier (MOTPE + seeds)"]
-    print(f"trials to 95% of grid hypervolume (every seed): auto-tune {first if first else '>' + str(budgets[-1])} "
+    say(f"trials to 95% of grid hypervolume (every seed): auto-tune {first if first else '>' + str(budgets[-1])} "
           f"(grid {len(grid)}; {len(fs.contexts)} contexts x {len(grid) // len(fs.contexts)} configs)")
+
+    if args.out:
+        import shlex
+        import sys
+
+        cmd = shlex.join([".venv/bin/python", "scripts/bench_frontier.py", *sys.argv[1:]])
+        args.out.write_text(f"# Frontier budget: {model.name}\n\nMade by `{cmd}` on {time.strftime('%Y-%m-%d %H:%M')}"
+                            " (grid measured once and cached; the searches replay it).\n\n```text\n"
+                            + "\n".join(LOG) + "\n```\n")
 
 
 if __name__ == "__main__":
