@@ -93,6 +93,18 @@ def test_cpu_frontier_has_a_point_per_context_and_launch_line_picks_one(model, t
     assert pick.request_s == min(p.request_s for p in front.points if p.ctx == 2048)
     with pytest.raises(UsageError, match="no frontier point at --ctx 3000: the frontier has -c 512, -c 1024"):
         front.at(ctx=3000)
+    # Ctrl-C: the trials in flight are told FAIL, nothing stays RUNNING, and the study resumes its count.
+    def interrupt(p):
+        raise KeyboardInterrupt
+
+    info = inspect_model(model)
+    out2 = frontier.run_frontier(st, fs, info, CPU, load, runner, budget=study.Budget(trials=8),
+                                 axes=frontier.Axes(), kld_of=fake_kld, on_progress=interrupt)
+    from optuna.trial import TrialState
+
+    assert out2.interrupted and out2.trials_this_run == 1
+    assert TrialState.RUNNING not in {t.state for t in st.trials} and len(st.trials) > 14
+    assert [t.user_attrs["status"] for t in st.trials[15:]] == ["interrupted"] * (len(st.trials) - 15)
     # result.json carries the front with its Optuna trial numbers, and reads back.
     st.set_user_attr("frontier", front.to_dict())
     st.set_user_attr("model", str(model))

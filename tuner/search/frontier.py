@@ -21,6 +21,7 @@ measured trials): no hand-made Pareto code.
 from __future__ import annotations
 
 import hashlib
+import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -243,8 +244,6 @@ def run_frontier(st: optuna.Study, fs: FrontierSpace, info: ModelInfo, hw: Hardw
                  batch_trials: int = study.BATCH_TRIALS) -> study.SearchOutcome:
     """Ask, gate by memory and slot length, measure the feasible ones together, tell — until the budget ends.
     Ctrl-C: trials in flight are told FAIL (status ``interrupted``); the next run resumes the study."""
-    import time
-
     start, done = time.monotonic(), 0
     st.set_user_attr("frontier_space", fs.describe())
     pending: list[tuple[optuna.Trial, Plan]] = []
