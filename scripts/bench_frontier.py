@@ -10,7 +10,11 @@ sampler with its seeds (the memory model's best guess at every context); NSGA-II
 nothing. Hypervolumes are taken on axes normalized by the grid's range, reference point 1.1 on every axis.
 
     .venv/bin/python scripts/bench_frontier.py [MODEL] [--min-ctx 512] [--max-ctx 4096] [-p 128] [-n 32]
-        [--kv f16/f16,q8_0/q8_0,q4_0/q4_0] [--threads 2] [--budgets 6,8,12,16] [--seeds 5]
+        [--kv f16/f16,q8_0/q8_0,q4_0/q4_0] [--threads 2] [--budgets 6,8,12,16] [--seeds 5] [--workload batch]
+        [--out results/benchmarks/frontier-NAME.md]
+
+With ``--workload batch`` the slot count (1, 2, 4) is an axis too and each trial is a llama-batched-bench run;
+the objectives gain the aggregate generated tok/s (hypervolume in four dimensions).
 
 Last line: ``trials to 95% of grid hypervolume: auto-tune N (grid G)``.
 """
@@ -34,7 +38,7 @@ from tuner.measure.workload import WorkloadKind, preset
 from tuner.models import demo
 from tuner.models.gguf_reader import inspect_model
 from tuner.quality import kv_price
-from tuner.search import frontier, frontier_tune, hypervolume, study
+from tuner.search import frontier, frontier_tune, hypervolume, space, study
 
 OUT = Path(__file__).resolve().parent.parent / "results" / "benchmarks"
 TARGET = 0.95
@@ -57,6 +61,8 @@ def main() -> None:
     ap.add_argument("--min-ctx", type=int, default=512)
     ap.add_argument("--max-ctx", type=int, default=4096)
     ap.add_argument("--steps", type=int, default=frontier.LADDER_STEPS)
+    ap.add_argument("--workload", choices=["chat", "batch"], default="chat",
+                    help="batch: slot counts 1, 2, 4 as an axis, measured with llama-batched-bench")
     ap.add_argument("-p", "--n-prompt", type=int, default=128)
     ap.add_argument("-n", "--n-gen", type=int, default=32)
     ap.add_argument("--kv", default="f16/f16,f16/q8_0,q8_0/q8_0,q4_0/q4_0")
@@ -74,19 +80,23 @@ def main() -> None:
     model = args.model or demo.default_model(loc)
     info = inspect_model(model)
     hw = hardware.probe_hardware(host_bandwidth_s=0.3)
-    load = preset(WorkloadKind.CHAT, args.n_prompt, args.n_gen)
+    load = preset(WorkloadKind(args.workload), args.n_prompt, args.n_gen)
     threads = [int(t) for t in args.threads.split(",")] if args.threads else None
     fs = frontier.build_frontier_space(model, info, hw, load, frontier.ctx_ladder(args.min_ctx, args.max_ctx,
                                                                                   args.steps),
-                                       kv_pairs=_pairs(args.kv), threads=threads)
-    axes = frontier.Axes(concurrent=False, kld=True)
+                                       slots=space.slot_counts(load.concurrency), kv_pairs=_pairs(args.kv),
+                                       threads=threads)
+    axes = frontier.Axes(concurrent=fs.concurrent, kld=True)
     grid = list(frontier.iter_configs(fs))
     say(f"model {model.name} ({model.stat().st_size / 2**30:.2f} GiB), llama.cpp {caps.commit}, {hw.describe()}")
-    say(f"space: contexts {list(fs.contexts)}, KV {args.kv}, threads {list(fs.base.threads)}; grid {len(grid)} "
-          f"configs; llama-bench pp{args.n_prompt} and tg{min(args.n_gen, frontier_tune.MAX_GEN_TOKENS)} at the "
-          f"depth each context allows (reply ends at the context's end), x{args.reps}")
+    how = (f"llama-batched-bench: each slot's whole history (context / slots - {args.n_gen}) as its prompt, then "
+           f"{args.n_gen} tokens for every slot at once" if fs.concurrent else
+           f"llama-bench pp{args.n_prompt} and tg{min(args.n_gen, frontier_tune.MAX_GEN_TOKENS)} at the depth each "
+           "context allows (reply ends at the context's end)")
+    say(f"space: contexts {list(fs.contexts)}, slots {list(fs.slots)}, KV {args.kv}, threads {list(fs.base.threads)}; "
+        f"grid {len(grid)} configs; {how}, x{args.reps}")
 
-    cache = OUT / f"frontier_grid_{model.stem}.json"
+    cache = OUT / f"frontier_grid_{model.stem}{'' if args.workload == 'chat' else '_' + args.workload}.json"
     key = {"space": fs.describe() | {"model": model.name}, "load": load.describe(), "reps": args.reps,
            "engine": caps.commit}
     cached = json.loads(cache.read_text()) if cache.is_file() else None
@@ -100,14 +110,15 @@ def main() -> None:
         load_before = os.getloadavg()
         measure = frontier_tune.engine_measure(loc, load, caps=caps, repetitions=args.reps)
         rows = []
-        for ctx in fs.contexts:  # one llama-bench load per context (its configs share the depths)
-            part = [c for c in grid if c.ctx == ctx]
-            for cfg, res in zip(part, measure([frontier.Plan(c, *frontier.depths(load, ctx, 1)) for c in part]),
+        for ctx, n in fs.points:  # one llama-bench load per context (its configs share the depths)
+            part = [c for c in grid if (c.ctx, c.parallel) == (ctx, n)]
+            for cfg, res in zip(part, measure([frontier.Plan(c, *frontier.depths(load, ctx, n)) for c in part]),
                                 strict=True):
                 rows.append({"config": study.config_to_dict(cfg),
                              **({"failure": res.kind.value} if isinstance(res, failures.Failure) else
                                 {"request_s": res.request_s, "gen_tok_s": res.gen_tok_s,
-                                 "prompt_tok_s": res.prompt_tok_s, "cv_pct": res.cv_pct})})
+                                 "prompt_tok_s": res.prompt_tok_s, "aggregate_tok_s": res.aggregate_tok_s,
+                                 "cv_pct": res.cv_pct})})
             print(f"  {len(rows)}/{len(grid)} measured ({time.monotonic() - t0:.0f} s)", flush=True)  # progress
         load_after = os.getloadavg()
         note = (f"1-min load average {load_before[0]:.2f} before, {load_after[0]:.2f} after, on "
@@ -126,31 +137,39 @@ def main() -> None:
     table: dict[LaunchConfig, Any] = {}
     for row in rows:
         cfg = study.config_from_dict(row["config"])
-        table[cfg] = (frontier.Measured(row["request_s"], row["gen_tok_s"], row["prompt_tok_s"])
+        table[cfg] = (frontier.Measured(row["request_s"], row["gen_tok_s"], row["prompt_tok_s"],
+                                        row.get("aggregate_tok_s"))
                       if "request_s" in row else failures.Failure(failures.FailureKind(row["failure"]), "grid"))
-    points = [axes.minimized({"request_s": m.request_s, "ctx": float(c.ctx or 0),
-                              "kld": prices[(c.cache_type_k, c.cache_type_v)]})
-              for c, m in table.items() if isinstance(m, frontier.Measured)]
+
+    def objectives(c: LaunchConfig, m: frontier.Measured) -> tuple[float, ...]:
+        return axes.minimized({"request_s": m.request_s, "aggregate_tok_s": m.aggregate_tok_s or 0.0,
+                               "ctx": float(c.ctx or 0), "kld": prices[(c.cache_type_k, c.cache_type_v)]})
+
+    measured = {c: m for c, m in table.items() if isinstance(m, frontier.Measured)}
+    points = [objectives(c, m) for c, m in measured.items()]
     lows, spans = hypervolume.normalizer(points)
     ref = (1.1,) * len(lows)
     grid_hv = hypervolume.hypervolume(hypervolume.normalized(points, lows, spans), ref)
     say(f"grid: {len(points)} measured; its front has {len(hypervolume.pareto_minimal(points))} points; "
           f"normalized hypervolume {grid_hv:.4f}")
-    say("grid front (context, KV, fa, threads: s/request at that depth):")
-    for p in sorted(hypervolume.pareto_minimal(points), key=lambda p: p[1]):
-        cfg = next(c for c, m in table.items() if isinstance(m, frontier.Measured) and axes.minimized(
-            {"request_s": m.request_s, "ctx": float(c.ctx or 0), "kld": prices[(c.cache_type_k, c.cache_type_v)]}) == p)
-        say(f"  -c {cfg.ctx}: {cfg.cache_type_k.value}/{cfg.cache_type_v.value} fa {cfg.flash_attn.value} "
-              f"t {cfg.threads}: {p[0]:.3f} s, KLD {p[2]:.5f}")
+    say("grid front (context, slots, KV, fa, threads: s/request at that depth, aggregate tok/s, KLD):")
+    front = set(hypervolume.pareto_minimal(points))
+    for cfg, m in sorted(measured.items(), key=lambda cm: (cm[0].parallel or 1, cm[0].ctx or 0, cm[1].request_s)):
+        if objectives(cfg, m) in front:
+            agg = f", {m.aggregate_tok_s:.1f} tok/s aggregate" if m.aggregate_tok_s else ""
+            say(f"  -c {cfg.ctx} -np {cfg.parallel}: {cfg.cache_type_k.value}/{cfg.cache_type_v.value} fa "
+                f"{cfg.flash_attn.value} t {cfg.threads}: {m.request_s:.3f} s{agg}, KLD "
+                f"{prices[(cfg.cache_type_k, cfg.cache_type_v)]:.5f}")
 
     say("grid: s/request at each context, the fastest config per KV pair (gen tok/s at that depth):")
     for pair in sorted({(c.cache_type_k.value, c.cache_type_v.value) for c in table}):
         cells = []
-        for ctx in fs.contexts:
-            ms = [m for c, m in table.items() if c.ctx == ctx and (c.cache_type_k.value, c.cache_type_v.value) == pair
-                  and isinstance(m, frontier.Measured)]
+        for ctx, n in fs.points:
+            ms = [m for c, m in measured.items()
+                  if (c.ctx, c.parallel) == (ctx, n) and (c.cache_type_k.value, c.cache_type_v.value) == pair]
             m = min(ms, key=lambda m: m.request_s, default=None)
-            cells.append(f"{ctx}: {m.request_s:.3f} s ({m.gen_tok_s or 0:.1f})" if m else f"{ctx}: failed")
+            at = f"{ctx}" if len(fs.slots) < 2 else f"{ctx} np{n}"
+            cells.append(f"{at}: {m.request_s:.3f} s ({m.gen_tok_s or 0:.1f})" if m else f"{at}: failed")
         say(f"  {pair[0]}/{pair[1]}: " + "; ".join(cells))
 
     def replay(plans: list[frontier.Plan]) -> list[Any]:

@@ -11,6 +11,7 @@ import pytest
 
 from tests.fakes import FakeFrontierRunner
 from tuner.catalog.cards import find_card
+from tuner.core.config import CacheType
 from tuner.core.errors import UsageError
 from tuner.machine.hardware import Hardware
 from tuner.measure.workload import WorkloadKind, preset
@@ -98,13 +99,15 @@ def test_cpu_frontier_has_a_point_per_context_and_launch_line_picks_one(model, t
         raise KeyboardInterrupt
 
     info = inspect_model(model)
+    before = len(st.trials)
     out2 = frontier.run_frontier(st, fs, info, CPU, load, runner, budget=study.Budget(trials=8),
                                  axes=frontier.Axes(), kld_of=fake_kld, on_progress=interrupt)
     from optuna.trial import TrialState
 
     assert out2.interrupted and out2.trials_this_run == 1
-    assert TrialState.RUNNING not in {t.state for t in st.trials} and len(st.trials) > 14
-    assert [t.user_attrs["status"] for t in st.trials[15:]] == ["interrupted"] * (len(st.trials) - 15)
+    assert TrialState.RUNNING not in {t.state for t in st.trials}
+    later = [t.user_attrs["status"] for t in st.trials[before:] if t.user_attrs["status"] != "duplicate"]
+    assert later[0] in ("measured", "failed") and later[1:] == ["interrupted"] * (len(later) - 1) and len(later) > 1
     # result.json carries the front with its Optuna trial numbers, and reads back.
     st.set_user_attr("frontier", front.to_dict())
     st.set_user_attr("model", str(model))
@@ -211,3 +214,21 @@ def test_report_table_and_where_a_single_winner_sits(tmp_path):
         frontier_report.winner_on_frontier(single, tmp_path) or "")
     other_model = study_result.StudyResult(study="s", model="other.gguf", finish=Finish((off,), ()))
     assert frontier_report.winner_on_frontier(other_model, tmp_path) is None
+
+
+def test_a_small_space_is_covered_in_as_many_trials_as_it_has_configs(model, tmp_path):
+    """The sampler's repeats cost nothing: told PRUNED as duplicates; an untried config is enqueued instead."""
+    runner = FakeFrontierRunner()
+    load = preset(WorkloadKind.CHAT, 128, 32)
+    info = inspect_model(model)
+    fs = frontier.build_frontier_space(model, info, CPU, load, (512, 1024, 2048), threads=(2,),
+                                       kv_pairs=[(CacheType.F16, CacheType.F16), (CacheType.Q8_0, CacheType.Q8_0)])
+    grid = set(frontier.iter_configs(fs))
+    assert len(grid) == 9
+    st, _ = frontier.create_or_load("small", study.default_storage(tmp_path), frontier.Axes(), seed=1)
+    out = frontier.run_frontier(st, fs, info, CPU, load, runner, budget=study.Budget(trials=12),
+                                axes=frontier.Axes(), kld_of=fake_kld)
+    assert {p.config for p in runner.plans} == grid and len(runner.plans) == 9  # each once, then it stops
+    assert out.trials_this_run == 9 and not out.interrupted
+    statuses = [t.user_attrs["status"] for t in st.trials]
+    assert statuses.count("measured") == 9 and set(statuses) <= {"measured", "duplicate"}

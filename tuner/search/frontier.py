@@ -21,6 +21,7 @@ measured trials): no hand-made Pareto code.
 from __future__ import annotations
 
 import hashlib
+import random
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -43,6 +44,7 @@ from tuner.search.frontier_result import Frontier, FrontierPoint  # noqa: F401 -
 
 LADDER_STEPS = 4  # contexts on the ladder from --min-ctx to the model's trained context
 TRIALS_PER_POINT = 3  # default budget: this many trials per (context, slot count) of the space
+DUPLICATE_TRIES = 3  # proposals of tried configs in a row before an untried one is enqueued
 CTX_SHORT = "ctx_short_tokens"  # constraint: tokens one request lacks in its slot (<= 0: it fits)
 
 
@@ -247,6 +249,8 @@ def run_frontier(st: optuna.Study, fs: FrontierSpace, info: ModelInfo, hw: Hardw
     start, done = time.monotonic(), 0
     st.set_user_attr("frontier_space", fs.describe())
     pending: list[tuple[optuna.Trial, Plan]] = []
+    seen = {study.config_from_dict(t.user_attrs["config"]) for t in st.get_trials(deepcopy=False)
+            if t.user_attrs.get("status") in ("measured", "infeasible", "failed")}
 
     def told(trial: optuna.Trial) -> None:
         nonlocal done
@@ -259,9 +263,12 @@ def run_frontier(st: optuna.Study, fs: FrontierSpace, info: ModelInfo, hw: Hardw
         while (budget.trials is None or done < budget.trials) and (
                 budget.time_s is None or time.monotonic() - start < budget.time_s):
             want = batch_trials if budget.trials is None else min(batch_trials, budget.trials - done)
+            asked: tuple[optuna.Trial, LaunchConfig] | None = None
             for _ in range(want):
-                trial = st.ask()
-                cfg = suggest(trial, fs)
+                asked = _ask_new(st, fs, seen)
+                if asked is None:
+                    break
+                trial, cfg = asked
                 ctx, slots = cfg.ctx or fs.contexts[0], cfg.parallel or 1
                 prompt_depth, gen_depth = depths(load, ctx, slots)
                 pending.append((trial, Plan(cfg, prompt_depth, gen_depth)))
@@ -280,6 +287,8 @@ def run_frontier(st: optuna.Study, fs: FrontierSpace, info: ModelInfo, hw: Hardw
                     _tell(st, trial, "infeasible", state=TrialState.PRUNED)
                     pending.pop()
                     told(trial)
+            if not pending and asked is None:
+                break  # every config of the space has been tried
             if pending:
                 results = measure([p for _, p in pending])
                 for (trial, plan), res in zip(list(pending), results, strict=True):
@@ -297,6 +306,32 @@ def run_frontier(st: optuna.Study, fs: FrontierSpace, info: ModelInfo, hw: Hardw
         for trial, _ in pending:
             _tell(st, trial, "interrupted", state=TrialState.FAIL)
     return study.SearchOutcome(st.study_name, done, False, time.monotonic() - start)
+
+
+def _ask_new(st: optuna.Study, fs: FrontierSpace, seen: set[LaunchConfig]
+             ) -> tuple[optuna.Trial, LaunchConfig] | None:
+    """A trial whose config this study has not tried yet (None when it has tried them all).
+
+    A proposal of a config already tried is told PRUNED with status ``duplicate`` (it costs nothing and counts
+    for no budget); after a few in a row, a config nobody has tried is enqueued instead, so a small space is
+    covered in as many trials as it has configs.
+    """
+    for _ in range(DUPLICATE_TRIES):
+        trial = st.ask()
+        cfg = suggest(trial, fs)
+        if cfg not in seen:
+            seen.add(cfg)
+            return trial, cfg
+        _tell(st, trial, "duplicate", state=TrialState.PRUNED)
+    left = [c for c in iter_configs(fs) if c not in seen]
+    if not left:
+        return None
+    pick = random.Random(len(st.trials)).choice(left)
+    st.enqueue_trial(params_of(fs, pick), user_attrs={"seed": "untried"}, skip_if_exists=False)
+    trial = st.ask()
+    cfg = suggest(trial, fs)
+    seen.add(cfg)
+    return trial, cfg
 
 
 def _tell(st: optuna.Study, trial: optuna.Trial, status: str, extra: dict[str, Any] | None = None, *,
