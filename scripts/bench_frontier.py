@@ -68,6 +68,7 @@ def main() -> None:
     ap.add_argument("--kv", default="f16/f16,f16/q8_0,q8_0/q8_0,q4_0/q4_0")
     ap.add_argument("--threads", default=None, help="comma list; default: the space's own")
     ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--passes", type=int, default=1, help="measure the grid this many times (fastest pass kept)")
     ap.add_argument("--price-chunks", type=int, default=2)
     ap.add_argument("--budgets", default="4,6,8,10,12,16,20")
     ap.add_argument("--seeds", type=int, default=5)
@@ -98,7 +99,7 @@ def main() -> None:
 
     cache = OUT / f"frontier_grid_{model.stem}{'' if args.workload == 'chat' else '_' + args.workload}.json"
     key = {"space": fs.describe() | {"model": model.name}, "load": load.describe(), "reps": args.reps,
-           "engine": caps.commit}
+           "engine": caps.commit, **({"passes": args.passes} if args.passes > 1 else {})}
     cached = json.loads(cache.read_text()) if cache.is_file() else None
     if cached and cached.get("key") == key and not args.refresh:
         rows = cached["rows"]
@@ -109,17 +110,26 @@ def main() -> None:
         t0 = time.monotonic()
         load_before = os.getloadavg()
         measure = frontier_tune.engine_measure(loc, load, caps=caps, repetitions=args.reps)
+        passes: dict[LaunchConfig, list[dict[str, Any]]] = {c: [] for c in grid}
+        for n_pass in range(args.passes):
+            # Every other pass in reverse order, so a burst from another process does not hit the same configs twice.
+            order = fs.points if n_pass % 2 == 0 else fs.points[::-1]
+            for ctx, n in order:  # one llama-bench load per context (its configs share the depths)
+                part = [c for c in grid if (c.ctx, c.parallel) == (ctx, n)]
+                plans = [frontier.Plan(c, *frontier.depths(load, ctx, n)) for c in part]
+                for cfg, res in zip(part, measure(plans), strict=True):
+                    passes[cfg].append({"failure": res.kind.value} if isinstance(res, failures.Failure) else
+                                       {"request_s": res.request_s, "gen_tok_s": res.gen_tok_s,
+                                        "prompt_tok_s": res.prompt_tok_s, "aggregate_tok_s": res.aggregate_tok_s,
+                                        "cv_pct": res.cv_pct})
+                done = sum(len(v) for v in passes.values())
+                print(f"  {done}/{len(grid) * args.passes} measured ({time.monotonic() - t0:.0f} s)", flush=True)
         rows = []
-        for ctx, n in fs.points:  # one llama-bench load per context (its configs share the depths)
-            part = [c for c in grid if (c.ctx, c.parallel) == (ctx, n)]
-            for cfg, res in zip(part, measure([frontier.Plan(c, *frontier.depths(load, ctx, n)) for c in part]),
-                                strict=True):
-                rows.append({"config": study.config_to_dict(cfg),
-                             **({"failure": res.kind.value} if isinstance(res, failures.Failure) else
-                                {"request_s": res.request_s, "gen_tok_s": res.gen_tok_s,
-                                 "prompt_tok_s": res.prompt_tok_s, "aggregate_tok_s": res.aggregate_tok_s,
-                                 "cv_pct": res.cv_pct})})
-            print(f"  {len(rows)}/{len(grid)} measured ({time.monotonic() - t0:.0f} s)", flush=True)  # progress
+        for cfg, runs in passes.items():
+            ok = [r for r in runs if "request_s" in r]
+            # Other processes only ever slow a run down: the fastest pass is the closest to the config's speed.
+            best = min(ok, key=lambda r: r["request_s"], default=runs[0])
+            rows.append({"config": study.config_to_dict(cfg), "passes": runs, **best})
         load_after = os.getloadavg()
         note = (f"1-min load average {load_before[0]:.2f} before, {load_after[0]:.2f} after, on "
                 f"{os.cpu_count()} cores")
