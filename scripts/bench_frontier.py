@@ -226,8 +226,8 @@ def main() -> None:
         cmd = shlex.join([".venv/bin/python", "scripts/bench_frontier.py", *sys.argv[1:]])
         head = (f"# Frontier budget: {model.name}\n\nMade by `{cmd}` on {time.strftime('%Y-%m-%d %H:%M')} (grid "
                 "measured once and cached; the searches replay it). The machine (2 cores) is shared with other agents' "
-                "builds, tests and benchmarks: the load averages below are what it carried while the grid was measured, "
-                "and the grid keeps each config's fastest pass.\n\n")
+                "builds, tests and benchmarks: the load averages below are what it carried while the grid was measured,"
+                " and the grid keeps each config's fastest pass.\n\n")
         args.out.write_text(head + "```text\n" + "\n".join(LOG) + "\n```\n")
 
 
