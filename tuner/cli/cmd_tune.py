@@ -82,6 +82,11 @@ def auto_tune_cmd(
         raise UsageError(f"unknown --goal {goal}: use speed or context")
     if goal == "context" and min_ctx is not None:
         raise UsageError("--goal context picks the context itself: drop --min-ctx")
+    if max_ctx is not None and not frontier:
+        raise UsageError("--max-ctx sets the --frontier ladder: add --frontier")
+    if frontier and (pareto or goal == "context" or speculate or draft or prompts):
+        raise UsageError("--frontier has its own objectives and ladder: drop --pareto, --goal context and "
+                         "--speculation")
     loc = build.locate_engine(llama_cpp_dir)
     def say(msg: str) -> None:
         if not as_json:
@@ -99,12 +104,7 @@ def auto_tune_cmd(
                                speculation=_speculation(speculate, draft, prompts))
     hw = hardware.with_vram_budget(hardware.probe_hardware(host_bandwidth_s=0.3), vram_budget)
     say(f"machine: {hw.describe()}")
-    if frontier or max_ctx is not None:
-        if not frontier:
-            raise UsageError("--max-ctx sets the --frontier ladder: add --frontier")
-        if pareto or goal == "context" or req.speculation is not None:
-            raise UsageError("--frontier has its own objectives and ladder: drop --pareto, --goal context and "
-                             "--speculation")
+    if frontier:
         cmd_frontier.run(req, loc, hw, max_ctx=max_ctx, trials=trials, as_json=as_json, say=say)
         return
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
