@@ -199,7 +199,7 @@ def test_report_table_and_where_a_single_winner_sits(tmp_path):
                                     frontier=front.to_dict(), workload={"kind": "chat", "prompt_tokens": 8})
     frontier_report.write(fres, tmp_path / fres.study)
     md = (tmp_path / fres.study / "report.md").read_text()
-    assert "## Frontier" in md and "| 4,096 | 1 | KV f16/f16, fa on, t 2 | 1.000 |" in md
+    assert "## Frontier" in md and "| 4,096 | 1 | f16/f16 fa on t 2 | 1.000 | 100.0 | 0.00000 | 2.00 | 3 |" in md
     assert "from 1,024 to 4,096 tokens of context a request at full depth takes 2.00x as long" in md
     assert (tmp_path / fres.study / "frontier_context.png").exists() is False  # no measured trials: no plot
     assert frontier_report.launch_line(fres, 4096, None) == "llama-server -m m.gguf -c 4096 -np 1 -t 2 -fa on"

@@ -7,6 +7,7 @@ import json
 from collections.abc import Callable
 
 import typer
+from rich import box
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -39,15 +40,12 @@ def run(req: TuneRequest, loc: EngineLocation, hw: Hardware, *, max_ctx: int | N
         return
     front = frontier_report.frontier_of(done.result)
     assert front is not None  # tune_frontier refuses a run with no measured point
-    table = Table(title=f"frontier: {front.trials_measured} measured trials, {len(front.points)} on the front")
-    for col in frontier_report.HEADERS:
-        if col == "aggregate tok/s" and not front.concurrent or col == "VRAM GiB" and not front.has_gpu:
-            continue
-        table.add_column(col, justify="left" if col == "config" else "right")
+    table = Table(title=f"frontier: {front.trials_measured} measured trials, {len(front.points)} on the front",
+                  box=box.SIMPLE)
+    for col in frontier_report.headers(front):
+        table.add_column(frontier_report.SHORT.get(col, col), justify="left" if col == "config" else "right")
     for row in frontier_report.rows(front):
-        table.add_row(*(v for col, v in zip(frontier_report.HEADERS, row, strict=True)
-                        if not (col == "aggregate tok/s" and not front.concurrent
-                                or col == "VRAM GiB" and not front.has_gpu)))
+        table.add_row(*row)
     out.print(table)
     for line in frontier_report.summary_lines(front):
         out.print(line, highlight=False, soft_wrap=True)

@@ -19,6 +19,9 @@ from tuner.search.study import config_from_dict
 GIB = 2**30
 HEADERS = ("context", "slots", "config", "s/request", "gen tok/s", "aggregate tok/s", "KLD", "VRAM GiB", "RAM GiB",
            "trial")
+AXIS_WORDS = {"request_s": "request time (less)", "aggregate_tok_s": "aggregate tok/s (more)",
+              "ctx": "context (more)", "kld": "KV quality loss, KLD (less)"}
+SHORT = {"s/request": "s/req", "gen tok/s": "gen t/s", "aggregate tok/s": "agg t/s", "slots": "np"}  # 80 columns
 
 
 def frontier_of(result: StudyResult) -> Frontier | None:
@@ -26,23 +29,36 @@ def frontier_of(result: StudyResult) -> Frontier | None:
 
 
 def config_label(c: dict[str, Any]) -> str:
-    parts = [f"KV {c.get('cache_type_k')}/{c.get('cache_type_v')}", f"fa {c.get('flash_attn')}"]
+    """Compact, in llama-server's own short flags: ``q8_0/q8_0 fa on ncmoe 4 t 2 ub 1024``."""
+    parts = [f"{c.get('cache_type_k')}/{c.get('cache_type_v')}", f"fa {c.get('flash_attn')}"]
     for key, flag in (("n_cpu_moe", "ncmoe"), ("threads", "t"), ("ubatch", "ub")):
         if c.get(key) is not None:
             parts.append(f"{flag} {c[key]}")
-    return ", ".join(parts)
+    return " ".join(parts)
 
 
 def _num(v: float | int | None, spec: str) -> str:
     return "" if v is None else format(v, spec)
 
 
+def headers(front: Frontier) -> tuple[str, ...]:
+    """The columns that carry something: aggregate tok/s only for concurrent workloads, VRAM only with a GPU."""
+    return tuple(h for h in HEADERS if not (h == "aggregate tok/s" and not front.concurrent
+                                            or h == "VRAM GiB" and not front.has_gpu))
+
+
 def rows(front: Frontier) -> list[tuple[str, ...]]:
-    """One row per frontier point, in the order of :data:`HEADERS`."""
-    return [(f"{p.ctx:,}", str(p.slots), config_label(p.config), _num(p.request_s, ",.3f"), _num(p.gen_tok_s, ",.1f"),
-             _num(p.aggregate_tok_s, ",.1f"), _num(p.kld, ".5f"),
-             _num(p.vram_bytes / GIB if p.vram_bytes is not None else None, ".2f"),
-             _num(p.ram_bytes / GIB if p.ram_bytes is not None else None, ".2f"), str(p.trial)) for p in front.points]
+    """One row per frontier point, in the order of :func:`headers`."""
+    keep = headers(front)
+    out = []
+    for p in front.points:
+        cells = dict(zip(HEADERS, (
+            f"{p.ctx:,}", str(p.slots), config_label(p.config), _num(p.request_s, ",.3f"), _num(p.gen_tok_s, ",.1f"),
+            _num(p.aggregate_tok_s, ",.1f"), _num(p.kld, ".5f"),
+            _num(p.vram_bytes / GIB if p.vram_bytes is not None else None, ".2f"),
+            _num(p.ram_bytes / GIB if p.ram_bytes is not None else None, ".2f"), str(p.trial)), strict=True))
+        out.append(tuple(cells[h] for h in keep))
+    return out
 
 
 def summary_lines(front: Frontier) -> list[str]:
@@ -70,18 +86,20 @@ def markdown(result: StudyResult) -> str:
     if front is None:
         return ""
     w = result.workload or {}
+    contexts = ", ".join(f"{c:,}" for c in front.contexts)
     flight = "" if w.get("concurrency", 1) < 2 else f", up to {w.get('concurrency')} in flight"
     lines = [f"# auto-tune --frontier: {Path(result.model or '?').name}", "",
              f"- study: `{result.study}`", f"- machine: {(result.hardware or {}).get('describe')}",
              f"- engine: llama.cpp {(result.engine or {}).get('commit')} ({(result.engine or {}).get('backend')})",
              f"- workload: {w.get('kind')}, {w.get('prompt_tokens')} prompt + {w.get('gen_tokens')} generated tokens"
              f"{flight}",
-             f"- objectives: {', '.join(front.axes)}; contexts {', '.join(f'{c:,}' for c in front.contexts)}"
+             f"- objectives: {', '.join(AXIS_WORDS.get(a, a) for a in front.axes)}; contexts {contexts}"
              f"{'' if len(front.slots) < 2 else '; slots ' + ', '.join(map(str, front.slots))}; "
              f"{front.trials_measured} trials measured",
              "- each request is measured at the depth its context allows: the reply ends at the slot's last token",
              "", "## Frontier", "", *[f"- {line}" for line in summary_lines(front)], "",
-             "| " + " | ".join(HEADERS) + " | launch line |", "|" + "---:|" * 2 + "---|" + "---:|" * 7 + "---|"]
+             "| " + " | ".join(headers(front)) + " | launch line |",
+             "|" + "|".join("---" if h == "config" else "---:" for h in headers(front)) + "|---|"]
     for row, p in zip(rows(front), front.points, strict=True):
         lines.append("| " + " | ".join(row) + f" | `{p.launch_line}` |")
     lines += ["", "`moe-tune launch-line result.json --ctx N" + (" --slots N" if front.concurrent else "") +
@@ -117,6 +135,8 @@ def plots(result: StudyResult, out_dir: Path) -> list[Path]:
             name = label if len(front.slots) < 2 else f"{label}, np {slots}"
             ax.plot(xs, [pts[x] for x in xs], marker="o", label=name)
     ax.set_xscale("log", base=2)
+    ax.set_xticks(list(front.contexts), [f"{c:,}" for c in front.contexts])
+    ax.minorticks_off()
     ax.set_xlabel("context (tokens); each request measured at that depth")
     ax.set_ylabel("seconds per request (lower is faster)")
     ax.set_title("Request time vs context, per KV cache pair")

@@ -375,7 +375,7 @@ def frontier_of(st: optuna.Study, fs: FrontierSpace, has_gpu: bool) -> Frontier:
     front.sort(key=lambda p: (p.slots, p.ctx, p.request_s))
     notes = []
     if not has_gpu:
-        notes.append("CPU only: a larger context costs memory and attention at depth, nothing else (no experts "
-                     "move to the host); a flat curve means context is nearly free here.")
+        notes.append("CPU only: a larger context costs only memory and attention at depth (no experts move to the "
+                     "host); a flat curve would mean context is nearly free here.")
     return Frontier(axes.names, tuple(front), fs.contexts, fs.slots, fs.concurrent, has_gpu,
                     len(measured_trials(st)), tuple(notes))
