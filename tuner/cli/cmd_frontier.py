@@ -41,9 +41,10 @@ def run(req: TuneRequest, loc: EngineLocation, hw: Hardware, *, max_ctx: int | N
     front = frontier_report.frontier_of(done.result)
     assert front is not None  # tune_frontier refuses a run with no measured point
     table = Table(title=f"frontier: {front.trials_measured} measured trials, {len(front.points)} on the front",
-                  box=box.SIMPLE)
+                  box=box.SIMPLE, pad_edge=False, collapse_padding=True)
     for col in frontier_report.headers(front):
-        table.add_column(frontier_report.SHORT.get(col, col), justify="left" if col == "config" else "right")
+        table.add_column(frontier_report.SHORT.get(col, col), justify="left" if col == "config" else "right",
+                         no_wrap=col == "config")
     for row in frontier_report.rows(front):
         table.add_row(*row)
     out.print(table)
