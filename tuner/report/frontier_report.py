@@ -42,9 +42,11 @@ def _num(v: float | int | None, spec: str) -> str:
 
 
 def headers(front: Frontier) -> tuple[str, ...]:
-    """The columns that carry something: aggregate tok/s only for concurrent workloads, VRAM only with a GPU."""
+    """The columns that carry something: aggregate tok/s only for concurrent workloads, VRAM only with a GPU,
+    KLD only when it is an axis (not with ``--max-kld off``)."""
     return tuple(h for h in HEADERS if not (h == "aggregate tok/s" and not front.concurrent
-                                            or h == "VRAM GiB" and not front.has_gpu))
+                                            or h == "VRAM GiB" and not front.has_gpu
+                                            or h == "KLD" and "kld" not in front.axes))
 
 
 def rows(front: Frontier) -> list[tuple[str, ...]]:
@@ -144,9 +146,16 @@ def plots(result: StudyResult, out_dir: Path) -> list[Path]:
     written.append(_save(fig, out_dir / "frontier_context.png"))
     if front.concurrent:
         fig, ax = plt.subplots(figsize=(7, 4.5))
-        for slots in front.slots:
+        gen_tokens = int((result.workload or {}).get("gen_tokens") or 0)
+        for i, slots in enumerate(front.slots):
+            # Every measured trial: N requests finish together, so N x reply tokens over one request's time.
+            runs = [t.request_s for t in measured if (t.config.get("parallel") or 1) == slots and t.request_s]
+            ax.scatter(runs, [slots * gen_tokens / r for r in runs], alpha=0.35, color=f"C{i}",
+                       label=f"{slots} slot{'s' if slots > 1 else ''}: measured")
             agg = sorted((p.request_s, p.aggregate_tok_s or 0.0) for p in front.points if p.slots == slots)
-            ax.plot([a[0] for a in agg], [a[1] for a in agg], marker="D", label=f"{slots} slots (frontier points)")
+            if agg:
+                ax.plot([a[0] for a in agg], [a[1] for a in agg], marker="D", color=f"C{i}",
+                        label=f"{slots} slot{'s' if slots > 1 else ''}: on the frontier")
         ax.set_xlabel("seconds per request, every slot busy")
         ax.set_ylabel("aggregate generated tok/s")
         ax.set_title("Throughput vs latency per slot count")
