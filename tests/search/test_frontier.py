@@ -196,7 +196,8 @@ def test_report_table_and_where_a_single_winner_sits(tmp_path):
     front = frontier.Frontier(("request_s", "ctx", "kld"), (_point(0, 1024, 0.5), _point(3, 4096, 1.0)),
                               (1024, 4096), (1,), False, False, 5, ("CPU only: ...",))
     fres = study_result.StudyResult(study="m__cpu__frontier-1", model="m.gguf", finish=Finish((), ()),
-                                    frontier=front.to_dict(), workload={"kind": "chat", "prompt_tokens": 8})
+                                    frontier=front.to_dict(), workload={"kind": "chat", "prompt_tokens": 8},
+                                    hardware={"physical_cores": 2})
     frontier_report.write(fres, tmp_path / fres.study)
     md = (tmp_path / fres.study / "report.md").read_text()
     assert "## Frontier" in md and "| 4,096 | 1 | f16/f16 fa on t 2 | 1.000 | 100.0 | 0.00000 | 2.00 | 3 |" in md
@@ -205,9 +206,12 @@ def test_report_table_and_where_a_single_winner_sits(tmp_path):
     assert frontier_report.launch_line(fres, 4096, None) == "llama-server -m m.gguf -c 4096 -np 1 -t 2 -fa on"
 
     win = _m("candidate-1", [1.3, 1.31, 1.29])
-    on = replace(win, config=dict(_point(0, 1024, 0.5).config))
+    # llama.cpp's defaults spelled out (-fa auto, all cores) run as the frontier's explicit settings.
+    on = replace(win, config=dict(_point(0, 1024, 0.5).config, flash_attn="auto", threads=None))
     single = study_result.StudyResult(study="s", model="m.gguf", finish=Finish((on,), ()))
-    assert "are frontier points trial 0 at -c 1024" in (frontier_report.winner_on_frontier(single, tmp_path) or "")
+    assert frontier_report.winner_on_frontier(single, tmp_path) == (
+        f"on the frontier ({tmp_path / fres.study / 'result.json'}): the winner runs as its point at -c 1024 "
+        "(trial 0, 0.500 s/request at full depth); the same settings at -c 4096")
     off = replace(win, config=dict(_point(0, 4096, 0.5, kv="q8_0").config))
     single = study_result.StudyResult(study="s", model="m.gguf", finish=Finish((off,), ()))
     assert "not on it; at -c 4096 its fastest point is trial 3" in (

@@ -9,8 +9,10 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from tuner.core.config import LaunchConfig
 from tuner.engine import flags
 from tuner.machine.fileio import atomic_write
+from tuner.plan.memory import effective_config
 from tuner.report.study_report import _save  # one way to write a PNG
 from tuner.search.frontier_result import Frontier, FrontierPoint
 from tuner.search.result import StudyResult, write_result
@@ -186,7 +188,9 @@ def write(result: StudyResult, out_dir: Path) -> list[Path]:
     return [*written, *plots(result, out_dir)]
 
 
-_SETTINGS = ("cache_type_k", "cache_type_v", "flash_attn", "threads", "ubatch", "n_cpu_moe")
+def _runs_as(config: dict[str, Any], cores: int) -> LaunchConfig:
+    """A stored config as the engine runs it (its defaults spelled out), context and slots aside."""
+    return effective_config(config_from_dict({**config, "model": "m", "ctx": None, "parallel": None}), cores)
 
 
 def winner_on_frontier(result: StudyResult, results_dir: Path) -> str | None:
@@ -210,12 +214,16 @@ def winner_on_frontier(result: StudyResult, results_dir: Path) -> str | None:
         ctx = int(w.config.get("ctx") or front.contexts[0])
         slots = int(w.config.get("parallel") or 1)
         rung = min(front.contexts, key=lambda c: abs(c - ctx))
-        settings = {k: w.config.get(k) for k in _SETTINGS}
-        same = [p for p in front.points if {k: p.config.get(k) for k in _SETTINGS} == settings]
+        cores = int((other.hardware or {}).get("physical_cores") or 0)
+        settings = _runs_as(w.config, cores)
+        same = [p for p in front.points if _runs_as(p.config, cores) == settings]
         if same:
-            where = ", ".join(f"trial {p.trial} at -c {p.ctx}" + (f" -np {p.slots}" if front.concurrent else "")
-                              for p in same)
-            return f"on the frontier ({file}): the winner's settings are frontier points {where}"
+            at = [p for p in same if p.ctx == rung and (not front.concurrent or p.slots == slots)]
+            others = ", ".join(f"{p.ctx}" + (f" np{p.slots}" if front.concurrent else "") for p in same
+                               if p not in at)
+            head = (f"the winner runs as its point at -c {at[0].ctx} (trial {at[0].trial}, {at[0].request_s:.3f} "
+                    "s/request at full depth)" if at else "the winner's settings are on it")
+            return f"on the frontier ({file}): {head}" + (f"; the same settings at -c {others}" if others else "")
         here = [p for p in front.points if p.ctx == rung and (not front.concurrent or p.slots == slots)]
         best = min(here or front.points, key=lambda p: p.request_s)
         return (f"on the frontier ({file}): the winner's settings are not on it; at -c {best.ctx} its fastest point "
