@@ -77,6 +77,7 @@ def auto_tune_cmd(
     launch line. Ctrl-C stops cleanly; running it again resumes the same study.
 
     Example: moe-tune auto-tune unsloth/Qwen3-30B-A3B-GGUF:Q4_K_M --min-ctx 32768 --workload agent --time 20m
+    The trade-off instead: moe-tune auto-tune MODEL --frontier --min-ctx 8192 --max-ctx 131072 --workload batch
     """
     if goal not in ("speed", "context"):
         raise UsageError(f"unknown --goal {goal}: use speed or context")
@@ -191,6 +192,7 @@ def launch_line_cmd(
     """Print the measured llama-server command of a result, rendered by the renderer that measured it.
 
     Example: moe-tune launch-line results/<study>/result.json --format llama-swap
+    A frontier's point: moe-tune launch-line results/<study>/result.json --ctx 32768 --slots 2
     """
     data = study_report.load_result(result)
     if ctx is not None or slots is not None:
