@@ -85,3 +85,41 @@ class FakeNVML:
 
     def nvmlDeviceGetPowerManagementLimit(self, handle: int) -> int:  # noqa: N802
         return int(self._extra("power_mw", 350_000))
+
+
+class FakeFrontierRunner:
+    """Stands in for the engine under a frontier study (the measurement is the hardware boundary): a request's
+    time from a simple machine model — generation and prompt slow down with depth, a quantized KV cache reads
+    fewer bytes per token, every expert layer left on the host costs a fixed share, slots share the speed.
+    Records every plan it was handed, so a test can check nothing infeasible was ever "launched"."""
+
+    def __init__(self, gen_tok_s: float = 400.0, prompt_tok_s: float = 4000.0, fail_kv: str | None = None) -> None:
+        self.gen_tok_s = gen_tok_s
+        self.prompt_tok_s = prompt_tok_s
+        self.fail_kv = fail_kv
+        self.plans: list = []
+
+    def __call__(self, plans):
+        from tuner.measure import failures
+        from tuner.search.frontier import Measured
+
+        out = []
+        for p in plans:
+            self.plans.append(p)
+            c = p.config
+            kv = f"{c.cache_type_k.value}/{c.cache_type_v.value}"
+            if kv == self.fail_kv:
+                out.append(failures.Failure(failures.FailureKind.CRASHED, "fake crash", ("llama-bench",), -11))
+                continue
+            bytes_per = {"f16": 1.0, "q8_0": 0.55, "q4_0": 0.3}
+            kv_cost = (bytes_per[c.cache_type_k.value] + bytes_per[c.cache_type_v.value]) / 2
+            host = 1.0 + 0.1 * (c.n_cpu_moe or 0)
+            slots = c.parallel or 1
+            tg = self.gen_tok_s / host / (1 + kv_cost * p.gen_depth / 4096) / (1 + 0.6 * (slots - 1)) * (
+                1.05 if c.flash_attn.value == "on" else 1.0)
+            pp = self.prompt_tok_s / host / (1 + kv_cost * p.prompt_depth / 8192)
+            prompt = p.gen_depth if slots > 1 else p.gen_depth - p.prompt_depth
+            request_s = prompt * slots / pp + 32 / tg
+            out.append(Measured(request_s, tg, pp, slots * 32 / request_s if slots > 1 else None, 1.0, 2,
+                                ("fake-bench",)))
+        return out

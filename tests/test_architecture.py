@@ -45,7 +45,7 @@ OWNERS = {
     "subprocess": ("engine/runner.py",), "multiprocessing": ("engine/runner.py",), "pty": ("engine/runner.py",),
     "psutil": ("machine/",), "pynvml": ("machine/",),
     "typer": ("cli/",), "rich": ("cli/",), "click": (),
-    "optuna": ("search/study.py", "search/space.py"),
+    "optuna": ("search/study.py", "search/space.py", "search/frontier.py"),
     "matplotlib": ("report/",),
     "huggingface_hub": ("hub/",), "httpx": ("hub/",), "httpx2": ("hub/",),
 }

@@ -44,6 +44,7 @@ _API: dict[str, tuple[str, str]] = {
     "measure_quality": ("tuner.quality.perplexity", "measure"),
     "TuneRequest": ("tuner.search.autotune", "TuneRequest"),
     "auto_tune": ("tuner.search.autotune", "auto_tune"),
+    "tune_frontier": ("tuner.search.frontier_tune", "tune_frontier"),
     "CompareRequest": ("tuner.search.compare", "CompareRequest"),
     "compare_quants": ("tuner.search.compare", "compare"),
     "load_result": ("tuner.search.result", "load_result"),

@@ -13,6 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from tuner.cli.app import AllowBusy, BusyWait, JsonFlag, LlamaDir, app, err, friendly, measuring, model_path, out
+from tuner.cli.cmd_frontier import run as run_frontier
 from tuner.core.errors import UsageError
 from tuner.engine import build, runner
 from tuner.machine import hardware
@@ -20,7 +21,7 @@ from tuner.measure import speculation as spec_measure
 from tuner.measure import workload
 from tuner.models import demo
 from tuner.quality import kv_price
-from tuner.report import study_report
+from tuner.report import frontier_report, study_report
 from tuner.search import autotune, finish, study, verdict
 from tuner.search.speculation import SpeculationRequest
 
@@ -60,6 +61,12 @@ def auto_tune_cmd(
     results_dir: Annotated[Path, typer.Option("--results-dir", help="Where results/<study>/ is written.")]
     = Path("results"),
     seed: Annotated[int, typer.Option("--seed", help="Sampler seed.")] = 0,
+    frontier: Annotated[bool, typer.Option(
+        "--frontier", help="Measure the trade-off frontier instead of one winner: context (from --min-ctx up to "
+        "--max-ctx, log-spaced), slots for batch, KV quality and speed at each context's depth.")] = False,
+    max_ctx: Annotated[int | None, typer.Option(
+        "--max-ctx", help="Largest context on the --frontier ladder (default: the model's training context).")]
+    = None,
     speculate: Annotated[bool, typer.Option(
         "--speculation", help="Then try speculative decoding on the winner (MTP head, n-gram modes, --draft); "
         "kept only when it pays.")] = False,
@@ -77,11 +84,17 @@ def auto_tune_cmd(
     launch line. Ctrl-C stops cleanly; running it again resumes the same study.
 
     Example: moe-tune auto-tune unsloth/Qwen3-30B-A3B-GGUF:Q4_K_M --min-ctx 32768 --workload agent --time 20m
+    The trade-off instead: moe-tune auto-tune MODEL --frontier --min-ctx 8192 --max-ctx 131072 --workload batch
     """
     if goal not in ("speed", "context"):
         raise UsageError(f"unknown --goal {goal}: use speed or context")
     if goal == "context" and min_ctx is not None:
         raise UsageError("--goal context picks the context itself: drop --min-ctx")
+    if max_ctx is not None and not frontier:
+        raise UsageError("--max-ctx sets the --frontier ladder: add --frontier")
+    if frontier and (pareto or goal == "context" or speculate or draft or prompts):
+        raise UsageError("--frontier has its own objectives and ladder: drop --pareto, --goal context and "
+                         "--speculation")
     loc = build.locate_engine(llama_cpp_dir)
     def say(msg: str) -> None:
         if not as_json:
@@ -101,6 +114,9 @@ def auto_tune_cmd(
         hw = hardware.with_ram_budget(
             hardware.with_vram_budget(hardware.probe_hardware(host_bandwidth_s=0.3), vram_budget), ram)
         say(f"machine: {hw.describe()}")
+        if frontier:
+            run_frontier(req, loc, hw, max_ctx=max_ctx, trials=trials, as_json=as_json, say=say)
+            return
         result = _search(req, loc, hw, budget, as_json, say)
     study_report.write(result.result, result.result_dir)
     if result.search.interrupted:
@@ -183,6 +199,9 @@ def _summary(res: autotune.TuneResult) -> None:
     for v in fin.get("verdicts", []):
         out.print(verdict.Verdict.from_dict(v).describe(), highlight=False, soft_wrap=True)
     out.print(f"report: {res.result_dir / 'report.md'}", highlight=False, soft_wrap=True)
+    where = frontier_report.winner_on_frontier(res.result, res.result_dir.parent)
+    if where:
+        out.print(where, highlight=False, soft_wrap=True)
     out.print(f"launch line: {study_report.launch_line(res.result)}", highlight=False, soft_wrap=True)
 
 
@@ -195,13 +214,22 @@ def launch_line_cmd(
     host: Annotated[str | None, typer.Option("--host")] = None,
     port: Annotated[int | None, typer.Option("--port")] = None,
     execute: Annotated[bool, typer.Option("--exec", help="Run the printed llama-server command.")] = False,
+    ctx: Annotated[int | None, typer.Option("--ctx", help="The --frontier point at this context.")] = None,
+    slots: Annotated[int | None, typer.Option("--slots", help="The --frontier point at this slot count.")] = None,
     llama_cpp_dir: LlamaDir = None,
 ) -> None:
     """Print the measured llama-server command of a result, rendered by the renderer that measured it.
 
     Example: moe-tune launch-line results/<study>/result.json --format llama-swap
+    A frontier's point: moe-tune launch-line results/<study>/result.json --ctx 32768 --slots 2
     """
     data = study_report.load_result(result)
+    if ctx is not None or slots is not None:
+        if execute or fmt != "shell":
+            raise UsageError("--ctx/--slots print the shell line of a frontier point: drop --exec/--format")
+        out.print(frontier_report.launch_line(data, ctx, slots, host=host, port=port), highlight=False,
+                  soft_wrap=True, markup=False)
+        return
     line = study_report.launch_line(data, rank=rank, fmt=fmt, host=host, port=port)
     out.print(line, highlight=False, soft_wrap=True, markup=False)
     if execute:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tuner.core.config import CacheType, LaunchConfig
 from tuner.core.errors import UsageError
@@ -86,6 +87,25 @@ def choose_ctx(req: TuneRequest, info: ModelInfo, hw: Hardware, parallel: int) -
     return ctx
 
 
+def kv_pricer(loc: build.EngineLocation, req: TuneRequest, st: Any, on_step: Callable[[str], None] | None = None
+              ) -> Callable[[LaunchConfig], KvPrice | None]:
+    """The KV pair's quality cost, priced once per model and pair (and cached on disk across runs), the prices
+    kept on the study; None for every pair with ``--max-kld off``."""
+    prices: dict[tuple[CacheType, CacheType], KvPrice] = {}
+
+    def kld_of(cfg: LaunchConfig) -> KvPrice | None:
+        if req.max_kld is None:
+            return None
+        key = (cfg.cache_type_k, cfg.cache_type_v)
+        if key not in prices:
+            prices[key] = kv_price.price(loc, req.model, *key, ctx=req.kld_ctx, chunks=req.kld_chunks,
+                                         on_step=on_step)
+            st.set_user_attr("kv_prices", [p.to_dict() for p in prices.values()])
+        return prices[key]
+
+    return kld_of
+
+
 def auto_tune(req: TuneRequest, loc: build.EngineLocation, hw: Hardware, *,
               on_progress: Callable[[study.Progress], None] | None = None,
               on_step: Callable[[str], None] | None = None) -> TuneResult:
@@ -126,18 +146,7 @@ def auto_tune(req: TuneRequest, loc: build.EngineLocation, hw: Hardware, *,
                                    "max_kld_default": kv_price.DEFAULT_MAX_KLD, "min_tok_s": req.min_tok_s,
                                    "goal": "context" if req.goal_context else "speed"})
 
-    prices: dict[tuple[CacheType, CacheType], KvPrice] = {}
-
-    def kld_of(cfg: LaunchConfig) -> KvPrice | None:
-        """The KV pair's quality cost, priced once per model (and cached on disk across runs)."""
-        if req.max_kld is None:
-            return None
-        key = (cfg.cache_type_k, cfg.cache_type_v)
-        if key not in prices:
-            prices[key] = kv_price.price(loc, req.model, *key, ctx=req.kld_ctx, chunks=req.kld_chunks,
-                                         on_step=on_step)
-            st.set_user_attr("kv_prices", [p.to_dict() for p in prices.values()])
-        return prices[key]
+    kld_of = kv_pricer(loc, req, st, on_step)
 
     if st.user_attrs.get(FINISH_PENDING):
         # The last run's search ended and its finish was cut short: finish it, do not spend a new budget.

@@ -53,6 +53,7 @@ class StudyResult:
     measure: dict[str, Any] | None = None
     quality: QualitySummary = field(default_factory=QualitySummary)
     version: int = RESULT_VERSION
+    frontier: dict[str, Any] | None = None  # auto-tune --frontier: tuner.search.frontier.Frontier.to_dict()
 
     @property
     def winner(self) -> ServerMeasurement | None:
@@ -70,6 +71,7 @@ class StudyResult:
             "trials": [t.to_dict() for t in self.trials], "pareto": list(self.pareto),
             "finish": self.finish.to_dict(), "winner": winner.to_dict() if winner else None,
             "speedup": self.speedup, "measure": self.measure, "quality": self.quality.to_dict(),
+            **({"frontier": self.frontier} if self.frontier is not None else {}),
         }
 
     @classmethod
@@ -81,7 +83,7 @@ class StudyResult:
             trials=tuple(TrialRecord(**t) for t in d.get("trials", [])), pareto=tuple(d.get("pareto", [])),
             hardware=d.get("hardware"), engine=d.get("engine"), workload=d.get("workload"),
             objective=d.get("objective"), space=d.get("space"), measure=d.get("measure"),
-            quality=QualitySummary.from_dict(d.get("quality") or {}),
+            quality=QualitySummary.from_dict(d.get("quality") or {}), frontier=d.get("frontier"),
         )
 
 
@@ -98,6 +100,7 @@ def result_from_study(st: Any) -> StudyResult:
         quality=QualitySummary((attrs.get("objective") or {}).get("max_kld"),
                                winner.kld_mean if winner else None, winner.same_top_pct if winner else None,
                                tuple(attrs.get("kv_prices", []))),
+        frontier=attrs.get("frontier"),
     )
 
 

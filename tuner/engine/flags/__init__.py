@@ -18,11 +18,13 @@ from tuner.engine.flags.quantize import (
     quantize_argv,
 )
 from tuner.engine.flags.render import (
+    BATCHED_BENCH,
     BENCH,
     FIT_PARAMS,
     PERPLEXITY,
     SERVER,
     address_argv,
+    batched_bench_argv,
     bench_argv,
     bench_group_argv,
     fit_params_argv,
@@ -37,10 +39,10 @@ from tuner.engine.flags.render import (
 )
 
 __all__ = [
-    "BENCH", "FIT_PARAMS", "PERPLEXITY", "SERVER", "ParsedCommand", "address_argv",
-    "bench_argv", "bench_group_argv", "fit_choice_line", "fit_params_argv", "launch_line", "listen_argv",
-    "parse_command", "parse_fit_line", "parse_spec_types", "perplexity_argv", "server_argv", "server_logs_jsonl",
-    "validate", "with_fit_target", "with_overrides",
+    "BATCHED_BENCH", "BENCH", "FIT_PARAMS", "PERPLEXITY", "SERVER", "ParsedCommand",
+    "address_argv", "batched_bench_argv", "bench_argv", "bench_group_argv", "fit_choice_line", "fit_params_argv",
+    "launch_line", "listen_argv", "parse_command", "parse_fit_line", "parse_spec_types", "perplexity_argv",
+    "server_argv", "server_logs_jsonl", "validate", "with_fit_target", "with_overrides",
     "IMATRIX", "QUANTIZE", "imatrix_argv", "parse_quant_size_bytes", "parse_quant_types", "quantize_argv",
     "help_argv",
 ]

@@ -1,4 +1,5 @@
-"""LaunchConfig → argv for llama-bench, llama-server, llama-perplexity and llama-fit-params.
+"""LaunchConfig → argv for llama-bench, llama-batched-bench, llama-server, llama-perplexity and
+llama-fit-params.
 
 Because the measured argv and the emitted launch line come from the same function, they cannot differ. With
 the engine's :class:`~tuner.engine.caps.Capabilities` each setting is spelled the way the detected binary accepts
@@ -21,6 +22,7 @@ SERVER = "llama-server"
 BENCH = "llama-bench"
 PERPLEXITY = "llama-perplexity"
 FIT_PARAMS = "llama-fit-params"
+BATCHED_BENCH = "llama-batched-bench"
 
 # Setting → spellings, preferred first. llama-bench prefers the short forms its own --help lists first.
 _SPELL: dict[str, tuple[str, ...]] = {
@@ -252,6 +254,25 @@ def bench_group_argv(
     if first.no_host:
         a.add("no_host", "1")
     return a.argv + ["-o", "jsonl"]
+
+
+def batched_bench_argv(binary: Path, cfg: LaunchConfig, *, n_prompt: int, n_gen: int,
+                       n_parallel: Sequence[int], caps: Capabilities | None = None) -> list[str]:
+    """llama-batched-bench: ``n_prompt`` prompt tokens then ``n_gen`` generated tokens in each of ``n`` parallel
+    sequences, for each ``n`` of ``n_parallel`` (a count listed twice runs twice), in ``cfg``'s context, which
+    is split over the sequences as llama-server splits it over an explicit ``-np`` (tools/batched-bench)."""
+    validate(cfg)
+    if not n_parallel or min(n_parallel) < 1 or n_prompt < 1 or n_gen < 1:
+        raise UsageError("batched-bench needs prompt and generated tokens and parallel counts >= 1")
+    a = _Argv(binary, BATCHED_BENCH, caps)
+    a.add("model", str(cfg.model))
+    if cfg.ctx is not None:
+        a.add("ctx", str(cfg.ctx))
+    _common(a, cfg)
+    _context_flags(a, cfg)
+    a.argv += ["-npp", str(n_prompt), "-ntg", str(n_gen), "-npl", ",".join(str(n) for n in n_parallel),
+               "--output-format", "jsonl"]
+    return a.argv
 
 
 def server_argv(binary: Path, cfg: LaunchConfig, caps: Capabilities | None = None) -> list[str]:

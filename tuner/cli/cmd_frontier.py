@@ -1,0 +1,58 @@
+"""`moe-tune auto-tune --frontier`: run the frontier study, write its files and print the front as a table.
+(The option lives on `auto-tune` in :mod:`tuner.cli.cmd_tune`; this module registers no command.)"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import typer
+from rich import box
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from tuner.cli.app import err, out
+from tuner.engine.build import EngineLocation
+from tuner.machine.hardware import Hardware
+from tuner.report import frontier_report
+from tuner.search import frontier_tune, study
+from tuner.search.autotune import TuneRequest
+
+
+def run(req: TuneRequest, loc: EngineLocation, hw: Hardware, *, max_ctx: int | None, trials: int | None,
+        as_json: bool, say: Callable[[str], None]) -> None:
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err, disable=as_json, transient=False) as bar:
+        task = bar.add_task("frontier", total=trials)
+
+        def on_progress(p: study.Progress) -> None:
+            bar.update(task, completed=p.done, total=p.total, description=f"frontier (last: {p.last.status})")
+
+        done = frontier_tune.tune_frontier(req, loc, hw, max_ctx=max_ctx, trials=trials, on_progress=on_progress,
+                                           on_step=say)
+    if done.search.interrupted:
+        say(f"interrupted after {done.search.trials_this_run} trials; run the same command again to resume "
+            f"study {done.study_name}")
+        raise typer.Exit(130)
+    files = frontier_report.write(done.result, done.result_dir)
+    if as_json:
+        out.print_json(json.dumps(done.result.to_dict() | {"result_dir": str(done.result_dir)}))
+        return
+    front = frontier_report.frontier_of(done.result)
+    assert front is not None  # tune_frontier refuses a run with no measured point
+    table = Table(title=f"frontier: {front.trials_measured} measured trials, {len(front.points)} on the front",
+                  box=box.SIMPLE, pad_edge=False, collapse_padding=True)
+    for col in frontier_report.headers(front):
+        table.add_column(frontier_report.SHORT.get(col, col), justify="left" if col == "config" else "right",
+                         no_wrap=col == "config")
+    for row in frontier_report.rows(front):
+        table.add_row(*row)
+    out.print(table)
+    for line in frontier_report.summary_lines(front):
+        out.print(line, highlight=False, soft_wrap=True)
+    out.print(f"study {done.study_name} in {done.storage}", highlight=False, soft_wrap=True)
+    out.print(f"report: {done.result_dir / 'report.md'}; plots: "
+              f"{', '.join(str(f) for f in files if f.suffix == '.png')}", highlight=False, soft_wrap=True)
+    flag = " --slots N" if front.concurrent else ""
+    out.print(f"launch line of a point: moe-tune launch-line {done.result_dir / 'result.json'} --ctx N{flag}",
+              highlight=False, soft_wrap=True)

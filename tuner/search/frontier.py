@@ -1,0 +1,381 @@
+"""The trade-off frontier: a multi-objective Optuna study whose axes add context size (and, for concurrent
+workloads, parallel slots) to the axes searched today, answered by the study's own Pareto front.
+
+Objectives, each from one measured trial:
+
+- single-request workloads: the request's time at the depth its context allows (minimize), the context
+  (maximize), the KV pair's mean KL-divergence against the f16 cache (minimize);
+- concurrent workloads: the per-request time with every slot busy (minimize), the aggregate generated tok/s
+  (maximize), the context (maximize), the KLD (minimize).
+
+"The depth that context allows" is a full slot: the reply ends at the slot's last cell (history + prompt +
+reply = context / slots), never shallower than the workload's own depth. So a larger context is measured at its
+real cost: on a CPU that is memory and attention at depth; on a GPU also the experts pushed to the host.
+
+A config that cannot fit at a context (the memory model's :func:`tuner.search.space.check`, with the planner's
+feasible interval of ``--n-cpu-moe``), or whose slots are shorter than one request, is a constraint violation,
+told PRUNED and never launched. The frontier is ``study.best_trials`` (Optuna's Pareto front of feasible,
+measured trials): no hand-made Pareto code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import time
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, replace
+from itertools import product
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from tuner.core.config import LaunchConfig
+from tuner.machine.hardware import Hardware
+from tuner.measure import failures
+from tuner.measure.workload import Workload
+from tuner.models.gguf_reader import ModelInfo
+from tuner.quality.kv_price import KvPrice
+from tuner.search import space, study
+from tuner.search.frontier_result import Frontier, FrontierPoint  # noqa: F401 - the front is read from here too
+
+LADDER_STEPS = 4  # contexts on the ladder from --min-ctx to the model's trained context
+TRIALS_PER_POINT = 3  # default budget: this many trials per (context, slot count) of the space
+DUPLICATE_TRIES = 3  # proposals of tried configs in a row before an untried one is enqueued
+CTX_SHORT = "ctx_short_tokens"  # constraint: tokens one request lacks in its slot (<= 0: it fits)
+
+
+def ctx_ladder(min_ctx: int, max_ctx: int, steps: int = LADDER_STEPS) -> tuple[int, ...]:
+    """``steps`` contexts log-spaced from ``min_ctx`` to ``max_ctx`` (both kept), inner ones rounded to 256 (the
+    engine pads its cache to 256 cells)."""
+    if max_ctx <= min_ctx or steps < 2:
+        return (min_ctx,)
+    ratio = max_ctx / min_ctx
+    inner = [round(min_ctx * ratio ** (i / (steps - 1)) / 256) * 256 for i in range(1, steps - 1)]
+    return tuple(sorted({min_ctx, max_ctx, *(c for c in inner if min_ctx < c < max_ctx)}))
+
+
+def depths(load: Workload, ctx: int, slots: int) -> tuple[int, int]:
+    """(prompt depth, generation depth) of a request that fills its slot: the reply ends at the slot's end."""
+    gen_depth = max(load.gen_depth, ctx // slots - load.gen_tokens)
+    return gen_depth - load.prompt_tokens, gen_depth
+
+
+@dataclass(frozen=True, slots=True)
+class FrontierSpace:
+    """Today's axes (``base``; its ``ctx``/``parallel`` replaced per trial), plus the context ladder and slots."""
+
+    base: space.SearchSpace
+    contexts: tuple[int, ...]
+    slots: tuple[int, ...] = (1,)
+    concurrent: bool = False  # measured as concurrent requests (aggregate throughput is an objective)
+
+    def describe(self) -> dict[str, Any]:
+        return {**self.base.describe(), "contexts": list(self.contexts), "slots": list(self.slots),
+                "concurrent": self.concurrent}
+
+    @property
+    def points(self) -> list[tuple[int, int]]:
+        return list(product(self.contexts, self.slots))
+
+
+def build_frontier_space(model: Path, info: ModelInfo, hw: Hardware, load: Workload, contexts: Sequence[int], *,
+                         slots: Sequence[int] = (1,), vram_margin_mib: float | None = None,
+                         kv_pairs: Sequence[tuple[Any, Any]] = space.KV_PAIRS,
+                         threads: Sequence[int | None] | None = None) -> FrontierSpace:
+    """Today's space at every (context, slots); ``--n-cpu-moe`` spans the union of their fitting ranges (a value
+    that does not fit at one context is a constraint violation there, not a gap in the space)."""
+    spaces = [space.build_space(model, info, hw, ctx=c, parallel=n, prompt_tokens=load.prompt_tokens,
+                                kv_pairs=kv_pairs, vram_margin_mib=vram_margin_mib)
+              for c, n in product(contexts, slots)]
+    base = spaces[0]
+    ranges = [s.n_cpu_moe for s in spaces if s.n_cpu_moe]
+    if ranges:
+        base = replace(base, n_cpu_moe=(min(r[0] for r in ranges), max(r[1] for r in ranges)))
+    if threads is not None:
+        base = replace(base, threads=tuple(threads))
+    return FrontierSpace(base, tuple(sorted(set(contexts))), tuple(sorted(set(slots))),
+                         concurrent=load.concurrency > 1)
+
+
+def _at(fs: FrontierSpace, ctx: int, slots: int) -> space.SearchSpace:
+    return replace(fs.base, ctx=ctx, parallel=slots)
+
+
+def suggest(trial: Any, fs: FrontierSpace) -> LaunchConfig:
+    ctx = trial.suggest_categorical("ctx", list(fs.contexts)) if len(fs.contexts) > 1 else fs.contexts[0]
+    slots = trial.suggest_categorical("slots", list(fs.slots)) if len(fs.slots) > 1 else fs.slots[0]
+    return space.suggest(trial, _at(fs, ctx, slots))
+
+
+def params_of(fs: FrontierSpace, cfg: LaunchConfig) -> dict[str, Any]:
+    params = space.params_of(_at(fs, cfg.ctx or fs.contexts[0], cfg.parallel or 1), cfg)
+    if len(fs.contexts) > 1:
+        params["ctx"] = cfg.ctx
+    if len(fs.slots) > 1:
+        params["slots"] = cfg.parallel
+    return params
+
+
+def iter_configs(fs: FrontierSpace) -> Iterator[LaunchConfig]:
+    """Every config of the space (the exhaustive grid of the frontier benchmark)."""
+    for ctx, n in fs.points:
+        yield from space.iter_configs(_at(fs, ctx, n))
+
+
+def seed_configs(fs: FrontierSpace, info: ModelInfo, hw: Hardware, vram_margin_mib: float | None = None
+                 ) -> list[tuple[str, LaunchConfig]]:
+    """The memory model's best guess at every (context, slots): the frontier's skeleton, measured first."""
+    out = []
+    for ctx, n in fs.points:
+        cfg = space.best_guess(_at(fs, ctx, n), info, hw, vram_margin_mib)
+        if cfg is not None:
+            out.append((f"best-guess c{ctx} np{n}", cfg))
+    return out
+
+
+# ------------------------------------------------------------------------------------------ objectives
+
+
+@dataclass(frozen=True, slots=True)
+class Axes:
+    """The objectives of one frontier study, in order."""
+
+    concurrent: bool = False
+    kld: bool = True
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return ("request_s", *(("aggregate_tok_s",) if self.concurrent else ()), "ctx",
+                *(("kld",) if self.kld else ()))
+
+    @property
+    def directions(self) -> list[optuna.study.StudyDirection]:
+        d = optuna.study.StudyDirection
+        return [d.MAXIMIZE if n in ("aggregate_tok_s", "ctx") else d.MINIMIZE for n in self.names]
+
+    def minimized(self, values: dict[str, float]) -> tuple[float, ...]:
+        """The objective values with every axis turned to "smaller is better" (for hypervolumes)."""
+        return tuple(-values[n] if n in ("aggregate_tok_s", "ctx") else values[n] for n in self.names)
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """One trial to measure: the config and the depths its context allows."""
+
+    config: LaunchConfig
+    prompt_depth: int
+    gen_depth: int
+
+
+@dataclass(frozen=True, slots=True)
+class Measured:
+    """What a trial measured. ``request_s``: one request's time (concurrent: with every slot busy)."""
+
+    request_s: float
+    gen_tok_s: float | None = None
+    prompt_tok_s: float | None = None
+    aggregate_tok_s: float | None = None
+    cv_pct: float | None = None
+    repetitions: int | None = None
+    argv: tuple[str, ...] = ()
+
+
+# Measures a batch of planned trials (in order); the real one is tuner.search.frontier_tune.engine_measure.
+MeasureFn = Callable[[Sequence[Plan]], list["Measured | failures.Failure"]]
+
+
+# ---------------------------------------------------------------------------------------------- study
+
+
+def study_name(model: Path, hw: Hardware, engine: str, fs: FrontierSpace, load: Workload, axes: Axes) -> str:
+    card = "cpu" if not hw.has_gpu else "".join(ch if ch.isalnum() else "-" for ch in hw.gpu_name or "gpu")
+    size = model.stat().st_size if model.exists() else 0
+    inputs = {"size": size, "space": fs.describe() | {"model": model.name}, "workload": load.describe(),
+              "axes": asdict(axes), "vram_budget": hw.vram_budget_override_bytes}
+    digest = hashlib.sha256(repr(sorted(inputs.items())).encode()).hexdigest()[:8]
+    stem = "".join(ch if ch.isalnum() or ch in "._-" else "-" for ch in model.stem)
+    return f"{stem}__{card}__{engine}__frontier-{digest}"
+
+
+def make_sampler(seed: int | None = 0, kind: str = "tpe", *, n_startup_trials: int = 6
+                 ) -> optuna.samplers.BaseSampler:
+    """Optuna's own multi-objective samplers, constrained: MOTPE (``tpe``, the default) or NSGA-II
+    (``nsga2``). Optuna 4 reads constraints through ``constraints_func``; Optuna 5 reads what
+    :func:`tuner.search.study.set_constraints` stored on the trial."""
+    kwargs: dict[str, Any] = {"seed": seed}
+    if study.OPTUNA_MAJOR < 5:
+        kwargs["constraints_func"] = lambda t: list(t.user_attrs.get(study.CONSTRAINTS_ATTR, {}).values())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        if kind == "nsga2":
+            return optuna.samplers.NSGAIISampler(population_size=8, **kwargs)
+        if kind == "random":
+            return optuna.samplers.RandomSampler(seed=seed)
+        return optuna.samplers.TPESampler(multivariate=True, group=True, n_startup_trials=n_startup_trials,
+                                          constant_liar=True, **kwargs)
+
+
+def create_or_load(name: str, storage: str | optuna.storages.BaseStorage, axes: Axes, *, seed: int | None = 0,
+                   sampler: str = "tpe") -> tuple[optuna.Study, bool]:
+    """The frontier study, and whether this call created it (the creator enqueues the seeds)."""
+    try:
+        return optuna.create_study(study_name=name, storage=storage, directions=axes.directions,
+                                   sampler=make_sampler(seed, sampler)), True
+    except optuna.exceptions.DuplicatedStudyError:
+        pass
+    st = optuna.load_study(study_name=name, storage=storage, sampler=make_sampler(seed, sampler))
+    if st.directions != axes.directions:
+        raise study.StudyError(f"study {name} has other objectives: pass another --storage")
+    return st, False
+
+
+def enqueue_seeds(st: optuna.Study, fs: FrontierSpace, seeds: Sequence[tuple[str, LaunchConfig]]) -> int:
+    for label, cfg in seeds:
+        st.enqueue_trial(params_of(fs, cfg), user_attrs={"seed": label}, skip_if_exists=False)
+    return len(seeds)
+
+
+def run_frontier(st: optuna.Study, fs: FrontierSpace, info: ModelInfo, hw: Hardware, load: Workload,
+                 measure: MeasureFn, *, budget: study.Budget, axes: Axes,
+                 kld_of: Callable[[LaunchConfig], KvPrice | None] | None = None,
+                 vram_margin_mib: float | None = None, on_progress: Callable[[study.Progress], None] | None = None,
+                 batch_trials: int = study.BATCH_TRIALS) -> study.SearchOutcome:
+    """Ask, gate by memory and slot length, measure the feasible ones together, tell — until the budget ends.
+    Ctrl-C: trials in flight are told FAIL (status ``interrupted``); the next run resumes the study."""
+    start, done = time.monotonic(), 0
+    st.set_user_attr("frontier_space", fs.describe())
+    pending: list[tuple[optuna.Trial, Plan]] = []
+    seen = {study.config_from_dict(t.user_attrs["config"]) for t in st.get_trials(deepcopy=False)
+            if t.user_attrs.get("status") in ("measured", "infeasible", "failed")}
+
+    def told(trial: optuna.Trial) -> None:
+        nonlocal done
+        done += 1
+        if on_progress:
+            rec = study.TrialRecord.from_trial(st.get_trials(deepcopy=False)[trial.number])
+            on_progress(study.Progress(done, budget.trials, None, rec, None))
+
+    try:
+        while (budget.trials is None or done < budget.trials) and (
+                budget.time_s is None or time.monotonic() - start < budget.time_s):
+            want = batch_trials if budget.trials is None else min(batch_trials, budget.trials - done)
+            asked: tuple[optuna.Trial, LaunchConfig] | None = None
+            for _ in range(want):
+                asked = _ask_new(st, fs, seen)
+                if asked is None:
+                    break
+                trial, cfg = asked
+                ctx, slots = cfg.ctx or fs.contexts[0], cfg.parallel or 1
+                prompt_depth, gen_depth = depths(load, ctx, slots)
+                pending.append((trial, Plan(cfg, prompt_depth, gen_depth)))
+                feas = space.check(info, cfg, hw, vram_margin_mib)
+                constraints = feas.constraints | {CTX_SHORT: float(load.context_tokens - ctx // slots)}
+                for key, value in (("worker", study.WORKER), ("config", study.config_to_dict(cfg)), ("ctx", ctx),
+                                   ("slots", slots), ("memory", feas.to_dict()), ("prompt_depth", prompt_depth),
+                                   ("gen_depth", gen_depth)):
+                    trial.set_user_attr(key, value)
+                study.set_constraints(trial, constraints)
+                price = kld_of(cfg) if (kld_of and axes.kld and feas.feasible) else None
+                if price is not None:
+                    trial.set_user_attr("kld", price.kld_mean)
+                    trial.set_user_attr("same_top_pct", price.same_top_pct)
+                if any(v > 0 for v in constraints.values()):
+                    _tell(st, trial, "infeasible", state=TrialState.PRUNED)
+                    pending.pop()
+                    told(trial)
+            if not pending and asked is None:
+                break  # every config of the space has been tried
+            if pending:
+                results = measure([p for _, p in pending])
+                for (trial, plan), res in zip(list(pending), results, strict=True):
+                    if isinstance(res, failures.Failure):
+                        d = res.to_dict()
+                        d["stderr_tail"] = d["stderr_tail"][-2000:]
+                        _tell(st, trial, "failed", {"failure": d}, state=TrialState.PRUNED)
+                    else:
+                        _tell_measured(st, trial, plan, res, axes)
+                    pending.remove((trial, plan))
+                    told(trial)
+    except KeyboardInterrupt:
+        return study.SearchOutcome(st.study_name, done, True, time.monotonic() - start)
+    finally:
+        for trial, _ in pending:
+            _tell(st, trial, "interrupted", state=TrialState.FAIL)
+    return study.SearchOutcome(st.study_name, done, False, time.monotonic() - start)
+
+
+def _ask_new(st: optuna.Study, fs: FrontierSpace, seen: set[LaunchConfig]
+             ) -> tuple[optuna.Trial, LaunchConfig] | None:
+    """A trial whose config this study has not tried yet (None when it has tried them all).
+
+    A proposal of a config already tried is told PRUNED with status ``duplicate`` (it costs nothing and counts
+    for no budget); after a few in a row, a config nobody has tried is enqueued instead, so a small space is
+    covered in as many trials as it has configs.
+    """
+    for _ in range(DUPLICATE_TRIES):
+        trial = st.ask()
+        cfg = suggest(trial, fs)
+        if cfg not in seen:
+            seen.add(cfg)
+            return trial, cfg
+        _tell(st, trial, "duplicate", state=TrialState.PRUNED)
+    left = [c for c in iter_configs(fs) if c not in seen]
+    if not left:
+        return None
+    pick = random.Random(len(st.trials)).choice(left)
+    st.enqueue_trial(params_of(fs, pick), user_attrs={"seed": "untried"}, skip_if_exists=False)
+    trial = st.ask()
+    cfg = suggest(trial, fs)
+    seen.add(cfg)
+    return trial, cfg
+
+
+def _tell(st: optuna.Study, trial: optuna.Trial, status: str, extra: dict[str, Any] | None = None, *,
+          state: TrialState) -> None:
+    trial.set_user_attr("status", status)
+    for key, value in (extra or {}).items():
+        trial.set_user_attr(key, value)
+    st.tell(trial, state=state)
+
+
+def _tell_measured(st: optuna.Study, trial: optuna.Trial, plan: Plan, res: Measured, axes: Axes) -> None:
+    kld = trial.user_attrs.get("kld")
+    if axes.kld and kld is None:  # f16/f16 is the reference: it costs nothing
+        kld = 0.0 if not (plan.config.cache_type_k.is_quantized or plan.config.cache_type_v.is_quantized) else None
+        if kld is None:
+            _tell(st, trial, "failed", {"failure": {"kind": "not_priced", "reason": "KV pair has no KLD price"}},
+                  state=TrialState.PRUNED)
+            return
+        trial.set_user_attr("kld", kld)
+    values = {"request_s": res.request_s, "aggregate_tok_s": res.aggregate_tok_s or 0.0,
+              "ctx": float(plan.config.ctx or 0), "kld": kld or 0.0}
+    for key, value in (("status", "measured"), ("request_s", res.request_s), ("gen_tok_s", res.gen_tok_s),
+                       ("prompt_tok_s", res.prompt_tok_s), ("aggregate_tok_s", res.aggregate_tok_s),
+                       ("gen_cv_pct", res.cv_pct), ("repetitions", res.repetitions), ("argv", list(res.argv))):
+        trial.set_user_attr(key, value)
+    st.tell(trial, [values[n] for n in axes.names])
+
+
+# -------------------------------------------------------------------------------------------- the front
+
+
+def measured_trials(st: optuna.Study) -> list[FrozenTrial]:
+    return [t for t in st.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+            if t.user_attrs.get("status") == "measured"]
+
+
+def frontier_of(st: optuna.Study, fs: FrontierSpace, has_gpu: bool) -> Frontier:
+    """The study's Pareto front (Optuna's ``best_trials``: feasible, measured, non-dominated)."""
+    axes = Axes(fs.concurrent, kld=len(st.directions) == (4 if fs.concurrent else 3))
+    front = [FrontierPoint.from_trial(t, has_gpu) for t in st.best_trials if t.user_attrs.get("status") == "measured"]
+    front.sort(key=lambda p: (p.slots, p.ctx, p.request_s))
+    notes = []
+    if not has_gpu:
+        notes.append("CPU only: a larger context costs only memory and attention at depth (no experts move to the "
+                     "host); a flat curve would mean context is nearly free here.")
+    return Frontier(axes.names, tuple(front), fs.contexts, fs.slots, fs.concurrent, has_gpu,
+                    len(measured_trials(st)), tuple(notes))
