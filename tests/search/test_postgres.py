@@ -97,10 +97,16 @@ def test_two_tuners_share_one_postgres_study_and_a_third_resumes_it(demo_models,
     st = optuna.load_study(study_name=summary.study_name, storage=postgres_url)
     recs = study.records(st)
     assert len(recs) == 2 * TRIALS_EACH
-    assert sorted(r.number for r in recs) == list(range(2 * TRIALS_EACH))  # unique, no gaps
+    numbers = {r.number for r in recs}
+    assert len(numbers) == len(recs)  # unique
+    # A number missing from the records is a sampler's repeat, skipped unmeasured (tuner.search.dedup).
+    skipped = [t for t in st.trials if t.number not in numbers]
+    assert all(t.user_attrs.get("status") == "duplicate" and t.user_attrs["duplicate_of"] in numbers
+               for t in skipped)
     workers = Counter(r.worker for r in recs)
     assert len(workers) == 2 and set(workers.values()) == {TRIALS_EACH}  # both contributed their budget
-    assert all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in st.trials)  # nothing left RUNNING
+    assert all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in st.trials  # nothing left RUNNING
+               if t.number in numbers)
     seeds = Counter(r.seed for r in recs if r.seed)
     assert seeds and set(seeds.values()) == {1}  # the known-good configs were enqueued once, not once per process
     assert recs[0].seed == "default" and all(r.status == "measured" and r.gen_tok_s for r in recs)
@@ -116,6 +122,6 @@ def test_two_tuners_share_one_postgres_study_and_a_third_resumes_it(demo_models,
     assert third.returncode == 0, third.stderr
     assert f"{2 * TRIALS_EACH + 2} trials stored (2 this run)" in third.stdout
     recs = study.records(optuna.load_study(study_name=summary.study_name, storage=postgres_url))
-    assert [r.number for r in recs] == list(range(2 * TRIALS_EACH + 2))
+    assert len(recs) == 2 * TRIALS_EACH + 2 and len({r.number for r in recs}) == len(recs)  # repeats skipped
     assert len({r.worker for r in recs}) == 3 and len(optuna.get_all_study_summaries(postgres_url)) == 1
 

@@ -26,10 +26,14 @@ class Seen:
     def __init__(self, sp: space.SearchSpace, held: Iterable[tuple[int, LaunchConfig]]) -> None:
         self.sp = sp
         self.numbers: dict[LaunchConfig, int] = {}
-        for number, cfg in held:
-            self.numbers.setdefault(cfg, number)
+        self.hold(held)
         self.asked: set[int] = set()  # every trial this run asked, repeats included
         self.exhausted = False  # every config of the space is in the study: the search has nothing left to try
+
+    def hold(self, held: Iterable[tuple[int, LaunchConfig]]) -> None:
+        """Add trials the study holds (another process sharing the study may have added some since)."""
+        for number, cfg in held:
+            self.numbers.setdefault(cfg, number)
 
     def repeat_of(self, number: int, cfg: LaunchConfig) -> int | None:
         """None when trial ``number``'s ``cfg`` is new (it is then held); else the trial it repeats."""

@@ -390,12 +390,13 @@ def run_search(
                                  best.request_s if best else None))
 
     pending: list[tuple[optuna.Trial, LaunchConfig]] = []
-    seen = dedup.Seen(sp, ((r.number, config_from_dict(r.config)) for r in records(study) if r.config))
+    seen = dedup.Seen(sp, ())
     interrupted = False
     try:
         while ((n_left := left()) is None or n_left > 0) and not seen.exhausted and (
                 budget.time_s is None or time.monotonic() - start < budget.time_s):
             want = batch_trials if left() is None else min(batch_trials, left() or 0)
+            seen.hold((r.number, config_from_dict(r.config)) for r in records(study) if r.config)  # shared studies
             for _ in range(want):
                 trial = study.ask()
                 cfg = space.suggest(trial, sp)
