@@ -284,7 +284,7 @@ def run_frontier(st: optuna.Study, fs: FrontierSpace, info: ModelInfo, hw: Hardw
                     trial.set_user_attr("kld", price.kld_mean)
                     trial.set_user_attr("same_top_pct", price.same_top_pct)
                 if any(v > 0 for v in constraints.values()):
-                    _tell(st, trial, "infeasible", state=TrialState.PRUNED)
+                    study.tell_status(st, trial, "infeasible", state=TrialState.PRUNED)
                     pending.pop()
                     told(trial)
             if not pending and asked is None:
@@ -293,9 +293,7 @@ def run_frontier(st: optuna.Study, fs: FrontierSpace, info: ModelInfo, hw: Hardw
                 results = measure([p for _, p in pending])
                 for (trial, plan), res in zip(list(pending), results, strict=True):
                     if isinstance(res, failures.Failure):
-                        d = res.to_dict()
-                        d["stderr_tail"] = d["stderr_tail"][-2000:]
-                        _tell(st, trial, "failed", {"failure": d}, state=TrialState.PRUNED)
+                        study.tell_status(st, trial, "failed", {"failure": study.failure_attr(res)})
                     else:
                         _tell_measured(st, trial, plan, res, axes)
                     pending.remove((trial, plan))
@@ -304,7 +302,7 @@ def run_frontier(st: optuna.Study, fs: FrontierSpace, info: ModelInfo, hw: Hardw
         return study.SearchOutcome(st.study_name, done, True, time.monotonic() - start)
     finally:
         for trial, _ in pending:
-            _tell(st, trial, "interrupted", state=TrialState.FAIL)
+            study.tell_status(st, trial, "interrupted", state=TrialState.FAIL)
     return study.SearchOutcome(st.study_name, done, False, time.monotonic() - start)
 
 
@@ -322,7 +320,7 @@ def _ask_new(st: optuna.Study, fs: FrontierSpace, seen: set[LaunchConfig]
         if cfg not in seen:
             seen.add(cfg)
             return trial, cfg
-        _tell(st, trial, "duplicate", state=TrialState.PRUNED)
+        study.tell_status(st, trial, "duplicate", state=TrialState.PRUNED)
     left = [c for c in iter_configs(fs) if c not in seen]
     if not left:
         return None
@@ -334,21 +332,13 @@ def _ask_new(st: optuna.Study, fs: FrontierSpace, seen: set[LaunchConfig]
     return trial, cfg
 
 
-def _tell(st: optuna.Study, trial: optuna.Trial, status: str, extra: dict[str, Any] | None = None, *,
-          state: TrialState) -> None:
-    trial.set_user_attr("status", status)
-    for key, value in (extra or {}).items():
-        trial.set_user_attr(key, value)
-    st.tell(trial, state=state)
-
-
 def _tell_measured(st: optuna.Study, trial: optuna.Trial, plan: Plan, res: Measured, axes: Axes) -> None:
     kld = trial.user_attrs.get("kld")
     if axes.kld and kld is None:  # f16/f16 is the reference: it costs nothing
         kld = 0.0 if not (plan.config.cache_type_k.is_quantized or plan.config.cache_type_v.is_quantized) else None
         if kld is None:
-            _tell(st, trial, "failed", {"failure": {"kind": "not_priced", "reason": "KV pair has no KLD price"}},
-                  state=TrialState.PRUNED)
+            study.tell_status(st, trial, "failed",
+                              {"failure": {"kind": "not_priced", "reason": "KV pair has no KLD price"}})
             return
         trial.set_user_attr("kld", kld)
     values = {"request_s": res.request_s, "aggregate_tok_s": res.aggregate_tok_s or 0.0,

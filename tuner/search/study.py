@@ -341,10 +341,11 @@ def _tell_measured(study: optuna.Study, trial: optuna.Trial, result: bench.Bench
     study.tell(trial, [gen.median, prompt.median] if objective.pareto else score)
 
 
-def _tell_pruned(study: optuna.Study, trial: optuna.Trial, status: str, extra: dict[str, Any],
-                 state: TrialState = TrialState.PRUNED) -> None:
+def tell_status(study: optuna.Study, trial: optuna.Trial, status: str, extra: dict[str, Any] | None = None,
+                state: TrialState = TrialState.PRUNED) -> None:
+    """End a trial that was not measured (refused, failed, skipped): its status and details as user attrs."""
     trial.set_user_attr("status", status)
-    for key, value in extra.items():
+    for key, value in (extra or {}).items():
         trial.set_user_attr(key, value)
     study.tell(trial, state=state)
 
@@ -401,7 +402,7 @@ def run_search(
                 trial = study.ask()
                 cfg = space.suggest(trial, sp)
                 if (first := seen.repeat_of(trial.number, cfg)) is not None:  # measure nothing twice
-                    _tell_pruned(study, trial, dedup.DUPLICATE, {"duplicate_of": first}, TrialState.FAIL)
+                    tell_status(study, trial, dedup.DUPLICATE, {"duplicate_of": first}, TrialState.FAIL)
                     if (fresh := seen.untried()) is None:
                         break
                     study.enqueue_trial(fresh, user_attrs={"queued_for": dedup.DUPLICATE})
@@ -420,7 +421,7 @@ def run_search(
                 set_constraints(trial, constraints)
                 trial.set_user_attr("memory", feas.to_dict())
                 if any(v > 0 for v in constraints.values()):
-                    _tell_pruned(study, trial, "infeasible", {})
+                    tell_status(study, trial, "infeasible", {})
                     pending.remove((trial, cfg))
                     report(trial)
             if pending:
@@ -433,7 +434,7 @@ def run_search(
                 for (trial, cfg), res in zip(list(pending), results, strict=True):
                     trial.set_user_attr("interference", watch.noise)
                     if isinstance(res, failures.Failure):
-                        _tell_pruned(study, trial, "failed", {"failure": _failure_attr(res)})
+                        tell_status(study, trial, "failed", {"failure": failure_attr(res)})
                     else:
                         _tell_measured(study, trial, res, measure, objective, reps)
                     pending.remove((trial, cfg))
@@ -449,7 +450,7 @@ def run_search(
                          seen.kept(records(study)), seen.exhausted)
 
 
-def _failure_attr(f: failures.Failure) -> dict[str, Any]:
+def failure_attr(f: failures.Failure) -> dict[str, Any]:
     d = f.to_dict()
     d["stderr_tail"] = d["stderr_tail"][-2000:]
     return d
