@@ -13,7 +13,7 @@ from tuner.core.config import LaunchConfig
 from tuner.engine import flags
 from tuner.machine.fileio import atomic_write
 from tuner.plan.memory import effective_config
-from tuner.report.study_report import _save  # one way to write a PNG
+from tuner.report.study_report import save_png  # one way to write a PNG
 from tuner.search.frontier_result import Frontier, FrontierPoint
 from tuner.search.result import StudyResult, write_result
 from tuner.search.study import config_from_dict
@@ -145,7 +145,7 @@ def plots(result: StudyResult, out_dir: Path) -> list[Path]:
     ax.set_ylabel("seconds per request (lower is faster)")
     ax.set_title("Request time vs context, per KV cache pair")
     ax.legend(fontsize="small")
-    written.append(_save(fig, out_dir / "frontier_context.png"))
+    written.append(save_png(fig, out_dir / "frontier_context.png"))
     if front.concurrent:
         fig, ax = plt.subplots(figsize=(7, 4.5))
         gen_tokens = int((result.workload or {}).get("gen_tokens") or 0)
@@ -162,7 +162,7 @@ def plots(result: StudyResult, out_dir: Path) -> list[Path]:
         ax.set_ylabel("aggregate generated tok/s")
         ax.set_title("Throughput vs latency per slot count")
         ax.legend(fontsize="small")
-        written.append(_save(fig, out_dir / "frontier_slots.png"))
+        written.append(save_png(fig, out_dir / "frontier_slots.png"))
     return written
 
 

@@ -188,7 +188,7 @@ def plots(study_result: StudyResult, out_dir: Path) -> list[Path]:
         ax.set_ylabel("generation tok/s at the workload's depth (llama-bench)")
         ax.set_title("Generation speed vs --n-cpu-moe per KV cache pair")
         ax.legend(fontsize="small")
-        written.append(_save(fig, out_dir / "tok_s_vs_n_cpu_moe.png"))
+        written.append(save_png(fig, out_dir / "tok_s_vs_n_cpu_moe.png"))
     if len(measured) >= 2:
         fig, ax = plt.subplots(figsize=(7, 4.5))
         front = set(result.get("pareto") or [])
@@ -203,11 +203,11 @@ def plots(study_result: StudyResult, out_dir: Path) -> list[Path]:
         ax.set_ylabel("generation tok/s")
         ax.set_title("Generation vs prompt speed")
         ax.legend(fontsize="small")
-        written.append(_save(fig, out_dir / "pareto_front.png"))
+        written.append(save_png(fig, out_dir / "pareto_front.png"))
     return written
 
 
-def _save(fig: Any, path: Path) -> Path:
+def save_png(fig: Any, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig.tight_layout()
