@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -123,14 +122,10 @@ def _notes(info: gguf_reader.ModelInfo, p: Plan, base: LaunchConfig) -> list[str
         notes.append("--load-mode none holds them as one pinned copy instead (same RAM): prompts copy experts to "
                      "the GPU faster from pinned memory; llama.cpp suggests it when experts stay on the host")
     if first is not None:
-        note = load_mode_note(info, _with_ctx_kv(base, first), p.hardware, first.interval)
+        note = load_mode_note(info, base, p.hardware, first)
         if note:
             notes.append(note)
     return notes
-
-
-def _with_ctx_kv(base: LaunchConfig, s: Any) -> LaunchConfig:
-    return replace(base, ctx=s.ctx, cache_type_k=s.cache_type_k, cache_type_v=s.cache_type_v)
 
 
 @app.command("plan")

@@ -133,11 +133,12 @@ def plan_rows(model: ModelInfo, base: LaunchConfig, hw: Hardware) -> tuple[PlanR
     return tuple(rows)
 
 
-def load_mode_note(model: ModelInfo, cfg: LaunchConfig, hw: Hardware, interval: FitInterval) -> str | None:
-    """A sentence when the other load mode (``--load-mode none`` vs mmap) changes which --n-cpu-moe fit."""
-    other = replace(cfg, mmap=not cfg.mmap)
+def load_mode_note(model: ModelInfo, base: LaunchConfig, hw: Hardware, fit: SmallestFit) -> str | None:
+    """A sentence when the other load mode (``--load-mode none`` vs mmap) changes which --n-cpu-moe fit at the
+    context and KV pair of ``fit`` (a summary of :func:`make_plan` for ``base``)."""
+    other = replace(_with_kv(replace(base, ctx=fit.ctx), fit.cache_type_k, fit.cache_type_v), mmap=not base.mmap)
     alt = fit_interval(model, other, hw)
-    if (alt.lo, alt.hi) == (interval.lo, interval.hi):
+    if (alt.lo, alt.hi) == (fit.interval.lo, fit.interval.hi):
         return None
     flag = "--load-mode mmap" if other.mmap else "--load-mode none"
     return f"with {flag}: {alt.describe()}"
