@@ -32,13 +32,15 @@ import optuna
 
 from tuner.core.config import CacheType, LaunchConfig
 from tuner.engine import build
+from tuner.frontier import hypervolume, pareto
+from tuner.frontier import tune as frontier_tune
 from tuner.machine import hardware
 from tuner.measure import failures
 from tuner.measure.workload import WorkloadKind, preset
 from tuner.models import demo
 from tuner.models.gguf_reader import inspect_model
 from tuner.quality import kv_price
-from tuner.search import frontier, frontier_tune, hypervolume, space, study
+from tuner.search import space, study
 
 OUT = Path(__file__).resolve().parent.parent / "results" / "benchmarks"
 TARGET = 0.95
@@ -60,7 +62,7 @@ def main() -> None:
     ap.add_argument("model", nargs="?", type=Path, help="GGUF file (default: the tiny demo model)")
     ap.add_argument("--min-ctx", type=int, default=512)
     ap.add_argument("--max-ctx", type=int, default=4096)
-    ap.add_argument("--steps", type=int, default=frontier.LADDER_STEPS)
+    ap.add_argument("--steps", type=int, default=pareto.LADDER_STEPS)
     ap.add_argument("--workload", choices=["chat", "batch"], default="chat",
                     help="batch: slot counts 1, 2, 4 as an axis, measured with llama-batched-bench")
     ap.add_argument("-p", "--n-prompt", type=int, default=128)
@@ -83,12 +85,12 @@ def main() -> None:
     hw = hardware.probe_hardware(host_bandwidth_s=0.3)
     load = preset(WorkloadKind(args.workload), args.n_prompt, args.n_gen)
     threads = [int(t) for t in args.threads.split(",")] if args.threads else None
-    fs = frontier.build_frontier_space(model, info, hw, load, frontier.ctx_ladder(args.min_ctx, args.max_ctx,
+    fs = pareto.build_frontier_space(model, info, hw, load, pareto.ctx_ladder(args.min_ctx, args.max_ctx,
                                                                                   args.steps),
                                        slots=space.slot_counts(load.concurrency), kv_pairs=_pairs(args.kv),
                                        threads=threads)
-    axes = frontier.Axes(concurrent=fs.concurrent, kld=True)
-    grid = list(frontier.iter_configs(fs))
+    axes = pareto.Axes(concurrent=fs.concurrent, kld=True)
+    grid = list(pareto.iter_configs(fs))
     say(f"model {model.name} ({model.stat().st_size / 2**30:.2f} GiB), llama.cpp {caps.commit}, {hw.describe()}")
     how = (f"llama-batched-bench: each slot's whole history (context / slots - {args.n_gen}) as its prompt, then "
            f"{args.n_gen} tokens for every slot at once" if fs.concurrent else
@@ -116,7 +118,7 @@ def main() -> None:
             order = fs.points if n_pass % 2 == 0 else fs.points[::-1]
             for ctx, n in order:  # one llama-bench load per context (its configs share the depths)
                 part = [c for c in grid if (c.ctx, c.parallel) == (ctx, n)]
-                plans = [frontier.Plan(c, *frontier.depths(load, ctx, n)) for c in part]
+                plans = [pareto.Plan(c, *pareto.depths(load, ctx, n)) for c in part]
                 for cfg, res in zip(part, measure(plans), strict=True):
                     passes[cfg].append({"failure": res.kind.value} if isinstance(res, failures.Failure) else
                                        {"request_s": res.request_s, "gen_tok_s": res.gen_tok_s,
@@ -147,15 +149,15 @@ def main() -> None:
     table: dict[LaunchConfig, Any] = {}
     for row in rows:
         cfg = study.config_from_dict(row["config"])
-        table[cfg] = (frontier.Measured(row["request_s"], row["gen_tok_s"], row["prompt_tok_s"],
+        table[cfg] = (pareto.Measured(row["request_s"], row["gen_tok_s"], row["prompt_tok_s"],
                                         row.get("aggregate_tok_s"))
                       if "request_s" in row else failures.Failure(failures.FailureKind(row["failure"]), "grid"))
 
-    def objectives(c: LaunchConfig, m: frontier.Measured) -> tuple[float, ...]:
+    def objectives(c: LaunchConfig, m: pareto.Measured) -> tuple[float, ...]:
         return axes.minimized({"request_s": m.request_s, "aggregate_tok_s": m.aggregate_tok_s or 0.0,
                                "ctx": float(c.ctx or 0), "kld": prices[(c.cache_type_k, c.cache_type_v)]})
 
-    measured = {c: m for c, m in table.items() if isinstance(m, frontier.Measured)}
+    measured = {c: m for c, m in table.items() if isinstance(m, pareto.Measured)}
     points = [objectives(c, m) for c, m in measured.items()]
     lows, spans = hypervolume.normalizer(points)
     ref = (1.1,) * len(lows)
@@ -182,7 +184,7 @@ def main() -> None:
             cells.append(f"{at}: {m.request_s:.3f} s ({m.gen_tok_s or 0:.1f})" if m else f"{at}: failed")
         say(f"  {pair[0]}/{pair[1]}: " + "; ".join(cells))
 
-    def replay(plans: list[frontier.Plan]) -> list[Any]:
+    def replay(plans: list[pareto.Plan]) -> list[Any]:
         return [table[p.config] for p in plans]
 
     def kld_of(cfg: LaunchConfig) -> kv_price.KvPrice:
@@ -190,10 +192,10 @@ def main() -> None:
                                 0.0, 100.0, 0.0, 512, 1)
 
     def share(sampler: str, seed: int, budget: int, seeded: bool) -> float:
-        st, _ = frontier.create_or_load("bench", optuna.storages.InMemoryStorage(), axes, seed=seed, sampler=sampler)
+        st, _ = pareto.create_or_load("bench", optuna.storages.InMemoryStorage(), axes, seed=seed, sampler=sampler)
         if seeded:
-            frontier.enqueue_seeds(st, fs, frontier.seed_configs(fs, info, hw))
-        frontier.run_frontier(st, fs, info, hw, load, replay, budget=study.Budget(trials=budget), axes=axes,
+            pareto.enqueue_seeds(st, fs, pareto.seed_configs(fs, info, hw))
+        pareto.run_frontier(st, fs, info, hw, load, replay, budget=study.Budget(trials=budget), axes=axes,
                               kld_of=kld_of)
         got = [tuple(-v if d == optuna.study.StudyDirection.MAXIMIZE else v for v, d in zip(t.values, st.directions,
                                                                                           strict=True))

@@ -100,8 +100,8 @@ class FakeFrontierRunner:
         self.plans: list = []
 
     def __call__(self, plans):
+        from tuner.frontier.pareto import Measured
         from tuner.measure import failures
-        from tuner.search.frontier import Measured
 
         out = []
         for p in plans:

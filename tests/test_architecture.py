@@ -20,8 +20,8 @@ import pytest
 TUNER = Path(__file__).resolve().parent.parent / "tuner"
 MAX_MODULE_LINES = 500
 
-# Package → the tuner packages it may import. Data flows one way: cli → search/report → measure/quality →
-# engine/models/hub → plan/machine/catalog → core.
+# Package → the tuner packages it may import. Data flows one way: cli → report → frontier/quants (the two stages
+# built on the single-winner study) → search → measure/quality → engine/models/hub → plan/machine/catalog → core.
 ALLOWED = {
     "core": set(),
     "plan": {"core"},
@@ -33,9 +33,12 @@ ALLOWED = {
     "quality": {"core", "machine", "engine", "models", "hub"},
     "measure": {"core", "machine", "engine", "models", "plan", "quality"},
     "search": {"core", "machine", "engine", "models", "plan", "quality", "measure", "hub", "catalog"},
-    "report": {"core", "machine", "engine", "models", "plan", "quality", "measure", "search", "catalog"},
-    "cli": {"core", "machine", "engine", "models", "plan", "quality", "measure", "search", "hub", "catalog",
-            "report"},
+    "frontier": {"core", "machine", "engine", "models", "plan", "quality", "measure", "catalog", "search"},
+    "quants": {"core", "machine", "engine", "models", "plan", "quality", "measure", "hub", "catalog", "search"},
+    "report": {"core", "machine", "engine", "models", "plan", "quality", "measure", "search", "frontier", "quants",
+               "catalog"},
+    "cli": {"core", "machine", "engine", "models", "plan", "quality", "measure", "search", "frontier", "quants",
+            "hub", "catalog", "report"},
 }
 PURE = ("core", "plan")  # no I/O, no clock, no environment, no third-party imports
 PURE_STDLIB = {"__future__", "dataclasses", "enum", "pathlib", "collections", "typing", "math", "re", "functools",
@@ -45,7 +48,7 @@ OWNERS = {
     "subprocess": ("engine/runner.py",), "multiprocessing": ("engine/runner.py",), "pty": ("engine/runner.py",),
     "psutil": ("machine/",), "pynvml": ("machine/",),
     "typer": ("cli/",), "rich": ("cli/",), "click": (),
-    "optuna": ("search/study.py", "search/space.py", "search/frontier.py"),
+    "optuna": ("search/study.py", "search/space.py", "frontier/pareto.py"),
     "matplotlib": ("report/",),
     "huggingface_hub": ("hub/",), "httpx": ("hub/",), "httpx2": ("hub/",),
 }

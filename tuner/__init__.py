@@ -44,9 +44,9 @@ _API: dict[str, tuple[str, str]] = {
     "measure_quality": ("tuner.quality.perplexity", "measure"),
     "TuneRequest": ("tuner.search.autotune", "TuneRequest"),
     "auto_tune": ("tuner.search.autotune", "auto_tune"),
-    "tune_frontier": ("tuner.search.frontier_tune", "tune_frontier"),
-    "CompareRequest": ("tuner.search.compare", "CompareRequest"),
-    "compare_quants": ("tuner.search.compare", "compare"),
+    "tune_frontier": ("tuner.frontier.tune", "tune_frontier"),
+    "CompareRequest": ("tuner.quants.compare", "CompareRequest"),
+    "compare_quants": ("tuner.quants.compare", "compare"),
     "load_result": ("tuner.search.result", "load_result"),
     "write_report": ("tuner.report.study_report", "write"),
 }

@@ -18,8 +18,8 @@ from tuner.machine import hardware
 from tuner.measure import workload
 from tuner.models.gguf_reader import ModelInfo
 from tuner.plan import placement
+from tuner.quants import compare
 from tuner.report import compare_report
-from tuner.search import compare
 
 
 @app.command("compare-quants")

@@ -13,9 +13,10 @@ from rich.table import Table
 
 from tuner.cli.app import err, out
 from tuner.engine.build import EngineLocation
+from tuner.frontier import tune as frontier_tune
 from tuner.machine.hardware import Hardware
 from tuner.report import frontier_report
-from tuner.search import frontier_tune, study
+from tuner.search import study
 from tuner.search.autotune import TuneRequest
 
 

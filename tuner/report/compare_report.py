@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.machine.fileio import atomic_write
-from tuner.search.compare import Comparison, QuantRow
+from tuner.quants.compare import Comparison, QuantRow
 
 
 def _f(v: float | None, spec: str) -> str:

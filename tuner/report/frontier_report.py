@@ -11,10 +11,10 @@ from typing import Any
 
 from tuner.core.config import LaunchConfig
 from tuner.engine import flags
+from tuner.frontier.result import Frontier, FrontierPoint
 from tuner.machine.fileio import atomic_write
 from tuner.plan.memory import effective_config
 from tuner.report.study_report import save_png  # one way to write a PNG
-from tuner.search.frontier_result import Frontier, FrontierPoint
 from tuner.search.result import StudyResult, write_result
 from tuner.search.study import config_from_dict
 

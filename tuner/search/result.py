@@ -53,7 +53,7 @@ class StudyResult:
     measure: dict[str, Any] | None = None
     quality: QualitySummary = field(default_factory=QualitySummary)
     version: int = RESULT_VERSION
-    frontier: dict[str, Any] | None = None  # auto-tune --frontier: tuner.search.frontier.Frontier.to_dict()
+    frontier: dict[str, Any] | None = None  # auto-tune --frontier: tuner.frontier.result.Frontier.to_dict()
 
     @property
     def winner(self) -> ServerMeasurement | None:

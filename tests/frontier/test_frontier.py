@@ -13,12 +13,13 @@ from tests.fakes import FakeFrontierRunner
 from tuner.catalog.cards import find_card
 from tuner.core.config import CacheType
 from tuner.core.errors import UsageError
+from tuner.frontier import hypervolume, pareto
 from tuner.machine.hardware import Hardware
 from tuner.measure.workload import WorkloadKind, preset
 from tuner.models.gguf_reader import inspect_model
 from tuner.quality.kv_price import KvPrice
-from tuner.search import frontier, hypervolume, study
 from tuner.search import result as study_result
+from tuner.search import study
 
 GIB = 2**30
 CPU = Hardware("", 0, 0, 0.0, 0.0, 16 * GIB, 12 * GIB, 0, 20e9, 2, source="none")
@@ -32,13 +33,13 @@ def fake_kld(cfg):
 
 
 def test_ctx_ladder_is_log_spaced_and_keeps_both_ends():
-    assert frontier.ctx_ladder(4096, 32768) == (4096, 8192, 16384, 32768)
-    assert frontier.ctx_ladder(1024, 131072, 5) == (1024, 3328, 11520, 38912, 131072)
-    assert frontier.ctx_ladder(4096, 4096) == (4096,)
+    assert pareto.ctx_ladder(4096, 32768) == (4096, 8192, 16384, 32768)
+    assert pareto.ctx_ladder(1024, 131072, 5) == (1024, 3328, 11520, 38912, 131072)
+    assert pareto.ctx_ladder(4096, 4096) == (4096,)
     load = preset(WorkloadKind.CHAT, 512, 128)
-    assert frontier.depths(load, 8192, 1) == (8192 - 128 - 512, 8192 - 128)
-    assert frontier.depths(load, 8192, 4) == (2048 - 640, 2048 - 128)
-    assert frontier.depths(preset(WorkloadKind.CHAT, 512, 128, depth_tokens=6000), 4096, 1) == (5488, 6000)
+    assert pareto.depths(load, 8192, 1) == (8192 - 128 - 512, 8192 - 128)
+    assert pareto.depths(load, 8192, 4) == (2048 - 640, 2048 - 128)
+    assert pareto.depths(preset(WorkloadKind.CHAT, 512, 128, depth_tokens=6000), 4096, 1) == (5488, 6000)
 
 
 def test_hypervolume_by_hand_and_against_a_grid_count():
@@ -60,14 +61,14 @@ def model(demo_models):
 
 def _run(model, hw, load, contexts, slots, tmp_path, trials, runner, margin=None):
     info = inspect_model(model)
-    fs = frontier.build_frontier_space(model, info, hw, load, contexts, slots=slots, vram_margin_mib=margin)
-    axes = frontier.Axes(fs.concurrent, kld=True)
-    st, created = frontier.create_or_load("f", study.default_storage(tmp_path), axes, seed=0)
+    fs = pareto.build_frontier_space(model, info, hw, load, contexts, slots=slots, vram_margin_mib=margin)
+    axes = pareto.Axes(fs.concurrent, kld=True)
+    st, created = pareto.create_or_load("f", study.default_storage(tmp_path), axes, seed=0)
     assert created
-    frontier.enqueue_seeds(st, fs, frontier.seed_configs(fs, info, hw, margin))
-    out = frontier.run_frontier(st, fs, info, hw, load, runner, budget=study.Budget(trials=trials), axes=axes,
+    pareto.enqueue_seeds(st, fs, pareto.seed_configs(fs, info, hw, margin))
+    out = pareto.run_frontier(st, fs, info, hw, load, runner, budget=study.Budget(trials=trials), axes=axes,
                                 kld_of=fake_kld, vram_margin_mib=margin)
-    return st, fs, out, frontier.frontier_of(st, fs, hw.has_gpu)
+    return st, fs, out, pareto.frontier_of(st, fs, hw.has_gpu)
 
 
 def test_cpu_frontier_has_a_point_per_context_and_launch_line_picks_one(model, tmp_path):
@@ -100,8 +101,8 @@ def test_cpu_frontier_has_a_point_per_context_and_launch_line_picks_one(model, t
 
     info = inspect_model(model)
     before = len(st.trials)
-    out2 = frontier.run_frontier(st, fs, info, CPU, load, runner, budget=study.Budget(trials=8),
-                                 axes=frontier.Axes(), kld_of=fake_kld, on_progress=interrupt)
+    out2 = pareto.run_frontier(st, fs, info, CPU, load, runner, budget=study.Budget(trials=8),
+                                 axes=pareto.Axes(), kld_of=fake_kld, on_progress=interrupt)
     from optuna.trial import TrialState
 
     assert out2.interrupted and out2.trials_this_run == 1
@@ -113,7 +114,7 @@ def test_cpu_frontier_has_a_point_per_context_and_launch_line_picks_one(model, t
     st.set_user_attr("model", str(model))
     res = study_result.result_from_study(st)
     again = study_result.StudyResult.from_dict(res.to_dict())
-    assert frontier.Frontier.from_dict(again.frontier or {}) == front
+    assert pareto.Frontier.from_dict(again.frontier or {}) == front
 
 
 def test_gpu_frontier_never_launches_what_cannot_fit_and_batch_searches_slots(model, tmp_path):
@@ -151,7 +152,7 @@ def test_auto_tune_frontier_on_the_demo_model_end_to_end(demo_models, tmp_path):
     assert done.returncode == 0, done.stderr
     [result_file] = tmp_path.glob("*frontier*/result.json")
     res = study_result.load_result(result_file)
-    front = frontier.Frontier.from_dict(res.frontier or {})
+    front = pareto.Frontier.from_dict(res.frontier or {})
     assert front.contexts == (256, 512, 768, 1024) and len({p.ctx for p in front.points}) >= 3
     measured = {t.number for t in res.trials if t.status == "measured"}
     assert {p.trial for p in front.points} <= measured and set(res.pareto) == {p.trial for p in front.points}
@@ -173,7 +174,7 @@ def test_auto_tune_frontier_on_the_demo_model_end_to_end(demo_models, tmp_path):
                     "6", timeout=300)
     assert batch.returncode == 0, batch.stderr
     [bfile] = (tmp_path / "b").glob("*frontier*/result.json")
-    bfront = frontier.Frontier.from_dict(study_result.load_result(bfile).frontier or {})
+    bfront = pareto.Frontier.from_dict(study_result.load_result(bfile).frontier or {})
     assert bfront.concurrent and len({p.slots for p in bfront.points}) >= 2
     assert all(p.aggregate_tok_s and p.aggregate_tok_s > 0 for p in bfront.points)
     assert (bfile.parent / "frontier_slots.png").exists()
@@ -184,7 +185,7 @@ def test_auto_tune_frontier_on_the_demo_model_end_to_end(demo_models, tmp_path):
 def _point(trial, ctx, request_s, kv="f16", fa="on"):
     cfg = {"model": "m.gguf", "cache_type_k": kv, "cache_type_v": kv, "flash_attn": fa, "threads": 2, "ubatch": None,
            "n_cpu_moe": None, "ctx": ctx, "parallel": 1}
-    return frontier.FrontierPoint(trial, ctx, 1, cfg, request_s, ctx - 8, 100.0, 1000.0, None, 0.0, None, 2 * GIB,
+    return pareto.FrontierPoint(trial, ctx, 1, cfg, request_s, ctx - 8, 100.0, 1000.0, None, 0.0, None, 2 * GIB,
                                   f"llama-server -m m.gguf -c {ctx}")
 
 
@@ -193,7 +194,7 @@ def test_report_table_and_where_a_single_winner_sits(tmp_path):
     from tuner.report import frontier_report
     from tuner.search.finish import Finish
 
-    front = frontier.Frontier(("request_s", "ctx", "kld"), (_point(0, 1024, 0.5), _point(3, 4096, 1.0)),
+    front = pareto.Frontier(("request_s", "ctx", "kld"), (_point(0, 1024, 0.5), _point(3, 4096, 1.0)),
                               (1024, 4096), (1,), False, False, 5, ("CPU only: ...",))
     fres = study_result.StudyResult(study="m__cpu__frontier-1", model="m.gguf", finish=Finish((), ()),
                                     frontier=front.to_dict(), workload={"kind": "chat", "prompt_tokens": 8},
@@ -225,13 +226,13 @@ def test_a_small_space_is_covered_in_as_many_trials_as_it_has_configs(model, tmp
     runner = FakeFrontierRunner()
     load = preset(WorkloadKind.CHAT, 128, 32)
     info = inspect_model(model)
-    fs = frontier.build_frontier_space(model, info, CPU, load, (512, 1024, 2048), threads=(2,),
+    fs = pareto.build_frontier_space(model, info, CPU, load, (512, 1024, 2048), threads=(2,),
                                        kv_pairs=[(CacheType.F16, CacheType.F16), (CacheType.Q8_0, CacheType.Q8_0)])
-    grid = set(frontier.iter_configs(fs))
+    grid = set(pareto.iter_configs(fs))
     assert len(grid) == 9
-    st, _ = frontier.create_or_load("small", study.default_storage(tmp_path), frontier.Axes(), seed=1)
-    out = frontier.run_frontier(st, fs, info, CPU, load, runner, budget=study.Budget(trials=12),
-                                axes=frontier.Axes(), kld_of=fake_kld)
+    st, _ = pareto.create_or_load("small", study.default_storage(tmp_path), pareto.Axes(), seed=1)
+    out = pareto.run_frontier(st, fs, info, CPU, load, runner, budget=study.Budget(trials=12),
+                                axes=pareto.Axes(), kld_of=fake_kld)
     assert {p.config for p in runner.plans} == grid and len(runner.plans) == 9  # each once, then it stops
     assert out.trials_this_run == 9 and not out.interrupted
     statuses = [t.user_attrs["status"] for t in st.trials]

@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from tuner.search import quant_pick
-from tuner.search.quant_pick import Candidate, pick
+from tuner.quants import pick as quant_pick
+from tuner.quants.pick import Candidate, pick
 
 MiB = 2**20
 

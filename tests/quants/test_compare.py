@@ -9,7 +9,7 @@ import pytest
 
 from tests.conftest import run_cli
 from tests.hub_server import HubServer, root_layout
-from tuner.search import compare
+from tuner.quants import compare
 
 REPO = "demo/Compare-GGUF"
 

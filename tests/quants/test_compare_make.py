@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_cli
-from tuner.search import quant_disk
+from tuner.quants import disk as quant_disk
 
 MiB = 2**20
 MAKE = "Q8_0,Q4_K_M,Q3_K_M,Q2_K/Q8_0"

@@ -3,8 +3,8 @@
 The Pareto front over generation tok/s and KLD sits beside the orchestration (:func:`compare`), which takes the
 quants one at a time — downloads a published one or makes one here from a full-precision source
 (:mod:`tuner.models.quantize`) — auto-tunes each with a small trial budget, measures its quality against one
-reference, and drops files a ``--disk-budget`` has no room for (:mod:`tuner.search.quant_disk`); the answer to
-"which quant?" under a speed floor and a loss budget is :mod:`tuner.search.quant_pick`'s. Tables, files and the
+reference, and drops files a ``--disk-budget`` has no room for (:mod:`tuner.quants.disk`); the answer to
+"which quant?" under a speed floor and a loss budget is :mod:`tuner.quants.pick`'s. Tables, files and the
 plot are :mod:`tuner.report.compare_report`'s.
 """
 
@@ -23,7 +23,9 @@ from tuner.measure import workload
 from tuner.models import gguf_reader, quantize
 from tuner.models.gguf_reader import ModelInfo
 from tuner.quality import imatrix, kld, perplexity
-from tuner.search import autotune, quant_disk, quant_pick, study
+from tuner.quants import disk as quant_disk
+from tuner.quants import pick as quant_pick
+from tuner.search import autotune, study
 
 DEFAULT_TRIALS = 4
 # Reference quants, best first, when the repo holds one; otherwise the largest quant is the reference.

@@ -34,13 +34,13 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.core.config import LaunchConfig
+from tuner.frontier.result import Frontier, FrontierPoint  # noqa: F401 - the front is read from here too
 from tuner.machine.hardware import Hardware
 from tuner.measure import failures
 from tuner.measure.workload import Workload
 from tuner.models.gguf_reader import ModelInfo
 from tuner.quality.kv_price import KvPrice
 from tuner.search import space, study
-from tuner.search.frontier_result import Frontier, FrontierPoint  # noqa: F401 - the front is read from here too
 
 LADDER_STEPS = 4  # contexts on the ladder from --min-ctx to the model's trained context
 TRIALS_PER_POINT = 3  # default budget: this many trials per (context, slot count) of the space
@@ -184,7 +184,7 @@ class Measured:
     argv: tuple[str, ...] = ()
 
 
-# Measures a batch of planned trials (in order); the real one is tuner.search.frontier_tune.engine_measure.
+# Measures a batch of planned trials (in order); the real one is tuner.frontier.tune.engine_measure.
 MeasureFn = Callable[[Sequence[Plan]], list["Measured | failures.Failure"]]
 
 
