@@ -22,9 +22,16 @@ class FakeNVML:
 
     def __init__(self, cards: list[tuple[str, int, int]] | None = None, driver: str = "570.86.10",
                  init_error: str | None = None, extras: dict[str, float | None] | None = None,
-                 processes: list[tuple[int, int]] | None = None) -> None:
+                 processes: list[tuple[int, int]] | None = None, graphics: list[tuple[int, int]] | None = None,
+                 util_pct: int | None = None, process_sm: dict[int, int] | None = None,
+                 compute_capability: tuple[int, int] = (8, 6)) -> None:
         self.cards = cards or []
-        self.processes = processes or []  # (pid, used bytes) holding a context on every card
+        self.processes = processes or []  # (pid, used bytes) holding a compute context on every card
+        self.graphics = graphics or []  # (pid, used bytes) holding a graphics context (a display, a browser)
+        self.util_pct = util_pct  # device utilization; None: the driver does not say
+        # pid → SM share sampled per process; None: the driver keeps no per-process samples (NotSupported)
+        self.process_sm = process_sm
+        self.compute_capability = compute_capability
         self.extras = extras or {}
         self.driver = driver
         self.init_error = init_error
@@ -59,6 +66,26 @@ class FakeNVML:
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[SimpleNamespace]:  # noqa: N802
         return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in self.processes]
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, handle: int) -> list[SimpleNamespace]:  # noqa: N802
+        return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in self.graphics]
+
+    def nvmlDeviceGetUtilizationRates(self, handle: int) -> SimpleNamespace:  # noqa: N802
+        if self.util_pct is None:
+            raise FakeNVMLError("Not Supported")
+        return SimpleNamespace(gpu=self.util_pct, memory=max(0, self.util_pct // 2))
+
+    def nvmlDeviceGetProcessUtilization(self, handle: int, last_seen_us: int) -> list[SimpleNamespace]:  # noqa: N802
+        if self.process_sm is None:
+            raise FakeNVMLError("Not Supported")
+        busy = [SimpleNamespace(pid=pid, smUtil=sm, memUtil=sm // 2, timeStamp=last_seen_us + 1)
+                for pid, sm in self.process_sm.items() if sm > 0]
+        if not busy:
+            raise FakeNVMLError("Not Found")  # what NVML answers when no process ran in the window
+        return busy
+
+    def nvmlDeviceGetCudaComputeCapability(self, handle: int) -> tuple[int, int]:  # noqa: N802
+        return self.compute_capability
 
     # Spec-like figures of an RTX 3090 (384-bit GDDR6X, NVML reports 9751 MHz memory clock), unless
     # ``extras`` says otherwise; a key mapped to None raises, as a driver that lacks the query does.

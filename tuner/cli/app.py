@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
@@ -18,7 +19,7 @@ from rich.text import Text
 
 from tuner import __version__
 from tuner.core.config import CacheType, FlashAttn
-from tuner.core.errors import TunerError
+from tuner.core.errors import TunerError, UsageError
 from tuner.engine import build, runner
 from tuner.machine import processes, quiet
 
@@ -56,12 +57,32 @@ AllowBusy = Annotated[bool, typer.Option(
     "is busy here (what was seen is reported; disturbed rounds decide no verdict).")]
 BusyWait = Annotated[str, typer.Option(
     "--busy-wait", help="How long to wait for a busy machine before giving up, e.g. 10m, 30s, 0.")]
+DeviceOpt = Annotated[str | None, typer.Option(
+    "-dev", "--device", metavar="none", help="llama.cpp's -dev: `none` measures the CPU on purpose (the GPU "
+    "is left out and its load is no reason to wait). Default: the GPU NVML lists, checked to be really used.")]
+
+
+def device_choice(device: str | None) -> str | None:
+    """``--device`` as the configs carry it: ``none`` (the CPU on purpose) or a llama.cpp device name."""
+    if device is None:
+        return None
+    value = device.strip()
+    if not value or value.lower() == "auto":
+        return None
+    if value.lower() == "none":
+        return "none"
+    if not all(part.strip() for part in value.split(",")):
+        raise UsageError(f"--device {device!r} is not a device list: use none, or names such as CUDA0")
+    return value
 
 
 @contextlib.contextmanager
-def measuring(command: str, *, allow_busy: bool, busy_wait: str, quiet_output: bool = False) -> Iterator[str | None]:
+def measuring(command: str, *, allow_busy: bool, busy_wait: str, quiet_output: bool = False,
+              device: str | None = None) -> Iterator[str | None]:
     """Hold the machine for a measuring command (see :mod:`tuner.machine.quiet`); yields what was busy when
-    ``--allow-busy`` went ahead anyway (None: quiet). Waiting shows one live line; Ctrl-C ends it (exit 130)."""
+    ``--allow-busy`` went ahead anyway (None: quiet). Waiting shows one live line in a terminal, and one line
+    when it starts and one when it ends otherwise (a log file keeps the trace); Ctrl-C ends it (exit 130).
+    Nothing of the engine runs before the machine is held: the caller does its engine work inside."""
     from tuner.search.study import parse_duration  # optuna loads only for the commands that measure
 
     wait_s = parse_duration(busy_wait)
@@ -72,15 +93,26 @@ def measuring(command: str, *, allow_busy: bool, busy_wait: str, quiet_output: b
                   disable=quiet_output) as bar:
         task = bar.add_task("checking that the machine is quiet", total=None)
 
+        waited: list[str] = []  # what the wait was for, once it started (plain lines when not a terminal)
+
         def on_wait(what: str, waited_s: float) -> None:
             bar.update(task, description=f"{escape(what)} ({waited_s:.0f} s of {wait_s:.0f} s; Ctrl-C to stop)")
+            if not waited and not err.is_terminal and not quiet_output:
+                err.print(f"{what} (up to {wait_s:.0f} s)", highlight=False, markup=False, soft_wrap=True)
+            waited[:] = [what]
 
+        started = time.monotonic()
         with quiet.claim_machine(command, allow_busy=allow_busy, wait_s=wait_s, own=runner.own_pids,
-                                 on_wait=on_wait) as claim:
+                                 on_wait=on_wait, gpu=device != "none") as claim:
             bar.stop()
+            if waited and not err.is_terminal and not quiet_output:
+                err.print(f"the machine is ours after {time.monotonic() - started:.0f} s", highlight=False)
             if claim.noise and not quiet_output:
                 err.print(f"warning: measuring on a busy machine: {claim.noise}", highlight=False, markup=False,
                           soft_wrap=True)
+            elif claim.residents and not quiet_output:
+                err.print(f"the GPU also holds {', '.join(claim.residents)}: VRAM the budget leaves out, no work "
+                          "that disturbs a measurement", highlight=False, markup=False, soft_wrap=True)
             yield claim.noise
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -13,11 +15,13 @@ from tuner.cli.app import (
     BusyWait,
     CacheTypeK,
     CacheTypeV,
+    DeviceOpt,
     FlashAttnOpt,
     JsonFlag,
     LlamaDir,
     UbatchOpt,
     app,
+    device_choice,
     err,
     friendly,
     measuring,
@@ -77,6 +81,7 @@ def bench_cmd(
     = False,
     vram_budget: Annotated[float | None, typer.Option(
         "--vram-budget", help="MiB of VRAM the spill verdict counts as full (default: what is free).")] = None,
+    device: DeviceOpt = None,
     allow_busy: AllowBusy = False,
     busy_wait: BusyWait = "10m",
     llama_cpp_dir: LlamaDir = None,
@@ -99,9 +104,9 @@ def bench_cmd(
         "spec_draft_n_max": spec_n_max, "spec_draft_n_min": spec_n_min, "spec_draft_p_min": spec_p_min,
         "spec_synth_len": synth_len,
         "spec_synth_rates": tuple(_number(r) for r in synth_rates.split(",")) if synth_rates else None,
+        "device": device_choice(device),
     }
     given = {k: v for k, v in given.items() if v is not None}
-    loc = build.locate_engine(llama_cpp_dir)
     if from_cmd is not None:
         if given:
             raise UsageError(f"--from-cmd already holds the flags; drop {', '.join(sorted(given))} or edit the command")
@@ -110,24 +115,25 @@ def bench_cmd(
         if parsed.ignored and not as_json:
             err.print(f"not measured (no effect on speed): {' '.join(parsed.ignored)}", highlight=False)
     else:
-        if model is None:
-            path = demo.default_model(loc, on_step=lambda msg: err.print(msg, highlight=False))
-        else:
-            path = model_path(model)
-        cfg = LaunchConfig(model=path, **given)
-    if not cfg.model.is_file():
+        # The demo model (when no model is named) is made once the machine is held: it runs the engine.
+        cfg = LaunchConfig(model=model_path(model) if model is not None else DEMO_PLACEHOLDER, **given)
+    if cfg.model != DEMO_PLACEHOLDER and not cfg.model.is_file():
         raise TunerError(f"model file {cfg.model} not found: check the path")
     flags.validate(cfg)
     if cfg.speculative and no_server:
         raise UsageError("speculative decoding is measured by llama-server only: drop --no-server")
+    load = workload.preset(workload_kind, n_prompt, n_gen)
+    loc = build.locate_engine(llama_cpp_dir)
     if cfg.speculative and not as_json:
         err.print("llama-bench has no speculative decoding at the pinned engine: its rows are measured without it; "
                   "the llama-server trial measures it", highlight=False)
-    load = workload.preset(workload_kind, n_prompt, n_gen)
-    with measuring("bench", allow_busy=allow_busy, busy_wait=busy_wait, quiet_output=as_json), \
-            err.status(f"measuring {cfg.model.name}") as status:
-        report = one_config.bench_config(loc, cfg, load, depth=depth, repetitions=repetitions, server=not no_server,
-                                         vram_budget_mib=vram_budget, on_step=status.update)
+    with measuring("bench", allow_busy=allow_busy, busy_wait=busy_wait, quiet_output=as_json, device=cfg.device):
+        if cfg.model == DEMO_PLACEHOLDER:
+            cfg = replace(cfg, model=demo.default_model(loc, on_step=lambda msg: err.print(msg, highlight=False)))
+        with err.status(f"measuring {cfg.model.name}") as status:
+            report = one_config.bench_config(loc, cfg, load, depth=depth, repetitions=repetitions,
+                                             server=not no_server, vram_budget_mib=vram_budget,
+                                             on_step=status.update)
     if as_json:
         out.print_json(json.dumps(report.to_dict()))
         return
@@ -138,6 +144,9 @@ def bench_cmd(
                   f"({100 * (accepted.rate or 0):.0f} %), {accepted.mean_len:.2f} tokens per step", highlight=False)
     elif cfg.speculative and report.server is not None:
         out.print("speculation: nothing was drafted in this workload", highlight=False)
+
+
+DEMO_PLACEHOLDER = Path("<the demo model>")
 
 
 def _number(text: str) -> float:

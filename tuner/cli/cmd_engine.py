@@ -17,7 +17,9 @@ from tuner.engine import build
 @engine_app.command("install")
 @friendly
 def engine_install(
-    backend: Annotated[build.Backend, typer.Option(help="auto: CUDA when nvcc and an NVIDIA GPU are present.")]
+    backend: Annotated[build.Backend, typer.Option(
+        help="auto: CUDA when an NVIDIA GPU and a CUDA toolkit are here (nvcc on PATH, in CUDA_HOME/CUDA_PATH, "
+        "/usr/local/cuda or /opt/cuda).")]
     = build.Backend.AUTO,
     force: Annotated[bool, typer.Option(help="Rebuild even if a matching build exists.")] = False,
     jobs: Annotated[int | None, typer.Option("--jobs", "-j", help="Parallel compile jobs (default: all cores).")]
@@ -26,8 +28,12 @@ def engine_install(
     """Build the pinned llama.cpp tools into the per-user cache (a no-op once built).
 
     Example: moe-tune engine install --backend cpu
+
+    Example: MOE_TUNE_CUDA_ARCHS=86 moe-tune engine install --backend cuda  (no GPU here to read it from)
     """
     start = time.monotonic()
+    chosen, why = build.backend_choice(backend)
+    err.print(f"backend: {chosen.value} ({why})", highlight=False, soft_wrap=True)
     with Progress(
         SpinnerColumn(), TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.fields[step]}"),
         TimeElapsedColumn(), console=err, transient=True,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -12,7 +13,20 @@ from rich import box
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from tuner.cli.app import AllowBusy, BusyWait, JsonFlag, LlamaDir, app, err, friendly, measuring, model_path, out
+from tuner.cli.app import (
+    AllowBusy,
+    BusyWait,
+    DeviceOpt,
+    JsonFlag,
+    LlamaDir,
+    app,
+    device_choice,
+    err,
+    friendly,
+    measuring,
+    model_path,
+    out,
+)
 from tuner.cli.cmd_frontier import run as run_frontier
 from tuner.core.errors import UsageError
 from tuner.engine import build, runner
@@ -75,6 +89,7 @@ def auto_tune_cmd(
     prompts: Annotated[Path | None, typer.Option(
         "--prompts", help="Real requests to judge speculation on: JSONL {\"prompt\": ...} or text split by --- lines "
         "(implies --speculation).")] = None,
+    device: DeviceOpt = None,
     allow_busy: AllowBusy = False,
     busy_wait: BusyWait = "10m",
     llama_cpp_dir: LlamaDir = None,
@@ -95,25 +110,32 @@ def auto_tune_cmd(
     if frontier and (pareto or goal == "context" or speculate or draft or prompts):
         raise UsageError("--frontier has its own objectives and ladder: drop --pareto, --goal context and "
                          "--speculation")
-    loc = build.locate_engine(llama_cpp_dir)
     def say(msg: str) -> None:
         if not as_json:
             err.print(msg, highlight=False, soft_wrap=True)
 
     load = workload.preset(workload_kind, n_prompt, n_gen, depth_tokens=depth)
-    path = demo.default_model(loc, on_step=say) if model is None else model_path(model)
+    path = model_path(model) if model is not None else None  # the demo model is made once the machine is held
     budget = study.Budget(trials=trials if trials is not None or time_limit else autotune.DEFAULT_TRIALS,
                           time_s=study.parse_duration(time_limit) if time_limit else None)
     measure = study.Measure.for_workload(load)
-    req = autotune.TuneRequest(model=path, workload=load, min_ctx=min_ctx, goal_context=goal == "context",
+    req = autotune.TuneRequest(model=path or Path("<the demo model>"), workload=load, min_ctx=min_ctx,
+                               goal_context=goal == "context",
                                parallel=parallel, max_kld=kv_price.parse_max_kld(max_kld), min_tok_s=min_tok_s,
                                vram_margin_mib=vram_margin, pareto=pareto, budget=budget, measure=measure,
                                storage=storage, results_dir=results_dir, seed=seed,
-                               speculation=_speculation(speculate, draft, prompts))
-    with measuring("auto-tune", allow_busy=allow_busy, busy_wait=busy_wait, quiet_output=as_json):
+                               speculation=_speculation(speculate, draft, prompts), device=device_choice(device))
+    if req.device == "none" and vram_budget is not None:
+        raise UsageError("--vram-budget plans the card and --device none leaves it out: drop one of them")
+    loc = build.locate_engine(llama_cpp_dir)
+    with measuring("auto-tune", allow_busy=allow_busy, busy_wait=busy_wait, quiet_output=as_json,
+                   device=req.device):
+        if path is None:
+            req = replace(req, model=demo.default_model(loc, on_step=say))
         hw = hardware.with_ram_budget(
             hardware.with_vram_budget(hardware.probe_hardware(host_bandwidth_s=0.3), vram_budget), ram)
-        say(f"machine: {hw.describe()}")
+        say(f"machine: {hw.describe()}" + ("; measuring the CPU on purpose (--device none)"
+                                           if req.device == "none" and hw.has_gpu else ""))
         if frontier:
             run_frontier(req, loc, hw, max_ctx=max_ctx, trials=trials, as_json=as_json, say=say)
             return

@@ -78,6 +78,8 @@ class LaunchConfig:
     repack: bool = True
     # With a GPU, host-resident weights go to the GPU's pinned host buffer unless ``--no-host`` (then as on CPU).
     no_host: bool = False
+    # ``-dev``: the devices to offload to; "none" runs on the CPU on purpose (None: every GPU, the default).
+    device: str | None = None
     # Speculative decoding (llama-server only). Empty: none, the engine default.
     spec_types: tuple[SpecType, ...] = ()
     draft_model: Path | None = None  # -md, for the draft-* types that need a second model

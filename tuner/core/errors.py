@@ -104,6 +104,17 @@ class MachineBusyError(HardwareError):
 
 
 
+class CpuFallbackError(EngineError):
+    """A GPU is there and expected, and the engine runs on the CPU: a CPU build, a CUDA runtime that found no
+    usable device (driver older than the runtime, ``CUDA_VISIBLE_DEVICES`` hiding the card). Measuring would
+    crown a CPU config for a GPU rig, so the run stops."""
+
+    def __init__(self, cause: str, fix: str) -> None:
+        self.cause = cause
+        self.fix = fix
+        super().__init__(f"{cause}: {fix}, or measure the CPU on purpose with --device none")
+
+
 class NvmlUnavailableError(HardwareError):
     """No usable NVML: bindings missing or no driver (the message says which). Mostly caught: without NVML the
     machine is probed as having no NVIDIA GPU."""

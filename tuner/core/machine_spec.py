@@ -5,7 +5,7 @@ Pure: :mod:`tuner.machine.hardware` fills it by probing; the card catalog fills 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +35,11 @@ class Hardware:
     @property
     def has_gpu(self) -> bool:
         return self.vram_total_bytes > 0
+
+    def cpu_only(self) -> Hardware:
+        """This machine with its GPU left out: what ``--device none`` (or a CPU build) runs on."""
+        return replace(self, gpu_name="", vram_total_bytes=0, vram_free_bytes=0, gpu_bandwidth_bytes_s=0.0,
+                       pcie_bandwidth_bytes_s=0.0, source="none", vram_budget_override_bytes=None)
 
     @property
     def vram_budget_bytes(self) -> int:

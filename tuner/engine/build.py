@@ -29,7 +29,7 @@ from tuner.core.errors import (
     ProcessFailedError,
     UsageError,
 )
-from tuner.engine import runner
+from tuner.engine import cuda_toolkit, runner
 from tuner.engine.caps import Capabilities, EngineLocation  # the engine's public names: build.EngineLocation
 from tuner.engine.flags.quantize import help_argv
 from tuner.machine import hardware, paths
@@ -233,19 +233,34 @@ def capabilities(loc: EngineLocation, use_cache: bool = True) -> Capabilities:
 # -------------------------------------------------------------------------------------------- managed build
 
 
-def resolve_backend(requested: Backend) -> Backend:
-    """``auto`` means CUDA when nvcc can build it AND an NVIDIA GPU is there to run it, else CPU.
+def backend_choice(requested: Backend) -> tuple[Backend, str]:
+    """The backend to build and why, in words. ``auto`` means CUDA when a CUDA toolkit can build it AND an
+    NVIDIA GPU is there to run it, else CPU: a toolkit without a GPU (common on CI images) would spend an hour
+    compiling kernels nothing can run. nvcc is looked for where toolkits are installed, not only on PATH."""
+    if requested is Backend.CPU:
+        return Backend.CPU, "asked for with --backend cpu"
+    gpus = hardware.probe_gpus().gpus
+    toolkit = cuda_toolkit.find_toolkit() if gpus or requested is Backend.CUDA else None
+    if requested is Backend.CUDA:
+        if toolkit is None:
+            return Backend.CUDA, "asked for with --backend cuda (no nvcc found yet)"
+        return Backend.CUDA, f"asked for with --backend cuda; {toolkit.describe()}"
+    if not gpus:
+        return Backend.CPU, "no NVIDIA GPU found (NVML lists none)"
+    if toolkit is None:
+        return Backend.CPU, (f"an {gpus[0].name} is here but no CUDA toolkit (looked for nvcc in "
+                             f"{cuda_toolkit.looked_in()}): install it, or set CUDA_HOME, then run "
+                             "`moe-tune engine install --backend cuda`")
+    return Backend.CUDA, f"an {gpus[0].name} is here and {toolkit.describe()}"
 
-    A CUDA toolkit without a GPU (common on CI images) would spend an hour compiling kernels nothing can run.
-    """
-    if requested is not Backend.AUTO:
-        return requested
-    if shutil.which("nvcc") and hardware.probe_gpus().gpus:
-        return Backend.CUDA
-    return Backend.CPU
+
+def resolve_backend(requested: Backend) -> Backend:
+    return backend_choice(requested)[0]
 
 
 def cmake_flags(backend: Backend) -> tuple[str, ...]:
+    """The flags that make a build what it is (its cache key). The CUDA build adds, at configure time, where
+    this machine's toolkit and cuBLAS are (:func:`tuner.engine.cuda_toolkit.cmake_flags`)."""
     flags = [
         "-DCMAKE_BUILD_TYPE=Release",
         "-DGGML_NATIVE=OFF",
@@ -259,8 +274,7 @@ def cmake_flags(backend: Backend) -> tuple[str, ...]:
     ]
     if backend is Backend.CUDA:
         # Only the card that is here: the full default list of CUDA architectures takes hours on a small CPU.
-        archs = os.environ.get("MOE_TUNE_CUDA_ARCHS", "native")
-        flags += ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={archs}"]
+        flags += ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={cuda_toolkit.architectures()}"]
     return tuple(flags)
 
 
@@ -295,8 +309,10 @@ def _check_build_tools(backend: Backend) -> tuple[str, str]:
     cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
     if not cxx:
         raise BuildToolMissingError("no C++ compiler found: install g++ (apt install build-essential) and retry")
-    if backend is Backend.CUDA and not shutil.which("nvcc"):
-        raise BuildToolMissingError("--backend cuda needs nvcc: install the CUDA toolkit or use --backend cpu")
+    if backend is Backend.CUDA and cuda_toolkit.find_toolkit() is None:
+        raise BuildToolMissingError(f"--backend cuda needs nvcc and none was found (looked in "
+                                    f"{cuda_toolkit.looked_in()}): install the CUDA toolkit, or set CUDA_HOME to "
+                                    "where it is, or use --backend cpu")
     if shutil.which("ninja"):
         return cmake, "Ninja"
     if shutil.which("make"):
@@ -399,9 +415,10 @@ def install(
             source = _extract_llama_cpp(tarball, work / "llama.cpp")
             build_dir = work / "build"
             fix = f"see {log_path}; install the missing development package or pass --backend cpu"
+            extra, runtime = _cuda_parts(backend, phase)
             phase("configure")
             _run_step("configure", [cmake, "-S", str(source), "-B", str(build_dir), "-G", generator,
-                                    *cmake_flags(backend)], log_line, log_path, fix)
+                                    *cmake_flags(backend), *extra], log_line, log_path, fix)
             phase("compile")
             n_jobs = jobs or os.cpu_count() or 2
             _run_step("compile", [cmake, "--build", str(build_dir), "-j", str(n_jobs), "--target", *TOOLS],
@@ -415,11 +432,14 @@ def install(
             for item in built_bin.iterdir():
                 if item.name in TOOLS or ".so" in item.name:
                     shutil.copy2(item, staged / "bin" / item.name, follow_symlinks=False)
+            for lib in runtime:  # CUDA runtime and cuBLAS beside the binaries (RPATH $ORIGIN)
+                shutil.copy2(lib, staged / "bin" / lib.name)
             elapsed = time.monotonic() - start
             stamp = {
                 "pin": asdict(PIN),
                 "backend": backend.value,
                 "cmake_flags": list(cmake_flags(backend)),
+                "cmake_flags_here": extra,  # this machine's toolkit and cuBLAS (not part of the build's identity)
                 "tools": list(TOOLS),
                 "build_s": round(elapsed, 1),
                 "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -430,6 +450,21 @@ def install(
             staged.rename(target)
             shutil.rmtree(work, ignore_errors=True)
     return InstallResult(target / "bin", backend, True, time.monotonic() - start)
+
+
+def _cuda_parts(backend: Backend, phase: Callable[[str], None]) -> tuple[list[str], list[Path]]:
+    """Configure flags and runtime libraries of this machine's CUDA toolkit (nothing for the CPU build)."""
+    if backend is not Backend.CUDA:
+        return [], []
+    toolkit = cuda_toolkit.find_toolkit()
+    assert toolkit is not None  # _check_build_tools refused a CUDA build without one
+    cublas_root = None
+    if toolkit.library("cublas") is None:
+        phase(f"fetch cuBLAS ({cuda_toolkit.cublas_wheel(toolkit)}; the toolkit has none)")
+        cublas_root = cuda_toolkit.fetch_cublas(toolkit)
+    vmm = cuda_toolkit.driver_library(toolkit) is not None
+    flags = cuda_toolkit.cmake_flags(toolkit, cuda_toolkit.architectures(), cublas_root, vmm)
+    return flags, cuda_toolkit.runtime_libraries(toolkit, cublas_root)
 
 
 def _run_step(step: str, argv: list[str], on_line: Callable[[str], None], log_path: Path, fix: str) -> None:

@@ -29,6 +29,7 @@ from typing import Any
 from tuner.core.errors import EngineError, ProcessFailedError, ProcessTimeoutError
 from tuner.engine import flags
 from tuner.engine.server_client import ServerClient, StreamedCompletion  # noqa: F401 - StreamedCompletion for callers
+from tuner.machine import processes
 
 STDERR_TAIL_LINES = 40
 TERM_GRACE_S = 5.0
@@ -36,6 +37,7 @@ PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 _LIVE: set[int] = set()  # pids of the children started here and not yet stopped
 _LIVE_LOCK = threading.Lock()
+_OWNER = processes.owner_marker()
 
 
 def own_pids() -> frozenset[int]:
@@ -110,7 +112,10 @@ def _stop_group_now(proc: subprocess.Popen[Any], grace_s: float) -> None:
 
 
 def _child_env(extra: Mapping[str, str] | None) -> dict[str, str]:
+    """The environment every child gets: ours, the caller's extras, and the owner mark by which a later run knows
+    a process this one left behind (see :mod:`tuner.machine.processes`)."""
     env = dict(os.environ)
+    env[processes.OWNER_ENV] = _OWNER
     if extra:
         env.update(extra)
     return env

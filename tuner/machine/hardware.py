@@ -155,32 +155,91 @@ def probe_gpu_details(nvml: Any = None) -> tuple[GpuDetails, ...]:
     return tuple(details)
 
 
+def compute_capability(nvml: Any = None) -> tuple[int, int] | None:
+    """The first GPU's CUDA compute capability (8, 6) for an RTX 3090; None without a GPU or driver."""
+    try:
+        nvml = open_nvml(nvml)
+    except NvmlUnavailableError:
+        return None
+    try:
+        if int(nvml.nvmlDeviceGetCount()) < 1:
+            return None
+        cc = _optional(nvml, "nvmlDeviceGetCudaComputeCapability", nvml.nvmlDeviceGetHandleByIndex(0), None)
+    finally:
+        close_nvml(nvml)
+    return (int(cc[0]), int(cc[1])) if cc else None
+
+
 @dataclass(frozen=True, slots=True)
 class GpuProcess:
     pid: int
     name: str
     used_bytes: int
     gpu_index: int
+    graphics: bool = False  # a graphics context (display server, desktop shell, browser): VRAM, not work
+
+
+def process_name(pid: int) -> str:
+    with contextlib.suppress(psutil.Error):
+        return psutil.Process(pid).name()
+    return "?"
 
 
 def gpu_processes(nvml: Any = None) -> list[GpuProcess]:
     """Processes holding a GPU context (compute or graphics), any card; raises NvmlUnavailableError without
-    NVML. The interference check (:mod:`tuner.machine.processes`) leaves out our own."""
+    NVML. A process with both contexts is listed once, as compute."""
     nvml = open_nvml(nvml)
     found: dict[int, GpuProcess] = {}
     try:
         for index in range(int(nvml.nvmlDeviceGetCount())):
             h = nvml.nvmlDeviceGetHandleByIndex(index)
-            for fn in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
+            for fn, graphics in (("nvmlDeviceGetGraphicsRunningProcesses", True),
+                                 ("nvmlDeviceGetComputeRunningProcesses", False)):
                 for p in _optional(nvml, fn, h, []) or []:
                     pid = int(p.pid)
-                    name = "?"
-                    with contextlib.suppress(psutil.Error):
-                        name = psutil.Process(pid).name()
-                    found[pid] = GpuProcess(pid, name, int(getattr(p, "usedGpuMemory", 0) or 0), index)
+                    found[pid] = GpuProcess(pid, process_name(pid), int(getattr(p, "usedGpuMemory", 0) or 0), index,
+                                            graphics)
     finally:
         close_nvml(nvml)
     return list(found.values())
+
+
+@dataclass(frozen=True, slots=True)
+class GpuActivity:
+    """One look at what the GPUs are doing: every context with its VRAM, the device utilization and, where the
+    driver keeps them, per-process SM samples since ``since_s``."""
+
+    processes: tuple[GpuProcess, ...]
+    device_util_pct: tuple[int | None, ...]  # per card; None where the driver does not say
+    process_sm_pct: dict[int, int]  # pid → highest SM share sampled in the window; empty where unsupported
+    per_process_known: bool  # the driver answered per-process samples (so an absent pid was idle)
+
+
+def gpu_activity(nvml: Any = None, since_s: float = 1.0) -> GpuActivity:
+    """GPU contexts, utilization and per-process samples (``nvmlDeviceGetProcessUtilization``, which keeps a
+    short history per process; "not found" means no process ran a kernel in the window)."""
+    procs = tuple(gpu_processes(nvml))
+    nvml = open_nvml(nvml)
+    utils: list[int | None] = []
+    sm: dict[int, int] = {}
+    known = False
+    try:
+        since_us = int((time.time() - since_s) * 1e6)
+        for index in range(int(nvml.nvmlDeviceGetCount())):
+            h = nvml.nvmlDeviceGetHandleByIndex(index)
+            rates = _optional(nvml, "nvmlDeviceGetUtilizationRates", h, None)
+            utils.append(None if rates is None else int(rates.gpu))
+            try:
+                samples = nvml.nvmlDeviceGetProcessUtilization(h, since_us) or []
+                known = True
+            except Exception as exc:  # NVMLError_NotFound: no samples (idle); NotSupported: unknown
+                samples = []
+                known = known or "not found" in str(exc).lower()
+            for s in samples:
+                sm[int(s.pid)] = max(sm.get(int(s.pid), 0), int(s.smUtil))
+    finally:
+        close_nvml(nvml)
+    return GpuActivity(procs, tuple(utils), sm, known)
 
 
 def _optional(nvml: Any, fn: str, handle: Any, default: Any, *args: Any) -> Any:

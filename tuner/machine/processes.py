@@ -1,30 +1,61 @@
 """Other programs on this machine that would disturb a measurement: llama.cpp processes that are not ours
-(left by an earlier run, or a server the user keeps running), CPU time spent by other processes, and other
-processes on the GPU (read through :mod:`tuner.machine.hardware`).
+(left by an earlier run, or a server the user keeps running), CPU time spent by others, and other work on the
+GPU (read through :mod:`tuner.machine.hardware`).
 
-"Ours" is this process, the children the runner started (passed in as ``own``) and their descendants.
+"Ours" is this process, the children the runner started (passed in as ``own``) and their descendants. Every
+child the runner starts carries ``MOE_TUNE_OWNER=<pid>:<start time>`` in its environment (readable from /proc
+by the same user), so a llama.cpp process whose owner is gone is known to be left by an earlier moe-tune run,
+whoever adopted it.
+
+What disturbs a measurement is other *work*: CPU time (the whole machine's, minus our own tree, so a loop of
+short-lived processes counts too), GPU kernels that are not ours, or another process's VRAM growing. A graphics
+context (the display server, the desktop shell, a browser) holds VRAM, which the budget already leaves out of
+what is free; holding it is not work, so a desktop driving its monitor from the card is a quiet machine.
+
 ``MOE_TUNE_MACHINE_SCOPE=<pid>`` narrows what counts as "the machine" to the descendants of that process: a
 test suite sharing a machine with other suites sets it to its own pid, so its busy tests see the competing
-processes they start and nothing that other suites run beside them.
+processes they start and nothing that other suites run beside them (CPU time is then summed over the scope's
+processes, with the children they reaped, instead of read machine-wide).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import time
 from collections.abc import Callable, Collection, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import psutil
 
 from tuner.core.errors import NvmlUnavailableError
-from tuner.machine import hardware, paths
+from tuner.machine import hardware
 
 SCOPE_ENV = "MOE_TUNE_MACHINE_SCOPE"
+OWNER_ENV = "MOE_TUNE_OWNER"
 LLAMA_PREFIX = "llama-"  # llama-server, llama-bench, llama-perplexity, llama-cli, ...
 MIN_CPU_WINDOW_S = 0.1  # a shorter look says nothing about CPU load
-ADOPTERS = {"systemd", "init", "tini", "dumb-init", "process_api"}  # who adopts an orphan (pid 1 or a subreaper)
+GPU_BUSY_PCT = 10  # SM share (or device utilization not ours) that is work, not a desktop's redraws
+VRAM_GROWTH_BYTES = 64 * 2**20  # another process's VRAM growing by this much while we look
+
+
+def owner_marker() -> str:
+    """The value of ``MOE_TUNE_OWNER`` for children of this process: its pid and start time (pids are reused)."""
+    me = psutil.Process()
+    return f"{me.pid}:{me.create_time():.2f}"
+
+
+def _owner_gone(marker: str) -> bool:
+    pid_text, _, started = marker.partition(":")
+    if not pid_text.isdigit():
+        return False
+    try:
+        return f"{psutil.Process(int(pid_text)).create_time():.2f}" != started
+    except psutil.NoSuchProcess:
+        return True
+    except psutil.Error:
+        return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,11 +63,10 @@ class LlamaProcess:
     pid: int
     name: str
     exe: str
-    orphan: bool  # its starter is gone (adopted by init or a subreaper)
-    ours_earlier: bool  # an orphan running a binary from moe-tune's own engine cache: left by an earlier run
+    ours_earlier: bool  # started by a moe-tune run that has ended: left behind
 
     def describe(self) -> str:
-        why = " left by an earlier moe-tune run" if self.ours_earlier else " orphaned" if self.orphan else ""
+        why = " left by an earlier moe-tune run" if self.ours_earlier else ""
         return f"{self.name} pid {self.pid}{why}"
 
 
@@ -45,8 +75,7 @@ class _Proc:
     pid: int
     ppid: int
     name: str
-    exe: str
-    cpu_s: float
+    cpu_s: float  # its own CPU time and that of the children it reaped (a short-lived child counts too)
 
 
 def scope_root() -> int | None:
@@ -56,14 +85,13 @@ def scope_root() -> int | None:
 
 def _snapshot() -> dict[int, _Proc]:
     procs: dict[int, _Proc] = {}
-    for p in psutil.process_iter(["pid", "ppid", "name", "exe", "status", "cpu_times"]):
+    for p in psutil.process_iter(["pid", "ppid", "name", "status", "cpu_times"]):
         info = p.info
         if info.get("status") == psutil.STATUS_ZOMBIE:
             continue
-        times = info.get("cpu_times")
-        cpu = (times.user + times.system) if times else 0.0
-        procs[info["pid"]] = _Proc(info["pid"], info.get("ppid") or 0, info.get("name") or "", info.get("exe") or "",
-                                   cpu)
+        t = info.get("cpu_times")
+        cpu = (t.user + t.system + t.children_user + t.children_system) if t else 0.0
+        procs[info["pid"]] = _Proc(info["pid"], info.get("ppid") or 0, info.get("name") or "", cpu)
     return procs
 
 
@@ -75,15 +103,32 @@ def _ancestors(pid: int, procs: dict[int, _Proc]) -> Iterable[int]:
         yield pid
 
 
+def _busy_cpu_s() -> float:
+    """CPU time the whole machine has spent working (every core, every process, short-lived ones too)."""
+    t = psutil.cpu_times()
+    idle = t.idle + getattr(t, "iowait", 0.0)
+    # guest time is already inside user time (Linux), so it is left out of the sum
+    total = sum(v for k, v in t._asdict().items() if k not in ("guest", "guest_nice"))
+    return total - idle
+
+
 class _View:
     """One snapshot, judged: which processes are someone else's, within the scope."""
 
     def __init__(self, own: Collection[int] | Callable[[], Collection[int]]) -> None:
+        self.busy_cpu_s = _busy_cpu_s()
         self.procs = _snapshot()
         self.me = os.getpid()  # this process itself; its children count as ours only when the runner started them
         # Asked after the snapshot: a child the runner started while the snapshot was taken is already ours.
         self.own = set(own() if callable(own) else own)
         self.root = scope_root()
+
+    def ours(self) -> set[int]:
+        """This process, the runner's children and their descendants."""
+        return {self.me} | self.own | {p for p in self.procs if set(_ancestors(p, self.procs)) & self.own}
+
+    def ours_cpu_s(self) -> float:
+        return sum(self.procs[p].cpu_s for p in self.ours() if p in self.procs)
 
     def others(self) -> list[_Proc]:
         out = []
@@ -97,28 +142,25 @@ class _View:
         return out
 
 
-def _is_orphan(p: _Proc, procs: dict[int, _Proc]) -> bool:
-    parent = procs.get(p.ppid)
-    return p.ppid == 1 or (parent is not None and parent.name in ADOPTERS)
-
-
-def _llama(p: _Proc, procs: dict[int, _Proc]) -> LlamaProcess:
-    orphan = _is_orphan(p, procs)
-    engine = str(paths.engine_root().resolve())
-    return LlamaProcess(p.pid, p.name, p.exe, orphan, orphan and p.exe.startswith(engine))
+def _llama(pid: int, name: str) -> LlamaProcess:
+    exe, marker = "", ""
+    with contextlib.suppress(psutil.Error):
+        proc = psutil.Process(pid)
+        exe = proc.exe()
+        marker = proc.environ().get(OWNER_ENV, "")  # another user's process: not readable, and not ours
+    return LlamaProcess(pid, name, exe, bool(marker) and _owner_gone(marker))
 
 
 def other_llama_processes(own: Collection[int] = ()) -> list[LlamaProcess]:
     """Live llama.cpp processes on this machine that are not ours (see the module docstring)."""
     view = _View(own)
-    return [_llama(p, view.procs) for p in view.others() if p.name.startswith(LLAMA_PREFIX)]
+    return [_llama(p.pid, p.name) for p in view.others() if p.name.startswith(LLAMA_PREFIX)]
 
 
 def left_by_earlier_runs() -> list[LlamaProcess]:
-    """llama.cpp processes an earlier moe-tune run left behind (orphans running our engine's binaries). An
-    orphan has lost its ancestry, so the scope does not apply: the whole machine is searched."""
-    procs = _snapshot()
-    found = [_llama(p, procs) for p in procs.values() if p.name.startswith(LLAMA_PREFIX)]
+    """llama.cpp processes an earlier moe-tune run left behind (their owner run is gone). The scope does not apply:
+    a process left behind has lost its ancestry, so the whole machine is searched."""
+    found = [_llama(p.pid, p.name) for p in _snapshot().values() if p.name.startswith(LLAMA_PREFIX)]
     return [p for p in found if p.ours_earlier]
 
 
@@ -127,9 +169,13 @@ class Interference:
     """What else used the machine while (or just before) we measured."""
 
     llama: tuple[LlamaProcess, ...] = ()
-    cpu_cores: float = 0.0  # CPU time other processes spent per second of wall time
-    gpu: tuple[str, ...] = ()  # other processes on the GPU, described
+    cpu_cores: float = 0.0  # CPU time others spent per second of wall time
+    gpu: tuple[str, ...] = ()  # other work on the GPU, described
     cpu_limit_cores: float = 0.5
+    # Others' GPU contexts that hold VRAM and did no work (a desktop's display server, shell, browser): said, not
+    # counted. ``vram_first``: others' VRAM by pid at the first look (a watch's baseline for growth).
+    residents: tuple[str, ...] = ()
+    vram_first: tuple[tuple[int, int], ...] = field(default=(), compare=False)
 
     @property
     def busy(self) -> bool:
@@ -145,36 +191,95 @@ class Interference:
     def worse(self, other: Interference) -> Interference:
         """Both observations together: every process seen, the larger CPU load."""
         llama = {p.pid: p for p in (*self.llama, *other.llama)}
-        gpu = tuple(dict.fromkeys((*self.gpu, *other.gpu)))
+        # One line per process (or card) and kind of work: a later look replaces an earlier one (VRAM growth
+        # is judged from the watch's start, so the later figure holds the earlier).
+        gpu = tuple({_gpu_key(g): g for g in (*self.gpu, *other.gpu)}.values())
+        residents = tuple(dict.fromkeys((*self.residents, *other.residents)))
         return Interference(tuple(llama.values()), max(self.cpu_cores, other.cpu_cores), gpu,
-                            min(self.cpu_limit_cores, other.cpu_limit_cores))
+                            min(self.cpu_limit_cores, other.cpu_limit_cores), residents,
+                            self.vram_first or other.vram_first)
 
 
-def cpu_limit_cores() -> float:
-    """Other processes' CPU use that makes a measurement noisy: half a core, or a tenth of a large machine."""
-    return max(0.5, 0.1 * (psutil.cpu_count(logical=True) or 1))
+def _gpu_key(line: str) -> str:
+    who = re.search(r"(?:pid|GPU) \d+", line)
+    kind = "vram" if " VRAM" in line else "work"
+    return f"{who.group(0) if who else line} {kind}"
+
+
+def cpu_limit_cores(threads: int | None = None) -> float:
+    """Others' CPU use that makes a measurement noisy, judged against the cores the trial uses: half a core when
+    the trial uses every physical core (llama.cpp's default), plus half of each physical core it leaves idle
+    (hyperthread siblings share a core, so the logical count would be too lenient)."""
+    physical = psutil.cpu_count(logical=False) or psutil.cpu_count(logical=True) or 1
+    spare = max(0, physical - (threads or physical))
+    return 0.5 + 0.5 * spare
+
+
+def _gpu_look(view: _View, nvml: object, window_s: float) -> tuple[dict[int, tuple[str, int]], list[str],
+                                                                    list[str]]:
+    """Others' VRAM by pid, others' GPU work (described) and others' idle contexts (described)."""
+    act = hardware.gpu_activity(nvml, since_s=window_s)
+    mine = view.ours()
+    allowed = None if view.root is None else {p.pid for p in view.others()}
+
+    def theirs(pid: int) -> bool:
+        return pid not in mine and (allowed is None or pid in allowed)
+
+    vram = {g.pid: (g.name, g.used_bytes) for g in act.processes if theirs(g.pid)}
+    work = [f"{vram.get(pid, (hardware.process_name(pid), 0))[0]} pid {pid} uses the GPU ({sm} % SM)"
+            for pid, sm in sorted(act.process_sm_pct.items()) if sm >= GPU_BUSY_PCT and theirs(pid)]
+    ours_on_gpu = any(g.pid in mine for g in act.processes)
+    if not act.per_process_known and not ours_on_gpu:
+        work += [f"GPU {i} is {u} % busy and none of it is ours" for i, u in enumerate(act.device_util_pct)
+                 if u is not None and u >= GPU_BUSY_PCT]
+    idle = [f"{name} pid {pid} ({used / 2**20:,.0f} MiB)" for pid, (name, used) in vram.items()
+            if not any(f"pid {pid} " in w for w in work)]
+    return vram, work, idle
+
+
+def _grown(base: dict[int, int], now: dict[int, tuple[str, int]]) -> list[str]:
+    out = []
+    for pid, (name, used) in now.items():
+        grew = used - base.get(pid, 0)
+        if grew >= VRAM_GROWTH_BYTES:
+            verb = f"grew its VRAM by {grew / 2**20:,.0f} MiB" if pid in base else \
+                f"took {used / 2**20:,.0f} MiB of VRAM"
+            out.append(f"{name} pid {pid} {verb}")
+    return out
 
 
 def observe(own: Collection[int] | Callable[[], Collection[int]] = (), interval_s: float = 0.5, nvml: object = None,
-            wait: Callable[[float], object] = time.sleep) -> Interference:
-    """Look at the machine for ``interval_s``: other llama.cpp processes, others' CPU use, others on the GPU.
+            wait: Callable[[float], object] = time.sleep, *, gpu: bool = True, threads: int | None = None,
+            vram_base: dict[int, int] | None = None) -> Interference:
+    """Look at the machine for ``interval_s``: other llama.cpp processes, others' CPU use, others' GPU work.
     ``own`` names our children, or is asked for them at each look (a watch's children come and go).
-    ``wait`` sleeps (a watch passes its stop event's wait, so it can end early)."""
+    ``wait`` sleeps (a watch passes its stop event's wait, so it can end early). ``gpu`` False: the run measures
+    the CPU on purpose (``--device none``), so the GPU is not looked at. ``threads``: the cores the trial uses.
+    ``vram_base``: others' VRAM at the start of a longer watch (growth is judged against it)."""
     first = _View(own)
     before = {p.pid: p.cpu_s for p in first.others()}
+    ours_before = first.ours_cpu_s()
+    vram_first: dict[int, tuple[str, int]] = {}
+    if gpu:
+        with contextlib.suppress(NvmlUnavailableError):
+            vram_first = _gpu_look(first, nvml, interval_s)[0]
     t0 = time.monotonic()
     wait(interval_s)
     second = _View(own)
     elapsed = time.monotonic() - t0
     others = second.others()
-    spent = sum(max(0.0, p.cpu_s - before.get(p.pid, 0.0)) for p in others if p.pid in before)
-    cores = spent / elapsed if elapsed >= MIN_CPU_WINDOW_S else 0.0
-    llama = tuple(_llama(p, second.procs) for p in others if p.name.startswith(LLAMA_PREFIX))
-    gpu: tuple[str, ...] = ()
-    with contextlib.suppress(NvmlUnavailableError):
-        mine = {second.me} | second.own | {p for p in second.procs if set(_ancestors(p, second.procs)) & second.own}
-        allowed = None if second.root is None else {p.pid for p in others}
-        gpu = tuple(f"{g.name} pid {g.pid} on the GPU ({g.used_bytes / 2**20:,.0f} MiB)"
-                    for g in hardware.gpu_processes(nvml) if g.pid not in mine
-                    and (allowed is None or g.pid in allowed))
-    return Interference(llama, cores, gpu, cpu_limit_cores())
+    if second.root is None:  # the whole machine's work, minus ours (short-lived processes are in both sums)
+        spent = (second.busy_cpu_s - first.busy_cpu_s) - (second.ours_cpu_s() - ours_before)
+    else:
+        spent = sum(max(0.0, p.cpu_s - before.get(p.pid, 0.0)) for p in others)
+    cores = max(0.0, spent) / elapsed if elapsed >= MIN_CPU_WINDOW_S else 0.0
+    llama = tuple(_llama(p.pid, p.name) for p in others if p.name.startswith(LLAMA_PREFIX))
+    work: list[str] = []
+    idle: list[str] = []
+    if gpu:
+        with contextlib.suppress(NvmlUnavailableError):
+            now, work, idle = _gpu_look(second, nvml, elapsed)
+            base = vram_base if vram_base is not None else {pid: used for pid, (_, used) in vram_first.items()}
+            work += _grown(base, now)
+    return Interference(llama, cores, tuple(dict.fromkeys(work)), cpu_limit_cores(threads), tuple(idle),
+                        tuple((pid, used) for pid, (_, used) in vram_first.items()))

@@ -5,6 +5,10 @@ Two tuners measuring at once each see half the cores and crown artefacts (a ``-t
 a user's own llama-server serving beside the tuner does the same. The lock (``flock`` on a file in the cache
 folder; the kernel drops it when the holder dies, even on ``kill -9``) makes the second run wait; the check
 names what else is running; ``allow_busy`` measures anyway, and what was seen is recorded with the figures.
+
+The lock is one per machine, not per cache folder: two users, or two runs with different ``MOE_TUNE_CACHE``,
+share the cores and the card all the same. It lives in the system's temporary folder, readable and writable by
+every user (a scoped test suite, see :mod:`tuner.machine.processes`, gets one of its own).
 """
 
 from __future__ import annotations
@@ -20,17 +24,28 @@ from pathlib import Path
 from typing import IO
 
 from tuner.core.errors import MachineBusyError
-from tuner.machine import paths
 from tuner.machine.processes import Interference, observe, scope_root
 
 POLL_S = 0.5
 DEFAULT_WAIT_S = 600.0
 
 
+LOCK_DIR = Path("/tmp")  # not $TMPDIR, which differs per user or per run: the one folder every run here sees
+
+
 def lock_path() -> Path:
     """The machine's measuring lock; a scoped run (see :mod:`tuner.machine.processes`) gets its own."""
     root = scope_root()
-    return paths.cache_root() / (f"measuring-{root}.lock" if root is not None else "measuring.lock")
+    return LOCK_DIR / (f"moe-tune-measuring-{root}.lock" if root is not None else "moe-tune-measuring.lock")
+
+
+def _open_lock(path: Path) -> IO[str]:
+    """The lock file, created writable by every user (the umask would make it the first user's alone)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    with contextlib.suppress(OSError):
+        if os.fstat(fd).st_uid == os.getuid():
+            os.fchmod(fd, 0o666)
+    return os.fdopen(fd, "r+")
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +54,7 @@ class Claim:
 
     locked: bool
     noise: str | None = None
+    residents: tuple[str, ...] = ()  # others' idle GPU contexts (a desktop's display): VRAM held, not work
 
 
 def _try_lock(fh: IO[str]) -> bool:
@@ -60,15 +76,15 @@ def _holder(path: Path) -> str:
 @contextlib.contextmanager
 def claim_machine(command: str, *, allow_busy: bool = False, wait_s: float = DEFAULT_WAIT_S,
                   own: Callable[[], Collection[int]] = frozenset, on_wait: Callable[[str, float], None] | None = None,
-                  nvml: object = None) -> Iterator[Claim]:
+                  nvml: object = None, gpu: bool = True) -> Iterator[Claim]:
     """Hold the machine for one measuring ``command``: wait (at most ``wait_s``, reporting through
     ``on_wait(what, waited_s)``) for another measuring run to finish and for other llama.cpp processes and CPU
     load to go away; then raise :class:`MachineBusyError` naming them, unless ``allow_busy``.
-    Ctrl-C during the wait simply propagates (nothing is held yet)."""
+    Ctrl-C during the wait simply propagates (nothing is held yet). ``gpu`` False: the run measures the CPU on
+    purpose (``--device none``), so work on the GPU is no reason to wait."""
     path = lock_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
-    with path.open("a+") as fh:
+    with _open_lock(path) as fh:
         locked = _try_lock(fh)
         while not locked and not allow_busy:
             waited = time.monotonic() - start
@@ -85,17 +101,17 @@ def claim_machine(command: str, *, allow_busy: bool = False, wait_s: float = DEF
             fh.write(f"moe-tune {command} (pid {os.getpid()})")
             fh.flush()
         try:
-            seen = observe(own, nvml=nvml)
+            seen = observe(own, nvml=nvml, gpu=gpu)
             while seen.busy and not allow_busy:
                 waited = time.monotonic() - start
                 if waited >= wait_s:
                     raise MachineBusyError(seen.describe(), waited)
                 if on_wait:
                     on_wait(f"waiting for a quiet machine: {seen.describe()}", waited)
-                seen = observe(own, nvml=nvml)
+                seen = observe(own, nvml=nvml, gpu=gpu)
             if seen.busy:
                 noise = "; ".join(x for x in (noise, seen.describe()) if x)
-            yield Claim(locked, noise)
+            yield Claim(locked, noise, seen.residents)
         finally:
             if locked:
                 with contextlib.suppress(OSError):
@@ -108,10 +124,13 @@ class Watch:
     """Observe the machine in the background while a measurement runs; :attr:`seen` is the worst of it."""
 
     def __init__(self, own: Callable[[], Collection[int]] = frozenset, interval_s: float = 1.0,
-                 nvml: object = None) -> None:
+                 nvml: object = None, *, gpu: bool = True, threads: int | None = None) -> None:
         self._own = own
         self._interval_s = interval_s
         self._nvml = nvml
+        self._gpu = gpu
+        self._threads = threads
+        self._vram_base: dict[int, int] | None = None  # others' VRAM when the watch began
         self._stop = threading.Event()
         self._seen = Interference()
         self._thread = threading.Thread(target=self._loop, name="moe-tune-watch", daemon=True)
@@ -119,7 +138,11 @@ class Watch:
     def _loop(self) -> None:
         while not self._stop.is_set():
             with contextlib.suppress(Exception):  # a process vanishing mid-scan must not end the watch
-                self._seen = self._seen.worse(observe(self._own, self._interval_s, self._nvml, self._stop.wait))
+                look = observe(self._own, self._interval_s, self._nvml, self._stop.wait, gpu=self._gpu,
+                               threads=self._threads, vram_base=self._vram_base)
+                if self._vram_base is None:
+                    self._vram_base = dict(look.vram_first)
+                self._seen = self._seen.worse(look)
 
     def __enter__(self) -> Watch:
         self._thread.start()

@@ -23,7 +23,7 @@ from tuner.engine import breakdown, flags, runner
 from tuner.engine.breakdown import MemoryBreakdown
 from tuner.engine.build import Capabilities, EngineLocation
 from tuner.machine.sampler import MemoryReport, Sampler, SpillVerdict, spill_verdict
-from tuner.measure import failures, workload
+from tuner.measure import failures, gpu_use, workload
 from tuner.measure.workload import LevelResult, Workload
 
 RSE_TARGET_PCT = 3.0
@@ -149,7 +149,7 @@ def rows_for(cfg: LaunchConfig, rows: Sequence[BenchRow]) -> tuple[BenchRow, ...
     return tuple(r for r in rows if all(dict(r.params).get(k, v) == v for k, v in want.items()))
 
 
-_LOAD_FIELDS = ("model", "mmap", "repack", "n_gpu_layers", "n_cpu_moe")
+_LOAD_FIELDS = ("model", "mmap", "repack", "no_host", "device", "n_gpu_layers", "n_cpu_moe")
 _SWEPT_FIELDS = ("cache_type_k", "cache_type_v", "flash_attn", "threads", "batch", "ubatch")
 
 
@@ -227,6 +227,7 @@ def _bench_once(engine: EngineLocation, cfgs: Sequence[LaunchConfig], *, tests: 
         except TunerError as exc:
             raise TrialFailedError("llama-bench", failures.from_error(exc)) from None
         got = parse_jsonl(result.stdout)
+        gpu_use.check_bench(result.stdout, result.stderr_tail, cfgs[0])
         expected = ((n_prompt > 0) + (n_gen > 0)) * len(depths) * len(cfgs)
         if len(got) < expected:
             # llama-bench can stop part-way through a sweep and still exit 0.
@@ -408,6 +409,8 @@ def run_server_trial(
     verdict = spill_verdict(memory, gen_tok_s=gen, roofline_tok_s=roofline_tok_s,
                             vram_budget_bytes=vram_budget_bytes)
     records = tuple(server.log_records())
-    found = breakdown.parse_log_jsonl(server.log.read_text(errors="replace")) if log_jsonl else []
+    log_text = server.log.read_text(errors="replace")
+    gpu_use.check_server(log_text, cfg)
+    found = breakdown.parse_log_jsonl(log_text) if log_jsonl else []
     return ServerTrial(tuple(server.argv), cfg, load, levels, memory, verdict, server.log, records,
                        memory_breakdown=found[-1] if found else None, roofline_tok_s=roofline_tok_s)

@@ -14,10 +14,6 @@ from tuner.plan.memory import estimate
 from tuner.plan.placement import EngineCheckRow, engine_check_rows
 
 
-def cpu_only(hw: Hardware) -> Hardware:
-    return replace(hw, gpu_name="", vram_total_bytes=0, vram_free_bytes=0, source="none")
-
-
 def engine_check(loc: EngineLocation, info: ModelInfo, base: LaunchConfig, hw: Hardware
                  ) -> tuple[tuple[EngineCheckRow, ...], bool]:
     """Rows for ``base``, and whether the engine projected only the CPU backend (a build without a GPU backend,
@@ -29,5 +25,5 @@ def engine_check(loc: EngineLocation, info: ModelInfo, base: LaunchConfig, hw: H
     gpu = {part: truth.device_total(part) for part in ("model", "context", "compute")} if truth.devices else None
     cpu_fallback = gpu is None and hw.has_gpu
     if cpu_fallback:
-        hw = cpu_only(hw)
+        hw = hw.cpu_only()
     return engine_check_rows(estimate(info, cfg, hw), cfg.mmap, host, gpu, info.tensor_bytes), cpu_fallback

@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from tuner.core.config import LaunchConfig
+from tuner.core.errors import UsageError
 from tuner.engine import build, flags
 from tuner.engine.build import EngineLocation
 from tuner.machine import hardware, paths
-from tuner.measure import speculation
+from tuner.measure import gpu_use, speculation
 from tuner.measure.bench import BenchResult, ServerTrial, run_bench, run_server_trial
 from tuner.measure.workload import Workload
 from tuner.models.gguf_reader import inspect_model
@@ -79,12 +80,18 @@ def bench_config(loc: EngineLocation, cfg: LaunchConfig, load: Workload, *, dept
     """Measure ``cfg`` for ``load``: llama-bench (without speculation, which it cannot run), then llama-server."""
     say = on_step or (lambda _msg: None)
     flags.validate(cfg)
+    if vram_budget_mib is not None and cfg.device == gpu_use.CPU_DEVICE:
+        raise UsageError("--vram-budget plans the card and --device none leaves it out: drop one of them")
+    probed = hardware.probe_hardware(host_bandwidth_s=0)
+    gpu_use.preflight(loc, probed, cfg.device)  # a GPU rig measured on the CPU stops here
     caps = build.capabilities(loc)
     say(f"llama-bench on {cfg.model.name} (pp{load.prompt_tokens}, tg{load.gen_tokens}, depth {depth})")
     result = run_bench(loc, speculation.without_speculation(cfg), n_prompt=load.prompt_tokens,
                        n_gen=load.gen_tokens, repetitions=repetitions, depth=depth, caps=caps)
     say("measuring host memory bandwidth for the roofline")
     hw = hardware.with_vram_budget(hardware.probe_hardware(host_bandwidth_s=1.0), vram_budget_mib)
+    if cfg.device == gpu_use.CPU_DEVICE:
+        hw = hw.cpu_only()
     roof = roofline.roofline(inspect_model(cfg.model), cfg, hw, depth_tokens=depth)
     trial = None
     if server:

@@ -14,6 +14,7 @@ from tuner.core.config import CacheType, LaunchConfig
 from tuner.core.errors import UsageError
 from tuner.engine import build
 from tuner.machine.hardware import Hardware
+from tuner.measure import gpu_use
 from tuner.measure.workload import Workload
 from tuner.models.gguf_reader import ModelInfo, inspect_model
 from tuner.plan.memory import effective_config
@@ -56,6 +57,7 @@ class TuneRequest:
     seed: int | None = 0
     # Speculative decoding judged on the winner after the finish (tuner.search.speculation); None: not tried.
     speculation: speculation.SpeculationRequest | None = None
+    device: str | None = None  # -dev of every config: "none" measures the CPU on purpose
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,13 +112,14 @@ def auto_tune(req: TuneRequest, loc: build.EngineLocation, hw: Hardware, *,
               on_progress: Callable[[study.Progress], None] | None = None,
               on_step: Callable[[str], None] | None = None) -> TuneResult:
 
+    hw = gpu_use.preflight(loc, hw, req.device)  # a GPU rig measured on the CPU stops here, not after
     caps = build.capabilities(loc)
     info = inspect_model(req.model)
     parallel = req.parallel or req.workload.concurrency
     ctx = choose_ctx(req, info, hw, parallel)
     sp = space.build_space(req.model, info, hw, ctx=ctx, parallel=parallel,
                            prompt_tokens=req.workload.prompt_tokens, concurrency=req.workload.concurrency,
-                           vram_margin_mib=req.vram_margin_mib)
+                           vram_margin_mib=req.vram_margin_mib, device=req.device)
     if on_step and sp.n_cpu_moe_why:
         on_step(sp.n_cpu_moe_why)
     objective = study.Objective(pareto=req.pareto, max_kld=req.max_kld)

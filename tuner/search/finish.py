@@ -61,7 +61,7 @@ def fit_config(loc: EngineLocation, base: LaunchConfig, timeout_s: float = 120.0
 
 def default_config(sp: space.SearchSpace) -> LaunchConfig:
     """What ``llama-server -m MODEL -c CTX -np N`` runs with: every other setting at the engine default."""
-    return LaunchConfig(model=sp.model, ctx=sp.ctx, parallel=sp.parallel)
+    return LaunchConfig(model=sp.model, ctx=sp.ctx, parallel=sp.parallel, device=sp.device)
 
 
 def seed_configs(sp: space.SearchSpace, info: ModelInfo, hw: Hardware, fit: LaunchConfig | None,

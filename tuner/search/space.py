@@ -65,6 +65,7 @@ class SearchSpace:
     threads: tuple[int | None, ...]
     ubatch: tuple[int | None, ...]
     slots: tuple[int, ...] = (1,)  # -np values the finish measures (concurrent workloads)
+    device: str | None = None  # -dev of every config ("none": the CPU on purpose)
     # Why --n-cpu-moe spans what it spans, in words (which memory bounds it); not part of the study's identity.
     n_cpu_moe_why: str = ""
 
@@ -75,6 +76,7 @@ class SearchSpace:
             "kv": [kv_label(k, v) for k, v in self.kv_pairs],
             "flash_attn": [f.value for f in self.flash_attn], "threads": list(self.threads),
             "ubatch": list(self.ubatch), "slots": list(self.slots),
+            **({"device": self.device} if self.device is not None else {}),
         }
 
     @property
@@ -119,7 +121,8 @@ def fitting_boundary(info: ModelInfo, cfg: LaunchConfig, hw: Hardware,
 
 def build_space(model_path: Path, info: ModelInfo, hw: Hardware, *, ctx: int, parallel: int, prompt_tokens: int,
                 kv_pairs: Sequence[tuple[CacheType, CacheType]] = KV_PAIRS, search_n_cpu_moe: bool | None = None,
-                concurrency: int = 1, vram_margin_mib: float | None = None) -> SearchSpace:
+                concurrency: int = 1, vram_margin_mib: float | None = None, device: str | None = None
+                ) -> SearchSpace:
     """The space for this model on this machine, serving ``parallel`` slots of ``ctx`` tokens in total."""
     if ctx < 1 or parallel < 1:
         raise UsageError("context and slots must be >= 1: fix --min-ctx / --parallel")
@@ -152,7 +155,7 @@ def build_space(model_path: Path, info: ModelInfo, hw: Hardware, *, ctx: int, pa
     return SearchSpace(
         model=model_path, ctx=ctx, parallel=parallel, n_cpu_moe=moe, kv_pairs=pairs,
         flash_attn=(FlashAttn.ON, FlashAttn.OFF), threads=_physical_threads(max(1, hw.physical_cores)),
-        ubatch=ubatch, slots=slot_counts(concurrency), n_cpu_moe_why=why,
+        ubatch=ubatch, slots=slot_counts(concurrency), n_cpu_moe_why=why, device=device,
     )
 
 
@@ -177,6 +180,7 @@ def make_config(space: SearchSpace, params: dict[str, Any]) -> LaunchConfig:
         n_cpu_moe=params.get("n_cpu_moe") if space.n_cpu_moe else None,
         cache_type_k=ctk, cache_type_v=ctv, flash_attn=fa, ctx=space.ctx, parallel=space.parallel,
         threads=params.get("threads", space.threads[-1]), ubatch=params.get("ubatch", space.ubatch[0]),
+        device=space.device,
     )
 
 

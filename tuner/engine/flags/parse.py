@@ -119,6 +119,8 @@ def _config_from(values: dict[str, object]) -> LaunchConfig:
         raise UsageError(f"-lm {values['load_mode']} is not measured by moe-tune: use -lm none or mmap")
     kwargs["repack"] = not values.get("no_repack", False)
     kwargs["no_host"] = bool(values.get("no_host", False))
+    if "device" in values:
+        kwargs["device"] = str(values["device"])
     kwargs.update(_spec_from(values))
     cfg = LaunchConfig(**kwargs)  # type: ignore[arg-type]
     validate(cfg)

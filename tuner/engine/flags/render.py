@@ -44,6 +44,7 @@ _SPELL: dict[str, tuple[str, ...]] = {
     "load_mode": ("-lm", "--load-mode"),
     "no_repack": ("--no-repack", "-nr"),
     "no_host": ("--no-host",),
+    "device": ("-dev", "--device"),
     "fit_print": ("-fitp", "--fit-print"),
     "fit_target": ("-fitt", "--fit-target"),
     "log_jsonl": ("--log-jsonl",),
@@ -157,6 +158,8 @@ class _Argv:
 
 
 def _common(a: _Argv, cfg: LaunchConfig) -> None:
+    if cfg.device is not None:
+        a.add("device", cfg.device)
     if cfg.n_gpu_layers is not None:
         a.add("n_gpu_layers", str(cfg.n_gpu_layers))
     if cfg.n_cpu_moe is not None:
@@ -219,8 +222,8 @@ def bench_group_argv(
         raise UsageError("no configs to benchmark: pass at least one")
     for cfg in cfgs:
         validate(cfg)
-    if len({(c.model, c.mmap, c.repack, c.no_host) for c in cfgs}) != 1:
-        raise UsageError("configs in one llama-bench run must share the model file and load mode")
+    if len({(c.model, c.mmap, c.repack, c.no_host, c.device) for c in cfgs}) != 1:
+        raise UsageError("configs in one llama-bench run must share the model file, load mode and device")
     depths = [depth] if isinstance(depth, int) else list(depth)
     a = _Argv(binary, BENCH, caps)
     first = cfgs[0]
@@ -228,6 +231,8 @@ def bench_group_argv(
     a.argv += ["-p", str(n_prompt), "-n", str(n_gen), "-r", str(repetitions)]
     if depths != [0]:
         a.add("depth", ",".join(str(d) for d in depths))
+    if first.device is not None:
+        a.add("device", first.device)
 
     def listed(name: str) -> list[str]:
         seen: list[str] = []

@@ -1,0 +1,122 @@
+"""A GPU owner's desktop is a quiet machine; other work on the GPU, a VRAM grab or a loop of short processes
+is not. NVML is the FAKE desktop of :mod:`tests.desktop` (the hardware boundary); every process is real."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.desktop import MIB, STANDIN, desktop
+from tests.fakes import FakeNVML
+from tuner.core.errors import MachineBusyError
+from tuner.machine import processes, quiet
+
+pytestmark = pytest.mark.fast
+
+
+def test_a_desktop_driving_its_monitor_is_quiet_and_its_display_is_named(tmp_path):
+    with desktop(tmp_path) as d:
+        seen = processes.observe(interval_s=0.3, nvml=d.nvml())
+        assert seen.gpu == () and not seen.busy, seen.describe()
+        xorg = d.pids["Xorg"]
+        assert f"Xorg pid {xorg} (412 MiB)" in seen.residents and len(seen.residents) == 3
+        t0 = time.monotonic()
+        with quiet.claim_machine("bench", wait_s=0, nvml=d.nvml()) as claim:
+            assert claim.noise is None and len(claim.residents) == 3
+        assert time.monotonic() - t0 < 5
+
+
+def test_another_program_at_work_on_the_gpu_makes_a_run_wait_then_refuse(tmp_path):
+    with desktop(tmp_path, busy=True) as d:
+        trainer = d.pids["trainer"]
+        seen = processes.observe(interval_s=0.3, nvml=d.nvml())
+        assert seen.busy and seen.gpu == (f"trainer pid {trainer} uses the GPU (95 % SM)",), seen.gpu
+        assert all("Xorg" not in g for g in seen.gpu)  # the display is still no rival
+        with pytest.raises(MachineBusyError, match=rf"trainer pid {trainer} uses the GPU \(95 % SM\); waited 1 s"):
+            with quiet.claim_machine("bench", wait_s=1.0, nvml=d.nvml()):
+                pass
+        # Measuring the CPU on purpose (--device none): work on the GPU is no reason to wait.
+        with quiet.claim_machine("bench", wait_s=0, nvml=d.nvml(), gpu=False) as claim:
+            assert claim.noise is None
+
+
+def test_device_utilization_that_is_not_ours_is_busy_where_the_driver_has_no_per_process_samples():
+    nvml = FakeNVML([("NVIDIA GeForce RTX 3060", 12 * 2**30, 2**30)], util_pct=85, process_sm=None)
+    assert processes.observe(interval_s=0.2, nvml=nvml).gpu == ("GPU 0 is 85 % busy and none of it is ours",)
+    idle = FakeNVML([("NVIDIA GeForce RTX 3060", 12 * 2**30, 2**30)], util_pct=3, process_sm=None)
+    assert not processes.observe(interval_s=0.2, nvml=idle).busy
+
+
+def _standin(monkeypatch, scenario: Path):
+    """The fake pynvml module itself, reading ``scenario`` as a ``moe-tune`` command would."""
+    monkeypatch.setenv("MOE_TUNE_FAKE_NVML", str(scenario))
+    spec = importlib.util.spec_from_file_location("fake_pynvml", STANDIN / "pynvml.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_another_process_growing_its_vram_while_we_measure_is_seen(tmp_path, monkeypatch):
+    with desktop(tmp_path, growing=True) as d:
+        nvml = _standin(monkeypatch, d.file)
+        with quiet.Watch(interval_s=0.3, nvml=nvml) as watch:
+            time.sleep(1.2)
+        ollama = d.pids["ollama"]
+        [grew] = [g for g in watch.seen.gpu if f"ollama pid {ollama}" in g]
+        grown_mib = int(grew.split("by ")[1].split(" MiB")[0].replace(",", ""))
+        assert 300 <= grown_mib <= 1200, grew  # 400 MiB/s over a watch of about 1.2-1.8 s
+        assert watch.seen.busy and not any("Xorg" in g for g in watch.seen.gpu)
+
+
+def _short_lived_loop() -> subprocess.Popen[bytes]:
+    """A compile-like load: one short process after another, each busy for 50 ms and gone."""
+    child = "import time\nt = time.perf_counter()\nwhile time.perf_counter() - t < 0.05: pass"
+    return subprocess.Popen(["sh", "-c", f'while :; do "{sys.executable}" -S -c "{child}"; done'])
+
+
+def test_a_loop_of_short_lived_processes_is_seen(monkeypatch):
+    loop = _short_lived_loop()
+    try:
+        time.sleep(0.5)
+        # The loop takes up to a core (less when other programs share the cores): what counts is that it is seen
+        # at all, though no process of it lives through the window (summing the processes seen at both ends of
+        # the window, as this check did before, saw only the shell's own fork time, ~0.02 cores).
+        scoped = processes.observe(interval_s=1.5, gpu=False)
+        assert scoped.cpu_cores >= 0.3, scoped
+        monkeypatch.delenv(processes.SCOPE_ENV, raising=False)  # the whole machine, minus our own tree
+        whole = processes.observe(interval_s=1.5, gpu=False)
+        assert whole.cpu_cores >= 0.3, whole
+    finally:
+        loop.kill()
+        loop.wait()
+
+
+def test_the_cpu_limit_is_judged_against_the_cores_the_trial_uses():
+    physical = psutil.cpu_count(logical=False) or psutil.cpu_count() or 1
+    assert processes.cpu_limit_cores() == 0.5  # llama.cpp's default uses every physical core
+    assert processes.cpu_limit_cores(physical) == 0.5
+    assert processes.cpu_limit_cores(1) == pytest.approx(0.5 + 0.5 * (physical - 1))
+
+
+def test_one_lock_per_machine_whatever_the_cache_folder(monkeypatch, tmp_path):
+    monkeypatch.delenv(processes.SCOPE_ENV, raising=False)
+    monkeypatch.setenv("MOE_TUNE_CACHE", str(tmp_path / "a"))
+    first = quiet.lock_path()
+    monkeypatch.setenv("MOE_TUNE_CACHE", str(tmp_path / "b"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "c"))
+    assert quiet.lock_path() == first == Path("/tmp/moe-tune-measuring.lock")
+
+
+def test_vram_growth_threshold_ignores_a_few_mib():
+    base = {7: 100 * MIB}
+    assert processes._grown(base, {7: ("x", 100 * MIB + processes.VRAM_GROWTH_BYTES - MIB)}) == []
+    assert processes._grown(base, {7: ("x", 100 * MIB + processes.VRAM_GROWTH_BYTES)}) == \
+        ["x pid 7 grew its VRAM by 64 MiB"]
+    assert processes._grown({}, {8: ("y", 512 * MIB)}) == ["y pid 8 took 512 MiB of VRAM"]

@@ -1,0 +1,196 @@
+"""The CUDA toolkit, wherever the distribution put it, and what the pinned CUDA build needs from it.
+
+nvcc is looked for on PATH, then in ``$CUDA_HOME/bin`` and ``$CUDA_PATH/bin``, then in ``/usr/local/cuda/bin``
+and ``/opt/cuda/bin`` (where NVIDIA's installers and the distributions put it, off PATH). The toolkit's root is
+asked of nvcc itself (``nvcc --dryrun`` prints ``TOP=``), so a wrapper script on PATH still leads to it.
+
+The pinned ``ggml/src/ggml-cuda/CMakeLists.txt`` links ``CUDA::cublas`` (and ``CUDA::cuda_driver`` unless
+``GGML_CUDA_NO_VMM``). A minimal toolkit (nvcc and cudart alone) has neither: cuBLAS then comes from NVIDIA's
+wheel on PyPI (``nvidia-cublas`` for CUDA 13, ``nvidia-cublas-cu12`` for 12), fetched with pip into the engine
+cache and copied beside the binaries (they load libraries from their own folder, ``RPATH=$ORIGIN``); without the
+driver library (``libcuda.so``, or the toolkit's stub of it) the build turns off VMM, which is the only part
+that links the driver directly. ``CMAKE_CUDA_ARCHITECTURES=native`` needs a GPU at configure time, so the
+architecture is the card's compute capability read through NVML (``MOE_TUNE_CUDA_ARCHS`` overrides it).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+from tuner.core.errors import BuildToolMissingError
+from tuner.engine import runner
+from tuner.machine import hardware, paths
+
+STANDARD_DIRS = (Path("/usr/local/cuda/bin"), Path("/opt/cuda/bin"))
+ENV_ROOTS = ("CUDA_HOME", "CUDA_PATH")
+_TOP = re.compile(r"TOP=(\S+)")
+_RELEASE = re.compile(r"release (\d+)\.(\d+)")
+
+
+@dataclass(frozen=True, slots=True)
+class Toolkit:
+    nvcc: Path
+    found_in: str  # "PATH", "CUDA_HOME", "/usr/local/cuda/bin", ...
+    root: Path
+    version: tuple[int, int]
+    lib_dirs: tuple[Path, ...]
+
+    @property
+    def version_text(self) -> str:
+        return f"{self.version[0]}.{self.version[1]}"
+
+    def library(self, stem: str) -> Path | None:
+        """``lib<stem>.so`` (or its versioned name) in the toolkit's library folders."""
+        for d in self.lib_dirs:
+            found = sorted(d.glob(f"lib{stem}.so*"))
+            if found:
+                return found[0]
+        return None
+
+    def describe(self) -> str:
+        return f"nvcc {self.version_text} at {self.nvcc} (found in {self.found_in})"
+
+
+def nvcc_candidates() -> list[tuple[Path, str]]:
+    """Every place nvcc may be, in the order they are tried."""
+    out: list[tuple[Path, str]] = []
+    on_path = shutil.which("nvcc")
+    if on_path:
+        out.append((Path(on_path), "PATH"))
+    for var in ENV_ROOTS:
+        root = os.environ.get(var)
+        if root:
+            out.append((Path(root).expanduser() / "bin" / "nvcc", var))
+    out += [(d / "nvcc", str(d)) for d in STANDARD_DIRS]
+    return out
+
+
+def looked_in() -> str:
+    return "PATH, " + ", ".join(f"${v}/bin" for v in ENV_ROOTS) + ", " + ", ".join(str(d) for d in STANDARD_DIRS)
+
+
+@cache
+def find_toolkit() -> Toolkit | None:
+    """The first working nvcc and its toolkit, or None."""
+    for nvcc, where in nvcc_candidates():
+        if not (nvcc.is_file() and os.access(nvcc, os.X_OK)):
+            continue
+        toolkit = _ask(nvcc, where)
+        if toolkit is not None:
+            return toolkit
+    return None
+
+
+def _ask(nvcc: Path, where: str) -> Toolkit | None:
+    version = runner.run_process([str(nvcc), "--version"], timeout_s=60, what="nvcc --version",
+                                 fix="reinstall the CUDA toolkit", check=False)
+    release = _RELEASE.search(version.stdout)
+    if version.returncode != 0 or release is None:
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        probe = Path(tmp) / "probe.cu"
+        probe.write_text("int main() { return 0; }\n")
+        dry = runner.run_process([str(nvcc), "--dryrun", "-c", str(probe)], timeout_s=60, what="nvcc --dryrun",
+                                 fix="reinstall the CUDA toolkit", check=False)
+    top = _TOP.search(dry.stdout + "\n" + dry.stderr_tail)
+    root = Path(top.group(1)).resolve() if top else nvcc.resolve().parent.parent
+    libs = [root / "lib64", root / "lib", *sorted((root / "targets").glob("*/lib"))]
+    return Toolkit(nvcc, where, root, (int(release.group(1)), int(release.group(2))),
+                   tuple(d for d in libs if d.is_dir()))
+
+
+def driver_library(toolkit: Toolkit) -> Path | None:
+    """``libcuda.so`` to link VMM against: the installed driver's, or the toolkit's stub."""
+    for d in (*toolkit.lib_dirs, *(d / "stubs" for d in toolkit.lib_dirs)):
+        found = sorted(d.glob("libcuda.so*"))
+        if found:
+            return found[0]
+    for d in (Path("/usr/lib/x86_64-linux-gnu"), Path("/usr/lib64"), Path("/usr/lib")):
+        found = sorted(d.glob("libcuda.so*"))
+        if found:
+            return found[0]
+    return None
+
+
+def architectures(nvml: object = None) -> str:
+    """``CMAKE_CUDA_ARCHITECTURES`` for the card that is here: its compute capability ("86" for 8.6)."""
+    override = os.environ.get("MOE_TUNE_CUDA_ARCHS")
+    if override:
+        return override
+    cc = hardware.compute_capability(nvml)
+    if cc is None:
+        raise BuildToolMissingError(
+            "no NVIDIA GPU here to take the CUDA architecture from: set MOE_TUNE_CUDA_ARCHS to your card's compute "
+            "capability without the dot (86 for an RTX 3090, 89 for a 4090, 120 for a 5090) and retry")
+    return f"{cc[0]}{cc[1]}"
+
+
+def cublas_wheel(toolkit: Toolkit) -> str:
+    """The pip requirement for cuBLAS of this toolkit's major.minor release."""
+    major, minor = toolkit.version
+    name = "nvidia-cublas" if major >= 13 else f"nvidia-cublas-cu{major}"
+    return f"{name}>={major}.{minor},<{major}.{minor + 1}"
+
+
+def cublas_dir(toolkit: Toolkit) -> Path:
+    return paths.engine_root() / "cuda-deps" / f"cublas-{toolkit.version_text}"
+
+
+def fetch_cublas(toolkit: Toolkit) -> Path:
+    """cuBLAS headers and libraries from NVIDIA's wheel, unpacked into the engine cache; returns the folder
+    that holds ``include/`` and ``lib/``. Fetched once per toolkit release."""
+    dest = cublas_dir(toolkit)
+    have = sorted(dest.glob("**/lib/libcublas.so*"))
+    if have:
+        return have[0].parent.parent
+    wheels = dest.with_name(dest.name + ".wheels")
+    wheels.mkdir(parents=True, exist_ok=True)
+    requirement = cublas_wheel(toolkit)
+    runner.run_process([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d",
+                        str(wheels), requirement], timeout_s=1800, what=f"pip download {requirement}",
+                       fix="check that PyPI is reachable, or install cuBLAS with your CUDA toolkit")
+    for wheel in sorted(wheels.glob("*.whl")):
+        with zipfile.ZipFile(wheel) as zf:
+            zf.extractall(dest)
+    shutil.rmtree(wheels, ignore_errors=True)
+    have = sorted(dest.glob("**/lib/libcublas.so*"))
+    if not have:
+        raise BuildToolMissingError(f"{requirement} holds no libcublas: install cuBLAS with your CUDA toolkit")
+    return have[0].parent.parent
+
+
+def cmake_flags(toolkit: Toolkit, archs: str, cublas_root: Path | None, vmm: bool) -> list[str]:
+    """What the pinned CUDA build is configured with here (see the module docstring for each part)."""
+    flags = ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={archs}", f"-DCMAKE_CUDA_COMPILER={toolkit.nvcc}",
+             f"-DCUDAToolkit_ROOT={toolkit.root}"]
+    if not vmm:
+        flags.append("-DGGML_CUDA_NO_VMM=ON")
+    if cublas_root is not None:
+        libs = cublas_root / "lib"
+        lt = sorted(libs.glob("libcublasLt.so*"))
+        flags += [f"-DCUDA_cublas_LIBRARY={sorted(libs.glob('libcublas.so*'))[0]}",
+                  *([f"-DCUDA_cublasLt_LIBRARY={lt[0]}"] if lt else []),
+                  f"-DCMAKE_CUDA_FLAGS=-I{cublas_root / 'include'}", f"-DCMAKE_CXX_FLAGS=-I{cublas_root / 'include'}"]
+    return flags
+
+
+def runtime_libraries(toolkit: Toolkit, cublas_root: Path | None) -> list[Path]:
+    """Libraries the CUDA binaries load that a user's machine may lack: copied beside them at install."""
+    wanted = []
+    for stem in ("cudart", "cublas", "cublasLt"):
+        where = [cublas_root / "lib"] if cublas_root is not None and stem.startswith("cublas") else []
+        for d in (*where, *toolkit.lib_dirs):
+            found = [p for p in sorted(d.glob(f"lib{stem}.so.*")) if p.is_file()]
+            if found:
+                wanted.append(found[0])
+                break
+    return wanted
+
