@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import threading
 import time
 
@@ -154,7 +155,9 @@ def test_kill_9_of_the_tool_leaves_no_llama_process(demo_models):
 
 
 def test_a_new_run_names_llama_processes_left_by_an_earlier_one(engine_loc, demo_models, tmp_path):
-    """An orphan running our engine's llama-server (started here without the death signal, its parent gone)."""
+    """A llama-server an earlier moe-tune run left behind: started with the runner's environment (the owner mark)
+    by a process that then exits without the death signal taking it along. Known by the mark, whoever adopts it;
+    the same server started by hand (no mark) is someone else's."""
     import subprocess
 
     from tuner.machine import processes
@@ -162,15 +165,26 @@ def test_a_new_run_names_llama_processes_left_by_an_earlier_one(engine_loc, demo
     model = demo_models[("qwen3moe", "Q4_K_M")]
     argv = [*flags.server_argv(engine_loc.tool("llama-server"), LaunchConfig(model=model, ctx=256, threads=1)),
             *flags.listen_argv("127.0.0.1", runner.free_port())]
-    # A shell that starts the server in the background and exits: the server is adopted by init (ppid 1).
+    # An earlier run: a Python process that marks its children as the runner does, starts the server in the
+    # background and exits. The server outlives it, its owner gone.
     pidfile = tmp_path / "orphan.pid"
-    subprocess.run(["sh", "-c", '"$@" >/dev/null 2>&1 & echo $! > ' + str(pidfile), "sh", *argv], check=True)
+    earlier = ("import subprocess, sys\nfrom tuner.engine import runner\n"
+               "p = subprocess.Popen(sys.argv[2:], env=runner._child_env(None), stdout=subprocess.DEVNULL, "
+               "stderr=subprocess.DEVNULL, start_new_session=True)\nopen(sys.argv[1], 'w').write(str(p.pid))\n")
+    subprocess.run([sys.executable, "-c", earlier, str(pidfile), *argv], check=True)
     pid = int(pidfile.read_text())
+    hand_argv = [*flags.server_argv(engine_loc.tool("llama-server"), LaunchConfig(model=model, ctx=256, threads=1)),
+                 *flags.listen_argv("127.0.0.1", runner.free_port())]
+    by_hand = subprocess.Popen(hand_argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={
+                                   k: v for k, v in os.environ.items() if k != processes.OWNER_ENV})
     try:
         time.sleep(0.3)
         found = [p for p in processes.left_by_earlier_runs() if p.pid == pid]
-        assert found and found[0].orphan and "left by an earlier moe-tune run" in found[0].describe()
+        assert found and found[0].ours_earlier and "left by an earlier moe-tune run" in found[0].describe()
+        assert by_hand.pid not in {p.pid for p in processes.left_by_earlier_runs()}
     finally:
+        by_hand.kill()
+        by_hand.wait()
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + 3

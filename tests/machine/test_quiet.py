@@ -67,16 +67,23 @@ def test_cpu_load_of_another_process_is_seen_and_our_own_child_is_not():
             _stop(hog)
 
 
-def test_gpu_processes_of_others_are_interference():
+def test_gpu_work_of_others_is_interference_and_ours_is_not():
     from tests.fakes import FakeNVML
 
     other = _burner()
     try:
         nvml = FakeNVML(cards=[("NVIDIA GeForce RTX 3090", 24 * 2**30, 3 * 2**30)],
-                        processes=[(os.getpid(), 2**30), (other.pid, 2**31)])
+                        processes=[(os.getpid(), 2**30), (other.pid, 2**31)],
+                        process_sm={os.getpid(): 90, other.pid: 40})
         seen = processes.observe(interval_s=0.2, nvml=nvml)
         [gpu] = seen.gpu  # ours is not listed
-        assert seen.busy and gpu.endswith(f"pid {other.pid} on the GPU (2,048 MiB)"), gpu
+        assert seen.busy and gpu == f"python pid {other.pid} uses the GPU (40 % SM)" or \
+            gpu.endswith(f"pid {other.pid} uses the GPU (40 % SM)"), gpu
+        # The same context holding VRAM and running nothing is a resident, not a rival.
+        idle = FakeNVML(cards=[("NVIDIA GeForce RTX 3090", 24 * 2**30, 3 * 2**30)],
+                        processes=[(other.pid, 2**31)], process_sm={})
+        quiet_look = processes.observe(interval_s=0.2, nvml=idle)
+        assert quiet_look.gpu == () and any(f"pid {other.pid} (2,048 MiB)" in r for r in quiet_look.residents)
     finally:
         _stop(other)
 
@@ -95,7 +102,7 @@ def test_another_llama_process_makes_the_cli_wait_then_refuse(engine_loc, demo_m
     rival = _competitor(engine_loc, model)
     try:
         [seen] = processes.other_llama_processes()
-        assert seen.pid == rival.pid and seen.name == "llama-server" and not seen.orphan
+        assert seen.pid == rival.pid and seen.name == "llama-server" and not seen.ours_earlier
         t0 = time.monotonic()
         res = run_cli("bench", str(model), "--no-server", "-r", "1", "-p", "8", "-n", "8", "--busy-wait", "2s")
         assert res.returncode == 1, res.stderr

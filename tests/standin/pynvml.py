@@ -31,9 +31,10 @@ def _machine() -> FakeNVML:
         grown = int(per_s * max(0.0, time.time() - data["t0"]))
         procs = [(p, used + grown if p == pid else used) for p, used in procs]
     sm = data.get("process_sm")
+    per_process = None if sm is None else {int(k): v for k, v in sm.items()}
     return FakeNVML([tuple(c) for c in data["cards"]], driver=data.get("driver", "570.86.10"),
                     processes=procs, graphics=[tuple(p) for p in data.get("graphics", [])],
-                    util_pct=data.get("util_pct"), process_sm=None if sm is None else {int(k): v for k, v in sm.items()},
+                    util_pct=data.get("util_pct"), process_sm=per_process,
                     compute_capability=tuple(data.get("compute_capability", (8, 6))))
 
 

@@ -249,7 +249,7 @@ def backend_choice(requested: Backend) -> tuple[Backend, str]:
         return Backend.CPU, "no NVIDIA GPU found (NVML lists none)"
     if toolkit is None:
         return Backend.CPU, (f"an {gpus[0].name} is here but no CUDA toolkit (looked for nvcc in "
-                             f"{cuda_toolkit.looked_in()}): install it, or set CUDA_HOME, then run "
+                             f"{hardware.nvcc_looked_in()}): install it, or set CUDA_HOME, then run "
                              "`moe-tune engine install --backend cuda`")
     return Backend.CUDA, f"an {gpus[0].name} is here and {toolkit.describe()}"
 
@@ -311,7 +311,7 @@ def _check_build_tools(backend: Backend) -> tuple[str, str]:
         raise BuildToolMissingError("no C++ compiler found: install g++ (apt install build-essential) and retry")
     if backend is Backend.CUDA and cuda_toolkit.find_toolkit() is None:
         raise BuildToolMissingError(f"--backend cuda needs nvcc and none was found (looked in "
-                                    f"{cuda_toolkit.looked_in()}): install the CUDA toolkit, or set CUDA_HOME to "
+                                    f"{hardware.nvcc_looked_in()}): install the CUDA toolkit, or set CUDA_HOME to "
                                     "where it is, or use --backend cpu")
     if shutil.which("ninja"):
         return cmake, "Ninja"

@@ -29,8 +29,6 @@ from tuner.core.errors import BuildToolMissingError
 from tuner.engine import runner
 from tuner.machine import hardware, paths
 
-STANDARD_DIRS = (Path("/usr/local/cuda/bin"), Path("/opt/cuda/bin"))
-ENV_ROOTS = ("CUDA_HOME", "CUDA_PATH")
 _TOP = re.compile(r"TOP=(\S+)")
 _RELEASE = re.compile(r"release (\d+)\.(\d+)")
 
@@ -59,28 +57,10 @@ class Toolkit:
         return f"nvcc {self.version_text} at {self.nvcc} (found in {self.found_in})"
 
 
-def nvcc_candidates() -> list[tuple[Path, str]]:
-    """Every place nvcc may be, in the order they are tried."""
-    out: list[tuple[Path, str]] = []
-    on_path = shutil.which("nvcc")
-    if on_path:
-        out.append((Path(on_path), "PATH"))
-    for var in ENV_ROOTS:
-        root = os.environ.get(var)
-        if root:
-            out.append((Path(root).expanduser() / "bin" / "nvcc", var))
-    out += [(d / "nvcc", str(d)) for d in STANDARD_DIRS]
-    return out
-
-
-def looked_in() -> str:
-    return "PATH, " + ", ".join(f"${v}/bin" for v in ENV_ROOTS) + ", " + ", ".join(str(d) for d in STANDARD_DIRS)
-
-
 @cache
 def find_toolkit() -> Toolkit | None:
     """The first working nvcc and its toolkit, or None."""
-    for nvcc, where in nvcc_candidates():
+    for nvcc, where in hardware.nvcc_candidates():
         if not (nvcc.is_file() and os.access(nvcc, os.X_OK)):
             continue
         toolkit = _ask(nvcc, where)

@@ -15,7 +15,6 @@ import contextlib
 import hashlib
 import importlib.util
 import json
-import shutil
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager
@@ -144,9 +143,9 @@ def build_cuda_helper(nvcc: str, spawner: Spawner) -> Path:
 
 def find_method(spawner: Spawner) -> BallastMethod | None:
     """How this machine can hold VRAM: nvcc, else CuPy, else PyTorch; None when none of them is there."""
-    nvcc = shutil.which("nvcc")
+    nvcc = hardware.find_nvcc()  # on PATH, in CUDA_HOME/CUDA_PATH or where installers put it
     if nvcc:
-        return BallastMethod("nvcc", (str(build_cuda_helper(nvcc, spawner)),))
+        return BallastMethod("nvcc", (str(build_cuda_helper(str(nvcc), spawner)),))
     for module in ("cupy", "torch"):
         if importlib.util.find_spec(module) is not None:
             return BallastMethod(module, (sys.executable, "-c", PYTHON_SOURCE))

@@ -288,6 +288,32 @@ def probe_host() -> HostInfo:
     )
 
 
+NVCC_DIRS = (Path("/usr/local/cuda/bin"), Path("/opt/cuda/bin"))  # where installers put the toolkit, off PATH
+NVCC_ENV_ROOTS = ("CUDA_HOME", "CUDA_PATH")
+
+
+def nvcc_candidates() -> list[tuple[Path, str]]:
+    """Every place nvcc may be, in the order they are tried, with where each came from."""
+    out: list[tuple[Path, str]] = []
+    on_path = shutil.which("nvcc")
+    if on_path:
+        out.append((Path(on_path), "PATH"))
+    for var in NVCC_ENV_ROOTS:
+        root = os.environ.get(var)
+        if root:
+            out.append((Path(root).expanduser() / "bin" / "nvcc", var))
+    return out + [(d / "nvcc", str(d)) for d in NVCC_DIRS]
+
+
+def find_nvcc() -> Path | None:
+    """The first executable nvcc of :func:`nvcc_candidates`."""
+    return next((p for p, _ in nvcc_candidates() if p.is_file() and os.access(p, os.X_OK)), None)
+
+
+def nvcc_looked_in() -> str:
+    return "PATH, " + ", ".join(f"${v}/bin" for v in NVCC_ENV_ROOTS) + ", " + ", ".join(str(d) for d in NVCC_DIRS)
+
+
 def free_disk_bytes(path: Path) -> int:
     """Free bytes on the disk that holds ``path`` (or its nearest existing parent)."""
     probe = path
