@@ -6,6 +6,7 @@ this session's children, so the real detection sees them, and other suites on th
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -106,7 +107,9 @@ def test_another_llama_process_makes_the_cli_wait_then_refuse(engine_loc, demo_m
         t0 = time.monotonic()
         res = run_cli("bench", str(model), "--no-server", "-r", "1", "-p", "8", "-n", "8", "--busy-wait", "2s")
         assert res.returncode == 1, res.stderr
-        [line] = res.stderr.strip().splitlines()
+        # Output is not a terminal: one line when the wait starts, then the refusal.
+        started, line = res.stderr.strip().splitlines()
+        assert started.startswith(f"waiting for a quiet machine: llama-server pid {rival.pid}"), started
         assert f"llama-server pid {rival.pid}" in line and "--allow-busy" in line and "waited 2 s" in line
         assert time.monotonic() - t0 < 30
         ok = run_cli("bench", str(model), "--no-server", "-r", "1", "-p", "8", "-n", "8", "--allow-busy")
@@ -165,3 +168,25 @@ def test_verdict_leaves_out_disturbed_rounds():
     all_busy = arm("candidate-1", [2.0, 2.1, 1.9, 2.0], ["1.2 CPU cores"] * 4)
     v = finish.Finish((all_busy,), (b,)).verdict(all_busy, b)
     assert v.outcome == "undecided" and v.busy_rounds == 4 and "every round" in v.describe()
+
+
+def test_a_second_run_runs_no_engine_before_it_holds_the_machine(demo_models, tmp_path):
+    """A second auto-tune while the first measures: it waits, and while it waits nothing of the engine runs
+    (no llama-fit-params, KV pricing or demo model), so the first run's figures are not disturbed."""
+    import psutil
+
+    model = demo_models[("qwen3moe", "Q4_K_M")]
+    exe = os.path.join(os.path.dirname(sys.executable), "moe-tune")
+    with quiet.claim_machine("auto-tune"):
+        proc = subprocess.Popen([exe, "auto-tune", str(model), "--trials", "2", "--busy-wait", "4s",
+                                 "--results-dir", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, env=os.environ | {"COLUMNS": "200"})
+        spawned: set[str] = set()
+        while proc.poll() is None:
+            with contextlib.suppress(psutil.Error):
+                spawned |= {c.name() for c in psutil.Process(proc.pid).children(recursive=True)}
+            time.sleep(0.05)
+        _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 1 and "is measuring" in stderr and "waited 4 s" in stderr, stderr
+    assert not {n for n in spawned if n.startswith("llama-")}, spawned
+    assert stderr.splitlines()[0].startswith("waiting for moe-tune auto-tune"), stderr  # one line when it starts

@@ -90,10 +90,19 @@ def diagnose(llama_cpp_dir: Path | None = None, nvml: Any = None) -> DoctorRepor
     probe = hardware.probe_gpus(nvml)
     report.gpus = [asdict(g) for g in probe.gpus]
     report.gpu_note = probe.reason
+    chosen, why = build.backend_choice(build.Backend.AUTO)
+    report.engine["install_would_build"] = {"backend": chosen.value, "why": why}
     if probe.gpus and report.engine.get("backend") == "cpu":
         report.problems.append(Problem(
-            "an NVIDIA GPU is present but the engine is a CPU build",
+            f"an NVIDIA GPU is present but the engine is a CPU build (engine install: {why})",
             "run `moe-tune engine install --backend cuda` or point --llama-cpp-dir at a CUDA build",
+        ))
+    elif probe.gpus and report.engine.get("backend") == "cuda" and not any(
+            d.upper().startswith("CUDA") for d in report.engine.get("devices", [])):
+        report.problems.append(Problem(
+            "the engine is a CUDA build but lists no CUDA device (a driver older than its runtime, no driver "
+            "library, or CUDA_VISIBLE_DEVICES hiding the card)",
+            "run `llama-server --list-devices` from the engine folder to see llama.cpp's reason",
         ))
 
     host = hardware.probe_host()
