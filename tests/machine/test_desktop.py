@@ -130,3 +130,15 @@ def test_vram_growth_threshold_ignores_a_few_mib():
     assert processes._grown(base, {7: ("x", 100 * MIB + processes.VRAM_GROWTH_BYTES)}) == \
         ["x pid 7 grew its VRAM by 64 MiB"]
     assert processes._grown({}, {8: ("y", 512 * MIB)}) == ["y pid 8 took 512 MiB of VRAM"]
+
+
+def test_a_watch_is_judged_for_the_configs_it_watches():
+    from tuner.core.config import LaunchConfig
+
+    one_thread = LaunchConfig(model=Path("m.gguf"), threads=1)
+    with quiet.watch_for([one_thread]) as w:
+        time.sleep(1.3)
+    assert w.seen.cpu_limit_cores == processes.cpu_limit_cores(1)
+    with quiet.watch_for([one_thread, LaunchConfig(model=Path("m.gguf"))]) as w:  # one uses every core
+        time.sleep(1.3)
+    assert w.seen.cpu_limit_cores == 0.5

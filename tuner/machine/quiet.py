@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from tuner.core.config import LaunchConfig
 from tuner.core.errors import MachineBusyError
 from tuner.machine.processes import Interference, observe, scope_root
 
@@ -160,3 +161,11 @@ class Watch:
     def noise(self) -> str | None:
         """What interfered, in words; None when the machine stayed quiet."""
         return self._seen.describe() if self._seen.busy else None
+
+
+def watch_for(cfgs: Collection[LaunchConfig], own: Callable[[], Collection[int]] = frozenset) -> Watch:
+    """A watch judged for these configs: against the most cores any of them uses (llama.cpp's default, every
+    physical core, when one leaves ``-t`` unset), and blind to the GPU when all of them run with ``-dev none``."""
+    threads = [c.threads for c in cfgs]
+    return Watch(own=own, gpu=any(c.device != "none" for c in cfgs),
+                 threads=None if not threads or None in threads else max(t for t in threads if t is not None))

@@ -338,7 +338,7 @@ def finish(loc: EngineLocation, candidates: Sequence[tuple[int, LaunchConfig]],
                 on_step(f"round {r + 1}: llama-server {label} ({flags.launch_line(cfg)})")
             roof = roofline_of(cfg) if roofline_of else None
             concurrency = cfg.parallel or 1
-            with quiet.Watch(own=runner.own_pids) as watch:
+            with quiet.watch_for([cfg], runner.own_pids) as watch:
                 try:
                     runs[label].append(bench.run_server_trial(loc, cfg, replace(sent, concurrency=concurrency),
                                                               log_dir=log_dir, caps=caps, roofline_tok_s=roof,

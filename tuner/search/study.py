@@ -426,7 +426,7 @@ def run_search(
                     report(trial)
             if pending:
                 reps = repetitions_now(records(study), measure)
-                with quiet.Watch(own=runner.own_pids) as watch:  # what else ran is kept with the figures
+                with quiet.watch_for([c for _, c in pending], runner.own_pids) as watch:  # kept with the figures
                     results = bench.run_bench_many(loc, [c for _, c in pending], n_prompt=measure.n_prompt,
                                                    n_gen=measure.n_gen, depth=measure.prompt_depth,
                                                    gen_depth=measure.gen_depth, repetitions=reps,
