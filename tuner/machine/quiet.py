@@ -25,7 +25,7 @@ from typing import IO
 
 from tuner.core.config import LaunchConfig
 from tuner.core.errors import MachineBusyError
-from tuner.machine.processes import Interference, observe, scope_root
+from tuner.machine.processes import Interference, cpu_limit_cores, observe, scope_root
 
 POLL_S = 0.5
 DEFAULT_WAIT_S = 600.0
@@ -133,7 +133,7 @@ class Watch:
         self._threads = threads
         self._vram_base: dict[int, int] | None = None  # others' VRAM when the watch began
         self._stop = threading.Event()
-        self._seen = Interference()
+        self._seen = Interference(cpu_limit_cores=cpu_limit_cores(threads))
         self._thread = threading.Thread(target=self._loop, name="moe-tune-watch", daemon=True)
 
     def _loop(self) -> None:
