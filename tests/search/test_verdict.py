@@ -6,6 +6,7 @@ import math
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -16,14 +17,45 @@ from tuner.search import finish, verdict
 
 def test_t_quantiles_and_the_interval():
     assert verdict.t95(1) == 6.314 and verdict.t95(10) == 1.812
-    assert verdict.t95(30) == pytest.approx(1.697, abs=0.01) and verdict.t95(0) == math.inf
+    assert verdict.t95(30) == pytest.approx(1.697, abs=0.002) and verdict.t95(0) == math.inf
+    # The verdict's two-sided 99 % quantiles (published t tables), beyond the table within 0.5 %.
+    assert verdict.t995(2) == 9.925 and verdict.t995(20) == 2.845 and verdict.t995(0) == math.inf
+    assert verdict.t995(30) == pytest.approx(2.750, rel=0.005) and verdict.t995(60) == pytest.approx(2.660, rel=0.005)
     v = verdict.compare("a", "b", [2.0, 2.1, 1.9, 2.0], [1.0, 1.0, 1.0, 1.0])
-    assert v.outcome == "better" and v.ratio == pytest.approx(2.0) and 1.8 < v.low < 2.0 < v.high < 2.2
+    # log-ratios: mean 0.69252, SD 0.040865; half width t995(3) * SD / 2 = 0.11935
+    assert v.outcome == "better" and v.ratio == pytest.approx(2.0) and v.confidence_pct == 99.0
+    assert v.low == pytest.approx(math.exp(0.69252 - 0.11935), rel=1e-4)
+    assert v.high == pytest.approx(math.exp(0.69252 + 0.11935), rel=1e-4)
     assert verdict.compare("b", "a", [1.0] * 4, [2.0, 2.1, 1.9, 2.0]).outcome == "worse"
     one = verdict.compare("a", "b", [3.0], [1.0])
     assert one.outcome == "undecided" and one.rounds == 1  # one round says nothing about the noise
     skipped = verdict.compare("a", "b", [2.0, None, 2.0], [1.0, 1.0, None])
     assert skipped.rounds == 1
+
+
+def _m(label: str, scores: list[float | None]) -> finish.ServerMeasurement:
+    ok = [x for x in scores if x is not None]
+    return finish.ServerMeasurement(label, {"model": "m.gguf"}, f"llama-server -m m.gguf # {label}", [],
+                                    max(ok) if ok else None, [], None, None, None, None, scores=scores)
+
+
+def test_a_verdict_always_needs_three_rounds():
+    """Two rounds that happen to agree make a razor-thin interval: never a verdict, disturbed rounds or not."""
+    two = verdict.compare("a", "b", [1.10, 1.101], [1.0, 1.0])
+    assert two.rounds == 2 and two.low > 1.0 and two.outcome == "undecided"
+    three = verdict.compare("a", "b", [1.10, 1.101, 1.099], [1.0, 1.0, 1.0])
+    assert three.rounds == 3 and three.outcome == "better"
+    # The finish's verdict on two quiet rounds of three (one left out as disturbed) is undecided too, and on
+    # three quiet rounds it decides.
+    fast = _m("candidate-1", [1.10, 1.101, 1.099])
+    slow = _m("default", [1.0, 1.0, 1.0])
+    done = finish.Finish((fast,), (slow,), 16, 16)
+    assert done.verdict(fast, slow).outcome == "better"
+    disturbed = replace(fast, interference=[None, "2 other processes", None])
+    v = done.verdict(disturbed, slow)
+    assert v.rounds == 2 and v.busy_rounds == 1 and v.outcome == "undecided"
+    quiet = replace(fast, scores=[*fast.scores[:2], None, 1.102], interference=[])
+    assert done.verdict(quiet, replace(slow, scores=[1.0] * 4)).outcome == "better"
     assert verdict.Verdict.from_dict(v.to_dict()) == v
 
 
