@@ -111,3 +111,34 @@ def test_a_noisy_arm_is_measured_again_and_left_undecided(engine_loc, demo_model
         assert "busy machine left out" in v.describe() or "every round was measured on a busy machine" in v.describe()
     else:
         assert v.noise_pct > 5 and "noise" in v.describe()
+
+
+AA_ROUNDS = 24  # interleaved rounds of the same config against itself (48 server launches, ~1-2 min here)
+
+
+@pytest.mark.slow
+def test_a_config_against_itself_is_undecided_in_95_percent_of_finishes(engine_loc, demo_models, tmp_path):
+    """The A/A test: one config as both arms of the finish, measured on the real engine as the finish does
+    (interleaved rounds, a fresh llama-server each, the machine watched). Every 3-round and every 4-round
+    stretch of those rounds is one finish of the default length (Rounds(3, 4)); the finish's verdict on each
+    must be "undecided" at least 95 times in 100: noise alone must not name a winner."""
+    model = demo_models[("qwen3moe", "Q4_K_M")]
+    cfg = LaunchConfig(model=model, ctx=512, parallel=1, threads=2)
+    load = Workload(WorkloadKind.CUSTOM, 32, 16, rounds=1)
+    done = finish.finish(engine_loc, [(0, cfg)], [("default", cfg)], load, log_dir=tmp_path,
+                         rounds=finish.Rounds(min=AA_ROUNDS, max=AA_ROUNDS))
+    [a], [b] = done.candidates, done.baselines
+    assert len(a.scores) == len(b.scores) == AA_ROUNDS and all(a.scores) and all(b.scores)
+
+    def stretch(m: finish.ServerMeasurement, start: int, n: int) -> finish.ServerMeasurement:
+        return replace(m, scores=m.scores[start:start + n], interference=m.interference[start:start + n])
+
+    verdicts = [done.verdict(stretch(a, i, n), stretch(b, i, n))
+                for n in (3, 4) for i in range(AA_ROUNDS - n + 1)]
+    decided = [v for v in verdicts if v.outcome != verdict.UNDECIDED]
+    assert len(verdicts) == 2 * AA_ROUNDS - 5
+    assert len(decided) <= 0.05 * len(verdicts), [v.describe() for v in decided]
+    # Not vacuous: most stretches were judged on three quiet rounds or more (a round measured while the machine
+    # was busy is left out and decides nothing), and the noise they saw is the machine's, not zero.
+    judged = [v for v in verdicts if v.rounds >= verdict.MIN_ROUNDS]
+    assert len(judged) >= 0.8 * len(verdicts) and all(v.noise_pct > 0 for v in judged)
