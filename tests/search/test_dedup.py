@@ -64,12 +64,12 @@ def test_a_repeated_config_is_named_and_an_untried_one_offered(demo_models, tmp_
 
 
 def test_repeats_of_refused_configs_are_told_with_the_refusal_and_never_launched(demo_models, tmp_path):
-    """Nothing fits a machine with 64 MiB of RAM: the memory gate refuses every config of a 4-config space. The
+    """Nothing fits a machine with 1 MiB of RAM: the memory gate refuses every config of a 4-config space. The
     sampler repeats itself; each repeat is told FAIL as a duplicate carrying its original's violated constraints,
     so no repeat of an infeasible config reaches the sampler, or a reader of the storage, as a feasible point.
     The engine folder is empty: a launch would fail the run."""
     info, sp = _small_space(demo_models[("qwen3moe", "Q4_K_M")])
-    tiny = replace(CPU_2, ram_total_bytes=64 * 2**20, ram_available_bytes=64 * 2**20)
+    tiny = replace(CPU_2, ram_total_bytes=2**20, ram_available_bytes=2**20)
     st = study.open_study("refused", study.default_storage(tmp_path), study.Objective(), seed=3)
     out = study.run_search(st, sp, info, tiny, build.EngineLocation(tmp_path, "option"),
                            budget=study.Budget(trials=12), measure=TINY)
@@ -91,11 +91,11 @@ def test_repeats_of_refused_configs_are_told_with_the_refusal_and_never_launched
     assert all(r.status == "infeasible" for r in study.records(st))  # repeats are not records
 
 
-def _stored(st, sp, cfg, *, status: str | None, worker: str, value: float | None = None) -> int:
+def _stored(st, sp, cfg, *, status: str | None, worker: str, value: float | None = None) -> optuna.Trial:
     """A trial of ``cfg`` as another run left it: told with ``status``, or RUNNING (status None)."""
     st.enqueue_trial(space.params_of(sp, cfg))
     trial = st.ask()
-    assert space.make_config(sp, trial.params) == cfg
+    assert space.suggest(trial, sp) == cfg
     trial.set_user_attr("config", study.config_to_dict(cfg))
     trial.set_user_attr("worker", worker)
     if status == "measured":
@@ -103,7 +103,7 @@ def _stored(st, sp, cfg, *, status: str | None, worker: str, value: float | None
         st.tell(trial, value)
     elif status is not None:
         study.tell_status(st, trial, status, state=TrialState.FAIL)
-    return trial.number
+    return trial
 
 
 def test_interrupted_and_orphaned_trials_are_measured_again(demo_models, tmp_path):
@@ -131,7 +131,7 @@ def test_interrupted_and_orphaned_trials_are_measured_again(demo_models, tmp_pat
     measured = [r for r in study.records(st) if r.status == "measured"]
     assert {dedup.key(study.config_from_dict(r.config)) for r in measured} == {dedup.key(x) for x in c[:3]}
     assert out.trials_this_run == 2 and out.exhausted  # c[3] is still someone's: nothing else to try
-    study.tell_status(st, st.get_trials(deepcopy=False)[live], "interrupted", state=TrialState.FAIL)
+    study.tell_status(st, live, "interrupted", state=TrialState.FAIL)
 
 
 def test_a_shared_study_dedups_across_model_folders(demo_models, tmp_path):
