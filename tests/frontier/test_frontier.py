@@ -8,6 +8,7 @@ import random
 from dataclasses import replace
 
 import pytest
+from optuna.trial import TrialState
 
 from tests.fakes import FakeFrontierRunner
 from tuner.catalog.cards import find_card
@@ -222,7 +223,8 @@ def test_report_table_and_where_a_single_winner_sits(tmp_path):
 
 
 def test_a_small_space_is_covered_in_as_many_trials_as_it_has_configs(model, tmp_path):
-    """The sampler's repeats cost nothing: told PRUNED as duplicates; an untried config is enqueued instead."""
+    """The sampler's repeats cost nothing: told FAIL as duplicates, with their original's constraints (search.dedup,
+    the single-winner study's mechanism too); an untried config is enqueued instead."""
     runner = FakeFrontierRunner()
     load = preset(WorkloadKind.CHAT, 128, 32)
     info = inspect_model(model)
@@ -237,3 +239,8 @@ def test_a_small_space_is_covered_in_as_many_trials_as_it_has_configs(model, tmp
     assert out.trials_this_run == 9 and not out.interrupted
     statuses = [t.user_attrs["status"] for t in st.trials]
     assert statuses.count("measured") == 9 and set(statuses) <= {"measured", "duplicate"}
+    repeats = [t for t in st.trials if t.user_attrs["status"] == "duplicate"]
+    for t in repeats:
+        first = st.trials[t.user_attrs["duplicate_of"]]
+        assert t.state == TrialState.FAIL and t.params == first.params
+        assert t.user_attrs[study.CONSTRAINTS_ATTR] == first.user_attrs[study.CONSTRAINTS_ATTR]

@@ -4,6 +4,7 @@ real PostgreSQL server (started here from the `pgserver` wheel of the dev extra)
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -23,7 +24,7 @@ from optuna.trial import TrialState
 
 from tests.conftest import run_cli
 from tuner.core.errors import StudyError
-from tuner.search import study
+from tuner.search import dedup, study
 
 pytestmark = pytest.mark.slow  # a real PostgreSQL server and several tuner processes
 TRIALS_EACH = 3
@@ -82,10 +83,20 @@ def _tune(model: Path, url: str, out: Path, trials: int, seed: int):
                    "--storage", url, "--results-dir", str(out), "--seed", str(seed), timeout=300)
 
 
+def _copy(model: Path, folder: Path) -> Path:
+    """The same model file in another folder, as a second machine would hold it."""
+    folder.mkdir()
+    os.link(model, folder / model.name)
+    return folder / model.name
+
+
 def test_two_tuners_share_one_postgres_study_and_a_third_resumes_it(demo_models, tmp_path, postgres_url):
-    model = demo_models[("qwen3moe", "Q4_K_M")]
+    src = demo_models[("qwen3moe", "Q4_K_M")]
+    # Each worker holds the model in a folder of its own: the study (named by the model's name and size) and the
+    # dedup (configs compared by the model's file name) are still one.
+    models = {i: _copy(src, tmp_path / f"models{i}") for i in (1, 2, 3)}
     with ThreadPoolExecutor(2) as pool:  # both processes start together and work on the study at the same time
-        runs = list(pool.map(lambda i: _tune(model, postgres_url, tmp_path / f"r{i}", TRIALS_EACH, i), (1, 2)))
+        runs = list(pool.map(lambda i: _tune(models[i], postgres_url, tmp_path / f"r{i}", TRIALS_EACH, i), (1, 2)))
     for run in runs:
         assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr
         assert f"trials stored ({TRIALS_EACH} this run) in postgresql+psycopg2://" in run.stdout
@@ -97,8 +108,10 @@ def test_two_tuners_share_one_postgres_study_and_a_third_resumes_it(demo_models,
     st = optuna.load_study(study_name=summary.study_name, storage=postgres_url)
     recs = study.records(st)
     assert len(recs) == 2 * TRIALS_EACH
+    # The configs measured across both workers are distinct (settings alike, model folders aside).
+    assert len({dedup.key(study.config_from_dict(r.config)) for r in recs}) == len(recs)
+    assert {Path(r.config["model"]).parent.name for r in recs} == {"models1", "models2"}
     numbers = {r.number for r in recs}
-    assert len(numbers) == len(recs)  # unique
     # A number missing from the records is a sampler's repeat, skipped unmeasured (tuner.search.dedup).
     skipped = [t for t in st.trials if t.number not in numbers]
     assert all(t.user_attrs.get("status") == "duplicate" and t.user_attrs["duplicate_of"] in numbers
@@ -118,10 +131,11 @@ def test_two_tuners_share_one_postgres_study_and_a_third_resumes_it(demo_models,
         assert {c["trial_number"] for c in result["finish"]["candidates"]} <= set(range(2 * TRIALS_EACH))
 
     # A third run resumes the shared study: the trial count continues from both.
-    third = _tune(model, postgres_url, tmp_path / "r3", 2, 3)
+    third = _tune(models[3], postgres_url, tmp_path / "r3", 2, 3)
     assert third.returncode == 0, third.stderr
     assert f"{2 * TRIALS_EACH + 2} trials stored (2 this run)" in third.stdout
     recs = study.records(optuna.load_study(study_name=summary.study_name, storage=postgres_url))
-    assert len(recs) == 2 * TRIALS_EACH + 2 and len({r.number for r in recs}) == len(recs)  # repeats skipped
+    assert len(recs) == 2 * TRIALS_EACH + 2
+    assert len({dedup.key(study.config_from_dict(r.config)) for r in recs}) == len(recs)  # none measured twice
     assert len({r.worker for r in recs}) == 3 and len(optuna.get_all_study_summaries(postgres_url)) == 1
 

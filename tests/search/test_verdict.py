@@ -2,28 +2,63 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 import pytest
 
 from tuner.core.config import LaunchConfig
+from tuner.engine import flags, runner
+from tuner.measure import workload
 from tuner.measure.workload import Workload, WorkloadKind
 from tuner.search import finish, verdict
 
 
 def test_t_quantiles_and_the_interval():
     assert verdict.t95(1) == 6.314 and verdict.t95(10) == 1.812
-    assert verdict.t95(30) == pytest.approx(1.697, abs=0.01) and verdict.t95(0) == math.inf
+    assert verdict.t95(30) == pytest.approx(1.697, abs=0.002) and verdict.t95(0) == math.inf
+    # The verdict's two-sided 99 % quantiles (published t tables), beyond the table within 0.5 %.
+    assert verdict.t995(2) == 9.925 and verdict.t995(20) == 2.845 and verdict.t995(0) == math.inf
+    assert verdict.t995(30) == pytest.approx(2.750, rel=0.005) and verdict.t995(60) == pytest.approx(2.660, rel=0.005)
     v = verdict.compare("a", "b", [2.0, 2.1, 1.9, 2.0], [1.0, 1.0, 1.0, 1.0])
-    assert v.outcome == "better" and v.ratio == pytest.approx(2.0) and 1.8 < v.low < 2.0 < v.high < 2.2
+    # log-ratios: mean 0.69252, SD 0.040865; half width t995(3) * SD / 2 = 0.11935
+    assert v.outcome == "better" and v.ratio == pytest.approx(2.0) and v.confidence_pct == 99.0
+    assert v.low == pytest.approx(math.exp(0.69252 - 0.11935), rel=1e-4)
+    assert v.high == pytest.approx(math.exp(0.69252 + 0.11935), rel=1e-4)
     assert verdict.compare("b", "a", [1.0] * 4, [2.0, 2.1, 1.9, 2.0]).outcome == "worse"
     one = verdict.compare("a", "b", [3.0], [1.0])
     assert one.outcome == "undecided" and one.rounds == 1  # one round says nothing about the noise
     skipped = verdict.compare("a", "b", [2.0, None, 2.0], [1.0, 1.0, None])
     assert skipped.rounds == 1
+
+
+def _m(label: str, scores: list[float | None]) -> finish.ServerMeasurement:
+    ok = [x for x in scores if x is not None]
+    return finish.ServerMeasurement(label, {"model": "m.gguf"}, f"llama-server -m m.gguf # {label}", [],
+                                    max(ok) if ok else None, [], None, None, None, None, scores=scores)
+
+
+def test_a_verdict_always_needs_three_rounds():
+    """Two rounds that happen to agree make a razor-thin interval: never a verdict, disturbed rounds or not."""
+    two = verdict.compare("a", "b", [1.10, 1.101], [1.0, 1.0])
+    assert two.rounds == 2 and two.low > 1.0 and two.outcome == "undecided"
+    three = verdict.compare("a", "b", [1.10, 1.101, 1.099], [1.0, 1.0, 1.0])
+    assert three.rounds == 3 and three.outcome == "better"
+    # The finish's verdict on two quiet rounds of three (one left out as disturbed) is undecided too, and on
+    # three quiet rounds it decides.
+    fast = _m("candidate-1", [1.10, 1.101, 1.099])
+    slow = _m("default", [1.0, 1.0, 1.0])
+    done = finish.Finish((fast,), (slow,), 16, 16)
+    assert done.verdict(fast, slow).outcome == "better"
+    disturbed = replace(fast, interference=[None, "2 other processes", None])
+    v = done.verdict(disturbed, slow)
+    assert v.rounds == 2 and v.busy_rounds == 1 and v.outcome == "undecided"
+    quiet = replace(fast, scores=[*fast.scores[:2], None, 1.102], interference=[])
+    assert done.verdict(quiet, replace(slow, scores=[1.0] * 4)).outcome == "better"
     assert verdict.Verdict.from_dict(v.to_dict()) == v
 
 
@@ -79,3 +114,37 @@ def test_a_noisy_arm_is_measured_again_and_left_undecided(engine_loc, demo_model
         assert "busy machine left out" in v.describe() or "every round was measured on a busy machine" in v.describe()
     else:
         assert v.noise_pct > 5 and "noise" in v.describe()
+
+
+AA_ROUNDS = 24  # rounds of the same config against itself: 48 requests, 1-2 minutes on this loaded 2-core machine
+
+
+@pytest.mark.slow
+def test_a_config_against_itself_is_undecided_in_95_percent_of_finishes(engine_loc, demo_models, tmp_path):
+    """The A/A test: one config as both arms, on the real engine. Arms "a" and "b" are the same llama-server; each
+    round sends one request for each, the order alternating, scored as the finish scores a round
+    (:func:`tuner.search.finish.round_score`). Any 3 of those rounds, or any 4, in their order, make one finish of
+    the default length (Rounds(3, 4)): 2,024 + 10,626 finishes from 24 rounds. The finish's verdict must be
+    "undecided" in at least 95 of 100: noise alone must not name a winner. (One server rather than a launch per
+    round, and no rounds left out as disturbed, keep it to a minute or two: launch-to-launch spread and a busy
+    machine add to the noise of a round; they do not change the rule judged here.)"""
+    model = demo_models[("qwen3moe", "Q4_K_M")]
+    cfg = LaunchConfig(model=model, ctx=512, parallel=1, threads=2)
+    load = Workload(WorkloadKind.CUSTOM, 16, 4, rounds=1)
+    runs: dict[str, list[float | None]] = {"a": [], "b": []}
+    with runner.serve(flags.server_argv(engine_loc.tool("llama-server"), cfg), log_dir=tmp_path) as server:
+        prompts = workload.prompt_windows(server.tokenize, load.prompt_tokens, 2 * AA_ROUNDS)
+        workload.warm_up(server, 60)
+        for r in range(AA_ROUNDS):
+            for i, arm in enumerate(("a", "b") if r % 2 == 0 else ("b", "a")):
+                level = workload.run_level(server, load, 1, [prompts[2 * r + i]], timeout_s=60)
+                runs[arm].append(finish.round_score([level], load))
+    assert all(runs["a"]) and all(runs["b"])
+
+    # The finish's verdict on quiet rounds is verdict.compare of the per-round scores (Finish.verdict).
+    verdicts = [verdict.compare("a", "b", [runs["a"][i] for i in rounds], [runs["b"][i] for i in rounds])
+                for n in (3, 4) for rounds in itertools.combinations(range(AA_ROUNDS), n)]
+    decided = [v for v in verdicts if v.outcome != verdict.UNDECIDED]
+    assert len(verdicts) == 2024 + 10626 and {v.rounds for v in verdicts} == {3, 4}
+    assert len(decided) <= 0.05 * len(verdicts), f"{len(decided)} of {len(verdicts)}: {decided[0].describe()}"
+    assert all(v.noise_pct > 0 for v in verdicts)  # real rounds: the machine's noise, not zero

@@ -21,7 +21,6 @@ measured trials): no hand-made Pareto code.
 from __future__ import annotations
 
 import hashlib
-import random
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -40,11 +39,11 @@ from tuner.measure import failures
 from tuner.measure.workload import Workload
 from tuner.models.gguf_reader import ModelInfo
 from tuner.quality.kv_price import KvPrice
-from tuner.search import space, study
+from tuner.search import dedup, space, study
+from tuner.search.interrupt import sigterm_as_ctrl_c
 
 LADDER_STEPS = 4  # contexts on the ladder from --min-ctx to the model's trained context
 TRIALS_PER_POINT = 3  # default budget: this many trials per (context, slot count) of the space
-DUPLICATE_TRIES = 3  # proposals of tried configs in a row before an untried one is enqueued
 CTX_SHORT = "ctx_short_tokens"  # constraint: tokens one request lacks in its slot (<= 0: it fits)
 
 
@@ -239,6 +238,7 @@ def enqueue_seeds(st: optuna.Study, fs: FrontierSpace, seeds: Sequence[tuple[str
     return len(seeds)
 
 
+@sigterm_as_ctrl_c()  # a run stopped by SIGTERM tells its trials as Ctrl-C does
 def run_frontier(st: optuna.Study, fs: FrontierSpace, info: ModelInfo, hw: Hardware, load: Workload,
                  measure: MeasureFn, *, budget: study.Budget, axes: Axes,
                  kld_of: Callable[[LaunchConfig], KvPrice | None] | None = None,
@@ -249,8 +249,7 @@ def run_frontier(st: optuna.Study, fs: FrontierSpace, info: ModelInfo, hw: Hardw
     start, done = time.monotonic(), 0
     st.set_user_attr("frontier_space", fs.describe())
     pending: list[tuple[optuna.Trial, Plan]] = []
-    seen = {study.config_from_dict(t.user_attrs["config"]) for t in st.get_trials(deepcopy=False)
-            if t.user_attrs.get("status") in ("measured", "infeasible", "failed")}
+    seen = study.seen_of(st, lambda: iter_configs(fs), lambda cfg: params_of(fs, cfg))
 
     def told(trial: optuna.Trial) -> None:
         nonlocal done
@@ -264,6 +263,7 @@ def run_frontier(st: optuna.Study, fs: FrontierSpace, info: ModelInfo, hw: Hardw
                 budget.time_s is None or time.monotonic() - start < budget.time_s):
             want = batch_trials if budget.trials is None else min(batch_trials, budget.trials - done)
             asked: tuple[optuna.Trial, LaunchConfig] | None = None
+            study.hold(st, seen)  # a shared study holds other workers' trials too
             for _ in range(want):
                 asked = _ask_new(st, fs, seen)
                 if asked is None:
@@ -287,7 +287,7 @@ def run_frontier(st: optuna.Study, fs: FrontierSpace, info: ModelInfo, hw: Hardw
                     study.tell_status(st, trial, "infeasible", state=TrialState.PRUNED)
                     pending.pop()
                     told(trial)
-            if not pending and asked is None:
+            if not pending and asked is None and seen.exhausted:
                 break  # every config of the space has been tried
             if pending:
                 results = measure([p for _, p in pending])
@@ -306,30 +306,10 @@ def run_frontier(st: optuna.Study, fs: FrontierSpace, info: ModelInfo, hw: Hardw
     return study.SearchOutcome(st.study_name, done, False, time.monotonic() - start)
 
 
-def _ask_new(st: optuna.Study, fs: FrontierSpace, seen: set[LaunchConfig]
-             ) -> tuple[optuna.Trial, LaunchConfig] | None:
-    """A trial whose config this study has not tried yet (None when it has tried them all).
-
-    A proposal of a config already tried is told PRUNED with status ``duplicate`` (it costs nothing and counts
-    for no budget); after a few in a row, a config nobody has tried is enqueued instead, so a small space is
-    covered in as many trials as it has configs.
-    """
-    for _ in range(DUPLICATE_TRIES):
-        trial = st.ask()
-        cfg = suggest(trial, fs)
-        if cfg not in seen:
-            seen.add(cfg)
-            return trial, cfg
-        study.tell_status(st, trial, "duplicate", state=TrialState.PRUNED)
-    left = [c for c in iter_configs(fs) if c not in seen]
-    if not left:
-        return None
-    pick = random.Random(len(st.trials)).choice(left)
-    st.enqueue_trial(params_of(fs, pick), user_attrs={"seed": "untried"}, skip_if_exists=False)
-    trial = st.ask()
-    cfg = suggest(trial, fs)
-    seen.add(cfg)
-    return trial, cfg
+def _ask_new(st: optuna.Study, fs: FrontierSpace, seen: dedup.Seen) -> tuple[optuna.Trial, LaunchConfig] | None:
+    """A trial whose config this study does not hold yet (None when it holds them all): the search's one
+    duplicate mechanism (:mod:`tuner.search.dedup`), repeats told with their original's constraints."""
+    return seen.ask(st, lambda t: suggest(t, fs), lambda t, first: study.tell_duplicate(st, t, first))
 
 
 def _tell_measured(st: optuna.Study, trial: optuna.Trial, plan: Plan, res: Measured, axes: Axes) -> None:

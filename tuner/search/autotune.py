@@ -24,6 +24,7 @@ from tuner.quality import kv_price
 from tuner.quality.kv_price import KvPrice
 from tuner.search import finish, space, speculation, study
 from tuner.search import result as study_result
+from tuner.search.interrupt import sigterm_as_ctrl_c
 
 DEFAULT_CTX = 4096
 DEFAULT_TRIALS = 10  # the CLI's default too: one number
@@ -108,6 +109,7 @@ def kv_pricer(loc: build.EngineLocation, req: TuneRequest, st: Any, on_step: Cal
     return kld_of
 
 
+@sigterm_as_ctrl_c()  # a run stopped by SIGTERM tells its trials as Ctrl-C does
 def auto_tune(req: TuneRequest, loc: build.EngineLocation, hw: Hardware, *,
               on_progress: Callable[[study.Progress], None] | None = None,
               on_step: Callable[[str], None] | None = None) -> TuneResult:
@@ -178,7 +180,7 @@ def auto_tune(req: TuneRequest, loc: build.EngineLocation, hw: Hardware, *,
     # measured once, under the baseline's simpler launch line. Concurrent workloads keep their best candidate,
     # whose slot counts the finish measures.
     same_as_baseline = [cfg for _, cfg in baselines] if len(sp.slots) < 2 else []
-    top = study.top_configs(recs, req.top_candidates, exclude=same_as_baseline,
+    top = study.top_configs(recs, req.top_candidates, exclude=same_as_baseline, model=req.model,
                             same=lambda cfg: effective_config(cfg, hw.physical_cores))
 
     def roof(cfg: LaunchConfig) -> float | None:

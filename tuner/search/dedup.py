@@ -1,53 +1,123 @@
-"""Each trial measures something new: a sampler that proposes a config the study already holds (measured,
-failed or refused by the memory gate) gets it skipped, and the next untried config of the space is queued in
-its place, so the trial budget always buys a new measurement.
+"""Each trial measures something new, in both studies (the single-winner search and the frontier).
 
-Optuna has no duplicate check of its own: a proposal becomes a trial when it is asked. The study tells the
-repeat FAIL with status ``duplicate`` and the number of the trial it repeats, and
-:func:`tuner.search.study.records` leaves it out, so results and reports hold each config once. Pure: the
-study does the telling.
+A sampler may propose a config the study already holds. Optuna has no duplicate check of its own (a proposal
+becomes a trial when it is asked), so :meth:`Seen.ask` does it: a repeat is told as a duplicate, FAIL with the
+number of the trial it repeats and that trial's constraint values (a FAIL trial is invisible to the sampler, and
+a reader of the storage sees a repeat of an infeasible config as infeasible, never as a feasible point). After
+:data:`REPEATS` repeats in a row a config the study does not hold is queued, chosen at random among the untried
+ones (reproducibly: seeded by the trial number), so the trial budget always buys a new measurement and a small
+space is covered in as many trials as it has configs.
+
+What counts as held ("tried"): a config that was measured, refused by the memory gate, or failed in the engine;
+and one a live worker is measuring now. A config cut short (status ``interrupted``: Ctrl-C, SIGTERM) or left
+RUNNING by a worker that died is measured again.
+
+Configs are compared by :func:`key`: the model by file name only, since the study name keys on the model's name
+and size, not its folder (two workers of one shared study may hold the model in different folders).
+
+No Optuna import: the study modules pass the study and the ways to suggest and to tell.
 """
 
 from __future__ import annotations
 
+import random
 from collections import Counter
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Protocol
 
 from tuner.core.config import LaunchConfig
-from tuner.search import space
 
 DUPLICATE = "duplicate"
+REPEATS = 3  # repeats in a row before an untried config is queued
+MAX_ASKS = 3 * REPEATS  # asks for one new trial before giving up for this batch (shared studies race for queues)
+TRIED = frozenset({"measured", "infeasible", "failed"})  # a trial's status that holds its config for good
+
+
+def key(cfg: LaunchConfig) -> LaunchConfig:
+    """What makes two configs the same trial: every setting, the model (and draft model) by file name only."""
+    draft = Path(cfg.draft_model.name) if cfg.draft_model is not None else None
+    return replace(cfg, model=Path(cfg.model.name), draft_model=draft)
+
+
+class StoredTrial(Protocol):
+    """What :meth:`Seen.hold` reads of a stored trial (Optuna's FrozenTrial has it)."""
+
+    @property
+    def number(self) -> int: ...
+
+    @property
+    def user_attrs(self) -> dict[str, Any]: ...
+
+
+def held_by(t: StoredTrial, live: Callable[[Any], bool]) -> bool:
+    """Whether stored trial ``t`` holds its config: tried for good, or being measured by a live worker."""
+    status = t.user_attrs.get("status")
+    return status in TRIED or (status is None and live(t))
 
 
 class Seen:
-    """The configs a study holds, and the untried ones to queue when the sampler repeats itself."""
+    """The configs a study holds, and the untried ones to queue when the sampler repeats itself.
 
-    def __init__(self, sp: space.SearchSpace, held: Iterable[tuple[int, LaunchConfig]]) -> None:
-        self.sp = sp
+    ``configs``: every config of the space, in a fixed order; ``params_of``: a config as the parameters to
+    enqueue; ``config_of``: a stored trial's config (None: it has none, e.g. a trial asked and not yet gated).
+    """
+
+    def __init__(self, configs: Callable[[], Iterable[LaunchConfig]], params_of: Callable[[LaunchConfig], dict],
+                 config_of: Callable[[Any], LaunchConfig | None]) -> None:
+        self.configs = configs
+        self.params_of = params_of
+        self.config_of = config_of
         self.numbers: dict[LaunchConfig, int] = {}
-        self.hold(held)
         self.asked: set[int] = set()  # every trial this run asked, repeats included
-        self.exhausted = False  # every config of the space is in the study: the search has nothing left to try
+        self.exhausted = False  # every config of the space is held: the search has nothing left to try
 
-    def hold(self, held: Iterable[tuple[int, LaunchConfig]]) -> None:
-        """Add trials the study holds (another process sharing the study may have added some since)."""
-        for number, cfg in held:
-            self.numbers.setdefault(cfg, number)
+    def hold(self, trials: Iterable[StoredTrial], live: Callable[[Any], bool]) -> None:
+        """Hold what the study holds now (a shared study gains trials from other workers between batches; a
+        trial this run asked and then lost to Ctrl-C is no longer held). ``live(t)``: ``t`` is RUNNING in the
+        hands of a live worker."""
+        self.numbers = {}
+        for t in trials:
+            if held_by(t, live) and (cfg := self.config_of(t)) is not None:
+                self.numbers.setdefault(key(cfg), t.number)
 
     def repeat_of(self, number: int, cfg: LaunchConfig) -> int | None:
         """None when trial ``number``'s ``cfg`` is new (it is then held); else the trial it repeats."""
         self.asked.add(number)
-        first = self.numbers.get(cfg)
+        first = self.numbers.get(key(cfg))
         if first is None:
-            self.numbers[cfg] = number
+            self.numbers[key(cfg)] = number
         return first
 
-    def untried(self) -> dict[str, Any] | None:
-        """The parameters of the first config of the space the study does not hold (None: the space is spent)."""
-        fresh = next((c for c in space.iter_configs(self.sp) if c not in self.numbers), None)
-        self.exhausted = fresh is None
-        return None if fresh is None else space.params_of(self.sp, fresh)
+    def untried(self, seed: int) -> dict[str, Any] | None:
+        """The parameters of a config of the space the study does not hold, picked at random (seeded); None
+        when every config is held."""
+        left = [c for c in self.configs() if key(c) not in self.numbers]
+        self.exhausted = not left
+        return self.params_of(random.Random(seed).choice(left)) if left else None
+
+    def ask(self, st: Any, suggest: Callable[[Any], LaunchConfig],
+            tell_repeat: Callable[[Any, int], None]) -> tuple[Any, LaunchConfig] | None:
+        """A new trial of study ``st`` and its config, one the study does not hold; None when the space is spent
+        (:attr:`exhausted`) or this batch lost every queued config to other workers.
+
+        ``suggest``: the trial's config from its parameters; ``tell_repeat(trial, first)``: end a repeat of
+        trial ``first`` (the study copies ``first``'s constraints onto it).
+        """
+        for repeats in range(1, MAX_ASKS + 1):  # every ask that does not return is a repeat
+            trial = st.ask()
+            cfg = suggest(trial)
+            first = self.repeat_of(trial.number, cfg)
+            if first is None:
+                return trial, cfg
+            tell_repeat(trial, first)
+            if repeats % REPEATS == 0:
+                fresh = self.untried(trial.number)
+                if fresh is None:
+                    return None
+                st.enqueue_trial(fresh, user_attrs={"queued_for": DUPLICATE}, skip_if_exists=False)
+        return None
 
     def kept(self, records: Sequence[Any]) -> dict[str, int]:
         """This run's trials in ``records`` (TrialRecord-like: ``number``, ``status``), counted by status."""

@@ -28,7 +28,6 @@ from tuner.search import space
 from tuner.search.verdict import BETTER, UNDECIDED, Verdict, compare
 
 FIT_MARGIN_MIB = 1024  # llama.cpp's default -fitt
-MIN_QUIET_ROUNDS = 3  # quiet rounds a verdict needs when disturbed rounds were left out
 
 
 def fit_target_mib(hw: Hardware, vram_margin_mib: float | None = None) -> int:
@@ -223,10 +222,9 @@ class Finish:
         if a.scores and b.scores:
             pairs = zip(a.quiet_scores(), b.quiet_scores(), a.scores, b.scores, strict=False)
             busy = sum(1 for qa, qb, sa, sb in pairs if sa and sb and not (qa and qb))
-            v = replace(compare(a.label, b.label, a.quiet_scores(), b.quiet_scores()), busy_rounds=busy)
-            # Two quiet rounds that happen to agree make a razor-thin interval (measured: identical configs
-            # "7.7 % apart" when the busy rounds between them were left out): too few to decide on.
-            return replace(v, outcome=UNDECIDED) if busy and v.rounds < MIN_QUIET_ROUNDS else v
+            # compare() needs MIN_ROUNDS quiet rounds, disturbed or not: two quiet rounds that happened to agree
+            # called identical configs "7.7 % apart" (measured when busy rounds between them were left out).
+            return replace(compare(a.label, b.label, a.quiet_scores(), b.quiet_scores()), busy_rounds=busy)
         sa, sb = self.score(a), self.score(b)
         return compare(a.label, b.label, [sa], [sb])  # one figure each: never decided
 

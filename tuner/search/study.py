@@ -19,8 +19,9 @@ import socket
 import statistics
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -39,9 +40,20 @@ from tuner.models.gguf_reader import ModelInfo
 from tuner.quality.kv_price import KvPrice
 from tuner.search import dedup, space
 from tuner.search.budget import Budget, parse_duration  # noqa: F401 - the study's public names since the start
+from tuner.search.interrupt import sigterm_as_ctrl_c
+from tuner.search.trials import (  # noqa: F401 - the study's public names since the start
+    CONSTRAINTS_ATTR,
+    TrialRecord,
+    best_measured,
+    config_from_dict,
+    config_to_dict,
+    non_dominated,
+    pareto_front,
+    records,
+    top_configs,
+)
 
 OPTUNA_MAJOR = int(optuna.__version__.split(".")[0])
-CONSTRAINTS_ATTR = "constraints"  # user attr holding the constraint dict (and Optuna 4's constraints_func input)
 BATCH_TRIALS = 4  # trials asked at once and measured together
 QUIET_CV_PCT = 5.0  # median trial CV below which the machine counts as quiet (fewer repetitions)
 OPEN_ATTEMPTS = 5  # tries at opening a storage that another process may be creating at the same moment
@@ -206,77 +218,57 @@ def _is_creation_race(exc: BaseException) -> bool:
 
 
 
-def config_to_dict(cfg: LaunchConfig) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in asdict(cfg).items():
-        out[key] = value.value if hasattr(value, "value") else (str(value) if isinstance(value, Path) else value)
-    return out
+# ------------------------------------------------------------------------------- what a study holds (dedup)
+
+STALE_RUNNING_S = 6 * 3600.0  # a RUNNING trial of another machine older than this: its worker is gone
 
 
-def config_from_dict(data: dict[str, Any]) -> LaunchConfig:
-    from tuner.core.config import CacheType, FlashAttn
-
-    d = dict(data)
-    d["model"] = Path(d["model"])
-    d["cache_type_k"] = CacheType(d["cache_type_k"])
-    d["cache_type_v"] = CacheType(d["cache_type_v"])
-    d["flash_attn"] = FlashAttn(d["flash_attn"])
-    return LaunchConfig(**d)
-
-
-@dataclass(frozen=True, slots=True)
-class TrialRecord:
-    """One trial as stored: what was tried and what came of it."""
-
-    number: int
-    status: str  # measured | infeasible | failed | interrupted | running
-    config: dict[str, Any]
-    seed: str | None = None  # which known-good config this was, for enqueued seeds
-    gen_tok_s: float | None = None
-    prompt_tok_s: float | None = None
-    gen_cv_pct: float | None = None
-    prompt_cv_pct: float | None = None
-    constraints: dict[str, float] = field(default_factory=dict)
-    failure: dict[str, Any] | None = None
-    argv: list[str] = field(default_factory=list)
-    worker: str | None = None  # host:pid of the process that ran it
-    request_s: float | None = None  # one workload request at the measured speeds (the score's inverse)
-    prompt_depth: int | None = None  # context filled before the prompt test
-    gen_depth: int | None = None  # context filled before the generation test
-    repetitions: int | None = None
-    kld: float | None = None  # mean KLD of the config's KV pair against f16 KV (None: not priced)
-    same_top_pct: float | None = None
-
-    @classmethod
-    def from_trial(cls, t: FrozenTrial) -> TrialRecord:
-        a = t.user_attrs
-        running = {TrialState.RUNNING: "running", TrialState.WAITING: "running"}
-        status = a.get("status") or running.get(t.state, "failed")
-        return cls(t.number, status, a.get("config", {}), a.get("seed"), a.get("gen_tok_s"), a.get("prompt_tok_s"),
-                   a.get("gen_cv_pct"), a.get("prompt_cv_pct"), a.get(CONSTRAINTS_ATTR, {}), a.get("failure"),
-                   a.get("argv", []), a.get("worker"), a.get("request_s"), a.get("prompt_depth"),
-                   a.get("gen_depth"), a.get("repetitions"), a.get("kld"), a.get("same_top_pct"))
-
-    @property
-    def score(self) -> float | None:
-        """Requests per second (higher is better); generation tok/s for trials stored before the score."""
-        if self.request_s:
-            return 1.0 / self.request_s
-        return self.gen_tok_s
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+def worker_alive(worker: str | None, started: datetime | None, now: datetime | None = None) -> bool:
+    """Whether the process ``host:pid`` that asked a trial is still working on it: on this host, whether the
+    pid runs (a reused pid reads as alive: its trial's config is then not measured again, the safe side); on
+    another host, whether the trial started within :data:`STALE_RUNNING_S`."""
+    host, _, pid = (worker or "").rpartition(":")
+    if host == socket.gethostname() and pid.isdigit():
+        try:
+            os.kill(int(pid), 0)  # signal 0: nothing is sent, only whether the pid exists
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    if started is None:
+        return True
+    return ((now or datetime.now()) - started).total_seconds() < STALE_RUNNING_S
 
 
-def records(study: optuna.Study) -> list[TrialRecord]:
-    """Every trial of the study but the sampler's skipped repeats (:mod:`tuner.search.dedup`)."""
-    return [TrialRecord.from_trial(t) for t in study.get_trials(deepcopy=False)
-            if t.user_attrs.get("status") != dedup.DUPLICATE]
+def _live(t: FrozenTrial) -> bool:
+    return t.state == TrialState.RUNNING and worker_alive(t.user_attrs.get("worker"), t.datetime_start)
 
 
-def best_measured(recs: Sequence[TrialRecord]) -> TrialRecord | None:
-    measured = [r for r in recs if r.status == "measured" and r.score is not None]
-    return max(measured, key=lambda r: r.score or 0.0, default=None)
+def _config_of(t: FrozenTrial) -> LaunchConfig | None:
+    return config_from_dict(t.user_attrs["config"]) if t.user_attrs.get("config") else None
+
+
+def seen_of(study: optuna.Study, configs: Callable[[], Iterable[LaunchConfig]],
+            params_of: Callable[[LaunchConfig], dict[str, Any]]) -> dedup.Seen:
+    """The dedup record of ``study`` (:mod:`tuner.search.dedup`), holding what the study holds now."""
+    seen = dedup.Seen(configs, params_of, _config_of)
+    hold(study, seen)
+    return seen
+
+
+def hold(study: optuna.Study, seen: dedup.Seen) -> None:
+    seen.hold(study.get_trials(deepcopy=False), _live)
+
+
+def tell_duplicate(study: optuna.Study, trial: optuna.Trial, first: int) -> None:
+    """End a repeat of trial ``first`` unmeasured: FAIL (the sampler ignores it), its constraints copied from
+    ``first`` so that no reader takes a repeat of an infeasible config for a feasible one."""
+    original = study.get_trials(deepcopy=False)[first]
+    constraints = original.user_attrs.get(CONSTRAINTS_ATTR)
+    if constraints:
+        set_constraints(trial, constraints)
+    tell_status(study, trial, dedup.DUPLICATE, {"duplicate_of": first}, TrialState.FAIL)
 
 
 def repetitions_now(recs: Sequence[TrialRecord], measure: Measure) -> int:
@@ -350,6 +342,7 @@ def tell_status(study: optuna.Study, trial: optuna.Trial, status: str, extra: di
     study.tell(trial, state=state)
 
 
+@sigterm_as_ctrl_c()  # a run stopped by SIGTERM tells its trials as Ctrl-C does
 def run_search(
     study: optuna.Study,
     sp: space.SearchSpace,
@@ -391,22 +384,19 @@ def run_search(
                                  best.request_s if best else None))
 
     pending: list[tuple[optuna.Trial, LaunchConfig]] = []
-    seen = dedup.Seen(sp, ())
+    seen = seen_of(study, lambda: space.iter_configs(sp), lambda cfg: space.params_of(sp, cfg))
     interrupted = False
     try:
         while ((n_left := left()) is None or n_left > 0) and not seen.exhausted and (
                 budget.time_s is None or time.monotonic() - start < budget.time_s):
             want = batch_trials if left() is None else min(batch_trials, left() or 0)
-            seen.hold((r.number, config_from_dict(r.config)) for r in records(study) if r.config)  # shared studies
+            hold(study, seen)  # a shared study holds other workers' trials too
             for _ in range(want):
-                trial = study.ask()
-                cfg = space.suggest(trial, sp)
-                if (first := seen.repeat_of(trial.number, cfg)) is not None:  # measure nothing twice
-                    tell_status(study, trial, dedup.DUPLICATE, {"duplicate_of": first}, TrialState.FAIL)
-                    if (fresh := seen.untried()) is None:
-                        break
-                    study.enqueue_trial(fresh, user_attrs={"queued_for": dedup.DUPLICATE})
-                    continue
+                asked = seen.ask(study, lambda t: space.suggest(t, sp),
+                                 lambda t, first: tell_duplicate(study, t, first))
+                if asked is None:
+                    break
+                trial, cfg = asked
                 pending.append((trial, cfg))
                 trial.set_user_attr("worker", WORKER)
                 trial.set_user_attr("config", config_to_dict(cfg))
@@ -454,37 +444,3 @@ def failure_attr(f: failures.Failure) -> dict[str, Any]:
     d = f.to_dict()
     d["stderr_tail"] = d["stderr_tail"][-2000:]
     return d
-
-
-def top_configs(recs: Sequence[TrialRecord], n: int, *, same: Callable[[LaunchConfig], LaunchConfig] = lambda c: c,
-                exclude: Sequence[LaunchConfig] = ()) -> list[tuple[TrialRecord, LaunchConfig]]:
-    """The ``n`` best measured configs, by score, distinct by what they run as (``same``), none running as one
-    of ``exclude`` (the baselines the finish measures anyway)."""
-    ranked = sorted((r for r in recs if r.status == "measured" and r.score is not None),
-                    key=lambda r: r.score or 0.0, reverse=True)
-    out: list[tuple[TrialRecord, LaunchConfig]] = []
-    seen: set[LaunchConfig] = {same(c) for c in exclude}
-    for rec in ranked:
-        cfg = config_from_dict(rec.config)
-        if same(cfg) not in seen:
-            seen.add(same(cfg))
-            out.append((rec, cfg))
-        if len(out) == n:
-            break
-    return out
-
-
-def non_dominated(points: Sequence[tuple[float, ...] | None]) -> list[bool]:
-    """For each point (every axis: higher is better; None: not measured), whether no other point is at least
-    as good on every axis and better on one."""
-    def dominates(a: tuple[float, ...], b: tuple[float, ...]) -> bool:
-        return a != b and all(x >= y for x, y in zip(a, b, strict=True))
-
-    return [p is not None and not any(o is not None and dominates(o, p) for o in points) for p in points]
-
-
-def pareto_front(study: optuna.Study) -> list[TrialRecord]:
-    if len(study.directions) < 2:
-        return []
-    numbers = {t.number for t in study.best_trials}
-    return [r for r in records(study) if r.number in numbers]
