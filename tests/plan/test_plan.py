@@ -137,3 +137,25 @@ def test_fit_verdict_in_the_users_words(demo_models):
     cpu_only = cards.machine(None)
     if not cpu_only.has_gpu:
         assert placement.fit_verdict(model, 8192, cpu_only) == "RAM (no GPU)"
+
+
+def test_make_plan_estimates_each_config_once(demo_models, monkeypatch):
+    """The table's ctx/KV pair is also the first summary's: its estimates are made once and serve both."""
+    from collections import Counter
+
+    info = gguf_reader.inspect_model(demo_models[("qwen3moe", "Q4_K_M")])
+    hw = cards.find_card("RTX 3060").hardware(32 * 2**30, 30 * 2**30, 40e9)
+    seen: Counter[LaunchConfig] = Counter()
+
+    def counting(model, cfg, hw):
+        seen[cfg] += 1
+        return estimate(model, cfg, hw)
+
+    monkeypatch.setattr(placement, "estimate", counting)
+    # ctx 1000 is no multiple of 256, so the largest-context search (which steps by 256) never lands on it.
+    p = placement.make_plan(info, LaunchConfig(model=info.paths[0], ctx=1000), hw, [1000, 2000],
+                            placement.KV_CHOICES)
+    summary = {cfg: k for cfg, k in seen.items() if cfg.ctx in (1000, 2000)}
+    assert len(summary) == 2 * len(placement.KV_CHOICES) * (info.n_layer + 1)
+    assert set(summary.values()) == {1}, [cfg for cfg, k in summary.items() if k > 1][:2]
+    assert p.smallest_fits[0].interval == placement.fit_interval(info, LaunchConfig(model=info.paths[0], ctx=1000), hw)

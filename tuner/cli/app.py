@@ -23,14 +23,21 @@ from tuner.core.errors import TunerError, UsageError
 from tuner.engine import build, runner
 from tuner.machine import processes, quiet
 
+# Help is typer's plain renderer (rich_markup_mode=None), not its rich panels: in typer 0.29 the panel renderer
+# (rich_utils._print_options_panel) prints every option's type, `<bool>` beside each flag included, where the plain
+# one (TyperOption.get_help_record) skips flags; and the panels squeeze six columns into the terminal, cutting
+# option names with "…" and folding help into a narrow last column at 80 columns, where the plain renderer wraps
+# each option's help beside it. Commands give a short_help so the command list is never cut with "..." either.
 app = typer.Typer(
     name="moe-tune",
     help="Find the fastest llama.cpp settings for a Mixture-of-Experts model on your GPU, measured for real.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
 )
-engine_app = typer.Typer(help="Install, locate and inspect the llama.cpp engine.", no_args_is_help=True)
+engine_app = typer.Typer(help="Install, locate and inspect the llama.cpp engine.", no_args_is_help=True,
+                         rich_markup_mode=None)
 app.add_typer(engine_app, name="engine")
 
 # No markup and no :emoji: codes by default: model names, repo ids and error messages are user text and print
@@ -53,7 +60,7 @@ FlashAttnOpt = Annotated[FlashAttn | None, typer.Option("-fa", "--flash-attn", h
 UbatchOpt = Annotated[int | None, typer.Option("-ub", "--ubatch-size", help="Physical batch size.")]
 # Every measuring command (auto-tune, bench, compare-quants) waits for a quiet machine: see measuring().
 AllowBusy = Annotated[bool, typer.Option(
-    "--allow-busy", metavar="", help="Measure even while another moe-tune run, a llama.cpp process or CPU load "
+    "--allow-busy", help="Measure even while another moe-tune run, a llama.cpp process or CPU load "
     "is busy here (what was seen is reported; disturbed rounds decide no verdict).")]
 BusyWait = Annotated[str, typer.Option(
     "--busy-wait", help="How long to wait for a busy machine before giving up, e.g. 10m, 30s, 0.")]
@@ -187,8 +194,7 @@ def _version_callback(value: bool) -> None:
 @app.callback()
 def _root(
     version: Annotated[
-        bool, typer.Option("--version", callback=_version_callback, is_eager=True, metavar="",
-                            help="Print the version.")
+        bool, typer.Option("--version", callback=_version_callback, is_eager=True, help="Print the version.")
     ] = False,
 ) -> None:
     """moe-tune: measured llama.cpp settings for MoE models on one consumer GPU."""

@@ -36,7 +36,7 @@ from tuner.measure import one_config, workload
 from tuner.models import demo
 
 
-@app.command("bench")
+@app.command("bench", short_help="Measure one config end to end: speed, memory, spill.")
 @friendly
 def bench_cmd(
     model: Annotated[str | None, typer.Argument(
@@ -90,9 +90,11 @@ def bench_cmd(
     """Measure one config: pp/tg at depth (llama-bench, with CV), then TTFT and per-request vs aggregate
     tok/s per concurrency (llama-server), memory peak and spill verdict.
 
-    Example: moe-tune bench model.gguf --n-cpu-moe 20 -ctk q8_0 -ctv q8_0 -fa on -c 32768 -np 2 -d 8192
-
-    Example: moe-tune bench --from-cmd "llama-server -m x.gguf -ncmoe 20 -c 32768"
+    \b
+    Examples:
+      moe-tune bench model.gguf --n-cpu-moe 20 -ctk q8_0 -ctv q8_0 -fa on \\
+        -c 32768 -np 2 -d 8192
+      moe-tune bench --from-cmd "llama-server -m x.gguf -ncmoe 20 -c 32768"
     """
     given: dict[str, Any] = {
         "n_cpu_moe": n_cpu_moe, "n_gpu_layers": n_gpu_layers, "cache_type_k": cache_type_k,

@@ -22,7 +22,7 @@ from tuner.quants import compare
 from tuner.report import compare_report
 
 
-@app.command("compare-quants")
+@app.command("compare-quants", short_help="Which quant to run: speed and loss per quant.")
 @friendly
 def compare_quants_cmd(
     sources: Annotated[list[str] | None, typer.Argument(
@@ -73,9 +73,14 @@ def compare_quants_cmd(
     Writes report.md, compare.csv, compare.json and gen_tok_s_vs_kld.png to the output folder. With --make it
     quantizes here first (rows labelled "made here" with the command); with --min-tok-s/--max-kld it answers
     which quant to run and which limit binds. Interrupted, it resumes at the next quant.
-    Example: moe-tune compare-quants unsloth/Qwen3-30B-A3B-GGUF --quants Q4_K_M,Q6_K,Q8_0 --trials 4
-    Example: moe-tune compare-quants --from model-F16.gguf --make Q4_K_M,Q3_K_M,IQ4_XS,Q3_K_M/Q8_0
-             --disk-budget 40 --min-tok-s 20 --max-kld 0.05
+
+    \b
+    Examples:
+      moe-tune compare-quants unsloth/Qwen3-30B-A3B-GGUF \\
+        --quants Q4_K_M,Q6_K,Q8_0 --trials 4
+      moe-tune compare-quants --from model-F16.gguf \\
+        --make Q4_K_M,Q3_K_M,IQ4_XS,Q3_K_M/Q8_0 \\
+        --disk-budget 40 --min-tok-s 20 --max-kld 0.05
     """
     if as_json and as_csv:
         raise UsageError("--json and --csv both choose the output: pick one")

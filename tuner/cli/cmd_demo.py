@@ -12,7 +12,7 @@ from tuner.engine import build
 from tuner.models import demo
 
 
-@app.command("demo-model")
+@app.command("demo-model", short_help="Write synthetic MoE models the real llama.cpp loads.")
 @friendly
 def demo_model_cmd(
     arch: Annotated[str, typer.Option(help="qwen3moe, or qwen35moe (hybrid delta-net + attention).")]
@@ -28,7 +28,11 @@ def demo_model_cmd(
 ) -> None:
     """Write a synthetic random-weight MoE model that the real llama.cpp loads, plus quantized variants.
 
-    Prints the path of every file. Example: moe-tune demo-model --arch qwen35moe --quant Q8_0,Q4_K_M
+    Prints the path of every file.
+
+    \b
+    Example:
+      moe-tune demo-model --arch qwen35moe --quant Q8_0,Q4_K_M
     """
     quants = demo.parse_quants(quant)
     loc = build.locate_engine(llama_cpp_dir) if [q for q in quants if q != "F16"] else None

@@ -11,12 +11,14 @@ from tuner.cli.app import JsonFlag, LlamaDir, app, facts_table, friendly, mib, o
 from tuner.engine import doctor
 
 
-@app.command("doctor")
+@app.command("doctor", short_help="Check engine, GPU, memory and disk; name each fix.")
 @friendly
 def doctor_cmd(llama_cpp_dir: LlamaDir = None, as_json: JsonFlag = False) -> None:
     """Check the engine, GPU, memory and disk; print each problem with its fix. Exit 0 when tuning can run.
 
-    Example: moe-tune doctor --json
+    \b
+    Example:
+      moe-tune doctor --json
     """
     report = doctor.diagnose(llama_cpp_dir)
     if as_json:

@@ -14,7 +14,7 @@ from tuner.cli.app import JsonFlag, LlamaDir, engine_app, err, facts_table, frie
 from tuner.engine import build
 
 
-@engine_app.command("install")
+@engine_app.command("install", short_help="Build the pinned llama.cpp engine (once).")
 @friendly
 def engine_install(
     backend: Annotated[build.Backend, typer.Option(
@@ -27,9 +27,10 @@ def engine_install(
 ) -> None:
     """Build the pinned llama.cpp tools into the per-user cache (a no-op once built).
 
-    Example: moe-tune engine install --backend cpu
-
-    Example: MOE_TUNE_CUDA_ARCHS=86 moe-tune engine install --backend cuda  (no GPU here to read it from)
+    \b
+    Example:
+      moe-tune engine install --backend cpu
+      MOE_TUNE_CUDA_ARCHS=86 moe-tune engine install --backend cuda   # no GPU here to read it from
     """
     start = time.monotonic()
     chosen, why = build.backend_choice(backend)
@@ -56,22 +57,26 @@ def engine_install(
     out.print(str(result.bin_dir), highlight=False, soft_wrap=True)
 
 
-@engine_app.command("path")
+@engine_app.command("path", short_help="Print the folder of the binaries every command uses.")
 @friendly
 def engine_path(llama_cpp_dir: LlamaDir = None) -> None:
     """Print the folder holding the llama.cpp binaries that every command will use.
 
-    Example: ls "$(moe-tune engine path)"
+    \b
+    Example:
+      ls "$(moe-tune engine path)"
     """
     out.print(str(build.locate_engine(llama_cpp_dir).bin_dir), highlight=False, soft_wrap=True)
 
 
-@engine_app.command("info")
+@engine_app.command("info", short_help="Version, commit, backend, devices and flags.")
 @friendly
 def engine_info(llama_cpp_dir: LlamaDir = None, as_json: JsonFlag = False) -> None:
     """Version, commit, backend, devices and supported flags of the engine.
 
-    Example: moe-tune engine info --json
+    \b
+    Example:
+      moe-tune engine info --json
     """
     loc = build.locate_engine(llama_cpp_dir)
     caps = build.capabilities(loc)

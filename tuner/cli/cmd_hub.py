@@ -45,7 +45,7 @@ def _ref(name: str) -> repos.HubRef:
     return ref
 
 
-@app.command("quants")
+@app.command("quants", short_help="List a Hugging Face repo's quants: size, parts, fit.")
 @friendly
 def quants_cmd(
     repo: Annotated[str, typer.Argument(help="owner/name, optionally :QUANT to read that quant's header.")],
@@ -59,7 +59,11 @@ def quants_cmd(
     """List every quant in a Hugging Face repo with its size, parts and fit verdict.
 
     Architecture facts come from the GGUF header of the first part, read with HTTP range requests
-    (no tensor data is downloaded). Example: moe-tune quants unsloth/Qwen3-30B-A3B-GGUF -c 32768
+    (no tensor data is downloaded).
+
+    \b
+    Example:
+      moe-tune quants unsloth/Qwen3-30B-A3B-GGUF -c 32768
     """
     from tuner.hub import remote_header, repos
 
@@ -162,7 +166,7 @@ def _header_json(headers: remote_header.QuantHeaders, model: ModelInfo) -> dict[
     }
 
 
-@app.command("download")
+@app.command("download", short_help="Download a quant into the Hugging Face cache.")
 @friendly
 def download_cmd(
     name: Annotated[str, typer.Argument(help="owner/name:QUANT (without :QUANT, Q4_K_M or the only quant).")],
@@ -173,7 +177,11 @@ def download_cmd(
     """Download every part of a quant into the Hugging Face cache and print the first part's path.
 
     Reuses what the cache holds, resumes an interrupted download, checks each file's sha256 against
-    the Hub. Example: moe-tune download unsloth/Qwen3-30B-A3B-GGUF:Q4_K_M
+    the Hub.
+
+    \b
+    Example:
+      moe-tune download unsloth/Qwen3-30B-A3B-GGUF:Q4_K_M
     """
     from tuner.hub import download
 

@@ -128,7 +128,7 @@ def _notes(info: gguf_reader.ModelInfo, p: Plan, base: LaunchConfig) -> list[str
     return notes
 
 
-@app.command("plan")
+@app.command("plan", short_help="VRAM, RAM and fit per --n-cpu-moe; needs no GPU.")
 @friendly
 def plan_cmd(
     model: Annotated[str, typer.Argument(
@@ -162,9 +162,12 @@ def plan_cmd(
     RAM is what the launch needs resident (pinned, repacked or anonymous buffers, and the mapped experts it
     reads every token); the page cache the load leaves behind is shown apart, as reclaimable.
 
-    Example: moe-tune plan unsloth/Qwen3.6-35B-A3B-GGUF:Q4_K_M --gpu "RTX 3060 12GB" -c 32768 --engine-check
-
-    Example: moe-tune plan gpt-oss-120b:MXFP4_MOE --gpu "RTX 3090" --ram 64 -c 32768 --host-bandwidth 51.2
+    \b
+    Examples:
+      moe-tune plan unsloth/Qwen3.6-35B-A3B-GGUF:Q4_K_M --gpu "RTX 3060 12GB" \\
+        -c 32768 --engine-check
+      moe-tune plan gpt-oss-120b:MXFP4_MOE --gpu "RTX 3090" --ram 64 -c 32768 \\
+        --host-bandwidth 51.2
     """
     cache_type_k, cache_type_v = cache_type_k or CacheType.F16, cache_type_v or CacheType.F16
     flash_attn = flash_attn or FlashAttn.AUTO

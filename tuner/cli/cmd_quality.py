@@ -34,7 +34,7 @@ def _pm(value: float | None, error: float | None, fmt: str, unit: str = "") -> s
     return f"{value:{fmt}} ± {error or 0.0:{fmt}}{unit}"
 
 
-@app.command("quality")
+@app.command("quality", short_help="Perplexity and KL-divergence against a reference.")
 @friendly
 def quality_cmd(
     model_name: Annotated[str, typer.Argument(metavar="MODEL", help="GGUF file or Hugging Face REPO:QUANT.")],
@@ -64,9 +64,11 @@ def quality_cmd(
 ) -> None:
     """Measure perplexity and KL-divergence against a reference (llama-perplexity), cached.
 
-    Example: moe-tune quality model-Q4_K_M.gguf -ctk q8_0 -ctv q8_0 --chunks 32
-
-    Example: moe-tune quality unsloth/Qwen3-30B-A3B-GGUF:Q4_K_M --dataset wikitext-2 -c 512 --chunks 64
+    \b
+    Examples:
+      moe-tune quality model-Q4_K_M.gguf -ctk q8_0 -ctv q8_0 --chunks 32
+      moe-tune quality unsloth/Qwen3-30B-A3B-GGUF:Q4_K_M --dataset wikitext-2 \\
+        -c 512 --chunks 64
     """
     cache_type_k, cache_type_v = cache_type_k or CacheType.F16, cache_type_v or CacheType.F16
     flash_attn = flash_attn or FlashAttn.AUTO

@@ -16,7 +16,7 @@ from tuner.engine import build
 from tuner.models import gguf_writer, recipes, shape_model
 
 
-@app.command("shape-model")
+@app.command("shape-model", short_help="Write a GGUF shaped like a real model.")
 @friendly
 def shape_model_cmd(
     target: Annotated[str | None, typer.Argument(
@@ -36,7 +36,10 @@ def shape_model_cmd(
     Zero weights: gigabytes logical, megabytes on disk; `moe-tune plan` and llama-fit-params read it like the
     real file. Random weights: the real size on disk; llama.cpp runs it at real speed (tokens spread over experts).
 
-    Example: moe-tune shape-model olmoe-1b-7b:Q4_K_M --weights random --out olmoe-q4km.gguf
+    \b
+    Example:
+      moe-tune shape-model olmoe-1b-7b:Q4_K_M --weights random \\
+        --out olmoe-q4km.gguf
     """
     if list_known or target is None:
         out.print(f"models: {', '.join(shape_model.known_models())}", highlight=False, soft_wrap=True)

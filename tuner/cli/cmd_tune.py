@@ -40,7 +40,7 @@ from tuner.search import autotune, finish, study, verdict
 from tuner.search.speculation import SpeculationRequest
 
 
-@app.command("auto-tune")
+@app.command("auto-tune", short_help="Search the fastest llama-server settings, measured.")
 @friendly
 def auto_tune_cmd(
     model: Annotated[str | None, typer.Argument(help="GGUF path or REPO:QUANT; default: the demo model.")] = None,
@@ -98,8 +98,13 @@ def auto_tune_cmd(
     """Search the fastest llama-server settings for MODEL on this machine, measured for real, and print the
     launch line. Ctrl-C stops cleanly; running it again resumes the same study.
 
-    Example: moe-tune auto-tune unsloth/Qwen3-30B-A3B-GGUF:Q4_K_M --min-ctx 32768 --workload agent --time 20m
-    The trade-off instead: moe-tune auto-tune MODEL --frontier --min-ctx 8192 --max-ctx 131072 --workload batch
+    \b
+    Examples:
+      moe-tune auto-tune unsloth/Qwen3-30B-A3B-GGUF:Q4_K_M --min-ctx 32768 \\
+        --workload agent --time 20m
+    The trade-off instead of one winner:
+      moe-tune auto-tune MODEL --frontier --min-ctx 8192 --max-ctx 131072 \\
+        --workload batch
     """
     if goal not in ("speed", "context"):
         raise UsageError(f"unknown --goal {goal}: use speed or context")
@@ -227,7 +232,7 @@ def _summary(res: autotune.TuneResult) -> None:
     out.print(f"launch line: {study_report.launch_line(res.result)}", highlight=False, soft_wrap=True)
 
 
-@app.command("launch-line")
+@app.command("launch-line", short_help="Print the measured llama-server line of a result.")
 @friendly
 def launch_line_cmd(
     result: Annotated[Path, typer.Argument(help="results/<study>/result.json (or the folder).")],
@@ -242,8 +247,11 @@ def launch_line_cmd(
 ) -> None:
     """Print the measured llama-server command of a result, rendered by the renderer that measured it.
 
-    Example: moe-tune launch-line results/<study>/result.json --format llama-swap
-    A frontier's point: moe-tune launch-line results/<study>/result.json --ctx 32768 --slots 2
+    \b
+    Examples:
+      moe-tune launch-line results/<study>/result.json --format llama-swap
+    A frontier's point:
+      moe-tune launch-line results/<study>/result.json --ctx 32768 --slots 2
     """
     data = study_report.load_result(result)
     if ctx is not None or slots is not None:

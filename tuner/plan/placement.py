@@ -80,7 +80,14 @@ def overs(est: MemoryEstimate, hw: Hardware, margin_bytes: int = FIT_MARGIN_BYTE
 def fit_interval(model: ModelInfo, cfg: LaunchConfig, hw: Hardware,
                  margin_bytes: int = FIT_MARGIN_BYTES) -> FitInterval:
     """Which --n-cpu-moe values fit ``cfg`` on ``hw``, and, when none does, what is short by how much."""
-    rows = [overs(estimate(model, replace(cfg, n_cpu_moe=n), hw), hw, margin_bytes) for n in range(model.n_layer + 1)]
+    return interval_of([estimate(model, replace(cfg, n_cpu_moe=n), hw) for n in range(model.n_layer + 1)], hw,
+                       margin_bytes)
+
+
+def interval_of(estimates: Sequence[MemoryEstimate], hw: Hardware,
+                margin_bytes: int = FIT_MARGIN_BYTES) -> FitInterval:
+    """:func:`fit_interval` from estimates already made, one per --n-cpu-moe value from 0 up."""
+    rows = [overs(est, hw, margin_bytes) for est in estimates]
     ok = [n for n, (v, h) in enumerate(rows) if v <= 0 and h <= 0]
     if ok:
         return FitInterval(ok[0], ok[-1])
@@ -170,14 +177,19 @@ def make_plan(model: ModelInfo, base: LaunchConfig, hw: Hardware, ctxs: Sequence
     """The table for ``base`` (its ctx and KV types) at every n_cpu_moe, plus the two summaries."""
     ctxs = list(ctxs) or [base.ctx or model.ctx_train]
     kv = list(dict.fromkeys([(base.cache_type_k, base.cache_type_v), *kv_choices]))
-    rows = plan_rows(model, replace(base, ctx=ctxs[0]), hw)
+    table = replace(base, ctx=ctxs[0])
+    rows = plan_rows(model, table, hw)
     n = len(rows)
     smallest = []
     for ctx in ctxs:
         for ctk, ctv in kv:
             cfg = _with_kv(replace(base, ctx=ctx), ctk, ctv)
-            smallest.append(SmallestFit(ctx, ctk, ctv, fit_interval(model, cfg, hw)))
-            n += model.n_layer + 1
+            if cfg == table:  # the table's own ctx/KV pair: its rows are these estimates already
+                interval = interval_of([r.estimate for r in rows], hw)
+            else:
+                interval = fit_interval(model, cfg, hw)
+                n += model.n_layer + 1
+            smallest.append(SmallestFit(ctx, ctk, ctv, interval))
     largest = []
     for ctk, ctv in kv:
         ctx_max, n_cpu_moe = largest_fitting_ctx(model, _with_kv(base, ctk, ctv), hw)
