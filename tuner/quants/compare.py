@@ -292,8 +292,8 @@ def _measure_one(row: QuantRow, path: Path, req: CompareRequest, reference: Path
 
 
 def choose(rows: Sequence[QuantRow], min_tok_s: float | None, max_kld: float | None) -> quant_pick.Pick:
-    return quant_pick.pick([quant_pick.Candidate(r.quant, r.size_bytes, r.gen_tok_s, r.gen_tok_s_error or 0.0,
-                                                 r.kld_mean, r.kld_mean_error or 0.0)
+    return quant_pick.pick([quant_pick.Candidate(r.quant, r.size_bytes, r.gen_tok_s, r.gen_tok_s_error,
+                                                 r.kld_mean, r.kld_mean_error)
                             for r in rows if r.error is None], min_tok_s, max_kld)
 
 
