@@ -7,11 +7,12 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich import box
 from rich.table import Table
 
 from tuner.catalog import cards
 from tuner.cli.app import AllowBusy, BusyWait, JsonFlag, LlamaDir, app, err, friendly, measuring, out
-from tuner.core.errors import UsageError
+from tuner.core.errors import TunerError, UsageError
 from tuner.engine import build
 from tuner.hub import repos
 from tuner.machine import hardware
@@ -104,24 +105,35 @@ def compare_quants_cmd(
     compare_report.write(result)
     if as_json:
         out.print_json(json.dumps(compare_report.to_json(result)))
-        return
-    if as_csv:
+    elif as_csv:
         out.print(compare_report.to_csv(result.rows), end="", highlight=False, markup=False, soft_wrap=True)
+    if result.measured == 0:
+        errors = [r for r in result.rows if r.error]
+        first = f": {errors[0].quant}: {errors[0].error}" if errors else ""
+        more = f" (and {len(errors) - 1} more, see {result.out_dir}/report.md)" if len(errors) > 1 else ""
+        raise TunerError(f"compare-quants measured none of its {len(result.rows)} quant(s){first}{more}")
+    if as_json or as_csv:
         return
-    table = Table(title=f"{result.title}: fit at -c {fit_ctx} on {fit_hw.describe()}")
-    for col in compare_report.COLUMNS:
-        table.add_column(col, overflow="fold")
+    table = Table(title=f"{result.title}", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False,
+                  collapse_padding=True, caption=compare_report.caption(result, f"at -c {fit_ctx} on "
+                                                                                 f"{fit_hw.describe()}"))
+    for col in compare_report.TERMINAL_COLUMNS:
+        table.add_column(col, justify="left" if col in ("quant", "fit", "config", "verdict") else "right",
+                         no_wrap=True)
     for r in result.rows:
-        table.add_row(*compare_report.cells(r))
+        table.add_row(*compare_report.terminal_cells(r))
     out.print(table)
+    for line in compare_report.after_table(result):
+        out.print(line, highlight=False, markup=False, soft_wrap=True)
     if result.catalog_model:
-        out.print(f"published (catalog) figures: {result.catalog_model}, not measured here", highlight=False)
+        out.print(f"published (catalog) figures: {result.catalog_model}, not measured here (see report.md)",
+                  highlight=False)
     out.print(f"reference: {result.reference or 'none (PPL only)'}", highlight=False, soft_wrap=True)
-    for r in result.rows:
-        if r.command:
-            out.print(f"made here: {r.quant}: {r.command}", highlight=False, markup=False, soft_wrap=True)
     answer = f"answer: {result.pick}; {result.binding}" if result.pick else result.binding
     out.print(answer, highlight=False, markup=False, soft_wrap=True)
+    for line in result.undecided:
+        if line not in answer:
+            out.print(line, highlight=False, markup=False, soft_wrap=True)
     if result.disk_used_bytes is not None and req.disk_budget_bytes is not None:
         out.print(f"disk: the comparison keeps {result.disk_used_bytes / 2**30:.3f} GiB of its "
                   f"{req.disk_budget_bytes / 2**30:.3f} GiB budget", highlight=False)
