@@ -114,9 +114,9 @@ def compare_quants_cmd(
         raise TunerError(f"compare-quants measured none of its {len(result.rows)} quant(s){first}{more}")
     if as_json or as_csv:
         return
-    table = Table(title=f"{result.title}", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False,
-                  collapse_padding=True, caption=compare_report.caption(result, f"at -c {fit_ctx} on "
-                                                                                 f"{fit_hw.describe()}"))
+    # One line per quant at 80 columns: no edges, one space between columns, no cell folded.
+    table = Table(title=f"{result.title}", box=box.SIMPLE_HEAD, padding=(0, 0), show_edge=False,
+                  caption=compare_report.caption(result, f"at -c {fit_ctx} on {fit_hw.describe()}"))
     for col in compare_report.TERMINAL_COLUMNS:
         table.add_column(col, justify="left" if col in ("quant", "fit", "config", "verdict") else "right",
                          no_wrap=True)

@@ -120,9 +120,9 @@ def with_pareto(rows: Sequence[QuantRow]) -> tuple[QuantRow, ...]:
 
 
 def config_name(config: dict[str, Any], slots: int = 1) -> str:
-    """The best config as a short name for an 80-column table: ``f16``, ``q8_0 cm12``, ``q8_0/q4_0 cm40 np2``
-    (KV types, ``cm``: --n-cpu-moe, ``np``: slots); the full launch line goes below the table."""
-    k, v = config.get("cache_type_k") or "f16", config.get("cache_type_v") or "f16"
+    """The best config as a short name for an 80-column table: ``f16``, ``q8 cm12``, ``q8/q4 cm40 np2`` (the K/V
+    cache types without ``_0``, ``cm``: --n-cpu-moe, ``np``: slots); the full launch line goes below the table."""
+    k, v = (str(config.get(key) or "f16").removesuffix("_0") for key in ("cache_type_k", "cache_type_v"))
     name = k if k == v else f"{k}/{v}"
     if config.get("n_cpu_moe"):
         name += f" cm{config['n_cpu_moe']}"

@@ -52,32 +52,40 @@ SHORT_VERDICTS = {"tie, larger file": "tie", "below speed floor": "too slow", "o
 
 
 def short_size(n_bytes: int) -> str:
-    return f"{n_bytes / 2**30:,.1f}G" if n_bytes >= 2**30 else f"{n_bytes / 2**20:,.1f}M"
+    n, unit = (n_bytes / 2**30, "G") if n_bytes >= 2**30 else (n_bytes / 2**20, "M")
+    return f"{n:,.0f}{unit}" if n >= 100 else f"{n:.1f}{unit}"
+
+
+def short_speed(tok_s: float) -> str:
+    """Three figures are enough for a speed: ``35.1``, ``135``, ``1,234``."""
+    return f"{tok_s:,.0f}" if tok_s >= 100 else f"{tok_s:.1f}"
 
 
 def short_fit(fit: str) -> str:
-    """``offload 12`` → ``cm 12`` (the fewest --n-cpu-moe that fit), ``RAM (no GPU)`` → ``RAM``."""
-    return fit.replace("offload ", "cm ").replace(" (no GPU)", "")
+    """``offload 12`` → ``cm12`` (the fewest --n-cpu-moe that fit), ``offload 12..40`` → ``cm12-40``,
+    ``RAM (no GPU)`` → ``RAM``."""
+    return fit.replace("offload ", "cm").replace("..", "-").replace(" (no GPU)", "")
 
 
 def terminal_cells(r: QuantRow) -> list[str]:
     """The row as the 80-column terminal table prints it (``*``: on the Pareto front)."""
-    gen = _f(r.gen_tok_s, ",.1f")
+    gen = "" if r.gen_tok_s is None else short_speed(r.gen_tok_s)
     if gen and r.gen_tok_s_error is not None:
-        gen += f"±{r.gen_tok_s_error:,.1f}"
+        gen += f"±{short_speed(r.gen_tok_s_error)}"
     kld = "0 (ref)" if r.is_reference and r.kld_mean == 0 else _f(r.kld_mean, ".4f")
     if kld and not r.is_reference and r.kld_mean_error is not None:
         kld += f"±{r.kld_mean_error:.4f}"
     config = r.config_name or ("failed" if r.error else "")
     return [r.quant + ("*" if r.pareto else ""), short_size(r.size_bytes) if r.size_bytes else "", short_fit(r.fit),
-            config, gen, _f(r.prompt_tok_s, ",.0f"), kld, SHORT_VERDICTS.get(r.verdict, r.verdict)]
+            config, gen, "" if r.prompt_tok_s is None else short_speed(r.prompt_tok_s), kld,
+            SHORT_VERDICTS.get(r.verdict, r.verdict)]
 
 
 def caption(cmp: Comparison, fit_where: str) -> str:
     depth = next((r.depth_tokens for r in cmp.rows if r.depth_tokens is not None), None)
     at = f" at depth {depth}" if depth is not None else ""
-    return (f"*: Pareto front. size: file (M/G: MiB/GiB). fit: {fit_where} (VRAM, cm N: --n-cpu-moe N, no). "
-            f"config: the best found here, KV types, cm: --n-cpu-moe, np: slots (launch lines below). "
+    return (f"*: Pareto front. size: file (M/G: MiB/GiB). fit: {fit_where} (VRAM, cmN: --n-cpu-moe N, no). "
+            f"config: the best found here, K/V cache types, cm: --n-cpu-moe, np: slots (launch lines below). "
             f"gen/pp: tok/s{at}, ± the 90 % interval. mean KLD vs the reference, ± 90 %.")
 
 
