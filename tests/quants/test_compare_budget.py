@@ -54,6 +54,13 @@ def test_a_reference_over_the_budget_is_refused_before_any_model_data_is_fetched
     # Only GGUF headers were read (range requests of at most 256 KiB per shard): no model data, no blob cached.
     assert srv.body_bytes(".gguf") <= 3 * 256 * 2**10
     assert not list((folders[0]).rglob("blobs/*"))
+    # The same for a --make source in a repo: sized from the listing, refused before it is fetched.
+    made = run_cli("compare-quants", "--make", "Q4_K_M", "--from", REPO, "--out", str(folders[2]), "--disk-budget",
+                   str(budget), env=env)
+    assert made.returncode == 1
+    lines = made.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"the source F16 {sizes['F16'] / 2**30:.3f} GiB" in lines[0], made.stderr
+    assert not list((folders[0]).rglob("blobs/*"))
 
 
 def test_the_budget_holds_over_everything_kept_and_every_shard_counts(hub):

@@ -110,6 +110,9 @@ def markdown(cmp: Comparison) -> str:
     lines += ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(c.replace("|", "\\|") for c in cells(r)) + " |" for r in cmp.rows]
     lines += ["", f"Answer: {cmp.pick}; {cmp.binding}" if cmp.pick else f"Answer: {cmp.binding}"]
+    if cmp.undecided:
+        lines += ["", "Undecided (an interval straddles a limit, so the row was not picked):", ""]
+        lines += [f"- {u}" for u in cmp.undecided]
     made = [r for r in cmp.rows if r.command]
     if made:
         lines += ["", "Made here:", ""] + [f"- {r.quant}: `{r.command}`" for r in made]
@@ -123,7 +126,8 @@ def markdown(cmp: Comparison) -> str:
 def to_json(cmp: Comparison) -> dict[str, Any]:
     return {"title": cmp.title, "reference": cmp.reference, "catalog_model": cmp.catalog_model,
             "out_dir": str(cmp.out_dir), "pick": cmp.pick, "binding": cmp.binding,
-            "disk_used_bytes": cmp.disk_used_bytes, "rows": [asdict(r) for r in cmp.rows]}
+            "disk_used_bytes": cmp.disk_used_bytes, "undecided": list(cmp.undecided),
+            "rows": [asdict(r) for r in cmp.rows]}
 
 
 def to_csv(rows: Sequence[QuantRow]) -> str:
