@@ -114,15 +114,7 @@ def compare_quants_cmd(
         raise TunerError(f"compare-quants measured none of its {len(result.rows)} quant(s){first}{more}")
     if as_json or as_csv:
         return
-    # One line per quant at 80 columns: no edges, one space between columns, no cell folded.
-    table = Table(title=f"{result.title}", box=box.SIMPLE_HEAD, padding=(0, 0), show_edge=False,
-                  caption=compare_report.caption(result, f"at -c {fit_ctx} on {fit_hw.describe()}"))
-    for col in compare_report.TERMINAL_COLUMNS:
-        table.add_column(col, justify="left" if col in ("quant", "fit", "config", "verdict") else "right",
-                         no_wrap=True)
-    for r in result.rows:
-        table.add_row(*compare_report.terminal_cells(r))
-    out.print(table)
+    out.print(table_of(result, f"at -c {fit_ctx} on {fit_hw.describe()}"))
     for line in compare_report.after_table(result):
         out.print(line, highlight=False, markup=False, soft_wrap=True)
     if result.catalog_model:
@@ -139,3 +131,16 @@ def compare_quants_cmd(
                   f"{req.disk_budget_bytes / 2**30:.3f} GiB budget", highlight=False)
     out.print(f"written: {result.out_dir}/report.md, compare.csv, compare.json, gen_tok_s_vs_kld.png",
               highlight=False, soft_wrap=True)
+
+
+def table_of(result: compare.Comparison, fit_where: str) -> Table:
+    """One line per quant at 80 columns: no edges, one space between columns, no cell folded; the caption says
+    what the short headers mean."""
+    table = Table(title=result.title, box=box.SIMPLE_HEAD, padding=(0, 0), show_edge=False,
+                  caption=compare_report.caption(result, fit_where))
+    for col in compare_report.TERMINAL_COLUMNS:
+        table.add_column(col, justify="left" if col in ("quant", "fit", "config", "verdict") else "right",
+                         no_wrap=True)
+    for r in result.rows:
+        table.add_row(*compare_report.terminal_cells(r))
+    return table
