@@ -71,10 +71,9 @@ def test_the_budget_holds_over_everything_kept_and_every_shard_counts(hub):
     # Q8_0 together: Q4_K_M is dropped to make room for Q8_0.
     budget_bytes = sizes["F16"] + sizes["Q8_0"] + 16.1 * MiB + 1.1 * MiB + 4 * MiB + 3 * MiB
     with sampled(*folders) as peak:
-        proc = run_cli(*_args(out, "F16,Q4_K_M,Q8_0", "--disk-budget", str(budget_bytes / 2**30), "--json"),
-                       env=env)
+        proc = run_cli(*_args(out, "F16,Q4_K_M,Q8_0", "--disk-budget", str(budget_bytes / 2**30)), env=env)
     assert proc.returncode == 0, proc.stderr
-    data = json.loads(proc.stdout)
+    data = json.loads((out / "compare.json").read_text())
     rows = {r["quant"]: r for r in data["rows"]}
     assert set(rows) == {"F16", "Q4_K_M", "Q8_0"}
     for r in rows.values():

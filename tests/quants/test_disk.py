@@ -88,3 +88,16 @@ def test_a_downloaded_quant_is_dropped_with_its_blob(tmp_path):
     assert quant_disk.tree_bytes(link) == MiB
     assert quant_disk.drop_files((link,)) == MiB
     assert not blob.exists() and not link.is_symlink()
+
+
+def test_the_importance_matrix_bound_holds_the_matrix_llama_imatrix_writes(engine_loc, demo_models, tmp_path,
+                                                                          monkeypatch):
+    from tuner.models import gguf_reader
+    from tuner.quality import imatrix
+
+    monkeypatch.setenv("MOE_TUNE_CACHE", str(tmp_path / "mt"))
+    for arch in ("qwen3moe", "qwen35moe"):
+        src = demo_models[(arch, "F16")]
+        written = imatrix.importance_matrix(engine_loc, src, chunks=2).stat().st_size
+        bound = quant_disk.imatrix_bytes_bound(gguf_reader.inspect_model(src))
+        assert written <= bound < 2 * written + 256 * 2**10, (arch, written, bound)  # an upper bound, a close one

@@ -29,7 +29,8 @@ def compare_quants_cmd(
     sources: Annotated[list[str] | None, typer.Argument(
         help="One Hugging Face repo (owner/name) or several .gguf files (none: only the --make quants).")] = None,
     quants: Annotated[str | None, typer.Option("--quants", help="Comma-separated quants, e.g. Q4_K_M,Q8_0 "
-                                               "(default: every quant in the repo).")] = None,
+                                               "(default: every quant in the repo); after one local F16/BF16 "
+                                               "file: the quants to make from it, as --make ... --from.")] = None,
     trials: Annotated[int, typer.Option("--trials", help="Auto-tune trials per quant.")] = compare.DEFAULT_TRIALS,
     gpu: Annotated[str | None, typer.Option("--gpu", help="Judge the fit for this card, e.g. \"RTX 3060 12GB\".")]
     = None,
@@ -54,9 +55,11 @@ def compare_quants_cmd(
     = None,
     use_imatrix: Annotated[bool, typer.Option("--imatrix", help="Make with an importance matrix (llama-imatrix on "
                                               "the bundled corpus, cached per source).")] = False,
-    disk_budget: Annotated[float | None, typer.Option("--disk-budget", help="GiB the comparison may keep on disk "
-                                                      "(quants, logits, its folder); keeps the winner, drops the "
-                                                      "rest as needed.")] = None,
+    disk_budget: Annotated[float | None, typer.Option("--disk-budget", help="GiB the comparison may add to the "
+                                                      "disk (every shard of the quants and the reference it fetches, "
+                                                      "made quants, logits, importance matrix, its folder); checked "
+                                                      "before each fetch; keeps the winner, drops the rest as "
+                                                      "needed.")] = None,
     min_tok_s: Annotated[float | None, typer.Option("--min-tok-s", help="Speed floor: generation tok/s at the "
                                                     "workload's depth the answer must reach.")] = None,
     max_kld: Annotated[float | None, typer.Option("--max-kld", help="Loss budget: the largest mean KLD the "
