@@ -70,7 +70,7 @@ def short_fit(fit: str) -> str:
 def terminal_cells(r: QuantRow) -> list[str]:
     """The row as the 80-column terminal table prints it (``*``: on the Pareto front)."""
     gen = "" if r.gen_tok_s is None else short_speed(r.gen_tok_s)
-    if gen and r.gen_tok_s_error is not None:  # the interval to the value's own decimals
+    if r.gen_tok_s is not None and r.gen_tok_s_error is not None:  # the interval to the value's own decimals
         gen += f"±{r.gen_tok_s_error:,.0f}" if r.gen_tok_s >= 100 else f"±{r.gen_tok_s_error:.1f}"
     kld = "0 (ref)" if r.is_reference and r.kld_mean == 0 else _f(r.kld_mean, ".4f")
     if kld and not r.is_reference and r.kld_mean_error is not None:
