@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.catalog import families
-from tuner.core.errors import OverBudgetError, QuantizeError, TunerError, UsageError
+from tuner.core.errors import OverBudgetError, QualityError, QuantizeError, TunerError, UsageError
 from tuner.engine import build
 from tuner.hub import repos
 from tuner.machine.hardware import Hardware
@@ -152,8 +152,11 @@ def _measure_one(row: QuantRow, path: Path, req: CompareRequest, reference: Path
                  loc: build.EngineLocation, tune_hw: Hardware, out_dir: Path, on_step: StepFn) -> QuantRow:
     row = replace(row, is_reference=reference is not None and path.resolve() == reference.resolve())
     on_step(f"{row.quant}: quality against {reference.name if reference else 'no reference (PPL only)'}")
-    q = perplexity.measure(loc, path, reference=reference, auto_reference=False, ctx=req.kld_ctx,
-                           chunks=req.kld_chunks, on_step=on_step)
+    try:
+        q = perplexity.measure(loc, path, reference=reference, auto_reference=False, ctx=req.kld_ctx,
+                               chunks=req.kld_chunks, on_step=on_step)
+    except QualityError as exc:  # this quant's row says why; the comparison goes on with the next
+        return replace(row, error=str(exc))
     row = replace(row, ppl=q.ppl, ppl_error=q.ppl_error, kld_mean=q.kld_mean, kld_p99=q.kld_p99,
                   same_top_pct=q.same_top_pct,
                   kld_mean_error=quant_pick.kld_error(q.kld_mean_error) if q.kld_mean is not None else None)
