@@ -101,3 +101,24 @@ def test_the_importance_matrix_bound_holds_the_matrix_llama_imatrix_writes(engin
         written = imatrix.importance_matrix(engine_loc, src, chunks=2).stat().st_size
         bound = quant_disk.imatrix_bytes_bound(gguf_reader.inspect_model(src))
         assert written <= bound < 2 * written + 256 * 2**10, (arch, written, bound)  # an upper bound, a close one
+
+
+def test_a_quants_kv_pricing_logits_are_removed_and_its_prices_stay_cached(engine_loc, demo_models, tmp_path,
+                                                                          monkeypatch):
+    """What each quant's auto-tune writes to price its KV types (f16-KV logits under the cache's quality/logits,
+    16 MiB for the demo vocabulary, ~0.6 GB at 152K) is removed once the quant is measured; the prices stay."""
+    from tuner.core.config import CacheType
+    from tuner.quality import kv_price, perplexity
+    from tuner.quants import compare
+
+    monkeypatch.setenv("MOE_TUNE_CACHE", str(tmp_path / "mt"))
+    model = demo_models[("qwen3moe", "Q4_K_M")]
+    price = kv_price.price(engine_loc, model, CacheType.Q8_0, CacheType.Q8_0, chunks=2)
+    written = perplexity.cached_logits_path(engine_loc, model, ctx=kv_price.PRICE_CTX, chunks=2)
+    assert written is not None and written.stat().st_size > 0 and not price.from_cache
+    monkeypatch.setattr(kv_price, "PRICE_CHUNKS", 2)  # the chunks this test priced with
+    compare._drop_kv_logits(model, engine_loc, None, None, compare.CompareRequest(sources=()))
+    assert not written.exists() and not list((tmp_path / "mt" / "quality" / "logits").glob("*.logits"))
+    again = kv_price.price(engine_loc, model, CacheType.Q8_0, CacheType.Q8_0, chunks=2)
+    assert again.from_cache and again.kld_mean == price.kld_mean  # the price itself is kept
+    assert not list((tmp_path / "mt" / "quality" / "logits").glob("*.logits"))
