@@ -67,7 +67,7 @@ def test_compare_quants_over_three_demo_quants(hub_env, tmp_path):
                     "-c", "256", "-p", "32", "-n", "16", "--min-ctx", "512", "--out", str(out), env=hub_env)
     assert shown.returncode == 0, shown.stderr
     print(shown.stdout)
-    for name in ("Q4_K_M", "Q8_0", "F16", "0 (reference)", "gen tok/s", "mean KLD", "Pareto", "llama-server"):
+    for name in ("Q4_K_M", "Q8_0", "F16", "0 (ref)", "gen t/s", "mean KLD", "Pareto front", "llama-server"):
         assert name in shown.stdout
 
 

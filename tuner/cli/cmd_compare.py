@@ -7,11 +7,12 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich import box
 from rich.table import Table
 
 from tuner.catalog import cards
 from tuner.cli.app import AllowBusy, BusyWait, JsonFlag, LlamaDir, app, err, friendly, measuring, out
-from tuner.core.errors import UsageError
+from tuner.core.errors import TunerError, UsageError
 from tuner.engine import build
 from tuner.hub import repos
 from tuner.machine import hardware
@@ -28,7 +29,8 @@ def compare_quants_cmd(
     sources: Annotated[list[str] | None, typer.Argument(
         help="One Hugging Face repo (owner/name) or several .gguf files (none: only the --make quants).")] = None,
     quants: Annotated[str | None, typer.Option("--quants", help="Comma-separated quants, e.g. Q4_K_M,Q8_0 "
-                                               "(default: every quant in the repo).")] = None,
+                                               "(default: every quant in the repo); after one local F16/BF16 "
+                                               "file: the quants to make from it, as --make ... --from.")] = None,
     trials: Annotated[int, typer.Option("--trials", help="Auto-tune trials per quant.")] = compare.DEFAULT_TRIALS,
     gpu: Annotated[str | None, typer.Option("--gpu", help="Judge the fit for this card, e.g. \"RTX 3060 12GB\".")]
     = None,
@@ -53,9 +55,11 @@ def compare_quants_cmd(
     = None,
     use_imatrix: Annotated[bool, typer.Option("--imatrix", help="Make with an importance matrix (llama-imatrix on "
                                               "the bundled corpus, cached per source).")] = False,
-    disk_budget: Annotated[float | None, typer.Option("--disk-budget", help="GiB the comparison may keep on disk "
-                                                      "(quants, logits, its folder); keeps the winner, drops the "
-                                                      "rest as needed.")] = None,
+    disk_budget: Annotated[float | None, typer.Option("--disk-budget", help="GiB the comparison may add to the "
+                                                      "disk (every shard of the quants and the reference it fetches, "
+                                                      "made quants, logits, importance matrix, its folder); checked "
+                                                      "before each fetch; keeps the winner, drops the rest as "
+                                                      "needed.")] = None,
     min_tok_s: Annotated[float | None, typer.Option("--min-tok-s", help="Speed floor: generation tok/s at the "
                                                     "workload's depth the answer must reach.")] = None,
     max_kld: Annotated[float | None, typer.Option("--max-kld", help="Loss budget: the largest mean KLD the "
@@ -109,26 +113,42 @@ def compare_quants_cmd(
     compare_report.write(result)
     if as_json:
         out.print_json(json.dumps(compare_report.to_json(result)))
-        return
-    if as_csv:
+    elif as_csv:
         out.print(compare_report.to_csv(result.rows), end="", highlight=False, markup=False, soft_wrap=True)
+    if result.measured == 0:
+        errors = [r for r in result.rows if r.error]
+        first = f": {errors[0].quant}: {errors[0].error}" if errors else ""
+        more = f" (and {len(errors) - 1} more, see {result.out_dir}/report.md)" if len(errors) > 1 else ""
+        raise TunerError(f"compare-quants measured none of its {len(result.rows)} quant(s){first}{more}")
+    if as_json or as_csv:
         return
-    table = Table(title=f"{result.title}: fit at -c {fit_ctx} on {fit_hw.describe()}")
-    for col in compare_report.COLUMNS:
-        table.add_column(col, overflow="fold")
-    for r in result.rows:
-        table.add_row(*compare_report.cells(r))
-    out.print(table)
+    out.print(table_of(result, f"at -c {fit_ctx} on {fit_hw.describe()}"))
+    for line in compare_report.after_table(result):
+        out.print(line, highlight=False, markup=False, soft_wrap=True)
     if result.catalog_model:
-        out.print(f"published (catalog) figures: {result.catalog_model}, not measured here", highlight=False)
+        out.print(f"published (catalog) figures: {result.catalog_model}, not measured here (see report.md)",
+                  highlight=False)
     out.print(f"reference: {result.reference or 'none (PPL only)'}", highlight=False, soft_wrap=True)
-    for r in result.rows:
-        if r.command:
-            out.print(f"made here: {r.quant}: {r.command}", highlight=False, markup=False, soft_wrap=True)
     answer = f"answer: {result.pick}; {result.binding}" if result.pick else result.binding
     out.print(answer, highlight=False, markup=False, soft_wrap=True)
+    for line in result.undecided:
+        if line not in answer:
+            out.print(line, highlight=False, markup=False, soft_wrap=True)
     if result.disk_used_bytes is not None and req.disk_budget_bytes is not None:
         out.print(f"disk: the comparison keeps {result.disk_used_bytes / 2**30:.3f} GiB of its "
                   f"{req.disk_budget_bytes / 2**30:.3f} GiB budget", highlight=False)
     out.print(f"written: {result.out_dir}/report.md, compare.csv, compare.json, gen_tok_s_vs_kld.png",
               highlight=False, soft_wrap=True)
+
+
+def table_of(result: compare.Comparison, fit_where: str) -> Table:
+    """One line per quant at 80 columns: no edges, one space between columns, no cell folded; the caption says
+    what the short headers mean."""
+    table = Table(title=result.title, box=box.SIMPLE_HEAD, padding=(0, 0), show_edge=False,
+                  caption=compare_report.caption(result, fit_where))
+    for col in compare_report.TERMINAL_COLUMNS:
+        table.add_column(col, justify="left" if col in ("quant", "fit", "config", "verdict") else "right",
+                         no_wrap=True)
+    for r in result.rows:
+        table.add_row(*compare_report.terminal_cells(r))
+    return table

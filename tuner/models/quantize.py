@@ -26,10 +26,14 @@ from tuner.engine.build import EngineLocation
 from tuner.machine.fileio import atomic_write
 from tuner.models import gguf_reader
 
-# Regexes searched in tensor names (llama_tensor_get_type): what a MoE mix keeps at the higher type besides the
-# embeddings and output. `attn_` covers every attention projection (1-D norms are never quantized);
-# `ffn_{gate,up,down}.weight` the dense FFN layers and `_shexp.weight` the shared experts, never `_exps`.
-MIX_HIGH_PATTERNS = ("attn_", r"ffn_(gate|up|down)(_shexp)?\.weight")
+# Regexes searched in tensor names (llama_tensor_get_type in src/llama-quant.cpp, std::regex_search, ECMAScript):
+# what a MoE mix keeps at the higher type besides the embeddings and output (their own options). One pattern,
+# "every tensor but the routed experts": a list of what to keep high missed families' own weights (the ssm_*
+# linear-attention tensors of qwen35moe and qwen3next, attn_qkv/attn_gate), so it names what to leave out
+# instead. Routed experts are `*_exps` (and `*_chexps`, ERNIE's) in llm_tensor names (src/llama-arch.cpp).
+# Tensors llama-quantize never quantizes (1-D norms and biases, ffn_gate_inp, ssm_conv1d) stay as they are:
+# tensor_allows_quantization() is checked before any pattern.
+MIX_HIGH_PATTERNS = (r"^(?!.*_(ch)?exps\.)",)
 # ggml tensor types a `--tensor-type` may name (ggml_type_name, matched case-insensitively by llama-quantize).
 GGML_TYPES = frozenset(t.name for t in gguf.GGMLQuantizationType)
 MADE_SUFFIX = ".made.json"
@@ -152,8 +156,9 @@ def estimate_bytes(loc: EngineLocation, source: Path, recipe: Recipe, imatrix: P
 
 
 def make(loc: EngineLocation, source: Path, out_dir: Path, recipe: Recipe, *, imatrix: Path | None = None,
-         on_step: Callable[[str], None] | None = None) -> MadeQuant:
-    """Make ``recipe`` from ``source`` into ``out_dir`` (or reuse the file an identical command made before)."""
+         on_step: Callable[[str], None] | None = None, on_log: Callable[[str], None] | None = None) -> MadeQuant:
+    """Make ``recipe`` from ``source`` into ``out_dir`` (or reuse the file an identical command made before).
+    ``on_log`` gets llama-quantize's output line by line (its per-tensor log says which type each tensor got)."""
     dest = made_path(source, out_dir, recipe, imatrix)
     argv = _argv(loc, recipe, source, dest, imatrix)
     command = shlex.join([Path(argv[0]).name, *argv[1:]])
@@ -172,7 +177,7 @@ def make(loc: EngineLocation, source: Path, out_dir: Path, recipe: Recipe, *, im
     part_argv = _argv(loc, recipe, source, part, imatrix)
     try:
         runner.run_process(part_argv, timeout_s=QUANTIZE_TIMEOUT_S, what=f"llama-quantize {recipe.name}",
-                           fix="check the source and the quant type")
+                           fix="check the source and the quant type", on_line=on_log)
     except ProcessFailedError as exc:
         part.unlink(missing_ok=True)
         if "requires an importance matrix" in (exc.stderr_tail or "") + str(exc):

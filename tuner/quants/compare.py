@@ -13,26 +13,27 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from tuner.catalog import families
-from tuner.core.errors import OverBudgetError, QuantizeError, TunerError, UsageError
+from tuner.core.errors import OverBudgetError, QualityError, QuantizeError, TunerError, UsageError
 from tuner.engine import build
-from tuner.hub import download, repos
+from tuner.hub import repos
 from tuner.machine.hardware import Hardware
 from tuner.measure import workload
 from tuner.models import gguf_reader, quantize
 from tuner.models.gguf_reader import ModelInfo
-from tuner.quality import imatrix, kld, perplexity
+from tuner.quality import kld, kv_price, perplexity
 from tuner.quants import disk as quant_disk
 from tuner.quants import pick as quant_pick
+from tuner.quants import sources as plan_sources
 from tuner.search import autotune, study
 
 DEFAULT_TRIALS = 4
-# Reference quants, best first, when the repo holds one; otherwise the largest quant is the reference.
-REFERENCE_QUANTS = ("F32", "BF16", "F16", "Q8_0")
+REFERENCE_LOGITS, IMATRIX, KV_LOGITS = "the reference logits", "the importance matrix", "KV-pricing logits"
 
 FitFn = Callable[[repos.Quant, ModelInfo], str]
-MADE, PUBLISHED, LOCAL = "made here", "published", "local file"
+MADE, PUBLISHED, LOCAL = plan_sources.MADE, plan_sources.PUBLISHED, plan_sources.LOCAL
 StepFn = Callable[[str], None]
 
 
@@ -65,6 +66,7 @@ class QuantRow:
     depth_tokens: int | None = None  # context depth the speed was measured at
     verdict: str = ""
     kept: bool = True  # the file is still on disk (a --disk-budget drops the others)
+    config_name: str | None = None  # the best config in a few letters: KV types, --n-cpu-moe, slots
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +99,11 @@ class Comparison:
     pick: str | None = None
     binding: str = ""
     disk_used_bytes: int | None = None
+    undecided: tuple[str, ...] = ()  # rows whose interval straddles a limit, with why
+
+    @property
+    def measured(self) -> int:
+        return sum(r.gen_tok_s is not None or r.kld_mean is not None for r in self.rows)
 
 
 # ----------------------------------------------------------------------------------------- pure logic
@@ -112,6 +119,16 @@ def with_pareto(rows: Sequence[QuantRow]) -> tuple[QuantRow, ...]:
     return tuple(replace(r, pareto=f) for r, f in zip(rows, pareto_flags(rows), strict=True))
 
 
+def config_name(config: dict[str, Any], slots: int = 1) -> str:
+    """The best config as a short name for an 80-column table: ``f16``, ``q8 cm12``, ``q8/q4 cm40 np2`` (the K/V
+    cache types without ``_0``, ``cm``: --n-cpu-moe, ``np``: slots); the full launch line goes below the table."""
+    k, v = (str(config.get(key) or "f16").removesuffix("_0") for key in ("cache_type_k", "cache_type_v"))
+    name = k if k == v else f"{k}/{v}"
+    if config.get("n_cpu_moe"):
+        name += f" cm{config['n_cpu_moe']}"
+    return name + (f" np{slots}" if slots > 1 else "")
+
+
 def default_out_dir(sources: Sequence[str]) -> Path:
     ref = repos.parse_hub_ref(sources[0]) if len(sources) == 1 else None
     name = ref.repo_id.split("/")[-1] if ref else Path(sources[0]).stem
@@ -119,139 +136,6 @@ def default_out_dir(sources: Sequence[str]) -> Path:
 
 
 # -------------------------------------------------------------------------------------- orchestration
-
-
-@dataclass(frozen=True, slots=True)
-class _Target:
-    """One quant to measure; ``fetch`` puts its file on disk (download or make) only when its turn comes."""
-
-    name: str
-    origin: str
-    estimate_bytes: Callable[[], int]
-    fetch: Callable[[], tuple[Path, str | None, Callable[[], None] | None]]  # path, command, drop (None: keep)
-    size_bytes: int = 0
-    n_parts: int = 1
-
-
-def _local_quant(path: Path) -> repos.Quant:
-    parts = gguf_reader.split_parts(path)
-    return repos.Quant(repos.quant_name(path.name),
-                     tuple(repos.RemoteFile(p.name, p.stat().st_size, None) for p in parts))
-
-
-def _reference_quant(listing: repos.RepoQuants) -> repos.Quant:
-    for name in REFERENCE_QUANTS:
-        for q in listing.quants:
-            if q.name.upper() == name:
-                return q
-    return max(listing.quants, key=lambda q: q.total_bytes)
-
-
-def _published_target(repo_id: str, q: repos.Quant, options: repos.HubOptions, on_step: StepFn) -> _Target:
-    def fetch() -> tuple[Path, str | None, Callable[[], None] | None]:
-        on_step(f"fetching {repo_id}:{q.name} ({q.total_bytes / 2**20:,.1f} MiB)")
-        got = download.download_quant(repo_id, q.name, options=options)
-        fetched = got.downloaded_bytes + got.resumed_from_bytes > 0  # ours to drop; a cached one is the user's
-
-        def drop() -> None:
-            download.drop_quant(got)
-        return got.first_path, None, drop if fetched else None
-    return _Target(q.name, PUBLISHED, lambda: q.total_bytes, fetch, q.total_bytes, q.n_parts)
-
-
-def _local_target(p: Path) -> _Target:
-    q = _local_quant(p)
-    return _Target(q.name, MADE if quantize.made_command(p) else LOCAL, lambda: 0,
-                   lambda: (p, quantize.made_command(p), None), q.total_bytes, q.n_parts)
-
-
-def _made_target(loc: build.EngineLocation, source: Callable[[], Path], recipe: quantize.Recipe, out_dir: Path,
-                 imat: Callable[[], Path | None], on_step: StepFn) -> _Target:
-    def fetch() -> tuple[Path, str | None, Callable[[], None] | None]:
-        made = quantize.make(loc, source(), out_dir, recipe, imatrix=imat(), on_step=on_step)
-        return made.path, made.command, _dropper(made.path)
-    return _Target(recipe.name, MADE, lambda: quantize.estimate_bytes(loc, source(), recipe, imat()), fetch)
-
-
-def _make_source(req: CompareRequest, on_step: StepFn) -> tuple[Callable[[], Path], repos.HubRef | None]:
-    """Where --make quantizes from: --from (a file or a repo), else the repo's or the files' full-precision
-    copy. The repo's copy is fetched lazily, when the first quant is made."""
-    spec = req.make_from
-    if spec is None:
-        if len(req.sources) == 1 and repos.parse_hub_ref(req.sources[0]):
-            spec = req.sources[0]
-        elif req.sources:
-            found = perplexity.find_reference(Path(req.sources[0]).expanduser())
-            if found is None:
-                raise UsageError("--make needs a full-precision source: add --from MODEL-F16.gguf (or BF16/Q8_0)")
-            spec = str(found)
-        else:
-            raise UsageError("--make needs a source: add --from MODEL-F16.gguf or --from owner/repo")
-    ref = repos.parse_hub_ref(spec) if not Path(spec).expanduser().is_file() else None
-    if ref is None:
-        path = Path(spec).expanduser()
-        if not path.is_file():
-            raise UsageError(f"--from {path} not found: give an F16/BF16/Q8_0 .gguf or a Hugging Face repo")
-        return (lambda: path), None
-    cache: dict[str, Path] = {}
-
-    def fetch() -> Path:
-        if "p" not in cache:
-            listing = repos.list_quants(ref.repo_id, options=req.options)
-            q = listing.get(ref.quant) if ref.quant else _reference_quant(listing)
-            on_step(f"fetching the source {ref.repo_id}:{q.name} ({q.total_bytes / 2**20:,.1f} MiB)")
-            cache["p"] = download.download_quant(ref.repo_id, q.name, options=req.options).first_path
-        return cache["p"]
-    return fetch, ref
-
-
-def _targets(req: CompareRequest, loc: build.EngineLocation, out_dir: Path, on_step: StepFn
-             ) -> tuple[str, list[_Target], Callable[[], Path | None], str | None]:
-    """(title, targets, reference, catalog key): published or local quants, then the quants to make."""
-    refs = [repos.parse_hub_ref(s) for s in req.sources]
-    targets: list[_Target] = []
-    title, catalog = "", None
-    reference: Callable[[], Path | None] = lambda: req.reference  # noqa: E731
-    if req.sources and all(r is None for r in refs):
-        paths = [Path(s).expanduser() for s in req.sources]
-        for p in paths:
-            if not p.is_file():
-                raise UsageError(f"model {p} not found: give .gguf paths or one Hugging Face repo (owner/name)")
-        targets = [_local_target(p) for p in paths]
-        title = ", ".join(p.name for p in paths)
-        if req.reference is None:
-            found = perplexity.find_reference(paths[0])
-            reference = lambda: found  # noqa: E731
-    elif req.sources:
-        if len(refs) != 1 or refs[0] is None:
-            raise UsageError("compare-quants takes one Hugging Face repo or several .gguf files, not a mix")
-        repo = refs[0]
-        listing = repos.list_quants(repo.repo_id, options=req.options)
-        if not listing.quants:
-            raise repos.HubError(f"{repo.repo_id} holds no GGUF files: pick a GGUF repo (names often end in -GGUF)")
-        wanted = req.quants or ((repo.quant,) if repo.quant else () if req.make else listing.names)
-        targets = [_published_target(repo.repo_id, listing.get(n), req.options, on_step) for n in wanted]
-        title, catalog = repo.repo_id, repo.repo_id
-        if req.reference is None and not req.make:
-            rq = _reference_quant(listing)
-            reference = lambda: download.download_quant(repo.repo_id, rq.name,  # noqa: E731
-                                                        options=req.options).first_path
-    if req.make:
-        source, _ = _make_source(req, on_step)
-        recipes = quantize.parse_recipes(",".join(req.make), quantize.available_types(loc))
-        imat_cache: dict[str, Path | None] = {}
-
-        def imat() -> Path | None:
-            if "m" not in imat_cache:
-                imat_cache["m"] = imatrix.importance_matrix(loc, source(), on_step=on_step) if req.imatrix else None
-            return imat_cache["m"]
-        targets += [_made_target(loc, source, r, out_dir / "quants", imat, on_step) for r in recipes]
-        title = title or (req.make_from or "made quants")
-        if req.reference is None:
-            reference = source
-    if not targets:
-        raise UsageError("nothing to compare: give a repo or .gguf files, or --make TYPES --from SOURCE")
-    return title, targets, reference, catalog
 
 
 def _published(known: families.CatalogModel | None, quant: str) -> str | None:
@@ -268,8 +152,11 @@ def _measure_one(row: QuantRow, path: Path, req: CompareRequest, reference: Path
                  loc: build.EngineLocation, tune_hw: Hardware, out_dir: Path, on_step: StepFn) -> QuantRow:
     row = replace(row, is_reference=reference is not None and path.resolve() == reference.resolve())
     on_step(f"{row.quant}: quality against {reference.name if reference else 'no reference (PPL only)'}")
-    q = perplexity.measure(loc, path, reference=reference, auto_reference=False, ctx=req.kld_ctx,
-                           chunks=req.kld_chunks, on_step=on_step)
+    try:
+        q = perplexity.measure(loc, path, reference=reference, auto_reference=False, ctx=req.kld_ctx,
+                               chunks=req.kld_chunks, on_step=on_step)
+    except QualityError as exc:  # this quant's row says why; the comparison goes on with the next
+        return replace(row, error=str(exc))
     row = replace(row, ppl=q.ppl, ppl_error=q.ppl_error, kld_mean=q.kld_mean, kld_p99=q.kld_p99,
                   same_top_pct=q.same_top_pct,
                   kld_mean_error=quant_pick.kld_error(q.kld_mean_error) if q.kld_mean is not None else None)
@@ -287,13 +174,14 @@ def _measure_one(row: QuantRow, path: Path, req: CompareRequest, reference: Path
     if w.get("gen_tok_s") is None:
         return replace(row, study=res.study_name, error="no config measured with llama-server")
     return replace(row, launch_line=w.get("launch_line"), gen_tok_s=w.get("gen_tok_s"),
+                   config_name=config_name(w.get("config") or {}, int(w.get("slots") or 1)),
                    prompt_tok_s=w.get("prompt_tok_s"), study=res.study_name, depth_tokens=load.gen_depth,
                    gen_tok_s_error=quant_pick.speed_error(w.get("gen_samples_tok_s") or []))
 
 
 def choose(rows: Sequence[QuantRow], min_tok_s: float | None, max_kld: float | None) -> quant_pick.Pick:
-    return quant_pick.pick([quant_pick.Candidate(r.quant, r.size_bytes, r.gen_tok_s, r.gen_tok_s_error or 0.0,
-                                                 r.kld_mean, r.kld_mean_error or 0.0)
+    return quant_pick.pick([quant_pick.Candidate(r.quant, r.size_bytes, r.gen_tok_s, r.gen_tok_s_error,
+                                                 r.kld_mean, r.kld_mean_error)
                             for r in rows if r.error is None], min_tok_s, max_kld)
 
 
@@ -305,6 +193,12 @@ def _fingerprint(req: CompareRequest) -> str:
                                   reference=str(req.reference))
 
 
+def normalized(req: CompareRequest) -> tuple[CompareRequest, str | None]:
+    """The request as compare runs it (a local F16 with --quants: those quants made from it), and a note."""
+    sources, quants, make, make_from, note = plan_sources.normalize(req.sources, req.quants, req.make, req.make_from)
+    return replace(req, sources=sources, quants=quants, make=make, make_from=make_from), note
+
+
 def compare(req: CompareRequest, loc: build.EngineLocation, tune_hw: Hardware, fit_of: FitFn, *,
             on_step: StepFn | None = None) -> Comparison:
     """Fetch or make, tune and measure each quant in turn, within the disk budget; resumable. The report files
@@ -314,74 +208,158 @@ def compare(req: CompareRequest, loc: build.EngineLocation, tune_hw: Hardware, f
     if req.disk_budget_bytes is not None and req.disk_budget_bytes <= 0:
         raise UsageError("--disk-budget must be > 0 GiB")
     say = on_step or (lambda _msg: None)
+    req, note = normalized(req)
+    if note:
+        say(note)
     out_dir = req.out_dir or default_out_dir(req.sources or (req.make_from or "made",))
     out_dir.mkdir(parents=True, exist_ok=True)
-    title, targets, reference_of, catalog_key = _targets(req, loc, out_dir, say)
-    known = families.find_model(catalog_key) if catalog_key else None
+    owned = quant_disk.load_owned(out_dir)  # what earlier runs of this comparison fetched or made
+    plan = plan_sources.plan(req.sources, req.quants, req.make, req.make_from, req.reference, req.imatrix,
+                             req.options, loc, out_dir, lambda q: q in owned, say)
+    known = families.find_model(plan.catalog) if plan.catalog else None
     key = _fingerprint(req)
-    names = {t.name for t in targets}
+    names = {t.name for t in plan.targets}
     rows = [QuantRow(**d) for d in quant_disk.load_rows(out_dir, key) if d.get("quant") in names]
     done = {r.quant for r in rows}
     if done:
         say(f"resuming: {len(done)} quant(s) already measured ({', '.join(sorted(done))})")
-    ledger = quant_disk.DiskLedger(out_dir, req.disk_budget_bytes)
     for stale in (out_dir / "quants").glob("*.part"):  # a quant an interrupted run was making: made again
         stale.unlink(missing_ok=True)
-    for r in rows:  # what an earlier run kept stays counted and droppable
-        if r.kept and Path(r.path).is_file() and _inside_dir(Path(r.path), out_dir):
-            ledger.keep(r.quant, Path(r.path), _dropper(Path(r.path)))
-    reference: Path | None = None
-    for t in targets:
-        if t.name in done:
-            continue
-        winner = choose(rows, req.min_tok_s, req.max_kld).quant
-        try:
-            if reference is None:
-                reference = reference_of()
-            need = t.estimate_bytes()
-            if reference is not None and "reference logits" not in ledger.external:
-                need += kld.logits_bytes(gguf_reader.inspect_model(reference).n_vocab, req.kld_ctx, req.kld_chunks)
-                if _inside_dir(reference, req.options.hub_cache):  # fetched for this comparison: it counts
-                    ledger.keep_file("reference", reference)
-            for q in ledger.make_room(need, {winner} if winner else set(), f"{t.name}"):
-                say(f"disk budget: dropped {q}")
-                rows = [replace(r, kept=False) if r.quant == q else r for r in rows]
-            path, command, drop = t.fetch()
-        except (OverBudgetError, QuantizeError) as exc:
-            rows.append(QuantRow(quant=t.name, path="", size_bytes=0, n_parts=t.n_parts, fit="", origin=t.origin,
-                                 error=str(exc), kept=False))
-            quant_disk.save_rows(out_dir, key, [asdict(r) for r in rows])
-            continue
-        if drop is not None:
-            ledger.keep(t.name, path, drop)
-        quant = repos.Quant(t.name, tuple(repos.RemoteFile(p.name, p.stat().st_size, None)
-                                          for p in gguf_reader.split_parts(path)))
-        row = QuantRow(quant=t.name, path=str(path), size_bytes=quant.total_bytes, n_parts=quant.n_parts,
-                       fit=fit_of(quant, gguf_reader.inspect_model(path)), origin=t.origin, command=command)
-        row = _measure_one(row, path, req, reference, loc, tune_hw, out_dir, say)
-        rows.append(replace(row, published=_published(known, t.name)))
-        if reference is not None and (logit := _logits_of(reference, req, loc)) is not None:
-            ledger.keep_file("reference logits", logit)
-        quant_disk.save_rows(out_dir, key, [asdict(r) for r in rows])
+    ledger = quant_disk.DiskLedger(out_dir, req.disk_budget_bytes)
+    for q, paths in owned.items():  # what an earlier run fetched or made and kept stays counted and droppable
+        if q in names and all(p.is_file() for p in paths):
+            ledger.keep(q, paths, _dropper(out_dir, q, paths))
+    todo = [t for t in plan.targets if t.name not in done]
+    kv_logits = _fixed_part(plan, req, loc, ledger, todo)
+    rows = _measure_all(todo, rows, plan, req, loc, tune_hw, fit_of, ledger, kv_logits, known, out_dir, key, say)
     final = choose(rows, req.min_tok_s, req.max_kld)
     rows = [replace(r, verdict=final.verdicts.get(r.quant, r.verdict or quant_pick.UNMEASURED),
                     kept=r.kept and Path(r.path).is_file()) for r in rows]
     rows.sort(key=lambda r: r.size_bytes)
-    return Comparison(title=title, reference=str(reference) if reference else None, rows=with_pareto(rows),
+    ref = plan.reference
+    reference = None if ref is None else str(ref.path) if ref.fetched else ref.name
+    return Comparison(title=plan.title, reference=reference, rows=with_pareto(rows),
                       out_dir=out_dir, catalog_model=known.name if known else None, pick=final.quant,
-                      binding=final.binding, disk_used_bytes=ledger.used_bytes())
+                      binding=final.binding, disk_used_bytes=ledger.used_bytes(), undecided=final.undecided)
 
 
-def _dropper(path: Path) -> Callable[[], None]:
+def _fixed_part(plan: plan_sources.Plan, req: CompareRequest, loc: build.EngineLocation,
+                ledger: quant_disk.DiskLedger, todo: list[plan_sources.Target]) -> int:
+    """Reserve, check and fetch what the comparison keeps throughout: the reference and the source (every shard),
+    the reference logits, the importance matrix. Refuses in one line, before fetching anything, when that alone
+    or with the smallest quant does not fit the budget. Returns the bytes of one quant's KV-pricing logits."""
+    header = (plan.reference or plan.source)
+    info = header.info() if header is not None else None
+    for f in dict.fromkeys(x for x in (plan.reference, plan.source) if x is not None and x.counted_bytes):
+        ledger.reserve(f.label, f.counted_bytes)
+    if plan.reference is not None and info is not None:
+        ledger.reserve(REFERENCE_LOGITS, kld.logits_bytes(info.n_vocab, req.kld_ctx, req.kld_chunks))
+    if req.imatrix and plan.source is not None:
+        ledger.reserve(IMATRIX, quant_disk.imatrix_bytes_bound(plan.source.info()))
+    if info is None and todo:  # no reference: the vocabulary of the first quant on disk (local files)
+        info = gguf_reader.inspect_model(todo[0].fetch().path)
+    kv_logits = kld.logits_bytes(info.n_vocab, kv_price.PRICE_CTX, kv_price.PRICE_CHUNKS) if info else 0
+    if not todo:
+        return kv_logits
+    _check_fixed(ledger, [], kv_logits)
+    _check_fixed(ledger, [t.estimate_bytes() for t in todo if t.sized_now], kv_logits)
+    for f in dict.fromkeys(x for x in (plan.reference, plan.source) if x is not None):
+        paths = f.fetch()
+        if f.counted_bytes:
+            ledger.keep(f.label, paths)
+    if plan.reference is not None and (logits := _logits_of(plan.reference.path, req, loc)) is not None:
+        ledger.keep(REFERENCE_LOGITS, (logits,))
+    if (matrix := plan.imatrix()) is not None:
+        ledger.keep(IMATRIX, (matrix,))
+    _check_fixed(ledger, [t.estimate_bytes() for t in todo], kv_logits)
+    return kv_logits
+
+
+def _check_fixed(ledger: quant_disk.DiskLedger, quant_bytes: list[int], kv_logits: int) -> None:
+    """Refuse in one line when the fixed part, or the fixed part and the smallest quant, exceeds the budget."""
+    if ledger.budget_bytes is None:
+        return
+    floor = ledger.used_bytes() - sum(ledger.label_bytes(q) for q in ledger.droppable)
+    smallest = min(quant_bytes, default=0)
+    need = floor + smallest + (kv_logits if quant_bytes else 0) + quant_disk.WORK_RESERVE_BYTES
+    if need <= ledger.budget_bytes:
+        return
+    fixed = quant_disk.parts_line(ledger.kept_parts())
+    what = (f"the comparison's fixed part ({fixed})" if not quant_bytes else
+            f"the fixed part ({fixed}) with the smallest quant ({quant_disk.gib(smallest)}, and "
+            f"{quant_disk.gib(kv_logits)} of KV-pricing logits while it is tuned)")
+    raise OverBudgetError(f"{what} needs {quant_disk.gib(need)} with the work reserve, over --disk-budget "
+                          f"{quant_disk.gib(ledger.budget_bytes)}: raise it to at least {need / 2**30:.3f}, or "
+                          "lower --chunks or -c (smaller reference logits)")
+
+
+def _measure_all(todo: list[plan_sources.Target], rows: list[QuantRow], plan: plan_sources.Plan,
+                 req: CompareRequest, loc: build.EngineLocation, tune_hw: Hardware, fit_of: FitFn,
+                 ledger: quant_disk.DiskLedger, kv_logits: int, known: families.CatalogModel | None, out_dir: Path,
+                 key: str, say: StepFn) -> list[QuantRow]:
+    reference = plan.reference.path if plan.reference is not None and todo else None
+    for t in todo:
+        winner = choose(rows, req.min_tok_s, req.max_kld).quant
+        try:
+            need = quant_disk.Need(((f"the quant {t.name}", t.estimate_bytes()), ("its KV-pricing logits", kv_logits)))
+            for q in ledger.make_room(need, {winner} if winner else set(), t.name):
+                say(f"disk budget: dropped {q}")
+                rows = [replace(r, kept=False) if r.quant == q else r for r in rows]
+            got = t.fetch()
+        except (OverBudgetError, QuantizeError) as exc:
+            say(f"{t.name}: {exc}")
+            rows.append(QuantRow(quant=t.name, path="", size_bytes=0, n_parts=t.n_parts, fit="", origin=t.origin,
+                                 error=str(exc), kept=False))
+            quant_disk.save_rows(out_dir, key, [asdict(r) for r in rows])
+            continue
+        if got.owned:
+            ledger.keep(t.name, got.paths, _dropper(out_dir, t.name, got.paths))
+            quant_disk.save_owned(out_dir, t.name, got.paths)
+        quant = repos.Quant(t.name, tuple(repos.RemoteFile(p.name, p.stat().st_size, None) for p in got.paths))
+        row = QuantRow(quant=t.name, path=str(got.path), size_bytes=quant.total_bytes, n_parts=quant.n_parts,
+                       fit=fit_of(quant, gguf_reader.inspect_model(got.path)), origin=t.origin, command=got.command)
+        ledger.reserve(KV_LOGITS, kv_logits)
+        kv_file = _kv_logits_of(got.path, loc)
+        try:
+            row = _measure_one(row, got.path, req, reference, loc, tune_hw, out_dir, say)
+        finally:
+            _drop_kv_logits(got.path, loc, kv_file, reference, req)
+            ledger.forget(KV_LOGITS)
+        rows.append(replace(row, published=_published(known, t.name)))
+        if reference is not None and (logit := _logits_of(reference, req, loc)) is not None:
+            ledger.keep(REFERENCE_LOGITS, (logit,))
+        quant_disk.save_rows(out_dir, key, [asdict(r) for r in rows])
+    return rows
+
+
+def _dropper(out_dir: Path, quant: str, paths: tuple[Path, ...]) -> Callable[[], None]:
     def drop() -> None:
-        quantize.drop(path)
+        quant_disk.drop_files(paths)  # a downloaded file's blob behind its cache link too
+        for p in paths:
+            quantize.drop(p)  # a made file's sidecar
+        quant_disk.save_owned(out_dir, quant, None)
     return drop
-
-
-def _inside_dir(path: Path, folder: Path) -> bool:
-    return path.resolve().is_relative_to(folder.resolve())
 
 
 def _logits_of(reference: Path, req: CompareRequest, loc: build.EngineLocation) -> Path | None:
     """The cached reference logits file the quality measure wrote (the budget counts it)."""
     return perplexity.cached_logits_path(loc, reference, ctx=req.kld_ctx, chunks=req.kld_chunks)
+
+
+def _kv_logits_of(model: Path, loc: build.EngineLocation) -> Path | None:
+    """The KV-pricing logits of ``model`` when they are cached before its auto-tune (then they are not ours)."""
+    return perplexity.cached_logits_path(loc, model, ctx=kv_price.PRICE_CTX, chunks=kv_price.PRICE_CHUNKS)
+
+
+def _drop_kv_logits(model: Path, loc: build.EngineLocation, before: Path | None, reference: Path | None,
+                    req: CompareRequest) -> None:
+    """Delete the f16-KV logits a quant's auto-tune wrote to price its KV types (tuner.quality.kv_price): its
+    prices are cached as results, and on a 152K-vocabulary model each file is ~0.6 GB. Never the reference
+    logits, nor a file that was there before."""
+    path = _kv_logits_of(model, loc)
+    if path is None or before is not None:
+        return
+    if reference is not None and path == _logits_of(reference, req, loc):
+        return
+    path.unlink(missing_ok=True)
+    path.with_suffix(".json").unlink(missing_ok=True)
