@@ -42,6 +42,9 @@ def test_a_cpu_build_on_a_gpu_desktop_stops_bench_and_auto_tune_at_once(engine_l
         tune = run_cli("auto-tune", str(model), "--trials", "2", "--results-dir", str(tmp_path / "r"), env=d.env)
         assert CPU_BUILD in _one_line(tune)
         assert not list((tmp_path / "r").glob("*/result.json"))  # nothing searched, nothing crowned
+        quants = run_cli("compare-quants", str(model), "--trials", "1", "--out", str(tmp_path / "c"), env=d.env)
+        assert CPU_BUILD in _one_line(quants)
+        assert not list((tmp_path / "c").glob("**/compare.json"))
         assert time.monotonic() - t0 < 120
 
 

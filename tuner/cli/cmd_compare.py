@@ -11,7 +11,19 @@ from rich import box
 from rich.table import Table
 
 from tuner.catalog import cards
-from tuner.cli.app import AllowBusy, BusyWait, JsonFlag, LlamaDir, app, err, friendly, measuring, out
+from tuner.cli.app import (
+    AllowBusy,
+    BusyWait,
+    DeviceOpt,
+    JsonFlag,
+    LlamaDir,
+    app,
+    device_choice,
+    err,
+    friendly,
+    measuring,
+    out,
+)
 from tuner.core.errors import TunerError, UsageError
 from tuner.engine import build
 from tuner.hub import repos
@@ -66,6 +78,7 @@ def compare_quants_cmd(
                                                   "answer may have.")] = None,
     depth: Annotated[int | None, typer.Option("--depth", help="Context depth (tokens) generation is measured "
                                               "at (default: the prompt).")] = None,
+    device: DeviceOpt = None,
     allow_busy: AllowBusy = False,
     busy_wait: BusyWait = "10m",
     llama_cpp_dir: LlamaDir = None,
@@ -106,9 +119,10 @@ def compare_quants_cmd(
         kld_ctx=ctx, kld_chunks=chunks, reference=reference, out_dir=out_dir,
         make=tuple(m.strip() for m in (make or "").split(",") if m.strip()), make_from=make_from,
         imatrix=use_imatrix, disk_budget_bytes=round(disk_budget * 2**30) if disk_budget is not None else None,
-        min_tok_s=min_tok_s, max_kld=max_kld)
-    tune_hw = hardware.probe_hardware(host_bandwidth_s=0.3)
-    with measuring("compare-quants", allow_busy=allow_busy, busy_wait=busy_wait, quiet_output=as_json or as_csv):
+        min_tok_s=min_tok_s, max_kld=max_kld, device=device_choice(device))
+    with measuring("compare-quants", allow_busy=allow_busy, busy_wait=busy_wait, quiet_output=as_json or as_csv,
+                   device=req.device):
+        tune_hw = hardware.probe_hardware(host_bandwidth_s=0.3)
         result = compare.compare(req, loc, tune_hw, fit_of, on_step=say)
     compare_report.write(result)
     if as_json:

@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from tuner.catalog import families
-from tuner.core.errors import OverBudgetError, QualityError, QuantizeError, TunerError, UsageError
+from tuner.core.errors import CpuFallbackError, OverBudgetError, QualityError, QuantizeError, TunerError, UsageError
 from tuner.engine import build
 from tuner.hub import repos
 from tuner.machine.hardware import Hardware
-from tuner.measure import workload
+from tuner.measure import gpu_use, workload
 from tuner.models import gguf_reader, quantize
 from tuner.models.gguf_reader import ModelInfo
 from tuner.quality import kld, kv_price, perplexity
@@ -87,6 +87,7 @@ class CompareRequest:
     disk_budget_bytes: int | None = None
     min_tok_s: float | None = None
     max_kld: float | None = None
+    device: str | None = None  # -dev of every tuned config: "none" measures the CPU on purpose
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,9 +166,11 @@ def _measure_one(row: QuantRow, path: Path, req: CompareRequest, reference: Path
     tune = autotune.TuneRequest(model=path, workload=load, min_ctx=req.min_ctx,
                                 budget=study.Budget(trials=req.trials),
                                 measure=study.Measure.for_workload(load),
-                                results_dir=out_dir / "tune")
+                                results_dir=out_dir / "tune", device=req.device)
     try:
         res = autotune.auto_tune(tune, loc, tune_hw, on_step=on_step)
+    except CpuFallbackError:
+        raise  # the engine is not on the GPU: every row would be a CPU figure, so the comparison stops
     except TunerError as exc:
         return replace(row, error=str(exc))
     w = res.result.to_dict().get("winner") or {}
@@ -208,6 +211,8 @@ def compare(req: CompareRequest, loc: build.EngineLocation, tune_hw: Hardware, f
     if req.disk_budget_bytes is not None and req.disk_budget_bytes <= 0:
         raise UsageError("--disk-budget must be > 0 GiB")
     say = on_step or (lambda _msg: None)
+    # Before anything is fetched or made: a GPU rig whose engine runs on the CPU stops here.
+    tune_hw = gpu_use.preflight(loc, tune_hw, req.device)
     req, note = normalized(req)
     if note:
         say(note)
