@@ -25,12 +25,13 @@ def engine_install(
     jobs: Annotated[int | None, typer.Option("--jobs", "-j", help="Parallel compile jobs (default: all cores).")]
     = None,
 ) -> None:
-    """Build the pinned llama.cpp tools into the per-user cache (a no-op once built).
+    """Build the pinned llama.cpp tools into the per-user cache (a no-op once built). Without a GPU here to
+    read the card's CUDA architecture from, name it: MOE_TUNE_CUDA_ARCHS=86 (8.6, an RTX 3090).
 
     \b
     Example:
       moe-tune engine install --backend cpu
-      MOE_TUNE_CUDA_ARCHS=86 moe-tune engine install --backend cuda   # no GPU here to read it from
+      MOE_TUNE_CUDA_ARCHS=86 moe-tune engine install --backend cuda
     """
     start = time.monotonic()
     chosen, why = build.backend_choice(backend)
