@@ -128,7 +128,7 @@ def test_two_tuners_share_one_postgres_study_and_a_third_resumes_it(demo_models,
         [result_file] = (tmp_path / f"r{i}").glob("*/result.json")
         result = json.loads(result_file.read_text())
         assert result["study"] == summary.study_name and len(result["trials"]) >= TRIALS_EACH
-        assert {c["trial_number"] for c in result["finish"]["candidates"]} <= set(range(2 * TRIALS_EACH))
+        assert {c["trial_number"] for c in result["finish"]["candidates"]} <= numbers  # measured by either
 
     # A third run resumes the shared study: the trial count continues from both.
     third = _tune(models[3], postgres_url, tmp_path / "r3", 2, 3)
