@@ -1,9 +1,18 @@
 """`auto-tune --frontier` as a library call: the context ladder, the frontier study, its trials measured with the
 real engine at the depth each context allows, and the front stored in result.json.
 
-Single-request trials are llama-bench runs (the prompt at its depth, generation at the slot's end), scored by
-one request's time as every trial is; concurrent trials are llama-batched-bench runs of ``slots`` requests at
-once (:mod:`tuner.measure.batched`).
+Single-request trials are llama-bench runs, scored by one request's time as every trial is; concurrent trials are
+llama-batched-bench runs of ``slots`` requests at once (:mod:`tuner.measure.batched`).
+
+The cost of a frontier trial is the history it fills before timing anything: at a 32k context that is 32k tokens
+of prompt, far more than the request itself. llama-bench keeps the filled context and restores it, instead of
+filling it again, for every repetition and for every later test of the same depth whose K/V cache it fits
+(``ctx_state`` in tools/llama-bench/llama-bench.cpp, ``llama_state_seq_get_data``/``set_data``). So a trial is
+one llama-bench process with both tests at one depth — the reply's (the slot's end less the reply): the history
+is filled once per process and K/V pair instead of once per test. The prompt is therefore timed its own length
+deeper than its history: a request's time errs on the slow side by that much attention, and the front says so.
+llama-batched-bench keeps no such state (each batch fills its sequences again), so concurrent trials cost their
+full depth every time; the default budget is therefore bounded in time too (:func:`time_budget_s`).
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ from tuner.search import space, study
 from tuner.search.autotune import TuneRequest, TuneResult, choose_ctx, kv_pricer
 
 MAX_GEN_TOKENS = 64  # generation timed per trial; speed at a depth does not depend on how many tokens are timed
+DEFAULT_TIME_S = 420.0  # without --trials or --time: a front within minutes (the pace trims the last batch to fit)
 
 
 def engine_measure(loc: build.EngineLocation, load: Workload, *, caps: build.Capabilities | None = None,
@@ -35,11 +45,12 @@ def engine_measure(loc: build.EngineLocation, load: Workload, *, caps: build.Cap
 
     def single(plans: Sequence[pareto.Plan]) -> list[pareto.Measured | failures.Failure]:
         out: dict[int, pareto.Measured | failures.Failure] = {}
-        keyed = sorted(enumerate(plans), key=lambda ip: (ip[1].prompt_depth, ip[1].gen_depth))
-        for (pd, gd), group in groupby(keyed, key=lambda ip: (ip[1].prompt_depth, ip[1].gen_depth)):
+        keyed = sorted(enumerate(plans), key=lambda ip: ip[1].gen_depth)
+        for gd, group in groupby(keyed, key=lambda ip: ip[1].gen_depth):
             items = list(group)
+            # Both tests at the reply's depth: one process, the history filled once (see the module docstring).
             results = bench.run_bench_many(loc, [p.config for _, p in items], n_prompt=load.prompt_tokens,
-                                           n_gen=min(load.gen_tokens, MAX_GEN_TOKENS), depth=pd, gen_depth=gd,
+                                           n_gen=min(load.gen_tokens, MAX_GEN_TOKENS), depth=gd, gen_depth=gd,
                                            repetitions=repetitions, timeout_s=timeout_s, caps=caps)
             for (i, _), res in zip(items, results, strict=True):
                 if isinstance(res, failures.Failure):
@@ -72,6 +83,24 @@ def default_trials(fs: pareto.FrontierSpace) -> int:
     return pareto.TRIALS_PER_POINT * len(fs.points)
 
 
+def time_budget_s(req: TuneRequest, trials: int | None) -> float | None:
+    """``--time``; with neither ``--trials`` nor ``--time``, :data:`DEFAULT_TIME_S`, so an answer comes in minutes."""
+    if req.budget.time_s is not None:
+        return req.budget.time_s
+    return None if trials else DEFAULT_TIME_S
+
+
+def timing_note(load: Workload) -> str:
+    """How the front's request times were taken, said beside it."""
+    if load.concurrency > 1:
+        return (f"request time: {load.gen_tokens} tokens generated for every slot at once after each slot's whole "
+                "history as its prompt (llama-batched-bench), median of the repetitions")
+    return (f"request time: the prompt ({load.prompt_tokens} tokens) and the reply (timed on "
+            f"{min(load.gen_tokens, MAX_GEN_TOKENS)} of {load.gen_tokens} tokens) both timed at the reply's depth, "
+            f"with the history filled once per llama-bench process: the prompt is timed {load.prompt_tokens} tokens "
+            "(its own length) deeper than it sits, so request times err slightly on the slow side")
+
+
 def tune_frontier(req: TuneRequest, loc: build.EngineLocation, hw: Hardware, *, max_ctx: int | None = None,
                   steps: int = pareto.LADDER_STEPS, trials: int | None = None,
                   measure: pareto.MeasureFn | None = None,
@@ -102,15 +131,18 @@ def tune_frontier(req: TuneRequest, loc: build.EngineLocation, hw: Hardware, *, 
     st.set_user_attr("engine", {"commit": caps.commit, "version": caps.version, "backend": caps.backend})
     st.set_user_attr("workload", req.workload.describe())
     st.set_user_attr("objective", {"frontier": list(axes.names), "max_kld": req.max_kld})
-    budget = study.Budget(trials=trials or default_trials(fs), time_s=req.budget.time_s)
+    time_s = time_budget_s(req, trials)
+    budget = study.Budget(trials=trials or default_trials(fs), time_s=time_s)
     if on_step:
+        bound = "" if time_s is None else f" or {time_s / 60:.0f} min, whichever ends first"
         on_step(f"frontier: contexts {', '.join(map(str, fs.contexts))}; slots {', '.join(map(str, fs.slots))}; "
-                f"{budget.trials} trials; objectives {', '.join(axes.names)}")
+                f"{budget.trials} trials{bound}; objectives {', '.join(axes.names)}")
     outcome = pareto.run_frontier(st, fs, info, hw, req.workload,
                                     measure or engine_measure(loc, req.workload, caps=caps), budget=budget,
                                     axes=axes, kld_of=kld_of or kv_pricer(loc, req, st, on_step),
-                                    vram_margin_mib=req.vram_margin_mib, on_progress=on_progress)
-    front = pareto.frontier_of(st, fs, hw.has_gpu)
+                                    vram_margin_mib=req.vram_margin_mib, on_progress=on_progress,
+                                    on_step=on_step)
+    front = pareto.frontier_of(st, fs, hw.has_gpu, notes=[timing_note(req.workload)] if measure is None else [])
     st.set_user_attr("frontier", front.to_dict())
     result = study_result.result_from_study(st)
     result_dir = req.results_dir / name
