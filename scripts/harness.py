@@ -166,8 +166,8 @@ def config_id(config: dict[str, Any]) -> str:
 class GridCache:
     """A grid's measured rows (each with a ``config`` dict) in ``results/benchmarks/NAME``, under ``key``."""
 
-    def __init__(self, name: str, key: dict[str, Any], *, refresh: bool = False) -> None:
-        self.path = OUT / name
+    def __init__(self, name: str, key: dict[str, Any], *, refresh: bool = False, folder: Path = OUT) -> None:
+        self.path = folder / name
         self.key = key
         data = json.loads(self.path.read_text()) if self.path.is_file() and not refresh else {}
         same = data.get("key") == key
