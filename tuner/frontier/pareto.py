@@ -129,9 +129,11 @@ def iter_configs(fs: FrontierSpace) -> Iterator[LaunchConfig]:
 
 def seed_configs(fs: FrontierSpace, info: ModelInfo, hw: Hardware, vram_margin_mib: float | None = None
                  ) -> list[tuple[str, LaunchConfig]]:
-    """The memory model's best guess at every (context, slots): the frontier's skeleton, measured first."""
+    """The memory model's best guess at every (context, slots): the frontier's skeleton, measured first — the
+    whole ladder at the most slots (the workload's own concurrency) before the other slot counts, each ladder
+    from the smallest context up, so a run cut short by its time budget still spans the contexts."""
     out = []
-    for ctx, n in fs.points:
+    for n, ctx in product(sorted(fs.slots, reverse=True), fs.contexts):
         cfg = space.best_guess(_at(fs, ctx, n), info, hw, vram_margin_mib)
         if cfg is not None:
             out.append((f"best-guess c{ctx} np{n}", cfg))
@@ -392,8 +394,8 @@ def frontier_of(st: optuna.Study, fs: FrontierSpace, has_gpu: bool, notes: Seque
     busy = [p for p in front if p.interference]
     if busy:
         notes.append(f"{len(busy)} of {len(front)} points (marked !) were measured while other programs used the "
-                     f"machine ({busy[0].interference}) and stayed busy when measured again or could not be: "
-                     "they may be slower than this config really is; run again on a quiet machine to confirm them.")
+                     f"machine ({busy[0].interference}), which was still busy when they could have been measured "
+                     "again: they may be slower than the config really is; run again on a quiet machine to confirm.")
     if not has_gpu:
         notes.append("CPU only: a larger context costs only memory and attention at depth (no experts move to the "
                      "host); a flat curve would mean context is nearly free here.")
