@@ -129,11 +129,10 @@ def iter_configs(fs: FrontierSpace) -> Iterator[LaunchConfig]:
 
 def seed_configs(fs: FrontierSpace, info: ModelInfo, hw: Hardware, vram_margin_mib: float | None = None
                  ) -> list[tuple[str, LaunchConfig]]:
-    """The memory model's best guess at every (context, slots): the frontier's skeleton, measured first — the
-    whole ladder at the most slots (the workload's own concurrency) before the other slot counts, each ladder
-    from the smallest context up, so a run cut short by its time budget still spans the contexts."""
+    """The memory model's best guess at every (context, slots): the frontier's skeleton, measured first, from
+    the smallest context up (the first trial of a time-bounded run learns the pace cheaply)."""
     out = []
-    for n, ctx in product(sorted(fs.slots, reverse=True), fs.contexts):
+    for ctx, n in fs.points:
         cfg = space.best_guess(_at(fs, ctx, n), info, hw, vram_margin_mib)
         if cfg is not None:
             out.append((f"best-guess c{ctx} np{n}", cfg))
