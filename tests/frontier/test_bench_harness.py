@@ -89,9 +89,9 @@ def test_a_grid_cut_short_resumes_where_it_stopped_and_a_new_key_starts_over(tmp
 def test_a_benchmark_holds_the_measuring_lock_while_it_measures():
     with harness.machine("test", say=lambda _: None) as rec:
         assert rec.locked
-        with pytest.raises(MachineBusyError, match="moe-tune benchmark test"):
-            with quiet.claim_machine("auto-tune", wait_s=0):
-                pass
+        with pytest.raises(MachineBusyError, match="moe-tune benchmark test"), \
+                quiet.claim_machine("auto-tune", wait_s=0):
+            pass
         with harness.machine("nested") as inner:  # re-entrant: the same hold
             assert inner is rec
     with quiet.claim_machine("auto-tune", wait_s=0, allow_busy=True) as after:

@@ -395,6 +395,11 @@ def frontier_of(st: optuna.Study, fs: FrontierSpace, has_gpu: bool, notes: Seque
         notes.append(f"{len(busy)} of {len(front)} points (marked !) were measured while other programs used the "
                      f"machine ({busy[0].interference}), which was still busy when they could have been measured "
                      "again: they may be slower than the config really is; run again on a quiet machine to confirm.")
+    reached = {t.user_attrs.get("ctx") for t in measured_trials(st)}
+    missing = [c for c in fs.contexts if c not in reached]
+    if front and missing:
+        notes.append(f"no point measured at {', '.join(f'{c:,}' for c in missing)} within this run's budget: run "
+                     "the same command again (it resumes the study) or give it more --time to reach them.")
     if not has_gpu:
         notes.append("CPU only: a larger context costs only memory and attention at depth (no experts move to the "
                      "host); a flat curve would mean context is nearly free here.")

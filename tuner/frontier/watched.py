@@ -45,6 +45,18 @@ class Unwatched:
         return None
 
 
+def brief(noise: str | None, keep: int = 3) -> str | None:
+    """A watch's description, short enough for a table note: the first few processes named, the rest counted
+    (a busy shared machine can list dozens of other llama.cpp processes)."""
+    if noise is None:
+        return None
+    parts = noise.split("; ")
+    named = [p for p in parts if " pid " in p]
+    rest = [p for p in parts if " pid " not in p]
+    more = f"{len(named) - keep} more processes" if len(named) > keep else ""
+    return "; ".join([*named[:keep], *([more] if more else []), *rest])
+
+
 def engine_watch() -> quiet.Watch:
     return quiet.Watch(own=runner.own_pids)
 
@@ -77,19 +89,20 @@ def measure_watched(measure: Callable[[Sequence[Any]], list[Any]], plans: Sequen
     """``measure(plans)`` under a watch; measured once more when disturbed and the machine is quiet now."""
     with watch() as seen:
         first = measure(plans)
-    if seen.noise is None:
+    noise = brief(seen.noise)
+    if noise is None:
         return WatchedBatch(first, None, False)
     if not quiet_now():
         if on_step:
-            on_step(f"{len(plans)} trial(s) measured on a busy machine ({seen.noise}); still busy: kept, marked")
-        return WatchedBatch(first, seen.noise, False)
+            on_step(f"{len(plans)} trial(s) measured on a busy machine ({noise}); still busy: kept, marked")
+        return WatchedBatch(first, noise, False)
     if on_step:
-        on_step(f"{len(plans)} trial(s) measured on a busy machine ({seen.noise}); quiet now: measuring again")
+        on_step(f"{len(plans)} trial(s) measured on a busy machine ({noise}); quiet now: measuring again")
     with watch() as again_seen:
         again = measure(plans)
     if again_seen.noise is None:
         return WatchedBatch(again, None, True)
-    return WatchedBatch([_faster(a, b) for a, b in zip(first, again, strict=True)], again_seen.noise, True)
+    return WatchedBatch([_faster(a, b) for a, b in zip(first, again, strict=True)], brief(again_seen.noise), True)
 
 
 class Pace:
