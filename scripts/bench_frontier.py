@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +72,8 @@ def args_of() -> argparse.Namespace:
     ap.add_argument("--budgets", default="8,16,24,32")
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--refresh", action="store_true", help="measure the grid again even if cached")
+    ap.add_argument("--cached-only", action="store_true",
+                    help="replay only what an unfinished grid holds so far (said as PARTIAL), measuring nothing")
     ap.add_argument("--out", type=Path, help="also write the figures as markdown, with the command, to this file")
     return ap.parse_args()
 
@@ -121,7 +124,15 @@ def main() -> None:
     cache = harness.GridCache(f"frontier_grid_{model.stem}_{args.workload}.json", key, refresh=args.refresh)
     rows = harness.measure_grid(cache, [study.config_to_dict(c) for c in grid], measure_part, chunks=by_point,
                                 rank=lambda m: m["request_s"], command="bench_frontier", say=say,
-                                cv_gate_pct=args.cv_gate, max_passes=args.max_passes)
+                                cv_gate_pct=args.cv_gate, max_passes=args.max_passes, cached_only=args.cached_only)
+    if args.cached_only:  # replay only the contexts the unfinished grid holds whole
+        held = {harness.config_id(r["config"]) for r in rows}
+        whole = tuple(c for c in fs.contexts if all(harness.config_id(study.config_to_dict(g)) in held
+                                                    for g in grid if g.ctx == c))
+        fs = replace(fs, contexts=whole)
+        grid = [g for g in grid if g.ctx in whole]
+        rows = [r for r in rows if r["config"]["ctx"] in whole]
+        say(f"PARTIAL: replaying the {len(whole)} contexts measured whole ({list(whole)}): {len(grid)} configs")
     gate_fail = [r for r in rows if r.get("cv_gate") == "fail"]
     cvs = [r["cv_pct"] for r in rows if r.get("cv_pct") is not None]
     say(f"grid: {sum('request_s' in r for r in rows)} of {len(rows)} measured; CV median {statistics.median(cvs):.1f} "

@@ -10,7 +10,8 @@ hand :func:`measure_grid` a function that measures a chunk of it, read the rows.
   rows), saved after every chunk: a run cut short resumes where it stopped; a changed key starts over.
 - :func:`measure_grid` measures every config, then re-measures each row whose kept pass fails the CV gate, up
   to ``max_passes``; the kept pass of a row is its best by ``rank`` among those that pass the gate (other
-  processes only ever slow a run down). Every pass keeps what its watch saw.
+  processes only ever slow a run down). Every pass keeps what its watch saw. ``cached_only`` reads what an
+  unfinished grid holds, and says so.
 """
 
 from __future__ import annotations
@@ -199,13 +200,17 @@ def measure_grid(cache: GridCache, configs: Sequence[dict[str, Any]],
                  measure: Callable[[list[dict[str, Any]]], list[dict[str, Any]]], *,
                  chunks: Callable[[list[dict[str, Any]]], list[list[dict[str, Any]]]],
                  rank: Callable[[dict[str, Any]], float], command: str, say: Callable[[str], None],
-                 cv_gate_pct: float = CV_GATE_PCT, max_passes: int = 3) -> list[dict[str, Any]]:
+                 cv_gate_pct: float = CV_GATE_PCT, max_passes: int = 3,
+                 cached_only: bool = False) -> list[dict[str, Any]]:
     """Every config's row: measured (``measure`` gets a chunk of config dicts and returns one dict each, with a
     ``cv_pct`` or a ``failure``), then measured again while its kept pass fails the gate (CV over
     ``cv_gate_pct`` or disturbed), at most ``max_passes`` passes in all; the kept pass is the one with the
     lowest ``rank``. Resumes from the cache; saves it after each chunk. Pass 2 and later run in reverse order,
     so a burst from another process does not hit the same configs twice."""
     ids = [config_id(c) for c in configs]
+    if cached_only:  # what an unfinished grid holds so far, said as such
+        say(f"PARTIAL grid: {sum(i in cache.rows for i in ids)} of {len(ids)} configs from {cache.describe()}")
+        return [cache.rows[i] for i in ids if i in cache.rows]
     if cache.complete and all(i in cache.rows for i in ids):
         say(f"grid from {cache.describe()}")
         return [cache.rows[i] for i in ids]

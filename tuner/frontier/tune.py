@@ -17,12 +17,15 @@ full depth every time; the default budget is therefore bounded in time too (:fun
 
 from __future__ import annotations
 
+import statistics
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from itertools import groupby
 
 from tuner.core.config import LaunchConfig
 from tuner.core.errors import UsageError
+from tuner.core.stats import cv_pct
 from tuner.engine import build
 from tuner.frontier import pareto
 from tuner.machine.hardware import Hardware
@@ -36,12 +39,20 @@ from tuner.search.autotune import TuneRequest, TuneResult, choose_ctx, kv_pricer
 
 MAX_GEN_TOKENS = 64  # generation timed per trial; speed at a depth does not depend on how many tokens are timed
 DEFAULT_TIME_S = 420.0  # without --trials or --time: a front within minutes (the pace trims the last batch to fit)
+DEADLINE_GRACE_S = 60.0  # past the time budget, a trial still running is stopped
 
 
 def engine_measure(loc: build.EngineLocation, load: Workload, *, caps: build.Capabilities | None = None,
-                   repetitions: int = 2, timeout_s: float = 1800.0) -> pareto.MeasureFn:
-    """The real measurement of frontier trials (the fake runner in the tests replaces only this)."""
+                   repetitions: int = 2, timeout_s: float = 1800.0,
+                   deadline: float | None = None) -> pareto.MeasureFn:
+    """The real measurement of frontier trials (the fake runner in the tests replaces only this). ``deadline``
+    (``time.monotonic()``): no process runs past it — a trial still running then is stopped and told failed, so a
+    time budget bounds the run even when one trial alone would outlast it."""
     request = replace(load, depth_tokens=None)
+    timed = min(load.gen_tokens, MAX_GEN_TOKENS)
+
+    def limit_s() -> float:
+        return timeout_s if deadline is None else max(1.0, min(timeout_s, deadline - time.monotonic()))
 
     def single(plans: Sequence[pareto.Plan]) -> list[pareto.Measured | failures.Failure]:
         out: dict[int, pareto.Measured | failures.Failure] = {}
@@ -50,8 +61,8 @@ def engine_measure(loc: build.EngineLocation, load: Workload, *, caps: build.Cap
             items = list(group)
             # Both tests at the reply's depth: one process, the history filled once (see the module docstring).
             results = bench.run_bench_many(loc, [p.config for _, p in items], n_prompt=load.prompt_tokens,
-                                           n_gen=min(load.gen_tokens, MAX_GEN_TOKENS), depth=gd, gen_depth=gd,
-                                           repetitions=repetitions, timeout_s=timeout_s, caps=caps)
+                                           n_gen=timed, depth=gd, gen_depth=gd,
+                                           repetitions=repetitions, timeout_s=limit_s(), caps=caps)
             for (i, _), res in zip(items, results, strict=True):
                 if isinstance(res, failures.Failure):
                     out[i] = res
@@ -66,14 +77,19 @@ def engine_measure(loc: build.EngineLocation, load: Workload, *, caps: build.Cap
         out: list[pareto.Measured | failures.Failure] = []
         for p in plans:
             try:
-                # The whole history is each request's prompt, as the finish's server trials send it.
-                r = batched.run_batched(loc, p.config, n_prompt=p.gen_depth, n_gen=load.gen_tokens,
-                                        repetitions=repetitions, timeout_s=timeout_s, caps=caps)
+                # The whole history is each request's prompt, as the finish's server trials send it; the reply
+                # is timed on its first ``timed`` tokens and its time scaled to the whole reply (derived: said
+                # in the front's notes, see timing_note).
+                r = batched.run_batched(loc, p.config, n_prompt=p.gen_depth, n_gen=timed,
+                                        repetitions=repetitions, timeout_s=limit_s(), caps=caps)
             except failures.TrialFailedError as exc:
                 out.append(exc.failure)
                 continue
-            out.append(pareto.Measured(r.request_s, r.per_request_gen_tok_s, None, r.aggregate_gen_tok_s,
-                                         r.cv_pct, repetitions, r.argv))
+            totals = [run.prompt_s + run.gen_s * load.gen_tokens / timed for run in r.runs]
+            request_s = statistics.median(totals)
+            slots = p.config.parallel or 1
+            out.append(pareto.Measured(request_s, r.per_request_gen_tok_s, None, slots * load.gen_tokens / request_s,
+                                       cv_pct(totals), repetitions, r.argv))
         return out
 
     return concurrent if load.concurrency > 1 else single
@@ -93,8 +109,11 @@ def time_budget_s(req: TuneRequest, trials: int | None) -> float | None:
 def timing_note(load: Workload) -> str:
     """How the front's request times were taken, said beside it."""
     if load.concurrency > 1:
-        return (f"request time: {load.gen_tokens} tokens generated for every slot at once after each slot's whole "
-                "history as its prompt (llama-batched-bench), median of the repetitions")
+        scaled = (f"; the reply is timed on its first {min(load.gen_tokens, MAX_GEN_TOKENS)} tokens and that time "
+                  f"scaled to all {load.gen_tokens} (derived, not measured: it errs slightly on the fast side, the "
+                  "rest of the reply sitting deeper)" if load.gen_tokens > MAX_GEN_TOKENS else "")
+        return (f"request time: every slot at once, each slot's whole history as its prompt, then {load.gen_tokens} "
+                f"tokens generated for every slot (llama-batched-bench), median of the repetitions{scaled}")
     return (f"request time: the prompt ({load.prompt_tokens} tokens) and the reply (timed on "
             f"{min(load.gen_tokens, MAX_GEN_TOKENS)} of {load.gen_tokens} tokens) both timed at the reply's depth, "
             f"with the history filled once per llama-bench process: the prompt is timed {load.prompt_tokens} tokens "
@@ -137,8 +156,10 @@ def tune_frontier(req: TuneRequest, loc: build.EngineLocation, hw: Hardware, *, 
         bound = "" if time_s is None else f" or {time_s / 60:.0f} min, whichever ends first"
         on_step(f"frontier: contexts {', '.join(map(str, fs.contexts))}; slots {', '.join(map(str, fs.slots))}; "
                 f"{budget.trials} trials{bound}; objectives {', '.join(axes.names)}")
+    deadline = None if time_s is None else time.monotonic() + time_s + DEADLINE_GRACE_S
     outcome = pareto.run_frontier(st, fs, info, hw, req.workload,
-                                    measure or engine_measure(loc, req.workload, caps=caps), budget=budget,
+                                    measure or engine_measure(loc, req.workload, caps=caps, deadline=deadline),
+                                    budget=budget,
                                     axes=axes, kld_of=kld_of or kv_pricer(loc, req, st, on_step),
                                     vram_margin_mib=req.vram_margin_mib, on_progress=on_progress,
                                     on_step=on_step)
@@ -148,7 +169,8 @@ def tune_frontier(req: TuneRequest, loc: build.EngineLocation, hw: Hardware, *, 
     result_dir = req.results_dir / name
     if not outcome.interrupted:
         if not front.points:
+            more = "" if time_s is None else f", or give it more than --time {time_s / 60:.0f}m"
             raise UsageError("no frontier config could be measured: see the failures in the report, or lower "
-                             "--max-ctx / raise --vram-margin")
+                             f"--max-ctx / raise --vram-margin{more}")
         study_result.write_result(result, result_dir)
     return TuneResult(name, storage, result_dir, result, outcome)
