@@ -158,8 +158,11 @@ def test_auto_tune_frontier_on_the_demo_model_end_to_end(demo_models, tmp_path):
     [result_file] = tmp_path.glob("*frontier*/result.json")
     res = study_result.load_result(result_file)
     front = pareto.Frontier.from_dict(res.frontier or {})
-    assert front.contexts == (256, 512, 768, 1024) and len({p.ctx for p in front.points}) >= 3
+    assert front.contexts == (256, 512, 768, 1024) and len(front.points) >= 1
+    # Every context measured (the seeds); which of them stand on the front is the measurement's to say: on a
+    # loaded machine a deeper context can measure faster than a shallower one and dominate it.
     measured = {t.number for t in res.trials if t.status == "measured"}
+    assert {t.config["ctx"] for t in res.trials if t.status == "measured"} == {256, 512, 768, 1024}
     assert {p.trial for p in front.points} <= measured and set(res.pareto) == {p.trial for p in front.points}
     assert "CPU only" in done.stdout and "frontier" in done.stdout
     report = (result_file.parent / "report.md").read_text()
