@@ -136,8 +136,9 @@ def main() -> None:
     gate_fail = [r for r in rows if r.get("cv_gate") == "fail"]
     cvs = [r["cv_pct"] for r in rows if r.get("cv_pct") is not None]
     say(f"grid: {sum('request_s' in r for r in rows)} of {len(rows)} measured; CV median {statistics.median(cvs):.1f} "
-        f"%, max {max(cvs):.1f} %; {len(gate_fail)} still over the {args.cv_gate:g} % gate after "
-        f"{args.max_passes} passes; {sum(len(r['passes']) for r in rows)} measurements; "
+        f"%, max {max(cvs):.1f} %; {len(gate_fail)} over the {args.cv_gate:g} % gate ("
+        f"{sum(len(r['passes']) < args.max_passes for r in gate_fail)} of them not re-measured yet, at most "
+        f"{args.max_passes} passes); {sum(len(r['passes']) for r in rows)} measurements; "
         f"{sum(bool(r.get('noise')) for r in rows)} kept figures taken on a busy machine")
 
     prices = {}
