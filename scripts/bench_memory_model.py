@@ -28,6 +28,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import harness
+
 from tuner.core.config import CacheType, FlashAttn, LaunchConfig
 from tuner.core.errors import BreakdownParseError
 from tuner.engine import breakdown, build
@@ -180,6 +182,7 @@ def real_rows(table: Table, loc: build.EngineLocation, out: Path) -> None:
                 table.add(target, name, "fit", comp, pred, real, info.tensor_bytes)
 
 
+@harness.bench("bench_memory_model")
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", default="tiny", choices=("tiny", "large"))

@@ -11,12 +11,15 @@ from __future__ import annotations
 import argparse
 import statistics
 
+import harness
+
 from tuner.core.config import CacheType, FlashAttn, LaunchConfig
 from tuner.engine import build
 from tuner.measure import bench
 from tuner.models import demo
 
 
+@harness.bench("bench_noise")
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n-prompt", type=int, default=256)
@@ -35,14 +38,14 @@ def main() -> None:
           f"cap {bench.MAX_REPETITIONS} repetitions")
     cvs: list[float] = []
     for cfg in cfgs:
-        res = bench.run_bench(loc, cfg, n_prompt=args.n_prompt, n_gen=args.n_gen, repetitions=None,
-                              depth=depths, caps=caps)
+        res, noise = harness.watched(lambda cfg=cfg: bench.run_bench(  # type: ignore[misc]
+            loc, cfg, n_prompt=args.n_prompt, n_gen=args.n_gen, repetitions=None, depth=depths, caps=caps))
         for row in res.rows:
             s = row.spread
             test = f"pp{row.n_prompt}" if row.kind == "pp" else f"tg{row.n_gen}"
             print(f"fa {cfg.flash_attn.value:<3} kv {cfg.cache_type_k.value:<4} {test:>6} @ d{row.n_depth:<5} "
                   f"median {s.median:9.1f} tok/s  CV {s.cv_pct:5.1f} %  RSE {s.rse_pct:4.1f} %  n {s.n:2d}  "
-                  f"({res.runs} runs, {res.elapsed_s:.1f} s)")
+                  f"({res.runs} runs, {res.elapsed_s:.1f} s){'  busy: ' + noise if noise else ''}")
             cvs.append(s.cv_pct)
     print(f"median CV: {statistics.median(cvs):.1f} %")
 

@@ -17,6 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import harness
+
 from tuner.core.config import CacheType
 from tuner.engine import build
 from tuner.models import demo
@@ -57,6 +59,7 @@ def count_tokens(vocab_gguf: Path, text: str) -> tuple[int, int]:
     return len(tokens), total
 
 
+@harness.bench("bench_quality")
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--chunks", type=int, default=8)

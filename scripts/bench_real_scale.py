@@ -39,6 +39,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import harness
 import psutil
 
 from tuner.core.config import LaunchConfig
@@ -131,6 +132,7 @@ def check(targets: list[str], folder: Path, threads: int, n_prompt: int, n_gen: 
     say(f"all {len(targets)} models: finite figures in llama-bench, llama-server and llama-perplexity")
 
 
+@harness.bench("bench_real_scale")
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("target", nargs="*", default=["qwen3-30b-a3b:Q4_K_M"], help="NAME:RECIPE of shape models")

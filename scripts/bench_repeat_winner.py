@@ -14,6 +14,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import harness
+
 from tuner.engine import build
 from tuner.machine import hardware
 from tuner.measure import workload
@@ -22,6 +24,7 @@ from tuner.report import study_report
 from tuner.search import autotune, study
 
 
+@harness.bench("bench_repeat_winner")
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("model", nargs="?", type=Path)
@@ -41,12 +44,13 @@ def main() -> None:
             t0 = time.monotonic()
             req = autotune.TuneRequest(model=model, workload=load, budget=study.Budget(trials=args.trials),
                                        results_dir=Path(tmp))
-            res = autotune.auto_tune(req, loc, hw)
+            res, noise = harness.watched(lambda req=req: autotune.auto_tune(req, loc, hw))  # type: ignore[misc]
             winner = res.result.winner
             line = study_report.launch_line(res.result)
             lines.append(line)
             verdicts = "; ".join(v.describe() for v in res.result.finish.verdicts) or "no verdicts"
-            print(f"run {run}: {time.monotonic() - t0:.0f} s, winner {winner.label if winner else None}: {line}")
+            print(f"run {run}: {time.monotonic() - t0:.0f} s, winner {winner.label if winner else None}: {line}"
+                  f"{'; busy: ' + noise if noise else ''}")
             print(f"  {verdicts}", flush=True)
     agree = len(set(lines)) == 1
     print(f"winners agree: {'yes' if agree else 'no'} ({args.runs} runs)")

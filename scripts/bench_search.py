@@ -3,12 +3,14 @@ the best config of the full grid, median over seeds.
 
 The grid (every config of auto-tune's search space for MODEL on this machine, ``space.iter_configs``) is measured
 with llama-bench the way auto-tune's trials are: the prompt at the workload's length, generation at the
-workload's depth, scored by one request's end-to-end time (median of the repetitions; with several passes in
-opposite orders the faster one, since a burst from another process only ever slows a run down). It is cached in
-results/benchmarks/. The searches are then simulated against it (each trial is a lookup of the measured score,
-not a new measurement), so every method sees the same numbers. auto-tune's sampler starts from the same seeds
-auto-tune enqueues (llama.cpp's defaults, its ``--fit`` choice, the memory model's guess) and asks in batches as
-``run_search`` does; random search and plain TPE start from nothing.
+workload's depth, scored by one request's end-to-end time (median of the repetitions), under the machine lock and
+the watch, a config measured again (up to ``--passes``) while its repetitions spread wider than the CV gate, the
+fastest agreeing pass kept (scripts/harness.py: a burst from another process only ever slows a run down). It is
+cached in results/benchmarks/ (the grid cache bench_frontier.py uses too). The searches are then simulated against
+it (each trial is a lookup of the measured score, not a new measurement), so every method sees the same
+numbers. auto-tune's sampler starts from the same seeds auto-tune enqueues (llama.cpp's defaults, its ``--fit``
+choice, the memory model's guess) and asks in batches as ``run_search`` does; random search and plain TPE start
+from nothing.
 
     .venv/bin/python scripts/bench_search.py [MODEL] [--n-prompt 128] [--n-gen 16] [--depth 512] [--refresh]
 
@@ -18,14 +20,13 @@ Last line: ``trials to 97% of grid best: auto-tune N, random M, tpe K (grid G)``
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import harness
 import optuna
 
 from tuner.core.config import LaunchConfig
@@ -37,40 +38,26 @@ from tuner.models.gguf_reader import inspect_model
 from tuner.quality import kv_price
 from tuner.search import finish, space, study
 
-OUT = Path(__file__).resolve().parent.parent / "results" / "benchmarks"
 TARGET = 0.97
 CTX = 4096
 
 
-def measure_grid(loc: build.EngineLocation, grid: list[LaunchConfig], args: argparse.Namespace,
-                 caps: build.Capabilities) -> list[dict[str, Any]]:
-    """Each config's llama-bench figures, one entry per pass; pass 2 runs the grid in reverse order so a burst
-    from another process does not hit the same configs twice."""
-    passes: dict[LaunchConfig, list[dict[str, Any]]] = {c: [] for c in grid}
-    chunk = 16
-    start = time.monotonic()
-    for p in range(args.passes):
-        order = grid if p % 2 == 0 else grid[::-1]
-        for i in range(0, len(order), chunk):
-            part = order[i:i + chunk]
-            results = bench.run_bench_many(loc, part, n_prompt=args.n_prompt, n_gen=args.n_gen, depth=0,
-                                           gen_depth=args.depth, repetitions=args.reps, timeout_s=1800, caps=caps)
-            for cfg, res in zip(part, results, strict=True):
-                if isinstance(res, failures.Failure):
-                    passes[cfg].append({"failure": res.kind.value})
-                    continue
-                gen, pp = res.row("tg").spread, res.row("pp").spread
-                passes[cfg].append({"gen_tok_s": gen.median, "gen_cv_pct": gen.cv_pct, "prompt_tok_s": pp.median,
-                                    "prompt_cv_pct": pp.cv_pct, "score": args.measure.score(pp.median, gen.median)})
-            print(f"  pass {p + 1}: {i + len(part)}/{len(grid)} measured ({time.monotonic() - start:.0f} s)",
-                  flush=True)
-    rows = []
-    for cfg, runs in passes.items():
-        ok = [r for r in runs if "gen_tok_s" in r]
-        # Other processes only ever slow a run down: the faster pass is the closer one to the config's speed.
-        fastest = max(ok, key=lambda r: r["score"], default=None)
-        rows.append({"config": study.config_to_dict(cfg), "passes": runs, **(fastest or {})})
-    return rows
+def measure_part(loc: build.EngineLocation, args: argparse.Namespace, caps: build.Capabilities,
+                 part: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """llama-bench figures of a chunk of configs, one dict each (a failure's kind, or the figures and the CV)."""
+    cfgs = [study.config_from_dict(d) for d in part]
+    results = bench.run_bench_many(loc, cfgs, n_prompt=args.n_prompt, n_gen=args.n_gen, depth=0,
+                                   gen_depth=args.depth, repetitions=args.reps, timeout_s=1800, caps=caps)
+    out: list[dict[str, Any]] = []
+    for res in results:
+        if isinstance(res, failures.Failure):
+            out.append({"failure": res.kind.value})
+            continue
+        gen, pp = res.row("tg").spread, res.row("pp").spread
+        out.append({"gen_tok_s": gen.median, "gen_cv_pct": gen.cv_pct, "prompt_tok_s": pp.median,
+                    "prompt_cv_pct": pp.cv_pct, "cv_pct": max(gen.cv_pct, pp.cv_pct),
+                    "score": args.measure.score(pp.median, gen.median)})
+    return out
 
 
 def simulate(make: Callable[[int], optuna.samplers.BaseSampler], seed: int, sp: space.SearchSpace,
@@ -102,6 +89,7 @@ def simulate(make: Callable[[int], optuna.samplers.BaseSampler], seed: int, sp: 
     return None
 
 
+@harness.bench("bench_search")
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model", nargs="?", type=Path, help="GGUF file (default: the tiny demo model)")
@@ -109,7 +97,8 @@ def main() -> None:
     ap.add_argument("--n-gen", type=int, default=16)
     ap.add_argument("--depth", type=int, default=512, help="context filled when generating")
     ap.add_argument("--reps", type=int, default=2)
-    ap.add_argument("--passes", type=int, default=1, help="measure the grid this many times (best pass kept)")
+    ap.add_argument("--passes", type=int, default=1,
+                    help="at most this many passes: a config is measured again while its CV is over the gate")
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--refresh", action="store_true", help="measure the grid again even if cached")
     ap.add_argument("--price-chunks", type=int, default=2,
@@ -129,20 +118,15 @@ def main() -> None:
           f"tg{args.n_gen} at depth {args.depth}, x{args.reps}; score = requests/s of one "
           f"{args.n_prompt}+{args.n_gen}-token request")
 
-    OUT.mkdir(parents=True, exist_ok=True)
-    cache = OUT / f"search_grid_{model.stem}.json"
     key = {"space": sp.describe() | {"model": model.name}, "n_prompt": args.n_prompt, "n_gen": args.n_gen,
            "depth": args.depth, "reps": args.reps, "engine": caps.commit, "statistic": "median",
            "passes": args.passes, "score": "requests/s"}
-    cached = json.loads(cache.read_text()) if cache.is_file() else None
-    if cached and cached.get("key") == key and not args.refresh:
-        rows = cached["rows"]
-        print(f"grid measurements from {cache.relative_to(OUT.parent.parent)} (measured {cached['measured_at']})")
-    else:
-        t0 = time.monotonic()
-        rows = measure_grid(loc, grid, args, caps)
-        cache.write_text(json.dumps({"key": key, "measured_at": time.strftime("%Y-%m-%d %H:%M:%S"),
-                                     "elapsed_s": round(time.monotonic() - t0, 1), "rows": rows}, indent=1))
+    cache = harness.GridCache(f"search_grid_{model.stem}.json", key, refresh=args.refresh)
+    rows = harness.measure_grid(cache, [study.config_to_dict(c) for c in grid],
+                                lambda part: measure_part(loc, args, caps, part),
+                                chunks=lambda todo: [todo[i:i + 16] for i in range(0, len(todo), 16)],
+                                rank=lambda m: -m["score"], command="bench_search", say=print,
+                                max_passes=args.passes)
     table: dict[LaunchConfig, float] = {}
     for row in rows:
         cfg = study.config_from_dict(row["config"])

@@ -24,6 +24,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import harness
+
 from tuner.core.config import LaunchConfig, SpecType
 from tuner.engine import build, flags
 from tuner.measure import speculation
@@ -57,6 +59,7 @@ def fit_break_even(points: list[tuple[float, float]], none_tok_s: float) -> tupl
     return a, b, (none_tok_s - a) / b if b > 0 else float("inf")
 
 
+@harness.bench("bench_speculation")
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", type=Path, default=None)

@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import harness
+
 from tuner.core.config import LaunchConfig
 from tuner.engine import build, flags
 from tuner.machine import hardware
@@ -52,6 +54,7 @@ def tune_first(loc: build.EngineLocation, model: Path, load: workload.Workload, 
     return res.result
 
 
+@harness.bench("bench_tuned_vs_default")
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model", nargs="?", type=Path, help="GGUF file (default: the demo model)")

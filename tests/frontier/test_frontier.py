@@ -151,11 +151,19 @@ def test_auto_tune_frontier_on_the_demo_model_end_to_end(demo_models, tmp_path):
             "--max-kld", "off", "--results-dir", str(tmp_path)]
     done = run_cli(*args, "--trials", "4", timeout=300)
     assert done.returncode == 0, done.stderr
+    # Not a terminal: one flushed line per trial, with the time left, instead of a bar.
+    lines = [x for x in done.stderr.splitlines() if x.startswith("trial ")]
+    assert [x.split(":")[0] for x in lines] == [f"trial {i}/4" for i in range(1, 5)], done.stderr
+    assert all(" elapsed, about " in x and x.endswith(" left") for x in lines)
+    assert "measuring " in done.stderr and "timed at the reply's depth" in done.stdout
     [result_file] = tmp_path.glob("*frontier*/result.json")
     res = study_result.load_result(result_file)
     front = pareto.Frontier.from_dict(res.frontier or {})
-    assert front.contexts == (256, 512, 768, 1024) and len({p.ctx for p in front.points}) >= 3
+    assert front.contexts == (256, 512, 768, 1024) and len(front.points) >= 1
+    # Every context measured (the seeds); which of them stand on the front is the measurement's to say: on a
+    # loaded machine a deeper context can measure faster than a shallower one and dominate it.
     measured = {t.number for t in res.trials if t.status == "measured"}
+    assert {t.config["ctx"] for t in res.trials if t.status == "measured"} == {256, 512, 768, 1024}
     assert {p.trial for p in front.points} <= measured and set(res.pareto) == {p.trial for p in front.points}
     assert "CPU only" in done.stdout and "frontier" in done.stdout
     report = (result_file.parent / "report.md").read_text()

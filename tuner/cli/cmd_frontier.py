@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 
 import typer
@@ -20,14 +21,43 @@ from tuner.search import study
 from tuner.search.autotune import TuneRequest
 
 
+def eta_s(done: int, total: int | None, elapsed_s: float, time_s: float | None) -> float | None:
+    """Seconds left: the trials left at this run's pace, never past the time budget; None before the first."""
+    left = [] if time_s is None else [max(0.0, time_s - elapsed_s)]
+    if done and total:
+        left.append(elapsed_s / done * max(0, total - done))
+    return min(left) if left else None
+
+
+def _clock(seconds: float | None) -> str:
+    return "?" if seconds is None else f"{int(seconds) // 60}:{int(seconds) % 60:02d}"
+
+
+def trial_line(p: study.Progress, elapsed_s: float, time_s: float | None) -> str:
+    """One line per finished trial, for logs and pipes (a terminal gets the bar instead)."""
+    c, last = p.last.config, p.last
+    what = (f"-c {c.get('ctx')}" + (f" -np {c.get('parallel')}" if (c.get("parallel") or 1) > 1 else "")
+            + f" {c.get('cache_type_k')}/{c.get('cache_type_v')}" + (f" -t {c['threads']}" if c.get("threads") else ""))
+    got = f"{last.request_s:,.3f} s/request" if last.status == "measured" and last.request_s else last.status
+    return (f"trial {p.done}/{p.total or '?'}: {what}: {got}; {_clock(elapsed_s)} elapsed, "
+            f"about {_clock(eta_s(p.done, p.total, elapsed_s, time_s))} left")
+
+
 def run(req: TuneRequest, loc: EngineLocation, hw: Hardware, *, max_ctx: int | None, trials: int | None,
         as_json: bool, say: Callable[[str], None]) -> None:
+    live = err.is_terminal and not as_json
+    time_s = frontier_tune.time_budget_s(req, trials)
+    start = time.monotonic()
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=err, disable=as_json, transient=False) as bar:
-        task = bar.add_task("frontier", total=trials)
+                  TextColumn("{task.fields[eta]}"), console=err, disable=not live, transient=False) as bar:
+        task = bar.add_task("frontier", total=trials, eta="")
 
         def on_progress(p: study.Progress) -> None:
-            bar.update(task, completed=p.done, total=p.total, description=f"frontier (last: {p.last.status})")
+            elapsed = time.monotonic() - start
+            bar.update(task, completed=p.done, total=p.total, description=f"frontier (last: {p.last.status})",
+                       eta=f"about {_clock(eta_s(p.done, p.total, elapsed, time_s))} left")
+            if not live and not as_json:
+                say(trial_line(p, elapsed, time_s))
 
         done = frontier_tune.tune_frontier(req, loc, hw, max_ctx=max_ctx, trials=trials, on_progress=on_progress,
                                            on_step=say)

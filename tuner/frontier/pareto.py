@@ -33,6 +33,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.core.config import LaunchConfig
+from tuner.frontier import watched
 from tuner.frontier.result import Frontier, FrontierPoint  # noqa: F401 - the front is read from here too
 from tuner.machine.hardware import Hardware
 from tuner.measure import failures
@@ -127,7 +128,8 @@ def iter_configs(fs: FrontierSpace) -> Iterator[LaunchConfig]:
 
 def seed_configs(fs: FrontierSpace, info: ModelInfo, hw: Hardware, vram_margin_mib: float | None = None
                  ) -> list[tuple[str, LaunchConfig]]:
-    """The memory model's best guess at every (context, slots): the frontier's skeleton, measured first."""
+    """The memory model's best guess at every (context, slots): the frontier's skeleton, measured first, from
+    the smallest context up (the first trial of a time-bounded run learns the pace cheaply)."""
     out = []
     for ctx, n in fs.points:
         cfg = space.best_guess(_at(fs, ctx, n), info, hw, vram_margin_mib)
@@ -243,10 +245,16 @@ def run_frontier(st: optuna.Study, fs: FrontierSpace, info: ModelInfo, hw: Hardw
                  measure: MeasureFn, *, budget: study.Budget, axes: Axes,
                  kld_of: Callable[[LaunchConfig], KvPrice | None] | None = None,
                  vram_margin_mib: float | None = None, on_progress: Callable[[study.Progress], None] | None = None,
+                 on_step: Callable[[str], None] | None = None, watch: watched.WatchFn = watched.engine_watch,
+                 quiet_now: Callable[[], bool] = watched.machine_quiet,
                  batch_trials: int = study.BATCH_TRIALS) -> study.SearchOutcome:
-    """Ask, gate by memory and slot length, measure the feasible ones together, tell — until the budget ends.
-    Ctrl-C: trials in flight are told FAIL (status ``interrupted``); the next run resumes the study."""
+    """Ask, gate by memory and slot length, measure the feasible ones together under a watch (a disturbed batch
+    is measured again once the machine is quiet, else kept and marked: :mod:`tuner.frontier.watched`), tell —
+    until the budget ends. With a time budget, a batch that would run past it is cut to what fits (its pace
+    is learnt from the trials measured so far). Ctrl-C: trials in flight are told FAIL (status ``interrupted``);
+    the next run resumes the study."""
     start, done = time.monotonic(), 0
+    pace = watched.Pace(load.prompt_tokens + load.gen_tokens)
     st.set_user_attr("frontier_space", fs.describe())
     pending: list[tuple[optuna.Trial, Plan]] = []
     seen = study.seen_of(st, lambda: iter_configs(fs), lambda cfg: params_of(fs, cfg))
@@ -262,6 +270,8 @@ def run_frontier(st: optuna.Study, fs: FrontierSpace, info: ModelInfo, hw: Hardw
         while (budget.trials is None or done < budget.trials) and (
                 budget.time_s is None or time.monotonic() - start < budget.time_s):
             want = batch_trials if budget.trials is None else min(batch_trials, budget.trials - done)
+            if budget.time_s is not None and not pace.tokens:
+                want = 1  # learn the pace on one trial (the seeds come smallest context first) before batching
             asked: tuple[optuna.Trial, LaunchConfig] | None = None
             study.hold(st, seen)  # a shared study holds other workers' trials too
             for _ in range(want):
@@ -289,9 +299,24 @@ def run_frontier(st: optuna.Study, fs: FrontierSpace, info: ModelInfo, hw: Hardw
                     told(trial)
             if not pending and asked is None and seen.exhausted:
                 break  # every config of the space has been tried
+            if pending and budget.time_s is not None:
+                fits = pace.fitting([p for _, p in pending], budget.time_s - (time.monotonic() - start))
+                for trial, _ in pending[fits:]:
+                    study.tell_status(st, trial, "interrupted", {"why": "time budget"}, state=TrialState.FAIL)
+                del pending[fits:]
+                if not pending:
+                    break
             if pending:
-                results = measure([p for _, p in pending])
-                for (trial, plan), res in zip(list(pending), results, strict=True):
+                plans = [p for _, p in pending]
+                if on_step:
+                    on_step(f"measuring {len(plans)} trial(s): contexts "
+                            f"{', '.join(str(p.config.ctx) for p in plans)}" + pace.eta(plans))
+                t0 = time.monotonic()
+                batch = watched.measure_watched(measure, plans, watch=watch, quiet_now=quiet_now, on_step=on_step)
+                pace.took(plans, time.monotonic() - t0)
+                for (trial, plan), res in zip(list(pending), batch.results, strict=True):
+                    trial.set_user_attr("interference", batch.noise)
+                    trial.set_user_attr("remeasured", batch.remeasured)
                     if isinstance(res, failures.Failure):
                         study.tell_status(st, trial, "failed", {"failure": study.failure_attr(res)})
                     else:
@@ -338,12 +363,23 @@ def measured_trials(st: optuna.Study) -> list[FrozenTrial]:
             if t.user_attrs.get("status") == "measured"]
 
 
-def frontier_of(st: optuna.Study, fs: FrontierSpace, has_gpu: bool) -> Frontier:
-    """The study's Pareto front (Optuna's ``best_trials``: feasible, measured, non-dominated)."""
+def frontier_of(st: optuna.Study, fs: FrontierSpace, has_gpu: bool, notes: Sequence[str] = ()) -> Frontier:
+    """The study's Pareto front (Optuna's ``best_trials``: feasible, measured, non-dominated); ``notes``: how
+    its figures were taken, said beside it."""
     axes = Axes(fs.concurrent, kld=len(st.directions) == (4 if fs.concurrent else 3))
     front = [FrontierPoint.from_trial(t, has_gpu) for t in st.best_trials if t.user_attrs.get("status") == "measured"]
     front.sort(key=lambda p: (p.slots, p.ctx, p.request_s))
-    notes = []
+    notes = list(notes)
+    busy = [p for p in front if p.interference]
+    if busy:
+        notes.append(f"{len(busy)} of {len(front)} points (marked !) were measured while other programs used the "
+                     f"machine ({busy[0].interference}), which was still busy when they could have been measured "
+                     "again: they may be slower than the config really is; run again on a quiet machine to confirm.")
+    reached = {t.user_attrs.get("ctx") for t in measured_trials(st)}
+    missing = [c for c in fs.contexts if c not in reached]
+    if front and missing:
+        notes.append(f"no point measured at {', '.join(f'{c:,}' for c in missing)} within this run's budget: run "
+                     "the same command again (it resumes the study) or give it more --time to reach them.")
     if not has_gpu:
         notes.append("CPU only: a larger context costs only memory and attention at depth (no experts move to the "
                      "host); a flat curve would mean context is nearly free here.")

@@ -29,6 +29,10 @@ class FrontierPoint:
     vram_bytes: int | None = None
     ram_bytes: int | None = None
     launch_line: str = ""
+    # What else used the machine while this point was measured (None: quiet); such a point is marked wherever
+    # it is shown. ``remeasured``: its batch was measured a second time (:mod:`tuner.frontier.watched`).
+    interference: str | None = None
+    remeasured: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -42,7 +46,7 @@ class FrontierPoint:
         return cls(t.number, a["ctx"], a["slots"], a["config"], a["request_s"], a["gen_depth"], a.get("gen_tok_s"),
                    a.get("prompt_tok_s"), a.get("aggregate_tok_s"), a.get("kld"),
                    mem.get("gpu_total_bytes") if has_gpu else None, mem.get("host_total_bytes"),
-                   flags.launch_line(cfg))
+                   flags.launch_line(cfg), a.get("interference"), bool(a.get("remeasured")))
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,19 +1,31 @@
 """`auto-tune --frontier` as a library call: the context ladder, the frontier study, its trials measured with the
 real engine at the depth each context allows, and the front stored in result.json.
 
-Single-request trials are llama-bench runs (the prompt at its depth, generation at the slot's end), scored by
-one request's time as every trial is; concurrent trials are llama-batched-bench runs of ``slots`` requests at
-once (:mod:`tuner.measure.batched`).
+Single-request trials are llama-bench runs, scored by one request's time as every trial is; concurrent trials are
+llama-batched-bench runs of ``slots`` requests at once (:mod:`tuner.measure.batched`).
+
+The cost of a frontier trial is the history it fills before timing anything: at a 32k context that is 32k tokens
+of prompt, far more than the request itself. llama-bench keeps the filled context and restores it, instead of
+filling it again, for every repetition and for every later test of the same depth whose K/V cache it fits
+(``ctx_state`` in tools/llama-bench/llama-bench.cpp, ``llama_state_seq_get_data``/``set_data``). So a trial is
+one llama-bench process with both tests at one depth — the reply's (the slot's end less the reply): the history
+is filled once per process and K/V pair instead of once per test. The prompt is therefore timed its own length
+deeper than its history: a request's time errs on the slow side by that much attention, and the front says so.
+llama-batched-bench keeps no such state (each batch fills its sequences again), so concurrent trials cost their
+full depth every time; the default budget is therefore bounded in time too (:func:`time_budget_s`).
 """
 
 from __future__ import annotations
 
+import statistics
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from itertools import groupby
 
 from tuner.core.config import LaunchConfig
 from tuner.core.errors import UsageError
+from tuner.core.stats import cv_pct
 from tuner.engine import build
 from tuner.frontier import pareto
 from tuner.machine.hardware import Hardware
@@ -26,21 +38,31 @@ from tuner.search import space, study
 from tuner.search.autotune import TuneRequest, TuneResult, choose_ctx, kv_pricer
 
 MAX_GEN_TOKENS = 64  # generation timed per trial; speed at a depth does not depend on how many tokens are timed
+DEFAULT_TIME_S = 420.0  # without --trials or --time: a front within minutes (the pace trims the last batch to fit)
+DEADLINE_GRACE_S = 60.0  # past the time budget, a trial still running is stopped
 
 
 def engine_measure(loc: build.EngineLocation, load: Workload, *, caps: build.Capabilities | None = None,
-                   repetitions: int = 2, timeout_s: float = 1800.0) -> pareto.MeasureFn:
-    """The real measurement of frontier trials (the fake runner in the tests replaces only this)."""
+                   repetitions: int = 2, timeout_s: float = 1800.0,
+                   deadline: float | None = None) -> pareto.MeasureFn:
+    """The real measurement of frontier trials (the fake runner in the tests replaces only this). ``deadline``
+    (``time.monotonic()``): no process runs past it — a trial still running then is stopped and told failed, so a
+    time budget bounds the run even when one trial alone would outlast it."""
     request = replace(load, depth_tokens=None)
+    timed = min(load.gen_tokens, MAX_GEN_TOKENS)
+
+    def limit_s() -> float:
+        return timeout_s if deadline is None else max(1.0, min(timeout_s, deadline - time.monotonic()))
 
     def single(plans: Sequence[pareto.Plan]) -> list[pareto.Measured | failures.Failure]:
         out: dict[int, pareto.Measured | failures.Failure] = {}
-        keyed = sorted(enumerate(plans), key=lambda ip: (ip[1].prompt_depth, ip[1].gen_depth))
-        for (pd, gd), group in groupby(keyed, key=lambda ip: (ip[1].prompt_depth, ip[1].gen_depth)):
+        keyed = sorted(enumerate(plans), key=lambda ip: ip[1].gen_depth)
+        for gd, group in groupby(keyed, key=lambda ip: ip[1].gen_depth):
             items = list(group)
+            # Both tests at the reply's depth: one process, the history filled once (see the module docstring).
             results = bench.run_bench_many(loc, [p.config for _, p in items], n_prompt=load.prompt_tokens,
-                                           n_gen=min(load.gen_tokens, MAX_GEN_TOKENS), depth=pd, gen_depth=gd,
-                                           repetitions=repetitions, timeout_s=timeout_s, caps=caps)
+                                           n_gen=timed, depth=gd, gen_depth=gd,
+                                           repetitions=repetitions, timeout_s=limit_s(), caps=caps)
             for (i, _), res in zip(items, results, strict=True):
                 if isinstance(res, failures.Failure):
                     out[i] = res
@@ -55,14 +77,19 @@ def engine_measure(loc: build.EngineLocation, load: Workload, *, caps: build.Cap
         out: list[pareto.Measured | failures.Failure] = []
         for p in plans:
             try:
-                # The whole history is each request's prompt, as the finish's server trials send it.
-                r = batched.run_batched(loc, p.config, n_prompt=p.gen_depth, n_gen=load.gen_tokens,
-                                        repetitions=repetitions, timeout_s=timeout_s, caps=caps)
+                # The whole history is each request's prompt, as the finish's server trials send it; the reply
+                # is timed on its first ``timed`` tokens and its time scaled to the whole reply (derived: said
+                # in the front's notes, see timing_note).
+                r = batched.run_batched(loc, p.config, n_prompt=p.gen_depth, n_gen=timed,
+                                        repetitions=repetitions, timeout_s=limit_s(), caps=caps)
             except failures.TrialFailedError as exc:
                 out.append(exc.failure)
                 continue
-            out.append(pareto.Measured(r.request_s, r.per_request_gen_tok_s, None, r.aggregate_gen_tok_s,
-                                         r.cv_pct, repetitions, r.argv))
+            totals = [run.prompt_s + run.gen_s * load.gen_tokens / timed for run in r.runs]
+            request_s = statistics.median(totals)
+            slots = p.config.parallel or 1
+            out.append(pareto.Measured(request_s, r.per_request_gen_tok_s, None, slots * load.gen_tokens / request_s,
+                                       cv_pct(totals), repetitions, r.argv))
         return out
 
     return concurrent if load.concurrency > 1 else single
@@ -70,6 +97,27 @@ def engine_measure(loc: build.EngineLocation, load: Workload, *, caps: build.Cap
 
 def default_trials(fs: pareto.FrontierSpace) -> int:
     return pareto.TRIALS_PER_POINT * len(fs.points)
+
+
+def time_budget_s(req: TuneRequest, trials: int | None) -> float | None:
+    """``--time``; with neither ``--trials`` nor ``--time``, :data:`DEFAULT_TIME_S`, so an answer comes in minutes."""
+    if req.budget.time_s is not None:
+        return req.budget.time_s
+    return None if trials else DEFAULT_TIME_S
+
+
+def timing_note(load: Workload) -> str:
+    """How the front's request times were taken, said beside it."""
+    if load.concurrency > 1:
+        scaled = (f"; the reply is timed on its first {min(load.gen_tokens, MAX_GEN_TOKENS)} tokens and that time "
+                  f"scaled to all {load.gen_tokens} (derived, not measured: it errs slightly on the fast side, the "
+                  "rest of the reply sitting deeper)" if load.gen_tokens > MAX_GEN_TOKENS else "")
+        return (f"request time: every slot at once, each slot's whole history as its prompt, then {load.gen_tokens} "
+                f"tokens generated for every slot (llama-batched-bench), median of the repetitions{scaled}")
+    return (f"request time: the prompt ({load.prompt_tokens} tokens) and the reply (timed on "
+            f"{min(load.gen_tokens, MAX_GEN_TOKENS)} of {load.gen_tokens} tokens) both timed at the reply's depth, "
+            f"with the history filled once per llama-bench process: the prompt is timed {load.prompt_tokens} tokens "
+            "(its own length) deeper than it sits, so request times err slightly on the slow side")
 
 
 def tune_frontier(req: TuneRequest, loc: build.EngineLocation, hw: Hardware, *, max_ctx: int | None = None,
@@ -102,21 +150,27 @@ def tune_frontier(req: TuneRequest, loc: build.EngineLocation, hw: Hardware, *, 
     st.set_user_attr("engine", {"commit": caps.commit, "version": caps.version, "backend": caps.backend})
     st.set_user_attr("workload", req.workload.describe())
     st.set_user_attr("objective", {"frontier": list(axes.names), "max_kld": req.max_kld})
-    budget = study.Budget(trials=trials or default_trials(fs), time_s=req.budget.time_s)
+    time_s = time_budget_s(req, trials)
+    budget = study.Budget(trials=trials or default_trials(fs), time_s=time_s)
     if on_step:
+        bound = "" if time_s is None else f" or {time_s / 60:.0f} min, whichever ends first"
         on_step(f"frontier: contexts {', '.join(map(str, fs.contexts))}; slots {', '.join(map(str, fs.slots))}; "
-                f"{budget.trials} trials; objectives {', '.join(axes.names)}")
+                f"{budget.trials} trials{bound}; objectives {', '.join(axes.names)}")
+    deadline = None if time_s is None else time.monotonic() + time_s + DEADLINE_GRACE_S
     outcome = pareto.run_frontier(st, fs, info, hw, req.workload,
-                                    measure or engine_measure(loc, req.workload, caps=caps), budget=budget,
+                                    measure or engine_measure(loc, req.workload, caps=caps, deadline=deadline),
+                                    budget=budget,
                                     axes=axes, kld_of=kld_of or kv_pricer(loc, req, st, on_step),
-                                    vram_margin_mib=req.vram_margin_mib, on_progress=on_progress)
-    front = pareto.frontier_of(st, fs, hw.has_gpu)
+                                    vram_margin_mib=req.vram_margin_mib, on_progress=on_progress,
+                                    on_step=on_step)
+    front = pareto.frontier_of(st, fs, hw.has_gpu, notes=[timing_note(req.workload)] if measure is None else [])
     st.set_user_attr("frontier", front.to_dict())
     result = study_result.result_from_study(st)
     result_dir = req.results_dir / name
     if not outcome.interrupted:
         if not front.points:
+            more = "" if time_s is None else f", or give it more than --time {time_s / 60:.0f}m"
             raise UsageError("no frontier config could be measured: see the failures in the report, or lower "
-                             "--max-ctx / raise --vram-margin")
+                             f"--max-ctx / raise --vram-margin{more}")
         study_result.write_result(result, result_dir)
     return TuneResult(name, storage, result_dir, result, outcome)

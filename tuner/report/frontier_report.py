@@ -23,6 +23,7 @@ HEADERS = ("context", "slots", "config", "s/request", "gen tok/s", "aggregate to
            "trial")
 AXIS_WORDS = {"request_s": "request time (less)", "aggregate_tok_s": "aggregate tok/s (more)",
               "ctx": "context (more)", "kld": "KV quality loss, KLD (less)"}
+BUSY_MARK = " !"  # a point measured while other programs used the machine (the notes say what)
 SHORT = {"s/request": "s/req", "gen tok/s": "gen t/s", "aggregate tok/s": "agg t/s", "slots": "np"}  # 80 columns
 
 
@@ -57,7 +58,8 @@ def rows(front: Frontier) -> list[tuple[str, ...]]:
     out = []
     for p in front.points:
         cells = dict(zip(HEADERS, (
-            f"{p.ctx:,}", str(p.slots), config_label(p.config), _num(p.request_s, ",.3f"), _num(p.gen_tok_s, ",.1f"),
+            f"{p.ctx:,}", str(p.slots), config_label(p.config),
+            _num(p.request_s, ",.3f") + (BUSY_MARK if p.interference else ""), _num(p.gen_tok_s, ",.1f"),
             _num(p.aggregate_tok_s, ",.1f"), _num(p.kld, ".5f"),
             _num(p.vram_bytes / GIB if p.vram_bytes is not None else None, ".2f"),
             _num(p.ram_bytes / GIB if p.ram_bytes is not None else None, ".2f"), str(p.trial)), strict=True))

@@ -1,0 +1,108 @@
+"""scripts/harness.py, the benchmark harness the frontier benchmark (and every scripts/bench_*.py) runs under:
+the measuring lock held while a grid is measured, the CV gate and its re-measurement, the resumable cache, and
+the rule that every benchmark script runs its main under the harness."""
+
+from __future__ import annotations
+
+import ast
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from tuner.core.errors import MachineBusyError
+from tuner.machine import quiet
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+sys.path.insert(0, str(SCRIPTS))
+import harness  # noqa: E402
+
+
+def _grid(n: int) -> list[dict]:
+    return [{"ctx": 512 * (i + 1), "kv": "f16"} for i in range(n)]
+
+
+class Cut(Exception):
+    """A run cut short."""
+
+
+class Measure:
+    """A measurement with set CVs: ``cvs[ctx]`` lists the CV of each pass of that config (request time = ctx/1000
+    plus the pass number, so passes can be told apart); ``fail_after`` chunks, it raises (a run cut short)."""
+
+    def __init__(self, cvs: dict[int, list[float]], fail_after: int | None = None) -> None:
+        self.cvs = cvs
+        self.calls: list[list[int]] = []
+        self.fail_after = fail_after
+
+    def __call__(self, part: list[dict]) -> list[dict]:
+        if self.fail_after is not None and len(self.calls) >= self.fail_after:
+            raise Cut
+        self.calls.append([d["ctx"] for d in part])
+        out = []
+        for d in part:
+            n = sum(d["ctx"] in c for c in self.calls) - 1
+            out.append({"request_s": d["ctx"] / 1000 + n, "cv_pct": self.cvs[d["ctx"]][n]})
+        return out
+
+
+def _measure(cache, grid, m, lines=None, **kw):
+    return harness.measure_grid(cache, grid, m, chunks=lambda todo: [todo[i:i + 2] for i in range(0, len(todo), 2)],
+                                rank=lambda r: r["request_s"], command="test",
+                                say=lines.append if lines is not None else print, **kw)
+
+
+def test_a_row_over_the_cv_gate_is_measured_again_and_keeps_the_pass_that_passes(tmp_path):
+    grid = _grid(3)
+    m = Measure({512: [2.0], 1024: [30.0, 4.0], 1536: [25.0, 22.0, 21.0]})
+    cache = harness.GridCache("g.json", {"k": 1}, folder=tmp_path)
+    rows = _measure(cache, grid, m, cv_gate_pct=10.0, max_passes=3)
+    assert [len(r["passes"]) for r in rows] == [1, 2, 3]
+    assert rows[1]["request_s"] == pytest.approx(2.024) and rows[1]["cv_gate"] == "pass"  # the agreeing pass
+    assert rows[2]["cv_gate"] == "fail" and rows[2]["request_s"] == pytest.approx(1.536)  # fastest when none pass
+    assert m.calls[2:] == [[1536, 1024], [1536]]  # later passes: only the rows over the gate, reverse order
+    saved = json.loads((tmp_path / "g.json").read_text())
+    assert saved["complete"] and saved["key"] == {"k": 1} and saved["measured_at"]
+    assert "watched measurements disturbed" in saved["load"] and all("noise" in p for r in rows for p in r["passes"])
+
+
+def test_a_grid_cut_short_resumes_where_it_stopped_and_a_new_key_starts_over(tmp_path):
+    grid = _grid(4)
+    cvs = {c["ctx"]: [1.0] for c in grid}
+    with pytest.raises(Cut):
+        _measure(harness.GridCache("g.json", {"k": 1}, folder=tmp_path), grid, Measure(cvs, fail_after=1))
+    part = json.loads((tmp_path / "g.json").read_text())
+    assert not part["complete"] and len(part["rows"]) == 2
+    again = Measure(cvs)
+    rows = _measure(harness.GridCache("g.json", {"k": 1}, folder=tmp_path), grid, again)
+    assert again.calls == [[1536, 2048]] and len(rows) == 4
+    lines: list[str] = []
+    cached = Measure(cvs)
+    _measure(harness.GridCache("g.json", {"k": 1}, folder=tmp_path), grid, cached, lines)
+    assert cached.calls == [] and lines[0].startswith("grid from g.json: 4 rows")
+    fresh = Measure(cvs)
+    _measure(harness.GridCache("g.json", {"k": 2}, folder=tmp_path), grid, fresh)
+    assert sum(len(c) for c in fresh.calls) == 4
+
+
+def test_a_benchmark_holds_the_measuring_lock_while_it_measures():
+    with harness.machine("test", say=lambda _: None) as rec:
+        assert rec.locked
+        with pytest.raises(MachineBusyError, match="moe-tune benchmark test"), \
+                quiet.claim_machine("auto-tune", wait_s=0):
+            pass
+        with harness.machine("nested") as inner:  # re-entrant: the same hold
+            assert inner is rec
+    with quiet.claim_machine("auto-tune", wait_s=0, allow_busy=True) as after:
+        assert after.locked
+
+
+def test_every_benchmark_script_runs_its_main_under_the_harness():
+    scripts = sorted(SCRIPTS.glob("bench_*.py"))
+    assert len(scripts) >= 10
+    for path in scripts:
+        tree = ast.parse(path.read_text())
+        [main] = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "main"]
+        decorators = [ast.unparse(d) for d in main.decorator_list]
+        assert any(d.startswith("harness.bench(") for d in decorators), path.name

@@ -1,0 +1,172 @@
+"""Frontier trials under the watch: a trial measured while another program burns a core is measured again once
+the machine is quiet, or stands on the front marked; a time budget is kept by the pace of earlier trials.
+
+The competitor is a real process (this session's child: the suite's machine scope sees it, tests/conftest.py);
+the measurement is the fake runner (the hardware boundary), slowed to last long enough for the watch to look.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.fakes import FakeFrontierRunner
+from tests.frontier.test_frontier import CPU, fake_kld
+from tuner.cli.cmd_frontier import eta_s
+from tuner.core.config import LaunchConfig
+from tuner.frontier import pareto, watched
+from tuner.measure.workload import WorkloadKind, preset
+from tuner.models.gguf_reader import inspect_model
+from tuner.report import frontier_report
+from tuner.search import study
+
+WATCH_S = 3.0  # a fake batch lasts this long: the watch looks once a second, slower on a loaded machine
+
+
+@pytest.fixture(scope="module")
+def model(demo_models):
+    return demo_models[("qwen3moe", "Q4_K_M")]
+
+
+class Burners:
+    """A competing program: another llama.cpp process (not started by the runner, so not ours), which a watch
+    calls interference whatever the CPU share it gets on a loaded machine."""
+
+    def __init__(self, engine_loc, model) -> None:
+        argv = [str(engine_loc.tool("llama-bench")), "-m", str(model), "-p", "0", "-n", "8", "-r", "100000",
+                "-t", "1"]
+        self.procs = [subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+
+    def stop(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+class SlowRunner(FakeFrontierRunner):
+    """The fake runner, each batch lasting WATCH_S; ``on_batch(n)`` runs after batch n (0-based)."""
+
+    def __init__(self, on_batch=None) -> None:
+        super().__init__()
+        self.batches = 0
+        self.on_batch = on_batch
+
+    def __call__(self, plans):
+        time.sleep(WATCH_S)
+        out = super().__call__(plans)
+        if self.on_batch:
+            self.on_batch(self.batches)
+        self.batches += 1
+        return out
+
+
+def _frontier(model, tmp_path, runner, trials=2, **kw):
+    load = preset(WorkloadKind.CHAT, 128, 32)
+    info = inspect_model(model)
+    fs = pareto.build_frontier_space(model, info, CPU, load, (512, 1024), threads=(2,))
+    st, _ = pareto.create_or_load("w", study.default_storage(tmp_path), pareto.Axes(), seed=0)
+    pareto.enqueue_seeds(st, fs, pareto.seed_configs(fs, info, CPU))
+    steps: list[str] = []
+    out = pareto.run_frontier(st, fs, info, CPU, load, runner, budget=study.Budget(trials=trials, **kw),
+                              axes=pareto.Axes(), kld_of=fake_kld, on_step=steps.append)
+    return st, pareto.frontier_of(st, fs, False), out, steps
+
+
+def test_a_trial_measured_on_a_busy_machine_that_stays_busy_stands_on_the_front_marked(model, tmp_path, engine_loc):
+    hogs = Burners(engine_loc, model)
+    try:
+        st, front, _, steps = _frontier(model, tmp_path, SlowRunner())
+    finally:
+        hogs.stop()
+    assert front.points and all(p.interference and "llama-bench pid" in p.interference for p in front.points)
+    assert not any(p.remeasured for p in front.points)  # the machine was still busy: measuring again is futile
+    assert any("still busy: kept, marked" in s for s in steps)
+    assert any("were measured while other programs used the machine" in n for n in front.notes)
+    assert all(row[3].endswith(frontier_report.BUSY_MARK) for row in frontier_report.rows(front))
+
+
+def test_a_disturbed_batch_is_measured_again_once_the_machine_is_quiet(model, tmp_path, engine_loc):
+    hogs = Burners(engine_loc, model)
+    runner = SlowRunner(on_batch=lambda n: hogs.stop() if n == 0 else None)
+    try:
+        st, front, _, steps = _frontier(model, tmp_path, runner)
+    finally:
+        hogs.stop()
+    assert runner.batches == 2  # the batch, then once more on the quiet machine
+    assert front.points and all(p.interference is None and p.remeasured for p in front.points)
+    assert any("quiet now: measuring again" in s for s in steps)
+    assert not any(r[3].endswith(frontier_report.BUSY_MARK) for r in frontier_report.rows(front))
+
+
+def test_a_quiet_batch_is_measured_once_and_unmarked(model, tmp_path):
+    runner = FakeFrontierRunner()
+    _, front, _, _ = _frontier(model, tmp_path, runner)
+    assert len(runner.plans) == 2 and all(p.interference is None and not p.remeasured for p in front.points)
+
+
+def test_both_measurements_disturbed_keep_the_faster_and_stay_marked():
+    class Noisy:
+        def __init__(self, noise):
+            self.noise = noise
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return None
+
+    figures = iter([[pareto.Measured(2.0), pareto.Measured(1.0)], [pareto.Measured(1.5), pareto.Measured(3.0)]])
+    got = watched.measure_watched(lambda plans: next(figures), [0, 1], watch=lambda: Noisy("busy"),
+                                  quiet_now=lambda: True)
+    assert [m.request_s for m in got.results] == [1.5, 1.0] and got.noise == "busy" and got.remeasured
+
+
+def test_a_time_budget_ends_the_run_by_the_pace_of_earlier_trials(model, tmp_path):
+    """Each fake batch lasts at least WATCH_S (more on a loaded machine, with the watch's own looks): a 5-second
+    budget holds at most 5 / WATCH_S of them, however many trials the budget would allow."""
+    runner = SlowRunner()
+    st, front, out, _ = _frontier(model, tmp_path, runner, trials=40, time_s=5.0)
+    assert 1 <= runner.batches <= int(5.0 / WATCH_S) and out.trials_this_run < 40
+    assert out.elapsed_s < 5.0 + 2 * WATCH_S + 10  # a batch admitted by the pace may overrun by its own length
+    cut = [t for t in st.trials if t.user_attrs.get("why") == "time budget"]
+    assert all(t.user_attrs["status"] == "interrupted" for t in cut)
+
+
+def test_pace_counts_the_depth_and_the_eta_never_passes_the_time_budget():
+    load = preset(WorkloadKind.CHAT, 128, 32)
+    pace = watched.Pace(load.prompt_tokens + load.gen_tokens)
+    cfg = LaunchConfig(model=Path(__file__), ctx=1024)
+    shallow = pareto.Plan(cfg, 864, 992)
+    deep = pareto.Plan(cfg, 7000, 8000)
+    assert pace.fitting([deep, deep], 1.0) == 2 and pace.estimate_s([deep]) is None  # nothing learnt yet
+    pace.took([shallow], 1.0)  # 992 + 160 tokens in one second
+    assert pace.estimate_s([deep]) == pytest.approx(8160 / 1152)
+    assert pace.fitting([shallow, deep, shallow], 9.0) == 2 and pace.fitting([shallow], 0.0) == 0
+    assert eta_s(2, 10, 60.0, None) == pytest.approx(240.0)
+    assert eta_s(2, 10, 60.0, 120.0) == pytest.approx(60.0)  # the budget ends first
+    assert eta_s(0, 10, 5.0, None) is None
+
+
+def test_a_long_list_of_other_processes_is_named_briefly():
+    noise = "; ".join(f"llama-bench pid {i}" for i in range(40)) + "; other processes use 1.9 CPU cores"
+    assert watched.brief(noise) == ("llama-bench pid 0; llama-bench pid 1; llama-bench pid 2; 37 more processes; "
+                                    "other processes use 1.9 CPU cores")
+    assert watched.brief("other processes use 0.7 CPU cores") == "other processes use 0.7 CPU cores"
+    assert watched.brief(None) is None
+
+
+def test_a_run_cut_by_its_budget_names_the_contexts_it_did_not_reach(model, tmp_path):
+    load = preset(WorkloadKind.CHAT, 128, 32)
+    info = inspect_model(model)
+    fs = pareto.build_frontier_space(model, info, CPU, load, (512, 1024, 2048), threads=(2,))
+    st, _ = pareto.create_or_load("cut", study.default_storage(tmp_path), pareto.Axes(), seed=0)
+    pareto.enqueue_seeds(st, fs, pareto.seed_configs(fs, info, CPU))
+    pareto.run_frontier(st, fs, info, CPU, load, FakeFrontierRunner(), budget=study.Budget(trials=1),
+                        axes=pareto.Axes(), kld_of=fake_kld, batch_trials=1)
+    front = pareto.frontier_of(st, fs, False)
+    assert [p.ctx for p in front.points] == [512]
+    assert any(n.startswith("no point measured at 1,024, 2,048 within this run's budget") for n in front.notes)
