@@ -85,11 +85,11 @@ class FrontierSpace:
 def build_frontier_space(model: Path, info: ModelInfo, hw: Hardware, load: Workload, contexts: Sequence[int], *,
                          slots: Sequence[int] = (1,), vram_margin_mib: float | None = None,
                          kv_pairs: Sequence[tuple[Any, Any]] = space.KV_PAIRS,
-                         threads: Sequence[int | None] | None = None) -> FrontierSpace:
+                         threads: Sequence[int | None] | None = None, device: str | None = None) -> FrontierSpace:
     """Today's space at every (context, slots); ``--n-cpu-moe`` spans the union of their fitting ranges (a value
     that does not fit at one context is a constraint violation there, not a gap in the space)."""
     spaces = [space.build_space(model, info, hw, ctx=c, parallel=n, prompt_tokens=load.prompt_tokens,
-                                kv_pairs=kv_pairs, vram_margin_mib=vram_margin_mib)
+                                kv_pairs=kv_pairs, vram_margin_mib=vram_margin_mib, device=device)
               for c, n in product(contexts, slots)]
     base = spaces[0]
     ranges = [s.n_cpu_moe for s in spaces if s.n_cpu_moe]

@@ -29,7 +29,7 @@ from tuner.core.stats import cv_pct
 from tuner.engine import build
 from tuner.frontier import pareto
 from tuner.machine.hardware import Hardware
-from tuner.measure import batched, bench, failures
+from tuner.measure import batched, bench, failures, gpu_use
 from tuner.measure.workload import Workload
 from tuner.models.gguf_reader import inspect_model
 from tuner.quality.kv_price import KvPrice
@@ -127,6 +127,7 @@ def tune_frontier(req: TuneRequest, loc: build.EngineLocation, hw: Hardware, *, 
                   on_progress: Callable[[study.Progress], None] | None = None,
                   on_step: Callable[[str], None] | None = None) -> TuneResult:
     """The frontier study for ``req``'s model and workload; ``trials`` None: :func:`default_trials`."""
+    hw = gpu_use.preflight(loc, hw, req.device)  # a GPU rig measured on the CPU stops here, not after
     caps = build.capabilities(loc)
     info = inspect_model(req.model)
     min_ctx = choose_ctx(req, info, hw, 1)
@@ -137,7 +138,7 @@ def tune_frontier(req: TuneRequest, loc: build.EngineLocation, hw: Hardware, *, 
         raise UsageError(f"--max-ctx {top} is below the smallest context {min_ctx}: raise it or lower --min-ctx")
     slots = space.slot_counts(req.workload.concurrency)
     fs = pareto.build_frontier_space(req.model, info, hw, req.workload, pareto.ctx_ladder(min_ctx, top, steps),
-                                       slots=slots, vram_margin_mib=req.vram_margin_mib)
+                                       slots=slots, vram_margin_mib=req.vram_margin_mib, device=req.device)
     axes = pareto.Axes(fs.concurrent, kld=req.max_kld is not None)
     name = pareto.study_name(req.model, hw, f"{caps.commit or 'unknown'}-{caps.backend}", fs, req.workload, axes)
     storage = req.storage or study.default_storage(req.results_dir)
