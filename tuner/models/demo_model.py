@@ -36,7 +36,7 @@ def _spec(arch: str, size: str, **shape: Any) -> ModelSpec:
         hybrid = dict(n_expert_shared=1, tied=True, rope_theta=10_000_000.0, ssm_d_conv=4, full_attention_interval=4)
     # Widths that feed K-quant rows are multiples of 256; the BPE vocabulary is trained for qwen2's split rule.
     return ModelSpec(arch=arch, name=f"moe-tune demo {arch} {size}", n_vocab=4096, ctx_train=32768,
-                     tokenizer_pre="qwen2", **hybrid, **shape)  # type: ignore[arg-type]
+                     tokenizer_pre="qwen2", **hybrid, **shape)
 
 
 _SPECS: dict[tuple[str, str], ModelSpec] = {
