@@ -13,16 +13,18 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from tuner.cli.app import AllowBusy, BusyWait, JsonFlag, LlamaDir, app, err, friendly, measuring, model_path, out
+from tuner.cli.cmd_bench import print_session
 from tuner.cli.cmd_frontier import run as run_frontier
 from tuner.core.errors import UsageError
-from tuner.engine import build, runner
+from tuner.engine import build, flags, runner
 from tuner.machine import hardware
+from tuner.measure import session, workload
 from tuner.measure import speculation as spec_measure
-from tuner.measure import workload
 from tuner.models import demo
 from tuner.quality import kv_price
 from tuner.report import frontier_report, study_report
 from tuner.search import autotune, finish, study, verdict
+from tuner.search.session_stage import SessionRequest, SessionStage
 from tuner.search.speculation import SpeculationRequest
 
 
@@ -75,6 +77,11 @@ def auto_tune_cmd(
     prompts: Annotated[Path | None, typer.Option(
         "--prompts", help="Real requests to judge speculation on: JSONL {\"prompt\": ...} or text split by --- lines "
         "(implies --speculation).")] = None,
+    session_file: Annotated[Path | None, typer.Option(
+        "--session", help="Agent workload: judge whole sessions on this OpenAI-style messages JSON (default: the "
+        "bundled session at --depth).")] = None,
+    session_rounds: Annotated[int, typer.Option(
+        "--session-rounds", help="Agent workload: sessions per arm (interleaved rounds).")] = 3,
     allow_busy: AllowBusy = False,
     busy_wait: BusyWait = "10m",
     llama_cpp_dir: LlamaDir = None,
@@ -85,6 +92,7 @@ def auto_tune_cmd(
 
     Example: moe-tune auto-tune unsloth/Qwen3-30B-A3B-GGUF:Q4_K_M --min-ctx 32768 --workload agent --time 20m
     The trade-off instead: moe-tune auto-tune MODEL --frontier --min-ctx 8192 --max-ctx 131072 --workload batch
+    Agent sessions (prompt reuse tuned, scored by session time): moe-tune auto-tune MODEL --workload agent --depth 16384
     """
     if goal not in ("speed", "context"):
         raise UsageError(f"unknown --goal {goal}: use speed or context")
@@ -101,6 +109,7 @@ def auto_tune_cmd(
             err.print(msg, highlight=False, soft_wrap=True)
 
     load = workload.preset(workload_kind, n_prompt, n_gen, depth_tokens=depth)
+    sessions = _sessions(workload_kind, session_file, depth, n_gen, session_rounds)
     path = demo.default_model(loc, on_step=say) if model is None else model_path(model)
     budget = study.Budget(trials=trials if trials is not None or time_limit else autotune.DEFAULT_TRIALS,
                           time_s=study.parse_duration(time_limit) if time_limit else None)
@@ -109,7 +118,7 @@ def auto_tune_cmd(
                                parallel=parallel, max_kld=kv_price.parse_max_kld(max_kld), min_tok_s=min_tok_s,
                                vram_margin_mib=vram_margin, pareto=pareto, budget=budget, measure=measure,
                                storage=storage, results_dir=results_dir, seed=seed,
-                               speculation=_speculation(speculate, draft, prompts))
+                               speculation=_speculation(speculate, draft, prompts), session=sessions)
     with measuring("auto-tune", allow_busy=allow_busy, busy_wait=busy_wait, quiet_output=as_json):
         hw = hardware.with_ram_budget(
             hardware.with_vram_budget(hardware.probe_hardware(host_bandwidth_s=0.3), vram_budget), ram)
@@ -124,9 +133,12 @@ def auto_tune_cmd(
             f"{result.study_name}")
         raise typer.Exit(130)
     if as_json:
-        out.print_json(json.dumps(result.result.to_dict() | {"result_dir": str(result.result_dir)}))
+        extra = {} if result.session is None else {"session": result.session.to_dict()}
+        out.print_json(json.dumps(result.result.to_dict() | {"result_dir": str(result.result_dir)} | extra))
         return
     _summary(result)
+    if result.session is not None:
+        _session_summary(result.session)
 
 
 def _search(req: autotune.TuneRequest, loc: build.EngineLocation, hw: hardware.Hardware, budget: study.Budget,
@@ -150,6 +162,47 @@ def _kept(kept: dict[str, int]) -> str:
              "interrupted": "cut short by Ctrl-C (to be measured again)"}
     parts = [f"{n} {words.get(status, status)}" for status, n in sorted(kept.items())]
     return f"kept {sum(kept.values())} trials of this run in the study ({', '.join(parts)})"
+
+
+def _sessions(kind: workload.WorkloadKind, path: Path | None, depth: int | None, n_gen: int | None,
+              rounds: int) -> SessionRequest | None:
+    if kind is not workload.WorkloadKind.AGENT:
+        if path is not None:
+            raise UsageError("--session replays an agent conversation: add --workload agent")
+        return None
+    if rounds < 2:
+        raise UsageError("--session-rounds must be >= 2: one round cannot tell a difference from noise")
+    gen = n_gen or session.DEFAULT_GEN_TOKENS
+    session.session_maker(path, depth, gen)  # a bad file or depth fails now, not after the search
+    return SessionRequest(session_file=path, depth_tokens=depth, gen_tokens=gen, rounds=rounds)
+
+
+def _session_summary(stage: SessionStage) -> None:
+    """Per arm: median session time; the default's and the winner's per-turn tables; the verdict; findings."""
+    table = Table(title=f"agent sessions ({stage.source}), by session time", box=box.SIMPLE_HEAD)
+    for col in ("arm", "session s", "median TTFT ms", "re-processed %", "full re-processes"):
+        table.add_column(col, justify="left" if col == "arm" else "right")
+    for arm in stage.arms:
+        typical = arm.typical
+        if typical is None:
+            table.add_row(arm.label, "failed", "", "", arm.failure or "")
+            continue
+        table.add_row(arm.label, f"{arm.median_session_s:.2f}", f"{1000 * typical.median_ttft_s:,.0f}",
+                      f"{100 * typical.reprocessed_share:.0f}", str(len(typical.full_reprocess_turns)))
+    out.print(table)
+    for label, note in stage.notes.items():
+        out.print(f"{label}: {note}", highlight=False)
+    for label in dict.fromkeys(["default", stage.winner or "default"]):
+        shown = stage.arm(label)
+        if shown is not None and shown.typical is not None:
+            print_session(shown.typical, f"{label}: per turn (the median round)")
+            if shown.finding is not None:
+                out.print(f"{label}: {shown.finding.describe()}", highlight=False, soft_wrap=True)
+    if stage.verdict is not None:
+        out.print(f"by session time: {stage.verdict.describe()}", highlight=False, soft_wrap=True)
+    win = stage.arm(stage.winner) if stage.winner else None
+    if win is not None:
+        out.print(f"agent launch line: {flags.launch_line(win.config)}", highlight=False, soft_wrap=True)
 
 
 def _speculation(on: bool, draft: str | None, prompts: Path | None) -> SpeculationRequest | None:

@@ -114,6 +114,13 @@ def _validate_reuse(cfg: LaunchConfig) -> None:
         raise UsageError(f"--cache-ram takes MiB, 0 (off) or -1 (no limit), got {cfg.cache_ram_mib}")
 
 
+def server_accepts(caps: Capabilities | None, setting: str) -> bool:
+    """Whether this engine's llama-server takes ``setting`` (unknown capabilities: assume it does)."""
+    if caps is None or SERVER not in caps.flags:
+        return True
+    return any(caps.supports(SERVER, s) for s in _SPELL[setting])
+
+
 def without_reuse(cfg: LaunchConfig) -> LaunchConfig:
     """``cfg`` with the prompt-reuse settings at the engine's defaults."""
     return replace(cfg, cache_reuse=None, ctx_checkpoints=None, checkpoint_min_step=None, cache_ram_mib=None)
