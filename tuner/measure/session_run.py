@@ -11,6 +11,7 @@ close enough, ``server-context.cpp``: the ``pos_min >= pos_min_thold`` branch of
 
 from __future__ import annotations
 
+import re
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -142,14 +143,15 @@ class SessionTrial:
 def run_session_trial(engine: EngineLocation, cfg: LaunchConfig,
                       session: Session | Callable[[Callable[[str], list[int]]], Session], gen_tokens: int, *,
                       log_dir: Path, caps: Capabilities | None = None, load_timeout_s: float = 300.0,
-                      request_timeout_s: float = 600.0) -> SessionTrial:
+                      request_timeout_s: float = 600.0, trace: bool = False) -> SessionTrial:
     """llama-server with exactly ``cfg``, one short warm-up request, then the session replayed. ``session``
-    may be a function of the server's tokenizer (the bundled one is sized in the model's own tokens)."""
+    may be a function of the server's tokenizer (the bundled one is sized in the model's own tokens). With
+    ``trace`` the server logs every checkpoint it makes (:func:`checkpoints_from_log` reads them)."""
     try:
         binary = engine.tool("llama-server")
     except TunerError as exc:
         raise TrialFailedError("llama-server", failures.from_error(exc)) from None
-    argv = flags.server_argv(binary, cfg, caps)
+    argv = flags.server_argv(binary, cfg, caps) + (flags.trace_argv() if trace else [])
     try:
         with runner.serve(argv, log_dir=log_dir, load_timeout_s=load_timeout_s,
                           log_jsonl=flags.server_logs_jsonl(caps)) as server:
@@ -159,6 +161,32 @@ def run_session_trial(engine: EngineLocation, cfg: LaunchConfig,
     except TunerError as exc:
         raise TrialFailedError("llama-server", failures.from_error(exc)) from None
     return SessionTrial(tuple(server.argv), cfg, result, server.log)
+
+
+# server-context.cpp, create_checkpoint: "created context checkpoint %d of %d (pos_min = …, size = %.3f MiB)"
+_CHECKPOINT = re.compile(r"created context checkpoint (\d+) of (\d+) \(pos_min = (-?\d+), pos_max = (-?\d+), "
+                         r"n_tokens = (\d+), size = ([0-9.]+) MiB\)")
+# server-context.cpp, load_model: "prompt cache is enabled, size limit: %d MiB"
+_PROMPT_CACHE = re.compile(r"prompt cache is enabled, size limit: (\d+) MiB")
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    number: int
+    of: int
+    n_tokens: int
+    size_mib: float
+
+
+def checkpoints_from_log(text: str) -> list[Checkpoint]:
+    """The context checkpoints a trace-level llama-server log records, in order."""
+    return [Checkpoint(int(m[1]), int(m[2]), int(m[5]), float(m[6])) for m in _CHECKPOINT.finditer(text)]
+
+
+def prompt_cache_limit_mib(text: str) -> int | None:
+    """The host prompt cache's limit the server set (trace level), None when it is off or unlimited."""
+    m = _PROMPT_CACHE.search(text)
+    return int(m[1]) if m else None
 
 
 @dataclass(frozen=True, slots=True)

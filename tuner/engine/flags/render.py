@@ -345,6 +345,11 @@ def listen_argv(host: str, port: int, *, log_jsonl: bool = False) -> list[str]:
     return address_argv(host, port) + (["--log-jsonl"] if log_jsonl else [])
 
 
+def trace_argv() -> list[str]:
+    """llama-server at trace verbosity: it then logs each context checkpoint and the prompt cache's state."""
+    return ["-lv", "4"]
+
+
 def server_logs_jsonl(caps: Capabilities | None) -> bool:
     """Whether this llama-server writes machine records (``--log-jsonl``); unknown capabilities: assume so."""
     return caps is None or caps.supports(SERVER, "--log-jsonl")
