@@ -12,7 +12,7 @@ from tuner.core.config import LaunchConfig
 from tuner.measure import session, session_run
 from tuner.models import demo, gguf_reader
 
-DEPTH, GEN = 2048, 16
+DEPTH, GEN = 1024, 8  # one thread: on a loaded shared machine, spinning threads cost more than they bring
 
 
 @pytest.fixture(scope="module")
@@ -23,15 +23,15 @@ def swa_model(engine_loc, tmp_path_factory):
 
 def _replay(engine_loc, cfg, tmp_path, **kw):
     maker = session.session_maker(None, DEPTH, GEN)
-    return session_run.run_session_trial(engine_loc, cfg, maker, GEN, log_dir=tmp_path, **kw)
+    return session_run.run_session_trial(engine_loc, replace(cfg, threads=1), maker, GEN, log_dir=tmp_path, **kw)
 
 
 def test_plain_attention_reuses_the_whole_previous_prompt(engine_loc, demo_models, tmp_path):
-    cfg = LaunchConfig(model=demo_models[("qwen3moe", "Q8_0")], ctx=4096, parallel=1)
+    cfg = LaunchConfig(model=demo_models[("qwen3moe", "Q8_0")], ctx=2048, parallel=1)
     res = _replay(engine_loc, cfg, tmp_path).result
     turns = res.turns
-    assert len(turns) >= 8 and turns[0].cached_tokens == 0
-    assert 1700 <= turns[-1].context_tokens + GEN <= DEPTH + 200  # the bundled session fills the depth
+    assert len(turns) >= 6 and turns[0].cached_tokens == 0
+    assert 0.8 * DEPTH <= turns[-1].context_tokens + GEN <= DEPTH + 100  # the bundled session fills the depth
     for prev, t in zip(turns, turns[1:], strict=False):
         assert t.reusable_tokens == prev.context_tokens and t.context_tokens > prev.context_tokens
         # Everything up to the previous prompt's end comes from the cache (the reply differs: it is scripted).
@@ -44,7 +44,7 @@ def test_plain_attention_reuses_the_whole_previous_prompt(engine_loc, demo_model
 def test_hybrid_without_checkpoints_reprocesses_every_turn_and_the_fix_is_measured(engine_loc, demo_models,
                                                                                    tmp_path):
     path = demo_models[("qwen35moe", "Q8_0")]
-    off = LaunchConfig(model=path, ctx=4096, parallel=1, ctx_checkpoints=0)
+    off = LaunchConfig(model=path, ctx=2048, parallel=1, ctx_checkpoints=0)
     bad = _replay(engine_loc, off, tmp_path / "off").result
     assert all(t.full_reprocess for t in bad.turns[1:]) and bad.reprocessed_share > 0.95
     assert all(t.cached_tokens == 0 for t in bad.turns)  # the recurrent state cannot be rolled back at all
@@ -61,7 +61,7 @@ def test_hybrid_without_checkpoints_reprocesses_every_turn_and_the_fix_is_measur
 
 
 def test_sliding_window_session_with_and_without_swa_full(engine_loc, swa_model, tmp_path):
-    base = LaunchConfig(model=swa_model, ctx=4096, parallel=1)
+    base = LaunchConfig(model=swa_model, ctx=2048, parallel=1)
     window = _replay(engine_loc, base, tmp_path / "swa", trace=True)
     full = _replay(engine_loc, replace(base, swa_full=True), tmp_path / "full", trace=True)
     # With the full cache no checkpoint is needed (server-context.cpp: do_checkpoint needs n_swa > 0) and

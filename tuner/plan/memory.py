@@ -374,22 +374,26 @@ DEFAULT_CHECKPOINT_MIN_STEP = 8192  # common_params::checkpoint_min_step
 DEFAULT_CACHE_RAM_MIB = 8192  # common_params::cache_ram_mib
 
 
+STATE_CELL_META_BYTES = 12  # llama_kv_cache::state_write_meta: a cell's position, seq-id count and seq id
+
+
 def checkpoint_bytes(model: ModelInfo, cfg: LaunchConfig, r: Resolved) -> int:
     """One context checkpoint of one slot: the part of its memory that cannot be rolled back, copied to host
     RAM (``server_context::create_checkpoint`` → ``llama_state_seq_get_data_ext`` with
     ``LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY``). For a hybrid model that is the recurrent state of every recurrent
-    layer (``llama_memory_hybrid::state_write`` skips the attention cache); for a sliding-window model the
-    window's cells of every SWA layer (``llama_kv_cache_iswa::state_write`` skips the full cache), at most the
-    window plus a ubatch. With ``--swa-full`` or plain attention the engine makes none (the ``do_checkpoint``
-    test in ``update_slots``)."""
+    layer (``llama_memory_hybrid::state_write`` skips the attention cache); for a sliding-window model the SWA
+    cache only (``llama_kv_cache_iswa::state_write`` skips the full one), whose ``state_write`` keeps the cells
+    of the sequence not masked by ``llama_hparams::is_masked_swa`` against its largest position: the last
+    ``n_swa`` tokens. With ``--swa-full`` or plain attention the engine makes none (``do_checkpoint`` in
+    ``update_slots``)."""
     if model.is_hybrid:
         return recurrent_bytes_per_seq(model) * sum(model.recurrent_layers)
     if model.n_swa and any(model.swa_layers) and not cfg.swa_full:
         per_seq = r.n_ctx if r.unified else r.n_ctx // max(1, r.n_seq)
-        cells = min(per_seq, model.n_swa + r.n_ubatch)
+        cells = min(per_seq, model.n_swa)
         per_cell = sum(kv_bytes_per_cell(model, il, cfg.cache_type_k, cfg.cache_type_v)
                        for il in range(model.n_layer) if model.swa_layers[il])
-        return int(cells * per_cell)
+        return int(cells * (per_cell + STATE_CELL_META_BYTES))
     return 0
 
 
