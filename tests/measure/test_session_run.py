@@ -30,7 +30,7 @@ def test_plain_attention_reuses_the_whole_previous_prompt(engine_loc, demo_model
     cfg = LaunchConfig(model=demo_models[("qwen3moe", "Q8_0")], ctx=2048, parallel=1)
     res = _replay(engine_loc, cfg, tmp_path).result
     turns = res.turns
-    assert len(turns) >= 6 and turns[0].cached_tokens == 0
+    assert len(turns) >= 4 and turns[0].cached_tokens == 0
     assert 0.8 * DEPTH <= turns[-1].context_tokens + GEN <= DEPTH + 100  # the bundled session fills the depth
     for prev, t in zip(turns, turns[1:], strict=False):
         assert t.reusable_tokens == prev.context_tokens and t.context_tokens > prev.context_tokens
