@@ -18,6 +18,7 @@ import argparse
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from tuner.core.config import LaunchConfig
@@ -52,14 +53,17 @@ def main() -> None:
     ap.add_argument("--depths", default="2048,4096,8192")
     ap.add_argument("--gen", type=int, default=32, help="tokens generated per turn")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("-t", "--threads", type=int, default=1,
+                    help="llama-server threads (1: on a loaded shared machine spinning threads cost more)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     loc = build.locate_engine()
     caps = build.capabilities(loc)
     depths = [int(d) for d in args.depths.split(",")]
     say(f"command: flock /tmp/moe-tune-cpu.lock .venv/bin/python {' '.join(sys.argv)}")
-    say(f"engine: llama.cpp {build.PIN.commit} ({caps.backend}); device: this machine's CPU; models: tiny demo "
-        "models with random weights (tuner.models.demo, F16), not real checkpoints")
+    say(f"engine: llama.cpp {build.PIN.commit} ({caps.backend}); device: this machine's CPU, {args.threads} "
+        f"thread(s); models: tiny demo models with random weights (tuner.models.demo, F16), not real checkpoints; "
+        f"{args.gen} tokens generated per turn; {args.rounds} rounds per arm")
     with quiet.claim_machine("bench_agent_session", allow_busy=True) as claim, quiet.Watch() as watch:
         say(f"load at start: {claim.noise or 'quiet'}")
         for arch in args.arch.split(","):
@@ -69,12 +73,11 @@ def main() -> None:
             say("depth | turns | default s | tuned arm | tuned s | default/tuned | checkpoints off s | "
                 "default re-processed % | off re-processed %")
             for depth in depths:
-                base = LaunchConfig(model=path, ctx=depth + 1024, parallel=1)
+                base = LaunchConfig(model=path, ctx=depth + 1024, parallel=1, threads=args.threads)
                 arms = [("default", base)]
                 arms += [(f"tuned + {a.label}", a.apply(base))
                          for a in space.reuse_arms(info, lambda s: flags.server_accepts(caps, s))]
-                arms.append(("checkpoints off", LaunchConfig(model=path, ctx=depth + 1024, parallel=1,
-                                                             ctx_checkpoints=0)))
+                arms.append(("checkpoints off", replace(base, ctx_checkpoints=0)))
                 req = session_stage.SessionRequest(depth_tokens=depth, gen_tokens=args.gen, rounds=args.rounds)
                 t0 = time.monotonic()
                 measured = session_stage.measure(loc, arms, req, info, caps=caps,
