@@ -81,7 +81,7 @@ def auto_tune_cmd(
         "--session", help="Agent workload: judge whole sessions on this OpenAI-style messages JSON (default: the "
         "bundled session at --depth).")] = None,
     session_rounds: Annotated[int, typer.Option(
-        "--session-rounds", help="Agent workload: sessions per arm (interleaved rounds).")] = 3,
+        "--session-rounds", help="Agent workload: sessions per arm (interleaved rounds); 0: no session stage.")] = 3,
     allow_busy: AllowBusy = False,
     busy_wait: BusyWait = "10m",
     llama_cpp_dir: LlamaDir = None,
@@ -109,7 +109,7 @@ def auto_tune_cmd(
             err.print(msg, highlight=False, soft_wrap=True)
 
     load = workload.preset(workload_kind, n_prompt, n_gen, depth_tokens=depth)
-    sessions = _sessions(workload_kind, session_file, depth, n_gen, session_rounds)
+    sessions = _sessions(workload_kind, session_file, depth, n_gen, session_rounds, say)
     path = demo.default_model(loc, on_step=say) if model is None else model_path(model)
     budget = study.Budget(trials=trials if trials is not None or time_limit else autotune.DEFAULT_TRIALS,
                           time_s=study.parse_duration(time_limit) if time_limit else None)
@@ -165,13 +165,21 @@ def _kept(kept: dict[str, int]) -> str:
 
 
 def _sessions(kind: workload.WorkloadKind, path: Path | None, depth: int | None, n_gen: int | None,
-              rounds: int) -> SessionRequest | None:
+              rounds: int, say: Callable[[str], None]) -> SessionRequest | None:
+    """The agent workload's session stage, checked before anything runs (None: no stage)."""
     if kind is not workload.WorkloadKind.AGENT:
         if path is not None:
             raise UsageError("--session replays an agent conversation: add --workload agent")
         return None
+    if rounds == 0 and path is None:
+        return None
     if rounds < 2:
-        raise UsageError("--session-rounds must be >= 2: one round cannot tell a difference from noise")
+        raise UsageError("--session-rounds must be 0 (no session stage) or >= 2: one round cannot tell a "
+                         "difference from noise")
+    if path is None and depth is not None and depth < session.MIN_DEPTH:
+        say(f"no session stage: --depth {depth} leaves no room for a multi-turn session "
+            f"(it needs {session.MIN_DEPTH} tokens or more)")
+        return None
     gen = n_gen or session.DEFAULT_GEN_TOKENS
     session.session_maker(path, depth, gen)  # a bad file or depth fails now, not after the search
     return SessionRequest(session_file=path, depth_tokens=depth, gen_tokens=gen, rounds=rounds)

@@ -23,6 +23,7 @@ ROLES = ("system", "user", "assistant", "tool")
 APPENDED_ROLES = ("user", "tool")
 DEFAULT_DEPTH = 8192
 DEFAULT_GEN_TOKENS = 64
+MIN_DEPTH = 256  # below this a system prompt with tool schemas leaves no room for a second turn
 
 # The bundled session's tools: an agent's usual four, as OpenAI function schemas (our own wording).
 TOOLS: tuple[dict[str, Any], ...] = tuple(
@@ -103,8 +104,8 @@ def bundled_session(count_tokens: Callable[[str], int], depth_tokens: int = DEFA
     text with the tool schemas (about a quarter of the depth, at most 4096 tokens), then turns alternating a
     tool result (code) and a user message (dialogue), each about ``turn_tokens`` (a sixteenth of the depth),
     answered by a reply of about ``gen_tokens`` of prose, until the context reaches ``depth_tokens``."""
-    if depth_tokens < 256:
-        raise UsageError(f"--depth {depth_tokens} is too short for an agent session: use 256 tokens or more")
+    if depth_tokens < MIN_DEPTH:
+        raise UsageError(f"--depth {depth_tokens} is too short for an agent session: use {MIN_DEPTH} tokens or more")
     system_tokens = system_tokens or min(4096, depth_tokens // 4)
     turn_tokens = turn_tokens or max(64, depth_tokens // 16)
     kinds = {k: _pieces(k) for k in ("technical", "code", "dialogue", "prose")}
