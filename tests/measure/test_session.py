@@ -120,3 +120,17 @@ def test_full_reprocess_is_named_with_the_setting_that_fixes_it(infos):
     assert (spaced.fix.ctx_checkpoints, spaced.fix.checkpoint_min_step) == (64, 2048)
     rewritten = session_run.diagnose(bad, plain, cfg)
     assert rewritten is not None and rewritten.fix is None and "rewrote" in rewritten.cause
+
+
+def test_cli_rejects_a_malformed_session_file_in_one_line(tmp_path):
+    from tests.conftest import run_cli
+
+    bad = _write(tmp_path, [{"role": "assistant", "content": "hello"}])
+    (tmp_path / "x.gguf").write_bytes(b"")  # refused before any model is read
+    for cmd in (["bench", "--workload", "agent"], ["auto-tune", "--workload", "agent"]):
+        res = run_cli(*cmd, "--session", str(bad), str(tmp_path / "x.gguf"), timeout=120)
+        assert res.returncode == 1, res.stderr
+        [line] = res.stderr.strip().splitlines()
+        assert line.startswith("error: --session ") and "nothing before it to answer" in line, line
+    res = run_cli("bench", "--session", str(bad), str(tmp_path / "x.gguf"), timeout=120)
+    assert res.returncode == 1 and "add --workload agent" in res.stderr
