@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -145,8 +146,8 @@ def bench_cmd(
         raise UsageError("--session replays an agent conversation: add --workload agent")
     agent = workload_kind is workload.WorkloadKind.AGENT
     turn_gen = n_gen or session.DEFAULT_GEN_TOKENS
-    maker = session.session_maker(model_path(session_file) if session_file else None, depth or None, turn_gen) \
-        if agent else None
+    maker = session.session_maker(Path(session_file).expanduser() if session_file else None, depth or None,
+                                  turn_gen) if agent else None
     with measuring("bench", allow_busy=allow_busy, busy_wait=busy_wait, quiet_output=as_json), \
             err.status(f"measuring {cfg.model.name}") as status:
         report = one_config.bench_config(loc, cfg, load, depth=depth, repetitions=repetitions, server=not no_server,
