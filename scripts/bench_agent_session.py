@@ -15,6 +15,7 @@ median of the per-round ratios.
 from __future__ import annotations
 
 import argparse
+import re
 import statistics
 import sys
 import time
@@ -38,6 +39,15 @@ def say(line: str = "") -> None:
 
 def _median(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
+
+
+def _load(noise: str | None) -> str:
+    """What the watch saw, in one short line: how many other llama.cpp processes ran, and the CPU they used."""
+    if not noise:
+        return "quiet"
+    cores = re.search(r"other processes use ([0-9.]+) CPU cores", noise)
+    return (f"{noise.count(' pid ')} other llama.cpp processes came and went"
+            + (f"; other processes used {cores[1]} CPU cores" if cores else ""))
 
 
 def _turn_table(label: str, res: SessionResult) -> None:
@@ -65,7 +75,7 @@ def main() -> None:
         f"thread(s); models: tiny demo models with random weights (tuner.models.demo, F16), not real checkpoints; "
         f"{args.gen} tokens generated per turn; {args.rounds} rounds per arm")
     with quiet.claim_machine("bench_agent_session", allow_busy=True) as claim, quiet.Watch() as watch:
-        say(f"load at start: {claim.noise or 'quiet'}")
+        say(f"load at start: {_load(claim.noise)}")
         for arch in args.arch.split(","):
             path = demo.make_demo_models(arch=arch, engine=loc)[0].path
             info = gguf_reader.inspect_model(path)
@@ -99,10 +109,10 @@ def main() -> None:
                     if a.failure:
                         say(f"  {a.label}: failed: {a.failure}")
                 if depth == depths[-1]:
-                    for a in (default, best, off):
+                    for a in dict.fromkeys((default, best, off)):
                         if a.typical is not None:
                             _turn_table(a.label, a.typical)
-        say(f"\nload while measuring: {watch.noise or 'quiet'} (other agents share this 2-core machine: figures "
+        say(f"\nload while measuring: {_load(watch.noise)} (other agents share this 2-core machine: figures "
             "include their load)")
     if args.out:
         args.out.write_text("# Agent sessions: session and turn time vs depth, default vs tuned\n\n```\n"

@@ -71,3 +71,19 @@ def test_sliding_window_session_with_and_without_swa_full(engine_loc, swa_model,
     # With the window, checkpoints near each prompt's end let the turns reuse almost all of it.
     assert session_run.checkpoints_from_log(window.log_path.read_text(errors="replace"))
     assert window.result.reprocessed_share < 0.05
+
+
+def test_a_users_session_file_is_replayed(engine_loc, demo_models, tmp_path):
+    import json
+
+    messages = [{"role": "system", "content": "You are a terse assistant. " * 20}]
+    for k in range(3):
+        messages += [{"role": "user", "content": f"Question {k}: " + "explain the cache. " * 15},
+                     {"role": "assistant", "content": f"Answer {k}: it keeps the prompt."}]
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps({"messages": messages}))
+    cfg = LaunchConfig(model=demo_models[("qwen3moe", "Q8_0")], ctx=2048, parallel=1, threads=1)
+    res = session_run.run_session_trial(engine_loc, cfg, session.session_maker(path, None, GEN), GEN,
+                                        log_dir=tmp_path).result
+    assert res.source == str(path) and len(res.turns) == 3
+    assert res.turns[1].cached_tokens >= res.turns[0].context_tokens - 2 and not res.full_reprocess_turns
