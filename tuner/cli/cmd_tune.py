@@ -203,7 +203,7 @@ def _session_summary(stage: SessionStage) -> None:
     for label in dict.fromkeys(["default", stage.winner or "default"]):
         shown = stage.arm(label)
         if shown is not None and shown.typical is not None:
-            print_session(shown.typical, f"{label}: per turn (the median round)")
+            print_session(shown.typical, f"{label}: per turn (a typical round)")
             if shown.finding is not None:
                 out.print(f"{label}: {shown.finding.describe()}", highlight=False, soft_wrap=True)
     if stage.verdict is not None:
