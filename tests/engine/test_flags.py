@@ -57,7 +57,7 @@ def test_out_of_range_values_are_refused(field, value):
 FULL = LaunchConfig(model=MODEL, n_cpu_moe=20, n_gpu_layers=99, cache_type_k=CacheType.Q8_0,
                     cache_type_v=CacheType.Q4_0, flash_attn=FlashAttn.ON, ctx=32768, parallel=2, threads=8,
                     threads_batch=16, batch=2048, ubatch=512, kv_unified=True, swa_full=True, mmap=False,
-                    repack=False)
+                    repack=False, cache_reuse=256, ctx_checkpoints=8, checkpoint_min_step=1024, cache_ram_mib=2048)
 
 
 def _caps(server_flags: tuple[str, ...]) -> build.Capabilities:
@@ -148,3 +148,30 @@ def test_fit_params_projects_the_server_config():
     assert argv[-3:] == ["-fitp", "on", "--log-jsonl"]
     with pytest.raises(UsageError, match="kv-unified"):
         flags.fit_params_argv(Path("llama-fit-params"), LaunchConfig(model=MODEL, kv_unified=True))
+
+
+def test_prompt_reuse_settings_are_server_only_and_spelled_as_the_engine_takes_them():
+    cfg = LaunchConfig(model=MODEL, cache_reuse=256, ctx_checkpoints=0, checkpoint_min_step=512, cache_ram_mib=-1)
+    argv = flags.server_argv(Path("llama-server"), cfg)
+    assert argv[3:] == ["--cache-reuse", "256", "-ctxcp", "0", "-cms", "512", "-cram", "-1"]
+    # llama-fit-params takes none of them (common/arg.cpp: server examples only) and projects none of their cost.
+    fit = flags.fit_params_argv(Path("llama-fit-params"), cfg)
+    assert fit == ["llama-fit-params", "-m", str(MODEL), "-fitp", "on", "--log-jsonl"]
+    ppl = flags.perplexity_argv(Path("llama-perplexity"), cfg, text_file=Path("t.txt"), ctx=512)
+    assert "--cache-reuse" not in ppl and "-ctxcp" not in ppl
+    long_only = _caps(("-m", "--ctx-checkpoints"))
+    assert flags.server_argv(Path("llama-server"), LaunchConfig(model=MODEL, ctx_checkpoints=4), long_only)[3:] == [
+        "--ctx-checkpoints", "4"]
+    assert flags.server_accepts(long_only, "ctx_checkpoints") and not flags.server_accepts(long_only, "cache_reuse")
+    with pytest.raises(UnsupportedFlagError, match="--cache-reuse 256"):
+        flags.server_argv(Path("llama-server"), LaunchConfig(model=MODEL, cache_reuse=256), long_only)
+    assert flags.spelled("ctx_checkpoints", 32) == "--ctx-checkpoints 32"
+    pasted = flags.parse_command("llama-server -m x.gguf --swa-checkpoints 3 --checkpoint-min-step=64 --cache-ram 0")
+    assert (pasted.config.ctx_checkpoints, pasted.config.checkpoint_min_step, pasted.config.cache_ram_mib) == (3, 64, 0)
+
+
+@pytest.mark.parametrize(("field", "value"), [("cache_reuse", -1), ("ctx_checkpoints", -2),
+                                              ("checkpoint_min_step", -1), ("cache_ram_mib", -2)])
+def test_out_of_range_reuse_settings_are_refused(field, value):
+    with pytest.raises(UsageError, match="must be >= 0|--cache-ram takes"):
+        flags.validate(LaunchConfig(model=MODEL, **{field: value}))

@@ -144,3 +144,85 @@ def test_effective_config_spells_out_engine_defaults():
     assert memory.effective_config(base, 2) == memory.effective_config(spelled, 2)
     assert memory.effective_config(base, 4) != memory.effective_config(spelled, 4)  # 2 threads of 4 cores
     assert memory.effective_config(base, 2) != memory.effective_config(replace(base, flash_attn=FlashAttn.OFF), 2)
+
+
+# --- prompt reuse: context checkpoints, a full SWA cache, the host prompt cache --------------------------------
+
+
+@pytest.fixture(scope="module")
+def swa_demo(engine_loc, tmp_path_factory):
+    from tuner.models import demo
+
+    path = demo.make_demo_models(arch="gpt-oss", out=tmp_path_factory.mktemp("swa"), engine=engine_loc)[0].path
+    return gguf_reader.inspect_model(path)
+
+
+def _session_log(engine_loc, cfg, tmp_path) -> str:
+    from tuner.measure import session, session_run
+
+    maker = session.session_maker(None, 1024, 8)
+    trial = session_run.run_session_trial(engine_loc, replace(cfg, threads=1), maker, 8, log_dir=tmp_path, trace=True)
+    return trial.log_path.read_text(errors="replace")
+
+
+def test_checkpoint_size_matches_the_engine_log_hybrid(demo_models, engine_loc, tmp_path):
+    from tuner.measure import session_run
+
+    info = gguf_reader.inspect_model(demo_models[("qwen35moe", "Q8_0")])
+    cfg = LaunchConfig(model=info.paths[0], ctx=2048, parallel=1, ctx_checkpoints=6)
+    made = session_run.checkpoints_from_log(_session_log(engine_loc, cfg, tmp_path))
+    ours = memory.checkpoint_bytes(info, cfg, memory.resolve(info, cfg, "cpu")) / MIB
+    assert made and {c.of for c in made} == {6} and max(c.number for c in made) <= 6
+    for c in made:  # the recurrent state of one sequence, whatever the position
+        assert abs(c.size_mib - ours) <= 0.01 * ours + 0.01, (c, ours)
+    est = memory.estimate(info, cfg, CPU)
+    assert est.host.reuse_bytes == 6 * memory.checkpoint_bytes(info, cfg, memory.resolve(info, cfg, "cpu"))
+
+
+def test_checkpoint_size_matches_the_engine_log_sliding_window(swa_demo, engine_loc, tmp_path):
+    from tuner.measure import session_run
+
+    info = swa_demo
+    cfg = LaunchConfig(model=info.paths[0], ctx=2048, parallel=1)
+    made = session_run.checkpoints_from_log(_session_log(engine_loc, cfg, tmp_path))
+    bound = memory.checkpoint_bytes(info, cfg, memory.resolve(info, cfg, "cpu")) / MIB
+    # A checkpoint holds the window: the last n_swa (128) positions once the prompt is that long, fewer before.
+    long = [c.size_mib for c in made if c.n_tokens > info.n_swa]
+    assert long and all(abs(size - bound) <= 0.01 * bound + 0.001 for size in long), (long, bound)
+    assert all(c.size_mib < bound for c in made if c.n_tokens < info.n_swa)
+    assert memory.checkpoint_bytes(info, replace(cfg, swa_full=True), memory.resolve(info, cfg, "cpu")) == 0
+
+
+def test_swa_full_context_matches_the_engine(swa_demo, engine_loc, tmp_path):
+    info = swa_demo
+    cfg = LaunchConfig(model=info.paths[0], ctx=8192, parallel=1)
+    engine, ours = [], []
+    for c in (cfg, replace(cfg, swa_full=True)):  # the context term (KV): the compute term is fitted elsewhere
+        _, actual = breakdown.server_breakdown(engine_loc, c, tmp_path)
+        engine.append(actual.host_total("context"))
+        ours.append(memory.estimate(info, c, CPU).host.context_bytes / MIB)
+    # What --swa-full costs: half the layers go from a 128 + 512-token window (padded) to all 8192 cells.
+    assert engine[1] - engine[0] >= 14, engine
+    assert all(abs(o - e) <= 1 for o, e in zip(ours, engine, strict=True)), (ours, engine)
+
+
+def test_prompt_cache_limit_is_the_engine_s(demo_models, engine_loc, tmp_path):
+    from tuner.measure import session_run
+
+    info = gguf_reader.inspect_model(demo_models[("qwen3moe", "Q8_0")])
+    cfg = LaunchConfig(model=info.paths[0], ctx=2048, parallel=1, cache_ram_mib=300)
+    assert session_run.prompt_cache_limit_mib(_session_log(engine_loc, cfg, tmp_path)) == 300
+    est, plain = memory.estimate(info, cfg, CPU), memory.estimate(info, replace(cfg, cache_ram_mib=None), CPU)
+    assert est.host.total_bytes - plain.host.total_bytes == 300 * MIB
+    assert est.host.reuse_bytes == 300 * MIB  # plain attention: no checkpoints (server-context.cpp do_checkpoint)
+
+
+def test_reuse_costs_scale_with_checkpoints_and_slots(demo_models):
+    info = gguf_reader.inspect_model(demo_models[("qwen35moe", "Q8_0")])
+    one = memory.estimate(info, LaunchConfig(model=info.paths[0], ctx=4096, parallel=1), CPU)
+    four = memory.estimate(info, LaunchConfig(model=info.paths[0], ctx=4096, parallel=4, ctx_checkpoints=8), CPU)
+    per = one.host.reuse_bytes // 32  # the engine's default: 32 checkpoints per slot
+    assert per == one.host.recurrent_bytes > 0  # one checkpoint is the recurrent state of one sequence
+    assert four.host.reuse_bytes == 4 * 8 * per
+    off = memory.estimate(info, LaunchConfig(model=info.paths[0], ctx=4096, parallel=1, ctx_checkpoints=0), CPU)
+    assert off.host.reuse_bytes == 0 and off.host.total_bytes == one.host.total_bytes - one.host.reuse_bytes

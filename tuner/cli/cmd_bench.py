@@ -32,7 +32,8 @@ from tuner.cli.app import (
 from tuner.core.config import LaunchConfig
 from tuner.core.errors import TunerError, UsageError
 from tuner.engine import build, flags
-from tuner.measure import one_config, workload
+from tuner.measure import one_config, session, session_run, workload
+from tuner.measure.bench import ServerTrial
 from tuner.models import demo
 
 
@@ -56,6 +57,18 @@ def bench_cmd(
     batch: Annotated[int | None, typer.Option("-b", "--batch-size")] = None,
     ubatch: UbatchOpt = None,
     kv_unified: Annotated[bool | None, typer.Option("--kv-unified/--no-kv-unified")] = None,
+    swa_full: Annotated[bool, typer.Option("--swa-full", help="Full-size cache for sliding-window layers.")] = False,
+    cache_reuse: Annotated[int | None, typer.Option(
+        "--cache-reuse", help="Server: smallest chunk reused from the cache by shifting KV (0: off).")] = None,
+    ctx_checkpoints: Annotated[int | None, typer.Option(
+        "--ctx-checkpoints", help="Server: context checkpoints per slot (hybrid and SWA models).")] = None,
+    checkpoint_min_step: Annotated[int | None, typer.Option(
+        "--checkpoint-min-step", help="Server: minimum tokens between context checkpoints.")] = None,
+    cache_ram: Annotated[int | None, typer.Option(
+        "--cache-ram", help="Server: host prompt cache limit in MiB (0: off, -1: no limit).")] = None,
+    session_file: Annotated[str | None, typer.Option(
+        "--session", help="Agent workload: replay this OpenAI-style messages JSON instead of the bundled session.")]
+    = None,
     no_mmap: Annotated[bool, typer.Option("--no-mmap", help="Load weights into RAM (-lm none).")] = False,
     no_repack: Annotated[bool, typer.Option("--no-repack")] = False,
     spec_type: Annotated[str | None, typer.Option(
@@ -95,12 +108,15 @@ def bench_cmd(
       moe-tune bench model.gguf --n-cpu-moe 20 -ctk q8_0 -ctv q8_0 -fa on \\
         -c 32768 -np 2 -d 8192
       moe-tune bench --from-cmd "llama-server -m x.gguf -ncmoe 20 -c 32768"
+      moe-tune bench model.gguf --workload agent -d 16384 --session my-agent-log.json
     """
     given: dict[str, Any] = {
         "n_cpu_moe": n_cpu_moe, "n_gpu_layers": n_gpu_layers, "cache_type_k": cache_type_k,
         "cache_type_v": cache_type_v, "flash_attn": flash_attn, "ctx": ctx, "parallel": parallel,
         "threads": threads, "threads_batch": threads_batch, "batch": batch, "ubatch": ubatch,
-        "kv_unified": kv_unified, "mmap": False if no_mmap else None, "repack": False if no_repack else None,
+        "kv_unified": kv_unified, "swa_full": True if swa_full else None, "cache_reuse": cache_reuse,
+        "ctx_checkpoints": ctx_checkpoints, "checkpoint_min_step": checkpoint_min_step, "cache_ram_mib": cache_ram,
+        "mmap": False if no_mmap else None, "repack": False if no_repack else None,
         "spec_types": flags.parse_spec_types(spec_type) if spec_type else None,
         "draft_model": model_path(draft_model) if draft_model else None,
         "spec_draft_n_max": spec_n_max, "spec_draft_n_min": spec_n_min, "spec_draft_p_min": spec_p_min,
@@ -129,13 +145,19 @@ def bench_cmd(
     if cfg.speculative and not as_json:
         err.print("llama-bench has no speculative decoding at the pinned engine: its rows are measured without it; "
                   "the llama-server trial measures it", highlight=False)
+    if session_file is not None and workload_kind is not workload.WorkloadKind.AGENT:
+        raise UsageError("--session replays an agent conversation: add --workload agent")
+    agent = workload_kind is workload.WorkloadKind.AGENT
+    turn_gen = n_gen or session.DEFAULT_GEN_TOKENS
+    maker = session.session_maker(Path(session_file).expanduser() if session_file else None, depth or None,
+                                  turn_gen) if agent else None
     with measuring("bench", allow_busy=allow_busy, busy_wait=busy_wait, quiet_output=as_json, device=cfg.device):
         if cfg.model == DEMO_PLACEHOLDER:
             cfg = replace(cfg, model=demo.default_model(loc, on_step=lambda msg: err.print(msg, highlight=False)))
         with err.status(f"measuring {cfg.model.name}") as status:
             report = one_config.bench_config(loc, cfg, load, depth=depth, repetitions=repetitions,
                                              server=not no_server, vram_budget_mib=vram_budget,
-                                             on_step=status.update)
+                                             on_step=status.update, session=maker, session_gen_tokens=turn_gen)
     if as_json:
         out.print_json(json.dumps(report.to_dict()))
         return
@@ -182,17 +204,41 @@ def _print(report: one_config.BenchReport) -> None:
                       f"{lvl.per_request_gen_tok_s:,.1f}", f"{lvl.aggregate_gen_tok_s:,.1f}",
                       f"{lvl.end_to_end_gen_tok_s:,.1f}")
         out.print(t)
-        mem = trial.memory
-        vram = "n/a (no NVIDIA GPU)" if mem.vram_peak_bytes is None else mib(mem.vram_peak_bytes)
-        rss = "n/a" if mem.rss_peak_bytes is None else mib(mem.rss_peak_bytes)
-        tpj = "n/a (no power reading)" if trial.tokens_per_joule is None else f"{trial.tokens_per_joule:,.2f} tok/J"
-        roof_text = "n/a" if not trial.roofline_tok_s else \
-            f"{100 * trial.levels[0].per_request_gen_tok_s / trial.roofline_tok_s:.0f} % of roofline"
-        out.print(f"memory peak: VRAM {vram}, server RSS {rss}, swap +{mib(mem.swap_growth_bytes)}", highlight=False)
-        out.print(f"spill: {trial.spill.kind.value} ({trial.spill.evidence})", highlight=False, soft_wrap=True)
-        out.print(f"energy: {tpj}; roofline: {roof_text}", highlight=False)
-        if trial.memory_breakdown is not None:
-            parts = [f"{r.name} model {r.model_mib} + context {r.context_mib} + compute {r.compute_mib} MiB"
-                     for r in trial.memory_breakdown.rows if r.self_mib]
-            out.print(f"llama.cpp memory: {'; '.join(parts)}", highlight=False, soft_wrap=True)
+        _print_memory(trial)
+    if report.session is not None:
+        print_session(report.session.result, f"llama-server, agent session ({report.session.result.source})")
+        if report.finding is not None:
+            out.print(report.finding.describe(), highlight=False, soft_wrap=True)
     out.print(f"launch line: {flags.launch_line(cfg)}", highlight=False, soft_wrap=True)
+
+
+def print_session(result: session_run.SessionResult, title: str) -> None:
+    """The per-turn table: context, cached vs processed prompt tokens, TTFT, generation speed, turn time."""
+    t = Table(title=title)
+    for col in ("turn", "context", "cached", "processed", "cached %", "TTFT ms", "gen tok/s", "turn s"):
+        t.add_column(col, justify="right")
+    for r in result.turns:
+        mark = " !" if r.full_reprocess else ""
+        t.add_row(f"{r.index + 1}{mark}", f"{r.context_tokens:,}", f"{r.cached_tokens:,}", f"{r.processed_tokens:,}",
+                  f"{100 * r.cached_share:.0f}", f"{1000 * r.ttft_s:,.0f}", f"{r.gen_tok_s:,.1f}", f"{r.elapsed_s:.2f}")
+    out.print(t)
+    out.print(f"session: {result.session_s:.2f} s over {len(result.turns)} turns; median TTFT "
+              f"{1000 * result.median_ttft_s:,.0f} ms; {100 * result.reprocessed_share:.0f} % of the reusable context "
+              "re-processed" + ("  (! = a turn that re-processed its whole context)" if result.full_reprocess_turns
+                                else ""), highlight=False, soft_wrap=True)
+
+
+def _print_memory(trial: ServerTrial) -> None:
+    mem = trial.memory
+    vram = "n/a (no NVIDIA GPU)" if mem.vram_peak_bytes is None else mib(mem.vram_peak_bytes)
+    rss = "n/a" if mem.rss_peak_bytes is None else mib(mem.rss_peak_bytes)
+    tpj = "n/a (no power reading)" if trial.tokens_per_joule is None else f"{trial.tokens_per_joule:,.2f} tok/J"
+    roof_text = "n/a" if not trial.roofline_tok_s else \
+        f"{100 * trial.levels[0].per_request_gen_tok_s / trial.roofline_tok_s:.0f} % of roofline"
+    out.print(f"memory peak: VRAM {vram}, server RSS {rss}, swap +{mib(mem.swap_growth_bytes)}", highlight=False)
+    out.print(f"spill: {trial.spill.kind.value} ({trial.spill.evidence})", highlight=False, soft_wrap=True)
+    out.print(f"energy: {tpj}; roofline: {roof_text}", highlight=False)
+    if trial.memory_breakdown is not None:
+        parts = [f"{r.name} model {r.model_mib} + context {r.context_mib} + compute {r.compute_mib} MiB"
+                 for r in trial.memory_breakdown.rows if r.self_mib]
+        out.print(f"llama.cpp memory: {'; '.join(parts)}", highlight=False, soft_wrap=True)

@@ -27,16 +27,18 @@ from tuner.cli.app import (
     model_path,
     out,
 )
+from tuner.cli.cmd_bench import print_session
 from tuner.cli.cmd_frontier import run as run_frontier
 from tuner.core.errors import UsageError
-from tuner.engine import build, runner
+from tuner.engine import build, flags, runner
 from tuner.machine import hardware
+from tuner.measure import session, workload
 from tuner.measure import speculation as spec_measure
-from tuner.measure import workload
 from tuner.models import demo
 from tuner.quality import kv_price
 from tuner.report import frontier_report, study_report
 from tuner.search import autotune, finish, study, verdict
+from tuner.search.session_stage import SessionRequest, SessionStage
 from tuner.search.speculation import SpeculationRequest
 
 
@@ -90,6 +92,11 @@ def auto_tune_cmd(
         "--prompts", help="Real requests to judge speculation on: JSONL {\"prompt\": ...} or text split by --- lines "
         "(implies --speculation).")] = None,
     device: DeviceOpt = None,
+    session_file: Annotated[Path | None, typer.Option(
+        "--session", help="Agent workload: judge whole sessions on this OpenAI-style messages JSON (default: the "
+        "bundled session at --depth).")] = None,
+    session_rounds: Annotated[int, typer.Option(
+        "--session-rounds", help="Agent workload: sessions per arm (interleaved rounds); 0: no session stage.")] = 3,
     allow_busy: AllowBusy = False,
     busy_wait: BusyWait = "10m",
     llama_cpp_dir: LlamaDir = None,
@@ -105,6 +112,8 @@ def auto_tune_cmd(
     The trade-off instead of one winner:
       moe-tune auto-tune MODEL --frontier --min-ctx 8192 --max-ctx 131072 \\
         --workload batch
+    Agent sessions (prompt reuse tuned, scored by session time):
+      moe-tune auto-tune MODEL --workload agent --depth 16384
     """
     if goal not in ("speed", "context"):
         raise UsageError(f"unknown --goal {goal}: use speed or context")
@@ -120,6 +129,7 @@ def auto_tune_cmd(
             err.print(msg, highlight=False, soft_wrap=True)
 
     load = workload.preset(workload_kind, n_prompt, n_gen, depth_tokens=depth)
+    sessions = _sessions(workload_kind, session_file, depth, n_gen, session_rounds, say)
     path = model_path(model) if model is not None else None  # the demo model is made once the machine is held
     budget = study.Budget(trials=trials if trials is not None or time_limit else autotune.DEFAULT_TRIALS,
                           time_s=study.parse_duration(time_limit) if time_limit else None)
@@ -129,7 +139,8 @@ def auto_tune_cmd(
                                parallel=parallel, max_kld=kv_price.parse_max_kld(max_kld), min_tok_s=min_tok_s,
                                vram_margin_mib=vram_margin, pareto=pareto, budget=budget, measure=measure,
                                storage=storage, results_dir=results_dir, seed=seed,
-                               speculation=_speculation(speculate, draft, prompts), device=device_choice(device))
+                               speculation=_speculation(speculate, draft, prompts), device=device_choice(device),
+                               session=sessions)
     if req.device == "none" and vram_budget is not None:
         raise UsageError("--vram-budget plans the card and --device none leaves it out: drop one of them")
     loc = build.locate_engine(llama_cpp_dir)
@@ -151,9 +162,12 @@ def auto_tune_cmd(
             f"{result.study_name}")
         raise typer.Exit(130)
     if as_json:
-        out.print_json(json.dumps(result.result.to_dict() | {"result_dir": str(result.result_dir)}))
+        extra = {} if result.session is None else {"session": result.session.to_dict()}
+        out.print_json(json.dumps(result.result.to_dict() | {"result_dir": str(result.result_dir)} | extra))
         return
     _summary(result)
+    if result.session is not None:
+        _session_summary(result.session)
 
 
 def _search(req: autotune.TuneRequest, loc: build.EngineLocation, hw: hardware.Hardware, budget: study.Budget,
@@ -177,6 +191,55 @@ def _kept(kept: dict[str, int]) -> str:
              "interrupted": "cut short by Ctrl-C (to be measured again)"}
     parts = [f"{n} {words.get(status, status)}" for status, n in sorted(kept.items())]
     return f"kept {sum(kept.values())} trials of this run in the study ({', '.join(parts)})"
+
+
+def _sessions(kind: workload.WorkloadKind, path: Path | None, depth: int | None, n_gen: int | None,
+              rounds: int, say: Callable[[str], None]) -> SessionRequest | None:
+    """The agent workload's session stage, checked before anything runs (None: no stage)."""
+    if kind is not workload.WorkloadKind.AGENT:
+        if path is not None:
+            raise UsageError("--session replays an agent conversation: add --workload agent")
+        return None
+    if rounds == 0 and path is None:
+        return None
+    if rounds < 2:
+        raise UsageError("--session-rounds must be 0 (no session stage) or >= 2: one round cannot tell a "
+                         "difference from noise")
+    if path is None and depth is not None and depth < session.MIN_DEPTH:
+        say(f"no session stage: --depth {depth} leaves no room for a multi-turn session "
+            f"(it needs {session.MIN_DEPTH} tokens or more)")
+        return None
+    gen = n_gen or session.DEFAULT_GEN_TOKENS
+    session.session_maker(path, depth, gen)  # a bad file or depth fails now, not after the search
+    return SessionRequest(session_file=path, depth_tokens=depth, gen_tokens=gen, rounds=rounds)
+
+
+def _session_summary(stage: SessionStage) -> None:
+    """Per arm: median session time; the default's and the winner's per-turn tables; the verdict; findings."""
+    table = Table(title=f"agent sessions ({stage.source}), by session time", box=box.SIMPLE_HEAD)
+    for col in ("arm", "session s", "median TTFT ms", "re-processed %", "full re-processes"):
+        table.add_column(col, justify="left" if col == "arm" else "right")
+    for arm in stage.arms:
+        typical = arm.typical
+        if typical is None:
+            table.add_row(arm.label, "failed", "", "", arm.failure or "")
+            continue
+        table.add_row(arm.label, f"{arm.median_session_s:.2f}", f"{1000 * typical.median_ttft_s:,.0f}",
+                      f"{100 * typical.reprocessed_share:.0f}", str(len(typical.full_reprocess_turns)))
+    out.print(table)
+    for label, note in stage.notes.items():
+        out.print(f"{label}: {note}", highlight=False)
+    for label in dict.fromkeys(["default", stage.winner or "default"]):
+        shown = stage.arm(label)
+        if shown is not None and shown.typical is not None:
+            print_session(shown.typical, f"{label}: per turn (a typical round)")
+            if shown.finding is not None:
+                out.print(f"{label}: {shown.finding.describe()}", highlight=False, soft_wrap=True)
+    if stage.verdict is not None:
+        out.print(f"by session time: {stage.verdict.describe()}", highlight=False, soft_wrap=True)
+    win = stage.arm(stage.winner) if stage.winner else None
+    if win is not None:
+        out.print(f"agent launch line: {flags.launch_line(win.config)}", highlight=False, soft_wrap=True)
 
 
 def _speculation(on: bool, draft: str | None, prompts: Path | None) -> SpeculationRequest | None:

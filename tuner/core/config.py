@@ -73,6 +73,14 @@ class LaunchConfig:
     kv_unified: bool | None = None
     # SWA layers keep a full-size cache instead of the window (``--swa-full``).
     swa_full: bool = False
+    # Prompt reuse between requests (llama-server only; None: the engine's default). ``cache_reuse``: the
+    # smallest chunk reused by shifting KV (``--cache-reuse``); ``ctx_checkpoints``: copies of the state that
+    # cannot be rolled back (recurrent, SWA) kept per slot; ``checkpoint_min_step``: tokens between them;
+    # ``cache_ram_mib``: the host prompt cache's limit (0: off, -1: no limit).
+    cache_reuse: int | None = None
+    ctx_checkpoints: int | None = None
+    checkpoint_min_step: int | None = None
+    cache_ram_mib: int | None = None
     mmap: bool = True
     # CPU backend repacks some weights into faster layouts (a separate buffer); ``--no-repack`` turns it off.
     repack: bool = True

@@ -10,6 +10,7 @@ import json
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +26,7 @@ class StreamedCompletion:
     timings: dict[str, Any]
     tokens_predicted: int
     started_s: float = 0.0  # time.monotonic() when the request was sent
+    text: str = ""  # what was generated (a chat client sends it back as the assistant's message)
 
 
 _NET_ERRORS = (urllib.error.URLError, http.client.HTTPException, OSError, json.JSONDecodeError)
@@ -110,21 +112,42 @@ class ServerClient:
         """A streamed /completion, timing the first token as the client sees it."""
         payload = {"prompt": prompt, "n_predict": n_predict, "ignore_eos": True, "cache_prompt": False,
                    "stream": True}
-        req = urllib.request.Request(self.url + "/completion", data=json.dumps(payload).encode(),
+        return self._stream("/completion", payload, lambda event: bool(event.get("tokens")), timeout_s)
+
+    def stream_chat(self, messages: list[dict[str, Any]], max_tokens: int, *, timeout_s: float = 300.0,
+                    tools: list[dict[str, Any]] | None = None) -> StreamedCompletion:
+        """A streamed /v1/chat/completions with the prompt cache on, as an agent sends it.
+
+        The chat endpoint applies the model's template and marks where each message starts, so the server
+        can place context checkpoints at user messages (``server-context.cpp``: ``message_spans``,
+        ``create_checkpoint``). Its final chunk carries ``timings``: ``cache_n`` prompt tokens taken from the
+        slot's cache, ``prompt_n`` processed (``server-common.cpp``: ``result_timings::to_json``).
+        """
+        payload: dict[str, Any] = {"messages": messages, "max_tokens": max_tokens, "ignore_eos": True,
+                                   "cache_prompt": True, "stream": True}
+        if tools:
+            payload["tools"] = tools
+        return self._stream("/v1/chat/completions", payload, _chat_has_token, timeout_s)
+
+    def _stream(self, path: str, payload: dict[str, Any], is_token: Callable[[dict[str, Any]], bool],
+                timeout_s: float) -> StreamedCompletion:
+        req = urllib.request.Request(self.url + path, data=json.dumps(payload).encode(),
                                      headers={"Content-Type": "application/json"}, method="POST")
         start = time.monotonic()
         ttft_s: float | None = None
         final: dict[str, Any] = {}
+        text: list[str] = []
         try:
             with urllib.request.urlopen(req, timeout=timeout_s) as resp:
                 for raw in resp:
                     line = raw.decode(errors="replace").strip()
-                    if not line.startswith("data: "):
+                    if not line.startswith("data: ") or line == "data: [DONE]":
                         continue
                     event = json.loads(line[6:])
-                    if ttft_s is None and event.get("tokens"):
+                    if ttft_s is None and is_token(event):
                         ttft_s = time.monotonic() - start
-                    if event.get("stop"):
+                    text.append(_event_text(event))
+                    if event.get("stop") or "timings" in event:
                         final = event
         except urllib.error.HTTPError as exc:
             body = exc.read().decode(errors="replace")[:300]
@@ -136,5 +159,21 @@ class ServerClient:
         if "timings" not in final:
             raise ProcessFailedError("llama-server", self.argv, self.exit_code(), self.log_tail(),
                                      "the stream ended without timings; see the log tail")
+        predicted = int(final.get("tokens_predicted", final["timings"].get("predicted_n", 0)))
         return StreamedCompletion(ttft_s if ttft_s is not None else elapsed, elapsed, dict(final["timings"]),
-                                  int(final.get("tokens_predicted", 0)), start)
+                                  predicted, start, "".join(text))
+
+
+def _chat_deltas(event: dict[str, Any]) -> list[dict[str, Any]]:
+    return [c.get("delta") or {} for c in event.get("choices") or []]
+
+
+def _chat_has_token(event: dict[str, Any]) -> bool:
+    return any(d.get("content") or d.get("reasoning_content") or d.get("tool_calls") for d in _chat_deltas(event))
+
+
+def _event_text(event: dict[str, Any]) -> str:
+    """The generated text one stream event carries (/completion's ``content`` or a chat delta's)."""
+    if "choices" not in event:
+        return str(event.get("content") or "")
+    return "".join(str(d.get("content") or "") for d in _chat_deltas(event))

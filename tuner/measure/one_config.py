@@ -17,9 +17,11 @@ from tuner.core.errors import UsageError
 from tuner.engine import build, flags
 from tuner.engine.build import EngineLocation
 from tuner.machine import hardware, paths
-from tuner.measure import gpu_use, speculation
+from tuner.measure import gpu_use, session_run, speculation
 from tuner.measure.bench import BenchResult, ServerTrial, run_bench, run_server_trial
-from tuner.measure.workload import Workload
+from tuner.measure.session import Session
+from tuner.measure.session_run import SessionTrial
+from tuner.measure.workload import Workload, WorkloadKind
 from tuner.models.gguf_reader import inspect_model
 from tuner.plan import roofline
 
@@ -31,6 +33,8 @@ class BenchReport:
     server: ServerTrial | None
     roofline: roofline.Roofline
     acceptance: speculation.LogAcceptance | None = None
+    session: SessionTrial | None = None  # the agent workload: a multi-turn session replayed
+    finding: session_run.Finding | None = None  # its full re-processes, and the setting that avoids them
 
     def percent_of_roofline(self, gen_tok_s: float) -> float | None:
         ceiling = self.roofline.gen_tok_s
@@ -71,13 +75,22 @@ class BenchReport:
                 a = self.acceptance
                 report["server"]["speculation"] = {"drafted_n": a.drafted_n, "accepted_n": a.accepted_n,
                                                    "acceptance_rate": a.rate, "mean_len": a.mean_len}
+        if self.session is not None:
+            report["session"] = {"argv": list(self.session.argv), **self.session.result.to_dict(),
+                                 "log": str(self.session.log_path),
+                                 "finding": None if self.finding is None else {
+                                     "turns": list(self.finding.turns), "cause": self.finding.cause,
+                                     "fix": self.finding.fix_text, "text": self.finding.describe()}}
         return report
 
 
 def bench_config(loc: EngineLocation, cfg: LaunchConfig, load: Workload, *, depth: int = 0,
                  repetitions: int | None = None, server: bool = True, vram_budget_mib: float | None = None,
-                 log_dir: Path | None = None, on_step: Callable[[str], None] | None = None) -> BenchReport:
-    """Measure ``cfg`` for ``load``: llama-bench (without speculation, which it cannot run), then llama-server."""
+                 log_dir: Path | None = None, on_step: Callable[[str], None] | None = None,
+                 session: Callable[[Callable[[str], list[int]]], Session] | None = None,
+                 session_gen_tokens: int = 64) -> BenchReport:
+    """Measure ``cfg`` for ``load``: llama-bench (without speculation, which it cannot run), then llama-server:
+    the request workload at concurrency 1..slots, or for the agent workload the ``session`` replayed."""
     say = on_step or (lambda _msg: None)
     flags.validate(cfg)
     if vram_budget_mib is not None and cfg.device == gpu_use.CPU_DEVICE:
@@ -94,6 +107,12 @@ def bench_config(loc: EngineLocation, cfg: LaunchConfig, load: Workload, *, dept
         hw = hw.cpu_only()
     roof = roofline.roofline(inspect_model(cfg.model), cfg, hw, depth_tokens=depth)
     trial = None
+    if server and load.kind is WorkloadKind.AGENT and session is not None:
+        say(f"llama-server: an agent session, turn by turn ({session_gen_tokens} tokens generated per turn)")
+        ses = session_run.run_session_trial(loc, cfg, session, session_gen_tokens,
+                                            log_dir=log_dir or paths.cache_root() / "logs", caps=caps)
+        found = session_run.diagnose(ses.result, inspect_model(cfg.model), cfg)
+        return BenchReport(cfg, result, None, roof, None, ses, found)
     if server:
         say(f"llama-server {load.kind.value} workload at concurrency 1..{cfg.parallel or 1}")
         trial = run_server_trial(loc, cfg, load, log_dir=log_dir or paths.cache_root() / "logs", caps=caps,

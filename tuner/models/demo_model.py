@@ -21,18 +21,22 @@ from tuner.models import gguf_writer
 from tuner.models.model_spec import ModelSpec
 from tuner.models.vocab import train_vocab
 
-DEMO_ARCHS = ("qwen3moe", "qwen35moe")
+DEMO_ARCHS = ("qwen3moe", "qwen35moe", "gpt-oss")
 DEMO_SIZES = ("tiny", "large")
 
 
 def _spec(arch: str, size: str, **shape: Any) -> ModelSpec:
-    hybrid = {}
+    hybrid: dict[str, Any] = {}
+    if arch == "gpt-oss":
+        # Every other layer attends over a sliding window (llama.cpp's gpt-oss loader sets the pattern); the window
+        # is small so that a short session already outgrows it, as gpt-oss's 128 tokens do at real scale.
+        hybrid = dict(n_swa=128, rms_eps=1e-5)
     if arch == "qwen35moe":
         # Tied embeddings keep the tiny hybrid under 35 MB; the large one ties too so the arch is consistent.
         hybrid = dict(n_expert_shared=1, tied=True, rope_theta=10_000_000.0, ssm_d_conv=4, full_attention_interval=4)
     # Widths that feed K-quant rows are multiples of 256; the BPE vocabulary is trained for qwen2's split rule.
     return ModelSpec(arch=arch, name=f"moe-tune demo {arch} {size}", n_vocab=4096, ctx_train=32768,
-                     tokenizer_pre="qwen2", **hybrid, **shape)  # type: ignore[arg-type]
+                     tokenizer_pre="qwen2", **hybrid, **shape)
 
 
 _SPECS: dict[tuple[str, str], ModelSpec] = {
@@ -46,13 +50,15 @@ _SPECS: dict[tuple[str, str], ModelSpec] = {
     ("qwen35moe", "large"): _spec("qwen35moe", "large", n_layer=12, n_embd=768, n_head=8, n_head_kv=2, head_dim=128,
                                   n_expert=32, n_expert_used=4, n_ff_exp=256, n_ff_shexp=512, ssm_d_state=128,
                                   ssm_n_group=4, ssm_dt_rank=8, rope_dim=32, rope_sections=(6, 5, 5, 0)),
+    ("gpt-oss", "tiny"): _spec("gpt-oss", "tiny", n_layer=8, n_embd=256, n_head=4, n_head_kv=2, head_dim=64,
+                               n_expert=8, n_expert_used=2, n_ff_exp=256),
 }
 
 
 def demo_spec(arch: str, size: str = "tiny") -> ModelSpec:
     if arch not in DEMO_ARCHS:
         raise UsageError(f"unknown demo arch {arch!r}: use one of {', '.join(DEMO_ARCHS)}")
-    if size not in DEMO_SIZES:
+    if size not in DEMO_SIZES or (arch, size) not in _SPECS:
         raise UsageError(f"unknown demo size {size!r}: use one of {', '.join(DEMO_SIZES)}")
     return _SPECS[(arch, size)]
 

@@ -66,6 +66,8 @@ class Breakdown:
     recurrent_bytes: int = 0
     compute_bytes: int = 0
     overhead_bytes: int = 0
+    # Host copies kept for prompt reuse: context checkpoints of every slot and the prompt cache's limit.
+    reuse_bytes: int = 0
 
     @property
     def context_bytes(self) -> int:
@@ -74,7 +76,7 @@ class Breakdown:
 
     @property
     def total_bytes(self) -> int:
-        return self.weights_bytes + self.context_bytes + self.compute_bytes + self.overhead_bytes
+        return self.weights_bytes + self.context_bytes + self.compute_bytes + self.overhead_bytes + self.reuse_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -325,6 +327,7 @@ def estimate(model: ModelInfo, cfg: LaunchConfig, hw: Hardware, draft: ModelInfo
         host = Breakdown(host_w, int(host_kv), host_rec, graph, host_overhead)
     if cfg.spec_types:
         gpu, host = speculation_bytes(model, cfg, hw, r, gpu, host, draft)
+    host = replace(host, reuse_bytes=checkpoints_bytes(model, cfg, r) + prompt_cache_bytes(cfg))
     verdict = judge(gpu, host, hw)
     buffers = tuple((b.value, n) for b, n in by_buffer.items() if n)
     return MemoryEstimate(backend, gpu, host, repack, mapped, r.n_ctx, r.n_seq, r.n_ubatch, r.flash_attn, verdict,
@@ -364,6 +367,47 @@ def offload_copy_bytes(model: ModelInfo, r: Resolved, loaded: list[TensorInfo], 
 
 def _plus(a: Breakdown, b: Breakdown) -> Breakdown:
     return Breakdown(*(getattr(a, f.name) + getattr(b, f.name) for f in fields(Breakdown)))
+
+
+DEFAULT_CTX_CHECKPOINTS = 32  # common_params::n_ctx_checkpoints at the pin
+DEFAULT_CHECKPOINT_MIN_STEP = 8192  # common_params::checkpoint_min_step
+DEFAULT_CACHE_RAM_MIB = 8192  # common_params::cache_ram_mib
+
+
+STATE_CELL_META_BYTES = 12  # llama_kv_cache::state_write_meta: a cell's position, seq-id count and seq id
+
+
+def checkpoint_bytes(model: ModelInfo, cfg: LaunchConfig, r: Resolved) -> int:
+    """One context checkpoint of one slot: the part of its memory that cannot be rolled back, copied to host
+    RAM (``server_context::create_checkpoint`` → ``llama_state_seq_get_data_ext`` with
+    ``LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY``). For a hybrid model that is the recurrent state of every recurrent
+    layer (``llama_memory_hybrid::state_write`` skips the attention cache); for a sliding-window model the SWA
+    cache only (``llama_kv_cache_iswa::state_write`` skips the full one), whose ``state_write`` keeps the cells
+    of the sequence not masked by ``llama_hparams::is_masked_swa`` against its largest position: the last
+    ``n_swa`` tokens. With ``--swa-full`` or plain attention the engine makes none (``do_checkpoint`` in
+    ``update_slots``)."""
+    if model.is_hybrid:
+        return recurrent_bytes_per_seq(model) * sum(model.recurrent_layers)
+    if model.n_swa and any(model.swa_layers) and not cfg.swa_full:
+        per_seq = r.n_ctx if r.unified else r.n_ctx // max(1, r.n_seq)
+        cells = min(per_seq, model.n_swa)
+        per_cell = sum(kv_bytes_per_cell(model, il, cfg.cache_type_k, cfg.cache_type_v)
+                       for il in range(model.n_layer) if model.swa_layers[il])
+        return int(cells * (per_cell + STATE_CELL_META_BYTES))
+    return 0
+
+
+def checkpoints_bytes(model: ModelInfo, cfg: LaunchConfig, r: Resolved) -> int:
+    """Every slot's checkpoints at their cap (``-ctxcp``, 32 per slot by default): a long session fills it."""
+    count = DEFAULT_CTX_CHECKPOINTS if cfg.ctx_checkpoints is None else cfg.ctx_checkpoints
+    return checkpoint_bytes(model, cfg, r) * count * max(1, r.n_seq)
+
+
+def prompt_cache_bytes(cfg: LaunchConfig) -> int:
+    """The host prompt cache at its limit when one is set (``server_prompt_cache``: states of idle prompts,
+    evicted oldest first above ``--cache-ram`` MiB). The engine's default limit (8192 MiB) fills only with many
+    distinct conversations, so it is not counted unless asked for; ``-1`` (no limit) cannot be counted."""
+    return max(0, cfg.cache_ram_mib or 0) * MIB
 
 
 NGRAM_MOD_TABLE_BYTES = 4 * 2**20 * 4  # ngram-mod's hash table: 4 Mi token entries, allocated once

@@ -22,7 +22,7 @@ from tuner.plan.placement import largest_fitting_ctx
 from tuner.plan.roofline import roofline
 from tuner.quality import kv_price
 from tuner.quality.kv_price import KvPrice
-from tuner.search import finish, space, speculation, study
+from tuner.search import finish, session_stage, space, speculation, study
 from tuner.search import result as study_result
 from tuner.search.interrupt import sigterm_as_ctrl_c
 
@@ -59,6 +59,8 @@ class TuneRequest:
     # Speculative decoding judged on the winner after the finish (tuner.search.speculation); None: not tried.
     speculation: speculation.SpeculationRequest | None = None
     device: str | None = None  # -dev of every config: "none" measures the CPU on purpose
+    # The agent workload: whole sessions decide between the defaults, the winner and its prompt-reuse settings.
+    session: session_stage.SessionRequest | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +70,7 @@ class TuneResult:
     result_dir: Path
     result: study_result.StudyResult
     search: study.SearchOutcome
+    session: session_stage.SessionStage | None = None
 
 
 def choose_ctx(req: TuneRequest, info: ModelInfo, hw: Hardware, parallel: int) -> int:
@@ -194,7 +197,12 @@ def auto_tune(req: TuneRequest, loc: build.EngineLocation, hw: Hardware, *,
         done = speculation.after_finish(loc, st, done, info, hw, req.speculation, req.workload, result_dir=result_dir,
                                         caps=caps, on_step=on_step)
     st.set_user_attr("finish", done.to_dict())
+    sessions = None
+    if req.session is not None and done.winner is not None:
+        sessions = session_stage.run_stage(loc, finish.default_config(sp), study.config_from_dict(done.winner.config),
+                                           info, hw, req.session, result_dir=result_dir, caps=caps,
+                                           vram_margin_mib=req.vram_margin_mib, on_step=on_step, st=st)
     st.set_user_attr(FINISH_PENDING, False)
     result = study_result.result_from_study(st)
     study_result.write_result(result, result_dir)  # the data; report.md and plots are the caller's to draw
-    return TuneResult(name, storage, result_dir, result, outcome)
+    return TuneResult(name, storage, result_dir, result, outcome, sessions)

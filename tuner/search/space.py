@@ -19,7 +19,7 @@ one that physics already rules out:
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from itertools import product
 from pathlib import Path
@@ -287,3 +287,46 @@ def best_guess(space: SearchSpace, info: ModelInfo, hw: Hardware, vram_margin_mi
             if check(info, cfg, hw, vram_margin_mib).feasible:
                 return cfg
     return None
+
+
+# --- prompt reuse (the agent workload's session stage) -------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ReuseArm:
+    """One prompt-reuse setting tried on a config: a label and the LaunchConfig fields it sets."""
+
+    label: str
+    changes: tuple[tuple[str, Any], ...]
+
+    def apply(self, cfg: LaunchConfig) -> LaunchConfig:
+        return replace(cfg, **dict(self.changes))
+
+
+def reuse_arms(info: ModelInfo, accepts: Callable[[str], bool], slots: int = 1) -> list[ReuseArm]:
+    """The prompt-reuse settings worth a session for this model, among those the engine accepts (``accepts``:
+    setting name → whether its llama-server takes the flag). Which apply follows ``server-context.cpp``:
+    checkpoints are made only for memory that cannot be rolled back (recurrent state, a sliding window), where
+    their count and spacing decide whether a turn restores one or re-processes everything; ``--swa-full``
+    removes the need for SWA checkpoints at the price of a full-size cache; ``--cache-reuse`` shifts KV and
+    only works where the memory can shift (not recurrent); the host prompt cache only matters when sessions
+    share slots."""
+    arms: list[ReuseArm] = []
+    swa = bool(info.n_swa and any(info.swa_layers))
+    if (info.is_hybrid or swa) and accepts("ctx_checkpoints"):
+        arms.append(ReuseArm("checkpoints 8", (("ctx_checkpoints", 8),)))
+        if accepts("checkpoint_min_step"):
+            arms.append(ReuseArm("checkpoints 64, every 1024",
+                                 (("ctx_checkpoints", 64), ("checkpoint_min_step", 1024))))
+    if swa and accepts("swa_full"):
+        arms.append(ReuseArm("swa-full", (("swa_full", True),)))
+    if not info.is_hybrid and accepts("cache_reuse"):
+        arms.append(ReuseArm("cache-reuse 256", (("cache_reuse", 256),)))
+    if slots > 1 and accepts("cache_ram_mib"):
+        arms.append(ReuseArm("prompt cache 2048 MiB", (("cache_ram_mib", 2048),)))
+    return arms
+
+
+def reuse_fits(info: ModelInfo, cfg: LaunchConfig, hw: Hardware, vram_margin_mib: float | None = None) -> bool:
+    """The memory model's gate, with what reuse costs counted (full SWA cache, checkpoints, prompt cache)."""
+    return check(info, cfg, hw, vram_margin_mib).feasible

@@ -31,18 +31,23 @@ from tuner.engine.flags.render import (
     launch_line,
     listen_argv,
     perplexity_argv,
+    server_accepts,
     server_argv,
     server_logs_jsonl,
+    spelled,
+    trace_argv,
     validate,
     with_fit_target,
     with_overrides,
+    without_reuse,
 )
 
 __all__ = [
     "BATCHED_BENCH", "BENCH", "FIT_PARAMS", "PERPLEXITY", "SERVER", "ParsedCommand",
     "address_argv", "batched_bench_argv", "bench_argv", "bench_group_argv", "fit_choice_line", "fit_params_argv",
     "launch_line", "listen_argv", "parse_command", "parse_fit_line", "parse_spec_types", "perplexity_argv",
-    "server_argv", "server_logs_jsonl", "validate", "with_fit_target", "with_overrides",
+    "server_accepts", "server_argv", "server_logs_jsonl", "spelled", "trace_argv", "validate", "with_fit_target",
+    "with_overrides", "without_reuse",
     "IMATRIX", "QUANTIZE", "imatrix_argv", "parse_quant_size_bytes", "parse_quant_types", "quantize_argv",
     "help_argv",
 ]

@@ -41,6 +41,11 @@ _SPELL: dict[str, tuple[str, ...]] = {
     "kv_unified": ("--kv-unified", "-kvu"),
     "no_kv_unified": ("--no-kv-unified", "-no-kvu"),
     "swa_full": ("--swa-full",),
+    # Prompt reuse (common/arg.cpp at the pin: --cache-reuse, -ctxcp, -cms and -cram are llama-server's).
+    "cache_reuse": ("--cache-reuse",),
+    "ctx_checkpoints": ("-ctxcp", "--ctx-checkpoints", "--swa-checkpoints"),
+    "checkpoint_min_step": ("-cms", "--checkpoint-min-step"),
+    "cache_ram_mib": ("-cram", "--cache-ram"),
     "load_mode": ("-lm", "--load-mode"),
     "no_repack": ("--no-repack", "-nr"),
     "no_host": ("--no-host",),
@@ -66,7 +71,7 @@ _IGNORED_WITH_VALUE = {
     "--chat-template-file", "--log-file", "-lv", "--verbosity", "--log-verbosity", "--timeout", "-to",
     "--threads-http", "--reasoning-format", "--reasoning-budget", "--slot-save-path", "--path", "--api-prefix",
     "--chat-template-kwargs", "--ssl-key-file", "--ssl-cert-file", "--sleep-idle-seconds", "-n", "--n-predict",
-    "--predict", "--ctx-checkpoints", "--cache-reuse", "--tags",
+    "--predict", "--tags",
 }
 _IGNORED_BARE = {
     "--jinja", "--no-jinja", "--metrics", "--slots", "--no-slots", "--props", "--no-webui", "--no-ui", "-v",
@@ -94,6 +99,46 @@ def validate(cfg: LaunchConfig) -> None:
         # llama.cpp silently clamps ubatch to batch; the measured config would not be the one asked for.
         raise UsageError(f"ubatch {cfg.ubatch} is larger than batch {cfg.batch}: use -ub <= -b")
     _validate_spec(cfg)
+    _validate_reuse(cfg)
+
+
+REUSE_FIELDS = ("cache_reuse", "ctx_checkpoints", "checkpoint_min_step", "cache_ram_mib")
+
+
+def _validate_reuse(cfg: LaunchConfig) -> None:
+    """What common/arg.cpp refuses (``-cms`` below 0) or what means nothing (negative counts)."""
+    for name in ("cache_reuse", "ctx_checkpoints", "checkpoint_min_step"):
+        value = getattr(cfg, name)
+        if value is not None and value < 0:
+            raise UsageError(f"{name} must be >= 0, got {value}")
+    if cfg.cache_ram_mib is not None and cfg.cache_ram_mib < -1:
+        raise UsageError(f"--cache-ram takes MiB, 0 (off) or -1 (no limit), got {cfg.cache_ram_mib}")
+
+
+def server_accepts(caps: Capabilities | None, setting: str) -> bool:
+    """Whether this engine's llama-server takes ``setting`` (unknown capabilities: assume it does)."""
+    if caps is None or SERVER not in caps.flags:
+        return True
+    return any(caps.supports(SERVER, s) for s in _SPELL[setting])
+
+
+def without_reuse(cfg: LaunchConfig) -> LaunchConfig:
+    """``cfg`` with the prompt-reuse settings at the engine's defaults."""
+    return replace(cfg, cache_reuse=None, ctx_checkpoints=None, checkpoint_min_step=None, cache_ram_mib=None)
+
+
+def _reuse_flags(a: _Argv, cfg: LaunchConfig) -> None:
+    """Prompt reuse between requests: llama-server only (server-context.cpp reads them per slot)."""
+    for name in REUSE_FIELDS:
+        if getattr(cfg, name) is not None:
+            a.add(name, str(getattr(cfg, name)))
+
+
+def spelled(setting: str, *values: object) -> str:
+    """A setting as a user types it in a message (the long spelling): ``spelled("swa_full")`` → ``--swa-full``."""
+    spellings = _SPELL[setting]
+    flag = next((f for f in spellings if f.startswith("--")), spellings[0])
+    return " ".join([flag, *(str(v) for v in values)])
 
 
 def _validate_spec(cfg: LaunchConfig) -> None:
@@ -290,6 +335,7 @@ def server_argv(binary: Path, cfg: LaunchConfig, caps: Capabilities | None = Non
         a.add("parallel", str(cfg.parallel))
     _common(a, cfg)
     _context_flags(a, cfg)
+    _reuse_flags(a, cfg)
     _spec_flags(a, cfg)
     return a.argv
 
@@ -302,6 +348,11 @@ def address_argv(host: str | None = None, port: int | str | None = None) -> list
 def listen_argv(host: str, port: int, *, log_jsonl: bool = False) -> list[str]:
     """Where a measured llama-server listens, and (optionally) machine-readable logs for the runner."""
     return address_argv(host, port) + (["--log-jsonl"] if log_jsonl else [])
+
+
+def trace_argv() -> list[str]:
+    """llama-server at trace verbosity: it then logs each context checkpoint and the prompt cache's state."""
+    return ["-lv", "4"]
 
 
 def server_logs_jsonl(caps: Capabilities | None) -> bool:
@@ -352,7 +403,9 @@ def fit_params_argv(binary: Path, cfg: LaunchConfig, caps: Capabilities | None =
             "llama-fit-params cannot project --kv-unified / --no-kv-unified: leave kv_unified at the default "
             "or measure the breakdown with llama-server"
         )
-    argv = server_argv(binary, cfg, caps)
+    # Prompt reuse costs host RAM at run time only (checkpoints, prompt cache): nothing llama-fit-params projects,
+    # and it does not accept those flags.
+    argv = server_argv(binary, without_reuse(cfg), caps)
     a = _Argv(binary, FIT_PARAMS, caps)
     a.add("fit_print", "on")
     a.add("log_jsonl")

@@ -1,0 +1,71 @@
+"""The agent workload's session stage: which reuse arms apply to which model and engine, the memory gate on
+them, and the judgement by session time against the defaults."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tuner.core.config import LaunchConfig
+from tuner.engine import build
+from tuner.machine.hardware import Hardware
+from tuner.measure.session_run import SessionResult, TurnResult
+from tuner.models import demo_model, gguf_reader
+from tuner.search import session_stage, space
+from tuner.search.session_stage import ArmSessions
+
+CPU = Hardware("", 0, 0, 0.0, 0.0, 64 * 2**30, 64 * 2**30, 0, 20e9, 8, "none")
+
+
+@pytest.fixture(scope="module")
+def infos(tmp_path_factory):
+    out = tmp_path_factory.mktemp("shapes")
+    return {arch: gguf_reader.inspect_model(demo_model.write_demo_model(out / f"{arch}.gguf", arch=arch))
+            for arch in ("qwen3moe", "qwen35moe", "gpt-oss")}
+
+
+def _labels(info, accepts=lambda _s: True, slots=1):
+    return [a.label for a in space.reuse_arms(info, accepts, slots)]
+
+
+def test_reuse_arms_follow_the_model_and_the_engine(infos):
+    assert _labels(infos["qwen35moe"]) == ["checkpoints 8", "checkpoints 64, every 1024"]  # no KV shift: recurrent
+    assert _labels(infos["gpt-oss"]) == ["checkpoints 8", "checkpoints 64, every 1024", "swa-full", "cache-reuse 256"]
+    assert _labels(infos["qwen3moe"]) == ["cache-reuse 256"]  # plain attention rolls back: no checkpoints
+    assert _labels(infos["qwen3moe"], slots=2) == ["cache-reuse 256", "prompt cache 2048 MiB"]
+    assert _labels(infos["gpt-oss"], accepts=lambda s: s == "swa_full") == ["swa-full"]  # an older engine
+    caps = build.Capabilities("t", "1", "abc", "cpu", (), {"llama-server": ("-m", "--swa-full")})
+    cfg = LaunchConfig(model=Path("m.gguf"))
+    arms, notes = session_stage.stage_arms(cfg, cfg, infos["gpt-oss"], CPU, caps)
+    assert [label for label, _ in arms] == ["default", "tuned + swa-full"] and not notes
+    assert arms[1][1].swa_full
+
+
+def test_an_arm_that_does_not_fit_is_not_launched(infos):
+    info = infos["gpt-oss"]
+    cfg = LaunchConfig(model=info.paths[0], ctx=32768, parallel=1)
+    from tuner.plan import memory
+
+    need = memory.estimate(info, cfg, CPU).host.total_bytes
+    tight = Hardware("", 0, 0, 0.0, 0.0, 64 * 2**30, need + 2**20, 0, 20e9, 8, "none")  # room for the window only
+    arms, notes = session_stage.stage_arms(cfg, cfg, info, tight, None)
+    assert "swa-full" in notes and all("swa-full" not in label for label, _ in arms)
+
+
+def _res(seconds: float) -> SessionResult:
+    return SessionResult((TurnResult(0, 100, 0, 100, 0, 0.1, 0.1, 8, 10.0, seconds),), seconds)
+
+
+def test_shortest_median_session_wins_and_is_judged_against_default():
+    cfg = LaunchConfig(model=Path("m.gguf"))
+    default = ArmSessions("default", cfg, (_res(10.0), _res(10.4), _res(9.8)))
+    fast = ArmSessions("tuned + swa-full", cfg, (_res(5.0), _res(5.1), _res(4.9)))
+    broken = ArmSessions("tuned + checkpoints 8", cfg, (None, None, None), failure="crashed")
+    stage = session_stage.judge([default, fast, broken], "bundled", {})
+    assert stage.winner == "tuned + swa-full" and stage.verdict is not None
+    assert stage.verdict.outcome == "better" and stage.verdict.ratio == pytest.approx(2.0, rel=0.05)
+    assert stage.to_dict()["arms"][2]["failure"] == "crashed"
+    same = session_stage.judge([default, ArmSessions("tuned", cfg, (_res(9.5), _res(10.8), _res(9.9)))], "b", {})
+    assert same.winner == "tuned" and same.verdict is not None and same.verdict.outcome == "undecided"
+    assert session_stage.judge([default], "b", {}).verdict is None  # the defaults won: nothing to compare
