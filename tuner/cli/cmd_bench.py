@@ -108,7 +108,8 @@ def bench_cmd(
       moe-tune bench model.gguf --n-cpu-moe 20 -ctk q8_0 -ctv q8_0 -fa on \\
         -c 32768 -np 2 -d 8192
       moe-tune bench --from-cmd "llama-server -m x.gguf -ncmoe 20 -c 32768"
-      moe-tune bench model.gguf --workload agent -d 16384 --session my-agent-log.json
+      moe-tune bench model.gguf --workload agent -d 16384 \\
+        --session my-agent-log.json
     """
     given: dict[str, Any] = {
         "n_cpu_moe": n_cpu_moe, "n_gpu_layers": n_gpu_layers, "cache_type_k": cache_type_k,
