@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -230,8 +230,13 @@ def drop_quant(got: DownloadedQuant) -> int:
     """Delete a quant this process downloaded from the cache (snapshot links and their blobs); the bytes freed.
 
     compare-quants under a disk budget drops the quants it fetched once they are measured and not kept."""
+    return drop_links(got.paths)
+
+
+def drop_links(paths: Iterable[Path]) -> int:
+    """Delete files and, for Hugging Face cache links, the blobs they point at; the bytes freed."""
     freed = 0
-    for link in got.paths:
+    for link in paths:
         target = link.resolve()
         if target.is_file():
             freed += target.stat().st_size

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.core.errors import OverBudgetError
+from tuner.hub import download
 from tuner.machine.fileio import atomic_write
 from tuner.models.gguf_reader import ModelInfo
 
@@ -150,14 +151,7 @@ def _inside(path: Path, folder: Path) -> bool:
 
 def drop_files(paths: Iterable[Path]) -> int:
     """Delete files and, for Hugging Face cache links, the blobs they point at; the bytes freed."""
-    freed = 0
-    for link in paths:
-        target = link.resolve()
-        if target.is_file():
-            freed += target.stat().st_size
-            target.unlink()
-        link.unlink(missing_ok=True)
-    return freed
+    return download.drop_links(paths)
 
 
 def imatrix_bytes_bound(info: ModelInfo) -> int:
