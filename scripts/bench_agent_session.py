@@ -8,7 +8,7 @@ Arms: ``default`` (no reuse flag), each setting of tuner.search.space.reuse_arms
 The "tuned" column is the arm with the shortest median session at that depth; the ratio default/tuned is the
 median of the per-round ratios.
 
-    flock /tmp/moe-tune-cpu.lock .venv/bin/python scripts/bench_agent_session.py [--arch qwen35moe,gpt-oss]
+    .venv/bin/python scripts/bench_agent_session.py [--arch qwen35moe,gpt-oss]
         [--depths 2048,4096,8192] [--gen 32] [--rounds 2] [--out results/benchmarks/agent_session.md]
 """
 
@@ -21,6 +21,8 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+
+import harness
 
 from tuner.core.config import LaunchConfig
 from tuner.engine import build, flags
@@ -57,6 +59,7 @@ def _turn_table(label: str, res: SessionResult) -> None:
             f"{1000 * t.ttft_s:>7.0f} | {t.elapsed_s:6.2f}")
 
 
+@harness.bench("bench_agent_session")
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", default="qwen35moe,gpt-oss")
@@ -70,7 +73,7 @@ def main() -> None:
     loc = build.locate_engine()
     caps = build.capabilities(loc)
     depths = [int(d) for d in args.depths.split(",")]
-    say(f"command: flock /tmp/moe-tune-cpu.lock .venv/bin/python {' '.join(sys.argv)}")
+    say(f"command: .venv/bin/python {' '.join(sys.argv)}")
     say(f"engine: llama.cpp {build.PIN.commit} ({caps.backend}); device: this machine's CPU, {args.threads} "
         f"thread(s); models: tiny demo models with random weights (tuner.models.demo, F16), not real checkpoints; "
         f"{args.gen} tokens generated per turn; {args.rounds} rounds per arm")
