@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 from tuner.engine import runner
 from tuner.machine import quiet
 from tuner.machine.processes import Interference
+from tuner.search import study
 
 OUT = Path(__file__).resolve().parent.parent / "results" / "benchmarks"
 LOCK_WAIT_S = 3600.0  # how long a benchmark waits for another measuring run to let go of the machine
@@ -161,7 +162,9 @@ def bench(command: str, *, children_claim: bool = False) -> Callable[[Callable[[
 
 
 def config_id(config: dict[str, Any]) -> str:
-    return json.dumps(config, sort_keys=True)
+    """A config's identity in a cache: read back into a LaunchConfig first, so a setting added to LaunchConfig
+    after the grid was measured (at its default, i.e. not set) leaves the cached rows usable."""
+    return json.dumps(study.config_to_dict(study.config_from_dict(config)), sort_keys=True)
 
 
 class GridCache:
