@@ -163,8 +163,11 @@ def bench(command: str, *, children_claim: bool = False) -> Callable[[Callable[[
 
 def config_id(config: dict[str, Any]) -> str:
     """A config's identity in a cache: read back into a LaunchConfig first, so a setting added to LaunchConfig
-    after the grid was measured (at its default, i.e. not set) leaves the cached rows usable."""
-    return json.dumps(study.config_to_dict(study.config_from_dict(config)), sort_keys=True)
+    after the grid was measured (at its default, i.e. not set) leaves the cached rows usable. A row that is not
+    a launch config (no model) is keyed as it is."""
+    if "model" in config:
+        config = study.config_to_dict(study.config_from_dict(config))
+    return json.dumps(config, sort_keys=True)
 
 
 class GridCache:
