@@ -114,3 +114,18 @@ def test_a_minimal_toolkit_gets_cublas_from_the_wheel_and_builds_without_vmm(mon
     assert cuda_toolkit.cublas_wheel(tk).startswith(("nvidia-cublas>=13", "nvidia-cublas-cu12>=12"))
     assert os.fspath(tk.nvcc) in " ".join(flags)
     cuda_toolkit.find_toolkit.cache_clear()
+
+
+@needs_toolkit
+def test_a_card_whose_driver_hides_its_architecture_still_finds_the_engine(monkeypatch, tmp_path):
+    """Every command locates the engine; a driver that does not report the compute capability must not stop
+    that (only `engine install --backend cuda` needs the architecture)."""
+    if not build.managed_builds():
+        pytest.skip("no managed engine build here")
+    monkeypatch.delenv("MOE_TUNE_CUDA_ARCHS", raising=False)
+    monkeypatch.delenv("LLAMA_CPP_DIR", raising=False)
+    _no_nvcc_on_path(monkeypatch, tmp_path)  # llama-server is not on PATH either
+    _fake_driver(monkeypatch, FakeNVML([("NVIDIA GeForce RTX 3090", 24 * 2**30, 2**30)], compute_capability=None))
+    assert build.backend_choice(build.Backend.AUTO)[0] is build.Backend.CUDA
+    assert build.locate_engine().bin_dir in build.managed_builds()
+    cuda_toolkit.find_toolkit.cache_clear()

@@ -124,7 +124,10 @@ def locate_engine(explicit: Path | None = None) -> EngineLocation:
     on_path = shutil.which("llama-server")
     if on_path:
         return EngineLocation(Path(on_path).resolve().parent, "path")
-    wanted = _managed_dir(resolve_backend(Backend.AUTO)) / "bin"
+    try:
+        wanted: Path | None = _managed_dir(resolve_backend(Backend.AUTO)) / "bin"
+    except BuildToolMissingError:  # a card whose architecture the driver does not report: any finished build
+        wanted = None
     builds = managed_builds()
     if wanted in builds:
         return EngineLocation(wanted, "managed")
