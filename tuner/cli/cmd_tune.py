@@ -70,7 +70,8 @@ def auto_tune_cmd(
     pareto: Annotated[bool, typer.Option("--pareto", help="Optimize gen and prompt tok/s (Pareto front).")]
     = False,
     trials: Annotated[int | None, typer.Option(
-        "--trials", help=f"Trials in this run (default {autotune.DEFAULT_TRIALS}).")] = None,
+        "--trials", help=f"Trials in this run (default {autotune.DEFAULT_TRIALS}; with --frontier 3 per context, "
+        "at most 7 minutes unless --time says otherwise).")] = None,
     time_limit: Annotated[str | None, typer.Option("--time", help="Time budget, e.g. 20m.")] = None,
     storage: Annotated[str | None, typer.Option("--storage", help="Optuna RDB URL; default sqlite in results/.")]
     = None,
