@@ -62,6 +62,8 @@ class BenchRow:
     build_commit: str
     # The settings llama-bench reports it ran with (type_k, flash_attn, n_threads, …), as text.
     params: tuple[tuple[str, str], ...] = ()
+    # The GPU devices llama-bench's backend registry held (``get_gpu_info``); empty when it ran on the CPU alone.
+    gpu_info: str = ""
 
     @property
     def kind(self) -> str:
@@ -123,6 +125,7 @@ def parse_jsonl(text: str) -> tuple[BenchRow, ...]:
                 samples_tok_s=tuple(float(x) for x in raw.get("samples_ts", [])),
                 build_commit=str(raw.get("build_commit", "")),
                 params=tuple((k, str(raw[k])) for k in _PARAM_KEYS if k in raw),
+                gpu_info=str(raw.get("gpu_info", "")).strip(),
             )
         )
     return tuple(rows)
@@ -227,7 +230,7 @@ def _bench_once(engine: EngineLocation, cfgs: Sequence[LaunchConfig], *, tests: 
         except TunerError as exc:
             raise TrialFailedError("llama-bench", failures.from_error(exc)) from None
         got = parse_jsonl(result.stdout)
-        gpu_use.check_bench(result.stdout, result.stderr_tail, cfgs[0])
+        gpu_use.check_bench(got[0].gpu_info if got else None, result.stderr_tail, cfgs[0])
         expected = ((n_prompt > 0) + (n_gen > 0)) * len(depths) * len(cfgs)
         if len(got) < expected:
             # llama-bench can stop part-way through a sweep and still exit 0.

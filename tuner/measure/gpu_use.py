@@ -13,7 +13,6 @@ buffer size`` line for each buffer placed on the card, from ``llama_model::load_
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass
@@ -34,14 +33,9 @@ class Expectation:
     """What the run was told to expect: the GPU by name, or None (no GPU, or ``--device none``)."""
 
     gpu_name: str | None
-    bin_dir: str = ""
 
 
 _current = Expectation(None)
-
-
-def expectation() -> Expectation:
-    return _current
 
 
 def expect(exp: Expectation) -> None:
@@ -59,7 +53,7 @@ def _visible_devices_cause() -> str | None:
     return None
 
 
-def _cause_of(log: str, driver: str) -> tuple[str, str]:
+def _cause_of(log: str) -> tuple[str, str]:
     """(cause, fix) for a CUDA build that found no device, from the engine's own log and the environment."""
     hidden = _visible_devices_cause()
     if hidden:
@@ -67,7 +61,7 @@ def _cause_of(log: str, driver: str) -> tuple[str, str]:
     found = _CUDA_INIT.search(log)
     reason = found.group(1).strip() if found else ""
     if "insufficient" in reason or "driver" in reason.lower():
-        return (f"the CUDA runtime found no usable driver (llama.cpp: {reason!r}; NVML reports driver {driver})",
+        return (f"the CUDA runtime found no usable driver (llama.cpp: {reason!r}; NVML reports driver {_driver()})",
                 "update the NVIDIA driver to one that supports the CUDA version the engine was built with, "
                 "or rebuild with the toolkit your driver supports (`moe-tune engine install --backend cuda --force`)")
     if reason:
@@ -103,25 +97,18 @@ def preflight(loc: build.EngineLocation, hw: Hardware, device: str | None) -> Ha
     text = res.stdout + "\n" + res.stderr_tail
     gpus = [d for d in build.parse_devices(text) if not d.upper().startswith(("CPU", "BLAS", "RPC"))]
     if not gpus:
-        raise CpuFallbackError(*_cause_of(text, _driver()))
-    expect(Expectation(hw.gpu_name, str(loc.bin_dir)))
+        raise CpuFallbackError(*_cause_of(text))
+    expect(Expectation(hw.gpu_name))
     return hw
 
 
-def check_bench(stdout: str, stderr_tail: str, cfg: LaunchConfig | None = None) -> None:
-    """Stop when llama-bench ran with no GPU device while one is expected (its JSON ``gpu_info`` is empty)."""
+def check_bench(gpu_info: str | None, stderr_tail: str, cfg: LaunchConfig | None = None) -> None:
+    """Stop when llama-bench ran with no GPU device while one is expected: ``gpu_info`` is its first JSON row's
+    (empty: no GPU device), None when it wrote no row (the caller reports that failed run)."""
     exp = _current
-    if exp.gpu_name is None or (cfg is not None and cfg.device == CPU_DEVICE):
+    if exp.gpu_name is None or (cfg is not None and cfg.device == CPU_DEVICE) or gpu_info is None or gpu_info:
         return
-    for line in stdout.splitlines():
-        if line.lstrip().startswith("{"):
-            row = json.loads(line)
-            if str(row.get("gpu_info", "")).strip():
-                return
-            break
-    else:
-        return  # no row: the caller reports the failed run
-    cause, fix = _cause_of(stderr_tail, "")
+    cause, fix = _cause_of(stderr_tail)
     raise CpuFallbackError(f"llama-bench ran on the CPU although an {exp.gpu_name} is expected ({cause})", fix)
 
 
@@ -132,6 +119,6 @@ def check_server(log: str, cfg: LaunchConfig) -> None:
         return
     if _GPU_BUFFER.search(log):
         return
-    cause, fix = _cause_of(log, "")
+    cause, fix = _cause_of(log)
     raise CpuFallbackError(f"llama-server put nothing on the GPU although an {exp.gpu_name} is expected ({cause})",
                            fix)
