@@ -23,7 +23,7 @@ from tuner.core.errors import TrialFailedError, TunerError
 from tuner.core.model import ModelInfo
 from tuner.engine import flags, runner
 from tuner.engine.caps import Capabilities, EngineLocation
-from tuner.measure import failures
+from tuner.measure import failures, gpu_use
 from tuner.measure.session import Session
 from tuner.plan import memory
 
@@ -160,6 +160,7 @@ def run_session_trial(engine: EngineLocation, cfg: LaunchConfig,
             result = replay(server, ses, gen_tokens, timeout_s=request_timeout_s)
     except TunerError as exc:
         raise TrialFailedError("llama-server", failures.from_error(exc)) from None
+    gpu_use.check_server(server.log.read_text(errors="replace"), cfg)  # as every server trial is checked
     return SessionTrial(tuple(server.argv), cfg, result, server.log)
 
 
