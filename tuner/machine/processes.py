@@ -26,6 +26,7 @@ import re
 import time
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import psutil
 
@@ -123,23 +124,19 @@ class _View:
         self.own = set(own() if callable(own) else own)
         self.root = scope_root()
 
+    @cached_property
     def ours(self) -> set[int]:
         """This process, the runner's children and their descendants."""
         return {self.me} | self.own | {p for p in self.procs if set(_ancestors(p, self.procs)) & self.own}
 
     def ours_cpu_s(self) -> float:
-        return sum(self.procs[p].cpu_s for p in self.ours() if p in self.procs)
+        return sum(self.procs[p].cpu_s for p in self.ours if p in self.procs)
 
+    @cached_property
     def others(self) -> list[_Proc]:
-        out = []
-        for p in self.procs.values():
-            up = set(_ancestors(p.pid, self.procs))
-            if p.pid == self.me or p.pid in self.own or up & self.own:
-                continue
-            if self.root is not None and self.root not in up:
-                continue
-            out.append(p)
-        return out
+        """Everyone else's processes, within the scope."""
+        return [p for p in self.procs.values() if p.pid not in self.ours
+                and (self.root is None or self.root in _ancestors(p.pid, self.procs))]
 
 
 def _llama(pid: int, name: str) -> LlamaProcess:
@@ -154,7 +151,7 @@ def _llama(pid: int, name: str) -> LlamaProcess:
 def other_llama_processes(own: Collection[int] = ()) -> list[LlamaProcess]:
     """Live llama.cpp processes on this machine that are not ours (see the module docstring)."""
     view = _View(own)
-    return [_llama(p.pid, p.name) for p in view.others() if p.name.startswith(LLAMA_PREFIX)]
+    return [_llama(p.pid, p.name) for p in view.others if p.name.startswith(LLAMA_PREFIX)]
 
 
 def left_by_earlier_runs() -> list[LlamaProcess]:
@@ -219,21 +216,21 @@ def _gpu_look(view: _View, nvml: object, window_s: float) -> tuple[dict[int, tup
                                                                     list[str]]:
     """Others' VRAM by pid, others' GPU work (described) and others' idle contexts (described)."""
     act = hardware.gpu_activity(nvml, since_s=window_s)
-    mine = view.ours()
-    allowed = None if view.root is None else {p.pid for p in view.others()}
+    mine = view.ours
+    allowed = None if view.root is None else {p.pid for p in view.others}
 
     def theirs(pid: int) -> bool:
         return pid not in mine and (allowed is None or pid in allowed)
 
     vram = {g.pid: (g.name, g.used_bytes) for g in act.processes if theirs(g.pid)}
+    busy = {pid: sm for pid, sm in sorted(act.process_sm_pct.items()) if sm >= GPU_BUSY_PCT and theirs(pid)}
     work = [f"{vram.get(pid, (hardware.process_name(pid), 0))[0]} pid {pid} uses the GPU ({sm} % SM)"
-            for pid, sm in sorted(act.process_sm_pct.items()) if sm >= GPU_BUSY_PCT and theirs(pid)]
+            for pid, sm in busy.items()]
     ours_on_gpu = any(g.pid in mine for g in act.processes)
     if not act.per_process_known and not ours_on_gpu:
         work += [f"GPU {i} is {u} % busy and none of it is ours" for i, u in enumerate(act.device_util_pct)
                  if u is not None and u >= GPU_BUSY_PCT]
-    idle = [f"{name} pid {pid} ({used / 2**20:,.0f} MiB)" for pid, (name, used) in vram.items()
-            if not any(f"pid {pid} " in w for w in work)]
+    idle = [f"{name} pid {pid} ({used / 2**20:,.0f} MiB)" for pid, (name, used) in vram.items() if pid not in busy]
     return vram, work, idle
 
 
@@ -257,17 +254,17 @@ def observe(own: Collection[int] | Callable[[], Collection[int]] = (), interval_
     the CPU on purpose (``--device none``), so the GPU is not looked at. ``threads``: the cores the trial uses.
     ``vram_base``: others' VRAM at the start of a longer watch (growth is judged against it)."""
     first = _View(own)
-    before = {p.pid: p.cpu_s for p in first.others()}
+    before = {p.pid: p.cpu_s for p in first.others}
     ours_before = first.ours_cpu_s()
     vram_first: dict[int, tuple[str, int]] = {}
-    if gpu:
+    if gpu and vram_base is None:  # a watch's later looks judge growth against its first: no look needed here
         with contextlib.suppress(NvmlUnavailableError):
             vram_first = _gpu_look(first, nvml, interval_s)[0]
     t0 = time.monotonic()
     wait(interval_s)
     second = _View(own)
     elapsed = time.monotonic() - t0
-    others = second.others()
+    others = second.others
     if second.root is None:  # the whole machine's work, minus ours (short-lived processes are in both sums)
         spent = (second.busy_cpu_s - first.busy_cpu_s) - (second.ours_cpu_s() - ours_before)
     else:
