@@ -38,6 +38,7 @@ def test_another_program_at_work_on_the_gpu_makes_a_run_wait_then_refuse(tmp_pat
         seen = processes.observe(interval_s=0.3, nvml=d.nvml())
         assert seen.busy and seen.gpu == (f"trainer pid {trainer} uses the GPU (95 % SM)",), seen.gpu
         assert all("Xorg" not in g for g in seen.gpu)  # the display is still no rival
+        assert not any(f"pid {trainer} " in r for r in seen.residents)  # at work: a rival, not a resident
         refused = rf"trainer pid {trainer} uses the GPU \(95 % SM\); waited [12] s"  # the first look past 1 s
         with pytest.raises(MachineBusyError, match=refused), quiet.claim_machine("bench", wait_s=1.0, nvml=d.nvml()):
             pass
