@@ -98,6 +98,18 @@ _HELD: list[LoadRecord] = []  # the record of the machine this process holds (ma
 
 
 @contextlib.contextmanager
+def _held(rec: LoadRecord, say: Callable[[str], None], note: str = "") -> Iterator[LoadRecord]:
+    """``rec`` as the record of the machine this process holds, its load said when the hold ends."""
+    _HELD.append(rec)
+    try:
+        yield rec
+    finally:
+        _HELD.pop()
+        rec.end_loadavg = os.getloadavg()[0]
+        say(f"load: {rec.describe()}{note}")
+
+
+@contextlib.contextmanager
 def machine(command: str, say: Callable[[str], None] = print, wait_s: float = LOCK_WAIT_S, *,
             children_claim: bool = False) -> Iterator[LoadRecord]:
     """Hold the machine's measuring lock for a benchmark: wait (at most ``wait_s``) while another measuring run
@@ -109,29 +121,17 @@ def machine(command: str, say: Callable[[str], None] = print, wait_s: float = LO
         yield _HELD[-1]
         return
     if children_claim:
-        rec = LoadRecord(locked=True)
-        _HELD.append(rec)
-        try:
+        with _held(LoadRecord(locked=True), say, " (the lock held by each moe-tune command it ran)") as rec:
             yield rec
-        finally:
-            _HELD.pop()
-            rec.end_loadavg = os.getloadavg()[0]
-            say(f"load: {rec.describe()} (the lock held by each moe-tune command it ran)")
         return
     start = time.monotonic()
     while True:
         with quiet.claim_machine(f"benchmark {command}", allow_busy=True, own=ours) as claim:
             if claim.locked or time.monotonic() - start >= wait_s:
-                rec = LoadRecord(locked=claim.locked)
                 if claim.noise:
                     say(f"machine at start: {claim.noise}")
-                _HELD.append(rec)
-                try:
+                with _held(LoadRecord(locked=claim.locked), say) as rec:
                     yield rec
-                finally:
-                    _HELD.pop()
-                    rec.end_loadavg = os.getloadavg()[0]
-                    say(f"load: {rec.describe()}")
                 return
         progress(f"waiting for another measuring run to let go of the machine ({time.monotonic() - start:.0f} s)")
         time.sleep(LOCK_POLL_S)
