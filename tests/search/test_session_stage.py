@@ -3,6 +3,7 @@ them, and the judgement by session time against the defaults."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -69,3 +70,35 @@ def test_shortest_median_session_wins_and_is_judged_against_default():
     same = session_stage.judge([default, ArmSessions("tuned", cfg, (_res(9.5), _res(10.8), _res(9.9)))], "b", {})
     assert same.winner == "tuned" and same.verdict is not None and same.verdict.outcome == "undecided"
     assert session_stage.judge([default], "b", {}).verdict is None  # the defaults won: nothing to compare
+
+
+def test_the_session_winner_is_the_launch_line_of_the_result(tmp_path):
+    """With a session stage, result.json, ``launch-line`` (every rank and format) and report.md give the arm with
+    the shortest session, not the finish's single-request winner."""
+    from tuner.report import study_report
+    from tuner.search import result as study_result
+    from tuner.search.finish import Finish
+
+    base = LaunchConfig(model=Path("/m/gpt-oss.gguf"), ctx=8192)
+    tuned = LaunchConfig(model=Path("/m/gpt-oss.gguf"), ctx=8192, n_cpu_moe=2)
+    swa = LaunchConfig(model=Path("/m/gpt-oss.gguf"), ctx=8192, n_cpu_moe=2, swa_full=True)
+    stage = session_stage.judge([ArmSessions("default", base, (_res(10.0), _res(10.4), _res(9.8))),
+                                 ArmSessions("tuned", tuned, (_res(8.0), _res(8.2), _res(7.9))),
+                                 ArmSessions("tuned + swa-full", swa, (_res(5.0), _res(5.1), _res(4.9)))], "bundled", {})
+    plain = study_result.StudyResult(study="s", model="/m/gpt-oss.gguf", finish=Finish((), ()),
+                                     workload={"kind": "agent", "prompt_tokens": 512, "gen_tokens": 64,
+                                               "depth_tokens": 4096, "concurrency": 1})
+    with pytest.raises(Exception, match="out of range"):  # no finish winner and no stage: nothing to launch
+        study_report.launch_line(plain)
+    stored = json.loads(json.dumps(stage.to_dict()))  # as the study's user attr holds it
+    res = study_result.StudyResult(**{f: getattr(plain, f) for f in plain.__slots__} | {"session": stored})
+    back = study_result.load_result(study_result.write_result(res, tmp_path))
+    assert back == res
+    lines = [study_report.launch_line(back, rank=r) for r in (1, 2, 3)]
+    assert "--swa-full" in lines[0] and "--swa-full" not in lines[1] and "--n-cpu-moe 2" in lines[1]
+    assert "--n-cpu-moe" not in lines[2]
+    doc = json.loads(study_report.launch_line(back, fmt="json"))
+    assert doc["chosen_by"] == "agent session time" and doc["median_session_s"] == pytest.approx(5.0)
+    text = study_report.markdown(back)
+    assert f"`{lines[0]}`" in text.split("## Agent sessions: the launch line", 1)[1].split("\n\n")[1]
+    assert "| tuned + swa-full | 5.00 | 3 |" in text

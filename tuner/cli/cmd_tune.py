@@ -30,7 +30,7 @@ from tuner.cli.app import (
 from tuner.cli.cmd_bench import print_session
 from tuner.cli.cmd_frontier import run as run_frontier
 from tuner.core.errors import UsageError
-from tuner.engine import build, flags, runner
+from tuner.engine import build, runner
 from tuner.machine import hardware
 from tuner.measure import session, workload
 from tuner.measure import speculation as spec_measure
@@ -163,12 +163,13 @@ def auto_tune_cmd(
             f"{result.study_name}")
         raise typer.Exit(130)
     if as_json:
-        extra = {} if result.session is None else {"session": result.session.to_dict()}
-        out.print_json(json.dumps(result.result.to_dict() | {"result_dir": str(result.result_dir)} | extra))
+        out.print_json(json.dumps(result.result.to_dict() | {"result_dir": str(result.result_dir)}))
         return
     _summary(result)
     if result.session is not None:
         _session_summary(result.session)
+    chosen = " (chosen by agent session time)" if result.result.session and result.result.session.get("winner") else ""
+    out.print(f"launch line{chosen}: {study_report.launch_line(result.result)}", highlight=False, soft_wrap=True)
 
 
 def _search(req: autotune.TuneRequest, loc: build.EngineLocation, hw: hardware.Hardware, budget: study.Budget,
@@ -238,9 +239,6 @@ def _session_summary(stage: SessionStage) -> None:
                 out.print(f"{label}: {shown.finding.describe()}", highlight=False, soft_wrap=True)
     if stage.verdict is not None:
         out.print(f"by session time: {stage.verdict.describe()}", highlight=False, soft_wrap=True)
-    win = stage.arm(stage.winner) if stage.winner else None
-    if win is not None:
-        out.print(f"agent launch line: {flags.launch_line(win.config)}", highlight=False, soft_wrap=True)
 
 
 def _speculation(on: bool, draft: str | None, prompts: Path | None) -> SpeculationRequest | None:
@@ -293,7 +291,6 @@ def _summary(res: autotune.TuneResult) -> None:
     where = frontier_report.winner_on_frontier(res.result, res.result_dir.parent)
     if where:
         out.print(where, highlight=False, soft_wrap=True)
-    out.print(f"launch line: {study_report.launch_line(res.result)}", highlight=False, soft_wrap=True)
 
 
 @app.command("launch-line", short_help="Print the measured llama-server line of a result.")

@@ -413,10 +413,13 @@ def install(
 
             phase("download source")
             tarball = _fetch_sdist(root / "src", log_line)
-            phase("extract")
             work = root / f"{key}.work"
-            source = _extract_llama_cpp(tarball, work / "llama.cpp")
             build_dir = work / "build"
+            # An interrupted build keeps its folder; the source is extracted again with the sdist's own
+            # mtimes (older than the objects), so ninja goes on from the step where it was stopped.
+            resumed = (build_dir / ".ninja_log").is_file()
+            phase("extract (the interrupted build resumes)" if resumed else "extract")
+            source = _extract_llama_cpp(tarball, work / "llama.cpp")
             fix = f"see {log_path}; install the missing development package or pass --backend cpu"
             extra, runtime = _cuda_parts(backend, phase)
             phase("configure")
@@ -444,7 +447,8 @@ def install(
                 "cmake_flags": list(cmake_flags(backend)),
                 "cmake_flags_here": extra,  # this machine's toolkit and cuBLAS (not part of the build's identity)
                 "tools": list(TOOLS),
-                "build_s": round(elapsed, 1),
+                "build_s": round(elapsed, 1),  # this run's time: a resumed build's earlier part is not in it
+                "resumed": resumed,
                 "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             }
             (staged / STAMP_NAME).write_text(json.dumps(stamp, indent=2) + "\n")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,32 +32,52 @@ def ranked(result: StudyResult) -> list[ServerMeasurement]:
     return [fin.winner, *rest] if fin.winner is not None else rest
 
 
-def _ranked_at(result: StudyResult, rank: int) -> ServerMeasurement:
-    cands = ranked(result)
+@dataclass(frozen=True, slots=True)
+class Pick:
+    """A launchable config of a result and the figures it was chosen on."""
+
+    label: str
+    config: dict[str, Any]
+    figures: dict[str, Any]
+
+
+def picks(result: StudyResult) -> list[Pick]:
+    """What ``launch-line --rank N`` counts, best first. The agent workload's session stage scores whole sessions,
+    so when it ran, its arms (by median session time, failed last) are the ranking; otherwise :func:`ranked`."""
+    stage = result.session
+    if stage and stage.get("winner"):
+        arms = sorted((a for a in stage["arms"] if a.get("config")),
+                      key=lambda a: (a["median_session_s"] is None, a["median_session_s"] or 0.0))
+        return [Pick(a["label"], a["config"], {"median_session_s": a["median_session_s"],
+                                               "chosen_by": "agent session time"}) for a in arms]
+    return [Pick(m.label, m.config, {"gen_tok_s": m.gen_tok_s, "gen_cv_pct": m.gen_cv_pct}) for m in ranked(result)]
+
+
+def _pick_at(result: StudyResult, rank: int) -> Pick:
+    cands = picks(result)
     if not 1 <= rank <= len(cands):
         raise UsageError(f"--rank {rank} is out of range: this result has {len(cands)} measured configs")
     return cands[rank - 1]
 
 
-def _argv(cand: ServerMeasurement, host: str | None, port: int | None, binary: str) -> list[str]:
-    return flags.server_argv(Path(binary), config_from_dict(cand.config)) + flags.address_argv(host, port)
+def _argv(pick: Pick, host: str | None, port: int | None, binary: str) -> list[str]:
+    return flags.server_argv(Path(binary), config_from_dict(pick.config)) + flags.address_argv(host, port)
 
 
 def launch_argv(result: StudyResult, *, rank: int = 1, host: str | None = None, port: int | None = None,
                 binary: str = "llama-server") -> list[str]:
     """The measured command of the ``rank``-th config as an argument list (what ``--exec`` runs)."""
-    return _argv(_ranked_at(result, rank), host, port, binary)
+    return _argv(_pick_at(result, rank), host, port, binary)
 
 
 def launch_line(result: StudyResult, *, rank: int = 1, fmt: str = "shell", host: str | None = None,
                 port: int | None = None, binary: str = "llama-server") -> str:
-    cand = _ranked_at(result, rank)
+    cand = _pick_at(result, rank)
     argv = _argv(cand, host, port, binary)
     if fmt == "shell":
         return shlex.join(argv)
     if fmt == "json":
-        return json.dumps({"argv": argv, "config": cand.config, "gen_tok_s": cand.gen_tok_s,
-                           "gen_cv_pct": cand.gen_cv_pct}, indent=2)
+        return json.dumps({"argv": argv, "config": cand.config, **cand.figures}, indent=2)
     if fmt == "llama-swap":
         name = Path(cand.config["model"]).stem
         cmd = shlex.join([*argv, *([] if port is not None else flags.address_argv(port="${PORT}"))])
@@ -118,6 +139,30 @@ def _winner_lines(result: dict[str, Any]) -> list[str]:  # the to_dict() form
     return [*lines, ""]
 
 
+def _session_lines(result: dict[str, Any]) -> list[str]:  # the to_dict() form
+    """The agent workload's session stage: it chose the launch line, so it comes first."""
+    stage = result.get("session")
+    if not stage or not stage.get("winner"):
+        return []
+    win = next(a for a in stage["arms"] if a["label"] == stage["winner"])
+    lines = ["## Agent sessions: the launch line", "", f"`{win['launch_line']}`", "",
+             f"- chosen by {stage['metric']} over the {stage['source']} session: {stage['winner']}"]
+    if stage.get("verdict_text"):
+        lines.append(f"- {stage['verdict_text']}")
+    lines += [f"- {label}: {note}" for label, note in (stage.get("not_launched") or {}).items()]
+    lines += ["", "| arm | median session s | rounds | median TTFT ms (typical round) | re-processed % | launch line |",
+              "|---|---:|---:|---:|---:|---|"]
+    for arm in stage["arms"]:
+        done = sorted((r for r in arm["rounds"] if r is not None), key=lambda r: r["session_s"])
+        typical = done[(len(done) - 1) // 2] if done else None
+        ttft = "" if typical is None else f"{1000 * typical['median_ttft_s']:,.0f}"
+        share = "" if typical is None else f"{100 * typical['reprocessed_share']:.0f}"
+        lines.append(f"| {arm['label']} | {_fmt(arm['median_session_s'], '.2f')} | {len(done)} | {ttft} | {share} | "
+                     f"`{arm['launch_line']}` |")
+    lines += ["", "The sections below are the single-request finish the session stage started from.", ""]
+    return lines
+
+
 def markdown(study_result: StudyResult) -> str:
     result = study_result.to_dict()
     trials = [TrialRecord(**t) for t in result["trials"]]
@@ -129,7 +174,7 @@ def markdown(study_result: StudyResult) -> str:
              f"- workload: {workload_words(result.get('workload'))}",
              f"- trials: llama-bench pp{m.get('n_prompt')} at depth {m.get('prompt_depth')}, tg{m.get('n_gen')} at "
              f"depth {m.get('gen_depth')}, scored by one request's end-to-end time" if m else "- trials: llama-bench",
-             "", *_winner_lines(result)]
+             "", *_session_lines(result), *_winner_lines(result)]
     lines += ["## Server re-measure", "",
               "gen tok/s and prompt tok/s: one request alone; per request, slots busy: each request's generation "
               "speed with every slot in use; end-to-end tok/s: generated tokens per second of wall time, prompts "

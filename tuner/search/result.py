@@ -54,6 +54,9 @@ class StudyResult:
     quality: QualitySummary = field(default_factory=QualitySummary)
     version: int = RESULT_VERSION
     frontier: dict[str, Any] | None = None  # auto-tune --frontier: tuner.frontier.result.Frontier.to_dict()
+    # The agent workload's session stage (tuner.search.session_stage.SessionStage.to_dict()): its winner, not the
+    # finish's, is the config to launch.
+    session: dict[str, Any] | None = None
 
     @property
     def winner(self) -> ServerMeasurement | None:
@@ -72,6 +75,7 @@ class StudyResult:
             "finish": self.finish.to_dict(), "winner": winner.to_dict() if winner else None,
             "speedup": self.speedup, "measure": self.measure, "quality": self.quality.to_dict(),
             **({"frontier": self.frontier} if self.frontier is not None else {}),
+            **({"session": self.session} if self.session is not None else {}),
         }
 
     @classmethod
@@ -84,6 +88,7 @@ class StudyResult:
             hardware=d.get("hardware"), engine=d.get("engine"), workload=d.get("workload"),
             objective=d.get("objective"), space=d.get("space"), measure=d.get("measure"),
             quality=QualitySummary.from_dict(d.get("quality") or {}), frontier=d.get("frontier"),
+            session=d.get("session"),
         )
 
 
@@ -100,7 +105,7 @@ def result_from_study(st: Any) -> StudyResult:
         quality=QualitySummary((attrs.get("objective") or {}).get("max_kld"),
                                winner.kld_mean if winner else None, winner.same_top_pct if winner else None,
                                tuple(attrs.get("kv_prices", []))),
-        frontier=attrs.get("frontier"),
+        frontier=attrs.get("frontier"), session=attrs.get("session"),
     )
 
 

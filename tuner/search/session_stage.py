@@ -28,6 +28,7 @@ from tuner.measure import session_run
 from tuner.measure.session_run import Finding, SessionResult
 from tuner.models.gguf_reader import ModelInfo
 from tuner.search import space
+from tuner.search.trials import config_to_dict
 from tuner.search.verdict import Verdict, compare
 
 DEFAULT_ROUNDS = 3
@@ -66,6 +67,7 @@ class ArmSessions:
 
     def to_dict(self) -> dict[str, Any]:
         return {"label": self.label, "launch_line": flags.launch_line(self.config),
+                "config": config_to_dict(self.config),
                 "median_session_s": self.median_session_s, "failure": self.failure,
                 "rounds": [None if r is None else r.to_dict() for r in self.results],
                 "finding": None if self.finding is None else self.finding.describe()}
