@@ -4,6 +4,7 @@ line), per-turn and per-session figures from the server's timings, and full re-p
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -111,7 +112,7 @@ def test_full_reprocess_is_named_with_the_setting_that_fixes_it(infos):
     cfg = LaunchConfig(model=Path("m.gguf"))
     assert session_run.diagnose(good, hybrid, cfg) is None
     off = session_run.diagnose(bad, hybrid, LaunchConfig(model=Path("m.gguf"), ctx_checkpoints=0))
-    assert off is not None and off.turns == (2,) and off.fix is not None and off.fix.ctx_checkpoints == 32
+    assert off is not None and off.turns == ("2",) and off.fix is not None and off.fix.ctx_checkpoints == 32
     assert "--ctx-checkpoints 32" in off.describe() and "recurrent state" in off.describe()
     window = session_run.diagnose(bad, swa, cfg)
     assert window is not None and window.fix is not None and window.fix.swa_full and "--swa-full" in window.fix_text
@@ -134,3 +135,17 @@ def test_cli_rejects_a_malformed_session_file_in_one_line(tmp_path):
         assert line.startswith("error: --session ") and "nothing before it to answer" in line, line
     res = run_cli("bench", "--session", str(bad), str(tmp_path / "x.gguf"), timeout=120)
     assert res.returncode == 1 and "add --workload agent" in res.stderr
+
+
+def test_two_agents_share_the_system_prompt_and_part_after_it():
+    one, two = (session.bundled_session(_words, 2048, gen_tokens=32, agent=k) for k in (0, 1))
+    assert one.system == two.system and len(one.turns) >= 3 and len(two.turns) >= 3
+    assert one.messages_before(0)[1] != two.messages_before(0)[1]  # their first turns already differ
+    assert not {t.reply for t in one.turns} & {t.reply for t in two.turns}
+    # Each agent's figures count only its own history: agent 2's first turn has nothing to reuse.
+    turns = (_turn(0, 1000, 0, 0), _turn(1, 1300, 996, 1000),
+             replace(_turn(0, 1000, 990, 0), agent=1), replace(_turn(1, 1400, 1000, 1000, 3.0), agent=1))
+    both = SessionResult(turns, 3.5)
+    assert both.agents == 2 and [t.name(2) for t in turns] == ["1.1", "1.2", "2.1", "2.2"]
+    assert SessionResult.from_dict(json.loads(json.dumps(both.to_dict()))) == both
+    assert both.reprocessed_share == pytest.approx(4 / 2000)

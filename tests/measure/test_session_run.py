@@ -49,7 +49,7 @@ def test_hybrid_without_checkpoints_reprocesses_every_turn_and_the_fix_is_measur
     assert all(t.full_reprocess for t in bad.turns[1:]) and bad.reprocessed_share > 0.95
     assert all(t.cached_tokens == 0 for t in bad.turns)  # the recurrent state cannot be rolled back at all
     finding = session_run.diagnose(bad, gguf_reader.inspect_model(path), off)
-    assert finding is not None and finding.turns == tuple(range(2, len(bad.turns) + 1))
+    assert finding is not None and finding.turns == tuple(str(k) for k in range(2, len(bad.turns) + 1))
     assert finding.fix == replace(off, ctx_checkpoints=32)
     fixed = _replay(engine_loc, finding.fix, tmp_path / "on", trace=True)
     good = fixed.result
@@ -87,3 +87,20 @@ def test_a_users_session_file_is_replayed(engine_loc, demo_models, tmp_path):
                                         log_dir=tmp_path).result
     assert res.source == str(path) and len(res.turns) == 3
     assert res.turns[1].cached_tokens >= res.turns[0].context_tokens - 2 and not res.full_reprocess_turns
+
+
+def test_two_agents_at_once_each_keep_their_own_slot(engine_loc, demo_models, tmp_path):
+    """-np 2 with two agents: their turns overlap in time (the wall time is well under the sum of the turns),
+    and each agent's later turns come from its own slot's cache, not the other's."""
+    cfg = LaunchConfig(model=demo_models[("qwen3moe", "Q8_0")], ctx=2 * 2048, parallel=2, threads=1)
+    makers = session.session_makers(None, DEPTH, GEN, agents=2)
+    res = session_run.run_session_trial(engine_loc, cfg, makers, GEN, log_dir=tmp_path).result
+    assert res.agents == 2
+    for agent in (0, 1):
+        own = [t for t in res.turns if t.agent == agent]
+        assert len(own) >= 4 and own[0].reusable_tokens == 0
+        for prev, t in zip(own, own[1:], strict=False):
+            assert t.reusable_tokens == prev.context_tokens
+            assert t.cached_tokens >= prev.context_tokens - 2, (t, prev)  # its own history, whole
+    assert not res.full_reprocess_turns
+    assert res.session_s < 0.8 * res.total_turn_s  # they ran side by side, not one after the other

@@ -84,7 +84,8 @@ def test_the_session_winner_is_the_launch_line_of_the_result(tmp_path):
     swa = LaunchConfig(model=Path("/m/gpt-oss.gguf"), ctx=8192, n_cpu_moe=2, swa_full=True)
     stage = session_stage.judge([ArmSessions("default", base, (_res(10.0), _res(10.4), _res(9.8))),
                                  ArmSessions("tuned", tuned, (_res(8.0), _res(8.2), _res(7.9))),
-                                 ArmSessions("tuned + swa-full", swa, (_res(5.0), _res(5.1), _res(4.9)))], "bundled", {})
+                                 ArmSessions("tuned + swa-full", swa, (_res(5.0), _res(5.1), _res(4.9)))],
+                                "bundled", {})
     plain = study_result.StudyResult(study="s", model="/m/gpt-oss.gguf", finish=Finish((), ()),
                                      workload={"kind": "agent", "prompt_tokens": 512, "gen_tokens": 64,
                                                "depth_tokens": 4096, "concurrency": 1})

@@ -150,15 +150,16 @@ def bench_cmd(
         raise UsageError("--session replays an agent conversation: add --workload agent")
     agent = workload_kind is workload.WorkloadKind.AGENT
     turn_gen = n_gen or session.DEFAULT_GEN_TOKENS
-    maker = session.session_maker(Path(session_file).expanduser() if session_file else None, depth or None,
-                                  turn_gen) if agent else None
+    # -np N: N agents' sessions at once, one per slot.
+    makers = session.session_makers(Path(session_file).expanduser() if session_file else None, depth or None,
+                                    turn_gen, parallel or 1) if agent else None
     with measuring("bench", allow_busy=allow_busy, busy_wait=busy_wait, quiet_output=as_json, device=cfg.device):
         if cfg.model == DEMO_PLACEHOLDER:
             cfg = replace(cfg, model=demo.default_model(loc, on_step=lambda msg: err.print(msg, highlight=False)))
         with err.status(f"measuring {cfg.model.name}") as status:
             report = one_config.bench_config(loc, cfg, load, depth=depth, repetitions=repetitions,
                                              server=not no_server, vram_budget_mib=vram_budget,
-                                             on_step=status.update, session=maker, session_gen_tokens=turn_gen)
+                                             on_step=status.update, session=makers, session_gen_tokens=turn_gen)
     if as_json:
         out.print_json(json.dumps(report.to_dict()))
         return
@@ -215,15 +216,17 @@ def _print(report: one_config.BenchReport) -> None:
 
 def print_session(result: session_run.SessionResult, title: str) -> None:
     """The per-turn table: context, cached vs processed prompt tokens, TTFT, generation speed, turn time."""
-    t = Table(title=title)
+    agents = result.agents
+    t = Table(title=title + (f", {agents} agents at once (turn 2.3: agent 2's third)" if agents > 1 else ""))
     for col in ("turn", "context", "cached", "processed", "cached %", "TTFT ms", "gen tok/s", "turn s"):
         t.add_column(col, justify="right")
     for r in result.turns:
         mark = " !" if r.full_reprocess else ""
-        t.add_row(f"{r.index + 1}{mark}", f"{r.context_tokens:,}", f"{r.cached_tokens:,}", f"{r.processed_tokens:,}",
+        t.add_row(f"{r.name(agents)}{mark}", f"{r.context_tokens:,}", f"{r.cached_tokens:,}", f"{r.processed_tokens:,}",
                   f"{100 * r.cached_share:.0f}", f"{1000 * r.ttft_s:,.0f}", f"{r.gen_tok_s:,.1f}", f"{r.elapsed_s:.2f}")
     out.print(t)
-    out.print(f"session: {result.session_s:.2f} s over {len(result.turns)} turns; median TTFT "
+    wall = f" (wall time, {agents} agents at once)" if agents > 1 else ""
+    out.print(f"session: {result.session_s:.2f} s{wall} over {len(result.turns)} turns; median TTFT "
               f"{1000 * result.median_ttft_s:,.0f} ms; {100 * result.reprocessed_share:.0f} % of the reusable context "
               "re-processed" + ("  (! = a turn that re-processed its whole context)" if result.full_reprocess_turns
                                 else ""), highlight=False, soft_wrap=True)

@@ -130,7 +130,7 @@ def auto_tune_cmd(
             err.print(msg, highlight=False, soft_wrap=True)
 
     load = workload.preset(workload_kind, n_prompt, n_gen, depth_tokens=depth)
-    sessions = _sessions(workload_kind, session_file, depth, n_gen, session_rounds, say)
+    sessions = _sessions(workload_kind, session_file, depth, n_gen, session_rounds, parallel or 1, say)
     path = model_path(model) if model is not None else None  # the demo model is made once the machine is held
     budget = study.Budget(trials=trials if trials is not None or time_limit else autotune.DEFAULT_TRIALS,
                           time_s=study.parse_duration(time_limit) if time_limit else None)
@@ -196,8 +196,9 @@ def _kept(kept: dict[str, int]) -> str:
 
 
 def _sessions(kind: workload.WorkloadKind, path: Path | None, depth: int | None, n_gen: int | None,
-              rounds: int, say: Callable[[str], None]) -> SessionRequest | None:
-    """The agent workload's session stage, checked before anything runs (None: no stage)."""
+              rounds: int, agents: int, say: Callable[[str], None]) -> SessionRequest | None:
+    """The agent workload's session stage, checked before anything runs (None: no stage). With ``-np N``,
+    N agents' sessions run at once, one per slot."""
     if kind is not workload.WorkloadKind.AGENT:
         if path is not None:
             raise UsageError("--session replays an agent conversation: add --workload agent")
@@ -213,12 +214,13 @@ def _sessions(kind: workload.WorkloadKind, path: Path | None, depth: int | None,
         return None
     gen = n_gen or session.DEFAULT_GEN_TOKENS
     session.session_maker(path, depth, gen)  # a bad file or depth fails now, not after the search
-    return SessionRequest(session_file=path, depth_tokens=depth, gen_tokens=gen, rounds=rounds)
+    return SessionRequest(session_file=path, depth_tokens=depth, gen_tokens=gen, rounds=rounds, agents=agents)
 
 
 def _session_summary(stage: SessionStage) -> None:
     """Per arm: median session time; the default's and the winner's per-turn tables; the verdict; findings."""
-    table = Table(title=f"agent sessions ({stage.source}), by session time", box=box.SIMPLE_HEAD)
+    together = f", {stage.agents} agents at once" if stage.agents > 1 else ""
+    table = Table(title=f"agent sessions ({stage.source}{together}), by session time", box=box.SIMPLE_HEAD)
     for col in ("arm", "session s", "median TTFT ms", "re-processed %", "full re-processes"):
         table.add_column(col, justify="left" if col == "arm" else "right")
     for arm in stage.arms:

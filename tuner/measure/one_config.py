@@ -7,7 +7,7 @@ roofline beside it and, for a speculative config, the acceptance llama-server re
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +19,6 @@ from tuner.engine.build import EngineLocation
 from tuner.machine import hardware, paths
 from tuner.measure import gpu_use, session_run, speculation
 from tuner.measure.bench import BenchResult, ServerTrial, run_bench, run_server_trial
-from tuner.measure.session import Session
 from tuner.measure.session_run import SessionTrial
 from tuner.measure.workload import Workload, WorkloadKind
 from tuner.models.gguf_reader import inspect_model
@@ -87,10 +86,11 @@ class BenchReport:
 def bench_config(loc: EngineLocation, cfg: LaunchConfig, load: Workload, *, depth: int = 0,
                  repetitions: int | None = None, server: bool = True, vram_budget_mib: float | None = None,
                  log_dir: Path | None = None, on_step: Callable[[str], None] | None = None,
-                 session: Callable[[Callable[[str], list[int]]], Session] | None = None,
+                 session: session_run.SessionSource | Sequence[session_run.SessionSource] | None = None,
                  session_gen_tokens: int = 64) -> BenchReport:
     """Measure ``cfg`` for ``load``: llama-bench (without speculation, which it cannot run), then llama-server:
-    the request workload at concurrency 1..slots, or for the agent workload the ``session`` replayed."""
+    the request workload at concurrency 1..slots, or for the agent workload the ``session`` replayed (several:
+    at once, one client each)."""
     say = on_step or (lambda _msg: None)
     flags.validate(cfg)
     if vram_budget_mib is not None and cfg.device == gpu_use.CPU_DEVICE:
@@ -108,7 +108,9 @@ def bench_config(loc: EngineLocation, cfg: LaunchConfig, load: Workload, *, dept
     roof = roofline.roofline(inspect_model(cfg.model), cfg, hw, depth_tokens=depth)
     trial = None
     if server and load.kind is WorkloadKind.AGENT and session is not None:
-        say(f"llama-server: an agent session, turn by turn ({session_gen_tokens} tokens generated per turn)")
+        many = len(session) if isinstance(session, (list, tuple)) else 1
+        say(f"llama-server: {f'{many} agent sessions at once' if many > 1 else 'an agent session'}, turn by turn "
+            f"({session_gen_tokens} tokens generated per turn)")
         ses = session_run.run_session_trial(loc, cfg, session, session_gen_tokens,
                                             log_dir=log_dir or paths.cache_root() / "logs", caps=caps)
         found = session_run.diagnose(ses.result, inspect_model(cfg.model), cfg)

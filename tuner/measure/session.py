@@ -99,11 +99,15 @@ def _take(pieces: list[str], start: int, chars: int) -> tuple[str, int]:
 
 def bundled_session(count_tokens: Callable[[str], int], depth_tokens: int = DEFAULT_DEPTH, *,
                     gen_tokens: int = DEFAULT_GEN_TOKENS, turn_tokens: int | None = None,
-                    system_tokens: int | None = None) -> Session:
+                    system_tokens: int | None = None, agent: int = 0) -> Session:
     """The default session, sized in the model's own tokens (``count_tokens``): a system prompt of technical
     text with the tool schemas (about a quarter of the depth, at most 4096 tokens), then turns alternating a
     tool result (code) and a user message (dialogue), each about ``turn_tokens`` (a sixteenth of the depth),
-    answered by a reply of about ``gen_tokens`` of prose, until the context reaches ``depth_tokens``."""
+    answered by a reply of about ``gen_tokens`` of prose, until the context reaches ``depth_tokens``.
+
+    ``agent`` numbers concurrent sessions (``-np 2``: two agents): they share the system prompt, as two agents
+    of one product do, and their turns are cut from other places of the corpus, so their histories part after
+    it."""
     if depth_tokens < MIN_DEPTH:
         raise UsageError(f"--depth {depth_tokens} is too short for an agent session: use {MIN_DEPTH} tokens or more")
     system_tokens = system_tokens or min(4096, depth_tokens // 4)
@@ -127,6 +131,8 @@ def bundled_session(count_tokens: Callable[[str], int], depth_tokens: int = DEFA
     tools_tokens = count_tokens(system_text("", TOOLS))
     body, _ = cut("technical", max(64, system_tokens - tools_tokens))
     system = system_text("You are a coding agent working in the user's repository.\n\n" + body, TOOLS)
+    for kind in ("code", "dialogue", "prose"):  # agent k starts its turns k golden-ratio turns of the corpus on
+        at[kind] += int(agent * 0.618 * len(kinds[kind]))
     used = count_tokens(system)
     turns: list[Turn] = []
     while used + turn_tokens + gen_tokens <= depth_tokens:
@@ -199,13 +205,23 @@ def _check_message(path: Path, i: int, msg: object) -> tuple[str, str]:
     return str(msg["role"]), content
 
 
-def session_maker(path: Path | None, depth_tokens: int | None, gen_tokens: int
+def session_maker(path: Path | None, depth_tokens: int | None, gen_tokens: int, *, agent: int = 0
                   ) -> Callable[[Callable[[str], list[int]]], Session]:
     """What a trial replays, given the server's tokenizer: the user's file (read and checked now, before any
-    server starts) or the bundled session sized to ``depth_tokens`` in that model's tokens."""
+    server starts) or the bundled session sized to ``depth_tokens`` in that model's tokens. Concurrent agents
+    (``agent`` 1, 2, ...) replay the same file, or bundled sessions of their own after the shared system prompt."""
     if path is not None:
         loaded = load_session(path)
         return lambda _tokenize: loaded
     depth = depth_tokens or DEFAULT_DEPTH
     bundled_session(lambda text: len(text) // 4, depth, gen_tokens=gen_tokens)  # refuse a bad depth up front
-    return lambda tokenize: bundled_session(lambda text: len(tokenize(text)), depth, gen_tokens=gen_tokens)
+    return lambda tokenize: bundled_session(lambda text: len(tokenize(text)), depth, gen_tokens=gen_tokens,
+                                            agent=agent)
+
+
+def session_makers(path: Path | None, depth_tokens: int | None, gen_tokens: int, agents: int = 1
+                   ) -> list[Callable[[Callable[[str], list[int]]], Session]]:
+    """One :func:`session_maker` per concurrent agent."""
+    if agents < 1:
+        raise UsageError(f"{agents} agents: an agent session needs one or more")
+    return [session_maker(path, depth_tokens, gen_tokens, agent=k) for k in range(agents)]

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import re
 import statistics
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -43,6 +45,7 @@ class TurnResult:
     gen_tokens: int
     gen_tok_s: float
     elapsed_s: float
+    agent: int = 0  # which of the concurrent sessions (0 when one agent runs)
 
     @property
     def reprocessed_tokens(self) -> int:
@@ -62,14 +65,24 @@ class TurnResult:
                 "processed_tokens": self.processed_tokens, "reprocessed_tokens": self.reprocessed_tokens,
                 "cached_share": self.cached_share, "ttft_s": self.ttft_s, "prompt_s": self.prompt_s,
                 "gen_tokens": self.gen_tokens, "gen_tok_s": self.gen_tok_s, "elapsed_s": self.elapsed_s,
-                "full_reprocess": self.full_reprocess}
+                "full_reprocess": self.full_reprocess, "agent": self.agent + 1}
+
+    def name(self, agents: int) -> str:
+        """``3``, or ``2.3`` (agent 2, turn 3) when several agents ran at once."""
+        return f"{self.agent + 1}.{self.index + 1}" if agents > 1 else str(self.index + 1)
 
 
 @dataclass(frozen=True, slots=True)
 class SessionResult:
-    turns: tuple[TurnResult, ...]
-    session_s: float  # the whole session: every turn, request sent → last byte received
+    turns: tuple[TurnResult, ...]  # agent by agent, each in turn order
+    # The whole session: every turn, request sent → last byte received; with concurrent agents the wall time
+    # from the first request to the last agent's last byte.
+    session_s: float
     source: str = "bundled"
+
+    @property
+    def agents(self) -> int:
+        return len({t.agent for t in self.turns})
 
     @property
     def total_turn_s(self) -> float:
@@ -96,23 +109,27 @@ class SessionResult:
     def to_dict(self) -> dict[str, Any]:
         return {"source": self.source, "session_s": self.session_s, "turns": [t.to_dict() for t in self.turns],
                 "reprocessed_share": self.reprocessed_share, "median_ttft_s": self.median_ttft_s,
-                "full_reprocess_turns": [t.index + 1 for t in self.full_reprocess_turns]}
+                "full_reprocess_turns": [t.name(self.agents) for t in self.full_reprocess_turns],
+                "agents": self.agents}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> SessionResult:
         turns = tuple(TurnResult(int(t["turn"]) - 1, int(t["context_tokens"]), int(t["cached_tokens"]),
                                  int(t["processed_tokens"]), _reusable(d["turns"], i),
                                  float(t["ttft_s"]), float(t["prompt_s"]), int(t["gen_tokens"]),
-                                 float(t["gen_tok_s"]), float(t["elapsed_s"])) for i, t in enumerate(d["turns"]))
+                                 float(t["gen_tok_s"]), float(t["elapsed_s"]), int(t.get("agent", 1)) - 1)
+                      for i, t in enumerate(d["turns"]))
         return cls(turns, float(d["session_s"]), str(d.get("source", "bundled")))
 
 
 def _reusable(turns: list[dict[str, Any]], i: int) -> int:
-    return int(turns[i - 1]["context_tokens"]) if i else 0
+    """The previous turn's prompt of the same agent (nothing for an agent's first turn)."""
+    same = i > 0 and turns[i - 1].get("agent", 1) == turns[i].get("agent", 1)
+    return int(turns[i - 1]["context_tokens"]) if same else 0
 
 
 def replay(server: runner.ServerProcess, session: Session, gen_tokens: int, *, timeout_s: float = 600.0,
-           on_turn: Callable[[TurnResult], None] | None = None) -> SessionResult:
+           on_turn: Callable[[TurnResult], None] | None = None, agent: int = 0) -> SessionResult:
     """Send every turn of ``session`` in order on one connection's worth of state (one slot), each generating
     ``gen_tokens``; the server's prompt cache is on, as for any chat client."""
     results: list[TurnResult] = []
@@ -123,13 +140,31 @@ def replay(server: runner.ServerProcess, session: Session, gen_tokens: int, *, t
         cached, processed = int(t.get("cache_n", 0)), int(t.get("prompt_n", 0))
         res = TurnResult(k, cached + processed, cached, processed, previous, done.ttft_s,
                          float(t.get("prompt_ms", 0.0)) / 1000.0, int(t.get("predicted_n", 0)),
-                         float(t.get("predicted_per_second", 0.0)), done.elapsed_s)
+                         float(t.get("predicted_per_second", 0.0)), done.elapsed_s, agent)
         results.append(res)
         previous = res.context_tokens
         if on_turn is not None:
             on_turn(res)
     # Turns follow each other with no think time: the session is the sum of the turns.
     return SessionResult(tuple(results), sum(r.elapsed_s for r in results), session.source)
+
+
+def replay_together(server: runner.ServerProcess, sessions: Sequence[Session], gen_tokens: int, *,
+                    timeout_s: float = 600.0) -> SessionResult:
+    """Each session replayed by its own client thread at the same time (two agents on ``-np 2``); the result
+    holds every agent's turns and the wall time until the last agent's last reply."""
+    if len(sessions) == 1:
+        return replay(server, sessions[0], gen_tokens, timeout_s=timeout_s)
+    pool = ThreadPoolExecutor(max_workers=len(sessions), thread_name_prefix="moe-tune-agent")
+    start = time.monotonic()
+    try:
+        futures = [pool.submit(replay, server, ses, gen_tokens, timeout_s=timeout_s, agent=k)
+                   for k, ses in enumerate(sessions)]
+        done = [fut.result() for fut in futures]  # re-raises an agent's error; Ctrl-C interrupts this wait
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+    wall = time.monotonic() - start
+    return SessionResult(tuple(t for res in done for t in res.turns), wall, sessions[0].source)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,13 +175,18 @@ class SessionTrial:
     log_path: Path
 
 
-def run_session_trial(engine: EngineLocation, cfg: LaunchConfig,
-                      session: Session | Callable[[Callable[[str], list[int]]], Session], gen_tokens: int, *,
-                      log_dir: Path, caps: Capabilities | None = None, load_timeout_s: float = 300.0,
-                      request_timeout_s: float = 600.0, trace: bool = False) -> SessionTrial:
-    """llama-server with exactly ``cfg``, one short warm-up request, then the session replayed. ``session``
-    may be a function of the server's tokenizer (the bundled one is sized in the model's own tokens). With
-    ``trace`` the server logs every checkpoint it makes (:func:`checkpoints_from_log` reads them)."""
+SessionSource = Session | Callable[[Callable[[str], list[int]]], Session]
+
+
+def run_session_trial(engine: EngineLocation, cfg: LaunchConfig, session: SessionSource | Sequence[SessionSource],
+                      gen_tokens: int, *, log_dir: Path, caps: Capabilities | None = None,
+                      load_timeout_s: float = 300.0, request_timeout_s: float = 600.0,
+                      trace: bool = False) -> SessionTrial:
+    """llama-server with exactly ``cfg``, one short warm-up request, then the session replayed (several
+    sessions: replayed at once, one client each). A session may be a function of the server's tokenizer (the
+    bundled one is sized in the model's own tokens). With ``trace`` the server logs every checkpoint it makes
+    (:func:`checkpoints_from_log` reads them)."""
+    sources: list[SessionSource] = list(session) if isinstance(session, (list, tuple)) else [session]  # type: ignore[list-item]
     try:
         binary = engine.tool("llama-server")
     except TunerError as exc:
@@ -155,9 +195,9 @@ def run_session_trial(engine: EngineLocation, cfg: LaunchConfig,
     try:
         with runner.serve(argv, log_dir=log_dir, load_timeout_s=load_timeout_s,
                           log_jsonl=flags.server_logs_jsonl(caps)) as server:
-            ses = session(server.tokenize) if callable(session) else session
+            sessions = [s(server.tokenize) if callable(s) else s for s in sources]
             server.stream_complete(server.tokenize("Warm up the engine.") or [1], 4, timeout_s=request_timeout_s)
-            result = replay(server, ses, gen_tokens, timeout_s=request_timeout_s)
+            result = replay_together(server, sessions, gen_tokens, timeout_s=request_timeout_s)
     except TunerError as exc:
         raise TrialFailedError("llama-server", failures.from_error(exc)) from None
     gpu_use.check_server(server.log.read_text(errors="replace"), cfg)  # as every server trial is checked
@@ -194,7 +234,7 @@ def prompt_cache_limit_mib(text: str) -> int | None:
 class Finding:
     """Turns that re-processed their whole context, why the engine had to, and the setting that fixes it."""
 
-    turns: tuple[int, ...]  # 1-based
+    turns: tuple[str, ...]  # 1-based turn numbers ("2.3": agent 2, turn 3, when several agents ran)
     reprocessed_tokens: int
     cause: str
     fix: LaunchConfig | None  # the config with the fix applied (None: nothing in the engine fixes it)
@@ -213,7 +253,7 @@ def diagnose(result: SessionResult, info: ModelInfo, cfg: LaunchConfig) -> Findi
     bad = result.full_reprocess_turns
     if not bad:
         return None
-    turns = tuple(t.index + 1 for t in bad)
+    turns = tuple(t.name(result.agents) for t in bad)
     wasted = sum(t.reprocessed_tokens for t in bad)
     checkpoints = memory.DEFAULT_CTX_CHECKPOINTS if cfg.ctx_checkpoints is None else cfg.ctx_checkpoints
     swa = bool(info.n_swa and any(info.swa_layers))

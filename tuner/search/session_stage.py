@@ -40,6 +40,7 @@ class SessionRequest:
     depth_tokens: int | None = None  # the bundled session's depth; None: session.DEFAULT_DEPTH
     gen_tokens: int = session_mod.DEFAULT_GEN_TOKENS  # generated per turn
     rounds: int = DEFAULT_ROUNDS
+    agents: int = 1  # sessions replayed at once (-np 2: two agents); the score is their wall time
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,12 +81,14 @@ class SessionStage:
     verdict: Verdict | None  # winner against default
     source: str
     notes: dict[str, str] = field(default_factory=dict)  # arms not launched, and why
+    agents: int = 1
 
     def arm(self, label: str) -> ArmSessions | None:
         return next((a for a in self.arms if a.label == label), None)
 
     def to_dict(self) -> dict[str, Any]:
         return {"metric": "session time (every turn, request sent to last token)", "source": self.source,
+                "agents": self.agents,
                 "winner": self.winner, "verdict": None if self.verdict is None else self.verdict.to_dict(),
                 "verdict_text": None if self.verdict is None else self.verdict.describe(),
                 "arms": [a.to_dict() for a in self.arms], "not_launched": self.notes}
@@ -112,7 +115,7 @@ def measure(loc: EngineLocation, arms: Sequence[tuple[str, LaunchConfig]], req: 
             log_dir: Path, caps: Capabilities | None = None,
             on_step: Callable[[str], None] | None = None) -> list[ArmSessions]:
     """Every arm once per round, the order rotating each round, the same session for all."""
-    maker = session_mod.session_maker(req.session_file, req.depth_tokens, req.gen_tokens)
+    makers = session_mod.session_makers(req.session_file, req.depth_tokens, req.gen_tokens, req.agents)
     results: dict[str, list[SessionResult | None]] = {label: [] for label, _ in arms}
     failed: dict[str, str] = {}
     for r in range(req.rounds):
@@ -124,7 +127,7 @@ def measure(loc: EngineLocation, arms: Sequence[tuple[str, LaunchConfig]], req: 
             if on_step:
                 on_step(f"session round {r + 1}/{req.rounds}: {label}")
             try:
-                trial = session_run.run_session_trial(loc, cfg, maker, req.gen_tokens,
+                trial = session_run.run_session_trial(loc, cfg, makers, req.gen_tokens,
                                                       log_dir=log_dir / f"round{r + 1}", caps=caps)
                 results[label].append(trial.result)
             except TrialFailedError as exc:
@@ -139,17 +142,17 @@ def measure(loc: EngineLocation, arms: Sequence[tuple[str, LaunchConfig]], req: 
     return out
 
 
-def judge(arms: Sequence[ArmSessions], source: str, notes: dict[str, str]) -> SessionStage:
+def judge(arms: Sequence[ArmSessions], source: str, notes: dict[str, str], agents: int = 1) -> SessionStage:
     """The shortest median session wins; it is compared with ``default`` round by round."""
     timed = [a for a in arms if a.median_session_s is not None]
     if not timed:
-        return SessionStage(tuple(arms), None, None, source, notes)
+        return SessionStage(tuple(arms), None, None, source, notes, agents)
     best = min(timed, key=lambda a: a.median_session_s or float("inf"))
     default = next((a for a in arms if a.label == "default"), None)
     verdict = None
     if default is not None and best is not default:
         verdict = compare(best.label, default.label, best.scores, default.scores)
-    return SessionStage(tuple(arms), best.label, verdict, source, notes)
+    return SessionStage(tuple(arms), best.label, verdict, source, notes, agents)
 
 
 def run_stage(loc: EngineLocation, default: LaunchConfig, tuned: LaunchConfig, info: ModelInfo, hw: Hardware,
@@ -159,7 +162,7 @@ def run_stage(loc: EngineLocation, default: LaunchConfig, tuned: LaunchConfig, i
     """Measure and judge the session arms; record them (study attr ``session``, ``result_dir/session.json``)."""
     arms, notes = stage_arms(default, tuned, info, hw, caps, vram_margin_mib)
     measured = measure(loc, arms, req, info, log_dir=result_dir / "logs" / "session", caps=caps, on_step=on_step)
-    stage = judge(measured, str(req.session_file) if req.session_file else "bundled", notes)
+    stage = judge(measured, str(req.session_file) if req.session_file else "bundled", notes, req.agents)
     record = stage.to_dict()
     if st is not None:
         st.set_user_attr("session", record)
