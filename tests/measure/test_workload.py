@@ -46,7 +46,10 @@ def test_depth_concurrency_and_the_one_score():
     assert workload.preset(WorkloadKind.BATCH).concurrency == 4 and agent.concurrency == 1
     assert history.describe()["depth_tokens"] == 32768
     with pytest.raises(UsageError, match="--depth"):
-        workload.preset(WorkloadKind.CHAT, depth_tokens=100)  # shorter than the 512-token prompt
+        workload.preset(WorkloadKind.CHAT, 512, depth_tokens=100)  # shorter than the 512-token prompt asked for
+    # The preset's prompt is cut to a shorter depth; one asked for with -p is not.
+    assert workload.preset(WorkloadKind.CHAT, depth_tokens=100).prompt_tokens == 100
+    assert workload.preset(WorkloadKind.AGENT, depth_tokens=1024).prompt_tokens == 1024
 
 
 def test_level_figures_per_request_and_aggregate():

@@ -94,7 +94,8 @@ CONCURRENCY = {WorkloadKind.BATCH: 4}
 
 def preset(kind: WorkloadKind, prompt_tokens: int | None = None, gen_tokens: int | None = None,
            rounds: int = 2, *, depth_tokens: int | None = None, concurrency: int | None = None) -> Workload:
-    """A named workload; explicit token counts override the preset (and are required for ``custom``)."""
+    """A named workload; explicit token counts override the preset (and are required for ``custom``). A preset
+    prompt longer than the ``--depth`` asked for is cut to it (an agent's 8192-token prompt at depth 1024)."""
     if kind is WorkloadKind.CUSTOM and (prompt_tokens is None or gen_tokens is None):
         raise UsageError("--workload custom needs both -p PROMPT_TOKENS and -n GEN_TOKENS")
     for flag, value in (("-p/--n-prompt", prompt_tokens), ("-n/--n-gen", gen_tokens), ("--depth", depth_tokens),
@@ -102,6 +103,8 @@ def preset(kind: WorkloadKind, prompt_tokens: int | None = None, gen_tokens: int
         if value is not None and value < 1:
             raise UsageError(f"{flag} {value} measures nothing: give a positive number of tokens (or drop it)")
     p, g = PRESETS.get(kind, (0, 0))
+    if prompt_tokens is None and depth_tokens is not None:
+        p = min(p, depth_tokens)
     return Workload(kind, prompt_tokens or p, gen_tokens or g, rounds, depth_tokens,
                     concurrency or CONCURRENCY.get(kind, 1))
 
