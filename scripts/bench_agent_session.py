@@ -8,8 +8,11 @@ Arms: ``default`` (no reuse flag), each setting of tuner.search.space.reuse_arms
 The "tuned" column is the arm with the shortest median session at that depth; the ratio default/tuned is the
 median of the per-round ratios.
 
-    .venv/bin/python scripts/bench_agent_session.py [--arch qwen35moe,gpt-oss]
+    .venv/bin/python scripts/bench_agent_session.py [--arch qwen35moe,gpt-oss | --model FILE.gguf ...]
         [--depths 2048,4096,8192] [--gen 32] [--rounds 2] [--out results/benchmarks/agent_session.md]
+
+``--model`` takes model files instead of the demos, e.g. a real-shape model with valid random weights:
+``moe-tune shape-model gpt-oss-20b:MXFP4_MOE --weights random --out ~/.cache/moe-tune/real/gpt-oss-20b.gguf``.
 """
 
 from __future__ import annotations
@@ -63,6 +66,10 @@ def _turn_table(label: str, res: SessionResult) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", default="qwen35moe,gpt-oss")
+    ap.add_argument("--model", type=Path, action="append", default=[],
+                    help="a model file to measure instead of the demos (repeat for several)")
+    ap.add_argument("--weights", default="random (valid) weights written by `moe-tune shape-model --weights random`",
+                    help="what --model files hold, in words, for the header")
     ap.add_argument("--depths", default="2048,4096,8192")
     ap.add_argument("--gen", type=int, default=32, help="tokens generated per turn")
     ap.add_argument("--rounds", type=int, default=2)
@@ -74,15 +81,18 @@ def main() -> None:
     caps = build.capabilities(loc)
     depths = [int(d) for d in args.depths.split(",")]
     say(f"command: .venv/bin/python {' '.join(sys.argv)}")
+    what = (f"real-shape models, {args.weights}, not trained checkpoints" if args.model else
+            "tiny demo models with random weights (tuner.models.demo, F16), not real checkpoints")
     say(f"engine: llama.cpp {build.PIN.commit} ({caps.backend}); device: this machine's CPU, {args.threads} "
-        f"thread(s); models: tiny demo models with random weights (tuner.models.demo, F16), not real checkpoints; "
-        f"{args.gen} tokens generated per turn; {args.rounds} rounds per arm")
+        f"thread(s); models: {what}; {args.gen} tokens generated per turn; {args.rounds} rounds per arm")
     with quiet.claim_machine("bench_agent_session", allow_busy=True) as claim, quiet.Watch() as watch:
         say(f"load at start: {_load(claim.noise)}")
-        for arch in args.arch.split(","):
-            path = demo.make_demo_models(arch=arch, engine=loc)[0].path
+        models = ([(p.stem, p.expanduser()) for p in args.model] if args.model else
+                  [(f"{arch} demo", demo.make_demo_models(arch=arch, engine=loc)[0].path)
+                   for arch in args.arch.split(",")])
+        for name, path in models:
             info = gguf_reader.inspect_model(path)
-            say(f"\n## {arch} demo ({path.name})")
+            say(f"\n## {name} ({path.name}, {path.stat().st_size / 2**30:.2f} GiB, {info.arch})")
             say("depth | turns | default s | tuned arm | tuned s | default/tuned | checkpoints off s | "
                 "default re-processed % | off re-processed %")
             for depth in depths:
