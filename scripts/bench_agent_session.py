@@ -75,6 +75,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("-t", "--threads", type=int, default=1,
                     help="llama-server threads (1: on a loaded shared machine spinning threads cost more)")
+    ap.add_argument("--no-off", action="store_true",
+                    help="leave out the `checkpoints off` arm (its full re-processes are the slowest sessions)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     loc = build.locate_engine()
@@ -100,7 +102,8 @@ def main() -> None:
                 arms = [("default", base)]
                 arms += [(f"tuned + {a.label}", a.apply(base))
                          for a in space.reuse_arms(info, lambda s: flags.server_accepts(caps, s))]
-                arms.append(("checkpoints off", replace(base, ctx_checkpoints=0)))
+                if not args.no_off:
+                    arms.append(("checkpoints off", replace(base, ctx_checkpoints=0)))
                 req = session_stage.SessionRequest(depth_tokens=depth, gen_tokens=args.gen, rounds=args.rounds)
                 t0 = time.monotonic()
                 measured = session_stage.measure(loc, arms, req, info, caps=caps,
@@ -108,23 +111,24 @@ def main() -> None:
                 by = {a.label: a for a in measured}
                 tuned_arms = [a for a in measured if a.label != "checkpoints off" and a.median_session_s]
                 best = min(tuned_arms, key=lambda a: a.median_session_s or float("inf"))
-                default, off = by["default"], by["checkpoints off"]
+                default, off = by["default"], by.get("checkpoints off")
                 ratios = [d / t for d, t in zip([r.session_s for r in default.results if r],
                                                 [r.session_s for r in best.results if r], strict=False)]
                 typical = default.typical
-                off_typ = off.typical
+                off_typ = off.typical if off else None
                 say(f"{depth} | {len(typical.turns) if typical else 0} | {default.median_session_s or 0:.2f} | "
                     f"{best.label} | {best.median_session_s or 0:.2f} | {_median(ratios):.2f}x | "
-                    f"{off.median_session_s or 0:.2f} | "
+                    f"{'-' if off is None else format(off.median_session_s or 0, '.2f')} | "
                     f"{100 * (typical.reprocessed_share if typical else 0):.0f} | "
-                    f"{100 * (off_typ.reprocessed_share if off_typ else 0):.0f}   ({time.monotonic() - t0:.0f} s)")
+                    f"{'-' if off_typ is None else format(100 * off_typ.reprocessed_share, '.0f')}   "
+                    f"({time.monotonic() - t0:.0f} s)")
                 for a in measured:
                     if a.failure:
                         say(f"  {a.label}: failed: {a.failure}")
                 if depth == depths[-1]:
-                    for a in dict.fromkeys((default, best, off)):
-                        if a.typical is not None:
-                            _turn_table(a.label, a.typical)
+                    for shown in dict.fromkeys((default, best, off)):
+                        if shown is not None and shown.typical is not None:
+                            _turn_table(shown.label, shown.typical)
         say(f"\nload while measuring: {_load(watch.noise)} (other agents share this 2-core machine: figures "
             "include their load)")
     if args.out:
