@@ -103,3 +103,16 @@ def test_the_session_winner_is_the_launch_line_of_the_result(tmp_path):
     text = study_report.markdown(back)
     assert f"`{lines[0]}`" in text.split("## Agent sessions: the launch line", 1)[1].split("\n\n")[1]
     assert "| tuned + swa-full | 5.00 | 3 |" in text
+
+
+def test_a_session_round_on_a_busy_machine_decides_nothing():
+    """The same 2x gap as above, but one round of three was disturbed: two quiet rounds are too few to decide,
+    the faster median still wins (noise never hands it to the defaults) and the verdict counts the busy round."""
+    cfg = LaunchConfig(model=Path("m.gguf"))
+    default = ArmSessions("default", cfg, (_res(10.0), _res(10.4), _res(9.8)), interference=(None, None, None))
+    fast = ArmSessions("tuned + swa-full", cfg, (_res(5.0), _res(5.1), _res(4.9)),
+                       interference=(None, "trainer pid 7 uses the GPU (95 % SM)", None))
+    stage = session_stage.judge([default, fast], "bundled", {})
+    assert stage.winner == "tuned + swa-full" and stage.verdict is not None
+    assert stage.verdict.outcome == "undecided" and stage.verdict.rounds == 2 and stage.verdict.busy_rounds == 1
+    assert stage.to_dict()["arms"][1]["interference"][1].startswith("trainer pid 7")

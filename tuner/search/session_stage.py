@@ -14,15 +14,16 @@ from __future__ import annotations
 import json
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from tuner.core.config import LaunchConfig
 from tuner.core.errors import TrialFailedError
 from tuner.core.machine_spec import Hardware
-from tuner.engine import flags
+from tuner.engine import flags, runner
 from tuner.engine.build import Capabilities, EngineLocation
+from tuner.machine import quiet
 from tuner.measure import session as session_mod
 from tuner.measure import session_run
 from tuner.measure.session_run import Finding, SessionResult
@@ -50,10 +51,17 @@ class ArmSessions:
     results: tuple[SessionResult | None, ...]  # one per round; None: that round failed
     failure: str | None = None
     finding: Finding | None = None
+    # Per round (aligned with ``results``): what else kept the machine busy, None when it was quiet.
+    interference: tuple[str | None, ...] = ()
 
     @property
     def scores(self) -> list[float | None]:
         return [r.score() if r is not None else None for r in self.results]
+
+    def quiet_scores(self) -> list[float | None]:
+        """The scores of the rounds measured on a quiet machine: a disturbed round decides nothing."""
+        busy = self.interference
+        return [None if i < len(busy) and busy[i] else s for i, s in enumerate(self.scores)]
 
     @property
     def median_session_s(self) -> float | None:
@@ -71,6 +79,7 @@ class ArmSessions:
                 "config": config_to_dict(self.config),
                 "median_session_s": self.median_session_s, "failure": self.failure,
                 "rounds": [None if r is None else r.to_dict() for r in self.results],
+                "interference": list(self.interference),
                 "finding": None if self.finding is None else self.finding.describe()}
 
 
@@ -117,28 +126,37 @@ def measure(loc: EngineLocation, arms: Sequence[tuple[str, LaunchConfig]], req: 
     """Every arm once per round, the order rotating each round, the same session for all."""
     makers = session_mod.session_makers(req.session_file, req.depth_tokens, req.gen_tokens, req.agents)
     results: dict[str, list[SessionResult | None]] = {label: [] for label, _ in arms}
+    noise: dict[str, list[str | None]] = {label: [] for label, _ in arms}
     failed: dict[str, str] = {}
     for r in range(req.rounds):
         order = list(arms[r % len(arms):]) + list(arms[:r % len(arms)])
         for label, cfg in order:
             if label in failed:
                 results[label].append(None)
+                noise[label].append(None)
                 continue
             if on_step:
                 on_step(f"session round {r + 1}/{req.rounds}: {label}")
-            try:
-                trial = session_run.run_session_trial(loc, cfg, makers, req.gen_tokens,
-                                                      log_dir=log_dir / f"round{r + 1}", caps=caps)
-                results[label].append(trial.result)
-            except TrialFailedError as exc:
-                failed[label] = exc.failure.summary()
-                results[label].append(None)
+            # Watched as the finish's rounds are: a session measured while other work used the machine is kept
+            # and shown, but decides nothing (ArmSessions.quiet_scores).
+            with quiet.watch_for([cfg], runner.own_pids) as watch:
+                try:
+                    trial = session_run.run_session_trial(loc, cfg, makers, req.gen_tokens,
+                                                          log_dir=log_dir / f"round{r + 1}", caps=caps)
+                    results[label].append(trial.result)
+                except TrialFailedError as exc:
+                    failed[label] = exc.failure.summary()
+                    results[label].append(None)
+            noise[label].append(watch.noise)
+            if watch.noise and on_step:
+                on_step(f"session round {r + 1}: {label} was measured on a busy machine ({watch.noise}): "
+                        "it decides nothing")
     out = []
     for label, cfg in arms:
-        arm = ArmSessions(label, cfg, tuple(results[label]), failed.get(label))
+        arm = ArmSessions(label, cfg, tuple(results[label]), failed.get(label), None, tuple(noise[label]))
         typical = arm.typical
         finding = session_run.diagnose(typical, info, cfg) if typical is not None else None
-        out.append(ArmSessions(label, cfg, arm.results, arm.failure, finding))
+        out.append(replace(arm, finding=finding))
     return out
 
 
@@ -151,7 +169,12 @@ def judge(arms: Sequence[ArmSessions], source: str, notes: dict[str, str], agent
     default = next((a for a in arms if a.label == "default"), None)
     verdict = None
     if default is not None and best is not default:
-        verdict = compare(best.label, default.label, best.scores, default.scores)
+        # Judged on the rounds quiet for both arms; the faster median still wins an undecided comparison (as in
+        # the finish: noise never hands the win to the defaults), and the verdict says how many rounds were busy.
+        pairs = zip(best.quiet_scores(), default.quiet_scores(), best.scores, default.scores, strict=False)
+        busy = sum(1 for qa, qb, sa, sb in pairs if sa and sb and not (qa and qb))
+        verdict = replace(compare(best.label, default.label, best.quiet_scores(), default.quiet_scores()),
+                          busy_rounds=busy)
     return SessionStage(tuple(arms), best.label, verdict, source, notes, agents)
 
 
