@@ -51,6 +51,8 @@ def _load(noise: str | None) -> str:
     if not noise:
         return "quiet"
     cores = re.search(r"other processes use ([0-9.]+) CPU cores", noise)
+    if not cores and " pid " not in noise:
+        return noise
     return (f"{noise.count(' pid ')} other llama.cpp processes came and went"
             + (f"; other processes used {cores[1]} CPU cores" if cores else ""))
 

@@ -25,7 +25,7 @@ from tuner.measure.workload import LevelResult, Workload
 from tuner.models.gguf_reader import ModelInfo
 from tuner.quality.kv_price import KvPrice
 from tuner.search import space
-from tuner.search.verdict import BETTER, UNDECIDED, Verdict, compare
+from tuner.search.verdict import BETTER, UNDECIDED, Verdict, compare, compare_quiet
 
 FIT_MARGIN_MIB = 1024  # llama.cpp's default -fitt
 
@@ -220,11 +220,7 @@ class Finish:
     def verdict(self, a: ServerMeasurement, b: ServerMeasurement) -> Verdict:
         """Judged on the rounds where the machine was quiet for both arms: a disturbed round decides nothing."""
         if a.scores and b.scores:
-            pairs = zip(a.quiet_scores(), b.quiet_scores(), a.scores, b.scores, strict=False)
-            busy = sum(1 for qa, qb, sa, sb in pairs if sa and sb and not (qa and qb))
-            # compare() needs MIN_ROUNDS quiet rounds, disturbed or not: two quiet rounds that happened to agree
-            # called identical configs "7.7 % apart" (measured when busy rounds between them were left out).
-            return replace(compare(a.label, b.label, a.quiet_scores(), b.quiet_scores()), busy_rounds=busy)
+            return compare_quiet(a.label, b.label, a.scores, b.scores, a.quiet_scores(), b.quiet_scores())
         sa, sb = self.score(a), self.score(b)
         return compare(a.label, b.label, [sa], [sb])  # one figure each: never decided
 

@@ -30,7 +30,7 @@ from tuner.measure.session_run import Finding, SessionResult
 from tuner.models.gguf_reader import ModelInfo
 from tuner.search import space
 from tuner.search.trials import config_to_dict
-from tuner.search.verdict import Verdict, compare
+from tuner.search.verdict import Verdict, compare_quiet
 
 DEFAULT_ROUNDS = 3
 
@@ -171,10 +171,8 @@ def judge(arms: Sequence[ArmSessions], source: str, notes: dict[str, str], agent
     if default is not None and best is not default:
         # Judged on the rounds quiet for both arms; the faster median still wins an undecided comparison (as in
         # the finish: noise never hands the win to the defaults), and the verdict says how many rounds were busy.
-        pairs = zip(best.quiet_scores(), default.quiet_scores(), best.scores, default.scores, strict=False)
-        busy = sum(1 for qa, qb, sa, sb in pairs if sa and sb and not (qa and qb))
-        verdict = replace(compare(best.label, default.label, best.quiet_scores(), default.quiet_scores()),
-                          busy_rounds=busy)
+        verdict = compare_quiet(best.label, default.label, best.scores, default.scores, best.quiet_scores(),
+                                default.quiet_scores())
     return SessionStage(tuple(arms), best.label, verdict, source, notes, agents)
 
 
