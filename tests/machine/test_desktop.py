@@ -143,3 +143,26 @@ def test_a_watch_is_judged_for_the_configs_it_watches():
     with quiet.watch_for([one_thread, LaunchConfig(model=Path("m.gguf"))]) as w:  # one uses every core
         time.sleep(1.3)
     assert w.seen.cpu_limit_cores == 0.5
+
+
+def test_a_child_of_ours_that_exited_unreaped_keeps_its_cpu_in_our_sum():
+    """A child that has exited but is not yet reaped (a zombie) still counts as ours: left out, its whole CPU time
+    left our sum between two looks and the machine-wide check called it others' work (a benchmark here once
+    read "other processes used 352.6 cores" on 2)."""
+    code = ("import sys, time\nt = time.process_time()\nwhile time.process_time() - t < 0.6: pass\n"
+            "print('burnt', flush=True)\nsys.stdin.readline()\n")
+    child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "burnt"
+        before = processes._View([child.pid]).ours_cpu_s()
+        assert child.stdin is not None
+        child.stdin.write("\n")
+        child.stdin.flush()
+        deadline = time.monotonic() + 10
+        while psutil.Process(child.pid).status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert psutil.Process(child.pid).status() == psutil.STATUS_ZOMBIE  # exited, not reaped
+        after = processes._View([child.pid]).ours_cpu_s()
+        assert after >= before >= 0.5, (before, after)
+    finally:
+        child.wait()

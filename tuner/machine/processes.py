@@ -77,6 +77,7 @@ class _Proc:
     ppid: int
     name: str
     cpu_s: float  # its own CPU time and that of the children it reaped (a short-lived child counts too)
+    exited: bool = False  # a zombie: no longer running, its CPU time not yet handed to its parent
 
 
 def scope_root() -> int | None:
@@ -88,11 +89,13 @@ def _snapshot() -> dict[int, _Proc]:
     procs: dict[int, _Proc] = {}
     for p in psutil.process_iter(["pid", "ppid", "name", "status", "cpu_times"]):
         info = p.info
-        if info.get("status") == psutil.STATUS_ZOMBIE:
-            continue
+        # A zombie is kept for its CPU time: left out, a child of ours that has exited but is not yet reaped took
+        # its whole CPU time out of our sum, and the machine-wide check then counted it as someone else's work
+        # (a benchmark once read "other processes used 352.6 cores" on 2).
         t = info.get("cpu_times")
         cpu = (t.user + t.system + t.children_user + t.children_system) if t else 0.0
-        procs[info["pid"]] = _Proc(info["pid"], info.get("ppid") or 0, info.get("name") or "", cpu)
+        procs[info["pid"]] = _Proc(info["pid"], info.get("ppid") or 0, info.get("name") or "", cpu,
+                                   info.get("status") == psutil.STATUS_ZOMBIE)
     return procs
 
 
@@ -135,7 +138,7 @@ class _View:
     @cached_property
     def others(self) -> list[_Proc]:
         """Everyone else's processes, within the scope."""
-        return [p for p in self.procs.values() if p.pid not in self.ours
+        return [p for p in self.procs.values() if p.pid not in self.ours and not p.exited
                 and (self.root is None or self.root in _ancestors(p.pid, self.procs))]
 
 
@@ -157,7 +160,8 @@ def other_llama_processes(own: Collection[int] = ()) -> list[LlamaProcess]:
 def left_by_earlier_runs() -> list[LlamaProcess]:
     """llama.cpp processes an earlier moe-tune run left behind (their owner run is gone). The scope does not apply:
     a process left behind has lost its ancestry, so the whole machine is searched."""
-    found = [_llama(p.pid, p.name) for p in _snapshot().values() if p.name.startswith(LLAMA_PREFIX)]
+    found = [_llama(p.pid, p.name) for p in _snapshot().values()
+             if p.name.startswith(LLAMA_PREFIX) and not p.exited]
     return [p for p in found if p.ours_earlier]
 
 
