@@ -111,6 +111,8 @@ def test_a_minimal_toolkit_gets_cublas_from_the_wheel_and_builds_without_vmm(mon
     flags = cuda_toolkit.cmake_flags(tk, "86", None if has_cublas else fake_cublas, has_driver)
     assert ("-DGGML_CUDA_NO_VMM=ON" in flags) == (not has_driver)
     assert any(f.startswith("-DCUDA_cublas_LIBRARY=") for f in flags) == (not has_cublas)
+    # The tools link through libggml-cuda: the linker must be told where its libcublas.so.13 is.
+    assert (f"-DCMAKE_EXE_LINKER_FLAGS=-Wl,-rpath-link,{fake_cublas / 'lib'}" in flags) == (not has_cublas)
     assert cuda_toolkit.cublas_wheel(tk).startswith(("nvidia-cublas>=13", "nvidia-cublas-cu12>=12"))
     assert os.fspath(tk.nvcc) in " ".join(flags)
     cuda_toolkit.find_toolkit.cache_clear()

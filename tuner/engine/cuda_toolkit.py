@@ -158,7 +158,12 @@ def cmake_flags(toolkit: Toolkit, archs: str, cublas_root: Path | None, vmm: boo
         lt = sorted(libs.glob("libcublasLt.so*"))
         flags += [f"-DCUDA_cublas_LIBRARY={sorted(libs.glob('libcublas.so*'))[0]}",
                   *([f"-DCUDA_cublasLt_LIBRARY={lt[0]}"] if lt else []),
-                  f"-DCMAKE_CUDA_FLAGS=-I{cublas_root / 'include'}", f"-DCMAKE_CXX_FLAGS=-I{cublas_root / 'include'}"]
+                  f"-DCMAKE_CUDA_FLAGS=-I{cublas_root / 'include'}", f"-DCMAKE_CXX_FLAGS=-I{cublas_root / 'include'}",
+                  # The tools link libggml-cuda, which needs libcublas.so.13 from a folder no linker searches:
+                  # without this every executable's link failed ("libcublas.so.13, needed by
+                  # bin/libggml-cuda.so…, not found"), after the whole CUDA compile had succeeded.
+                  f"-DCMAKE_EXE_LINKER_FLAGS=-Wl,-rpath-link,{libs}",
+                  f"-DCMAKE_SHARED_LINKER_FLAGS=-Wl,-rpath-link,{libs}"]
     return flags
 
 
