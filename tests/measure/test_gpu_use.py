@@ -31,18 +31,22 @@ def test_a_cpu_build_on_a_gpu_desktop_stops_bench_and_auto_tune_at_once(engine_l
     if build.capabilities(engine_loc).backend != "cpu":
         pytest.skip("the engine here is a GPU build")
     model = demo_models[("qwen3moe", "Q4_K_M")]
+    # Named: with a CUDA build cached too, a machine that reports a GPU is given the CUDA build by default.
+    cpu = ("--llama-cpp-dir", str(engine_loc.bin_dir))
     with desktop(tmp_path) as d:
         t0 = time.monotonic()
-        res = run_cli("bench", str(model), *QUICK, env=d.env)
+        res = run_cli("bench", str(model), *QUICK, *cpu, env=d.env)
         line = _one_line(res)
         assert line.startswith("error: the engine at ") and CPU_BUILD in line, line
         assert "moe-tune engine install --backend cuda" in line and line.endswith("--device none"), line
         assert "waiting" not in res.stderr  # the display, shell and browser on the card are no rivals...
         assert f"the GPU also holds Xorg pid {d.pids['Xorg']} (412 MiB)" in res.stderr  # ...and are named
-        tune = run_cli("auto-tune", str(model), "--trials", "2", "--results-dir", str(tmp_path / "r"), env=d.env)
+        tune = run_cli("auto-tune", str(model), "--trials", "2", "--results-dir", str(tmp_path / "r"), *cpu,
+                       env=d.env)
         assert CPU_BUILD in _one_line(tune)
         assert not list((tmp_path / "r").glob("*/result.json"))  # nothing searched, nothing crowned
-        quants = run_cli("compare-quants", str(model), "--trials", "1", "--out", str(tmp_path / "c"), env=d.env)
+        quants = run_cli("compare-quants", str(model), "--trials", "1", "--out", str(tmp_path / "c"), *cpu,
+                         env=d.env)
         assert CPU_BUILD in _one_line(quants)
         assert not list((tmp_path / "c").glob("**/compare.json"))
         assert time.monotonic() - t0 < 120
