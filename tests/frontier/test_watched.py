@@ -170,3 +170,17 @@ def test_a_run_cut_by_its_budget_names_the_contexts_it_did_not_reach(model, tmp_
     front = pareto.frontier_of(st, fs, False)
     assert [p.ctx for p in front.points] == [512]
     assert any(n.startswith("no point measured at 1,024, 2,048 within this run's budget") for n in front.notes)
+
+
+def test_a_long_batch_says_it_is_still_measuring():
+    """Off a terminal a batch of deep trials ran 322 s without a line: a heartbeat line comes every interval while
+    it runs, none after it ends, and none when nobody listens."""
+    lines: list[str] = []
+    with watched.heartbeat(lines.append, "4 trial(s)", every_s=0.1):
+        time.sleep(0.35)
+    count = len(lines)
+    time.sleep(0.25)
+    assert 2 <= count <= 4 and len(lines) == count, lines
+    assert lines[0].startswith("still measuring 4 trial(s): 0:00 so far")
+    with watched.heartbeat(None, "x", every_s=0.01):
+        time.sleep(0.05)

@@ -312,7 +312,9 @@ def run_frontier(st: optuna.Study, fs: FrontierSpace, info: ModelInfo, hw: Hardw
                     on_step(f"measuring {len(plans)} trial(s): contexts "
                             f"{', '.join(str(p.config.ctx) for p in plans)}" + pace.eta(plans))
                 t0 = time.monotonic()
-                batch = watched.measure_watched(measure, plans, watch=watch, quiet_now=quiet_now, on_step=on_step)
+                with watched.heartbeat(on_step, f"{len(plans)} trial(s)"):
+                    batch = watched.measure_watched(measure, plans, watch=watch, quiet_now=quiet_now,
+                                                    on_step=on_step)
                 pace.took(plans, time.monotonic() - t0)
                 for (trial, plan), res in zip(list(pending), batch.results, strict=True):
                     trial.set_user_attr("interference", batch.noise)
