@@ -51,7 +51,8 @@ def bench_cmd(
     cache_type_v: CacheTypeV = None,
     flash_attn: FlashAttnOpt = None,
     ctx: Annotated[int | None, typer.Option("-c", "--ctx-size", help="Server context (all slots).")] = None,
-    parallel: Annotated[int | None, typer.Option("-np", "--parallel", help="Server slots; measured 1..N.")] = None,
+    parallel: Annotated[int | None, typer.Option(
+        "-np", "--parallel", help="Server slots; measured 1..N; --workload agent: N agents at once.")] = None,
     threads: Annotated[int | None, typer.Option("-t", "--threads")] = None,
     threads_batch: Annotated[int | None, typer.Option("-tb", "--threads-batch")] = None,
     batch: Annotated[int | None, typer.Option("-b", "--batch-size")] = None,

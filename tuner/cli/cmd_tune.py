@@ -53,7 +53,8 @@ def auto_tune_cmd(
     = workload.WorkloadKind.CHAT,
     n_prompt: Annotated[int | None, typer.Option("-p", "--n-prompt", help="Prompt tokens per request.")] = None,
     n_gen: Annotated[int | None, typer.Option("-n", "--n-gen", help="Generated tokens per request.")] = None,
-    parallel: Annotated[int | None, typer.Option("-np", "--parallel", help="Server slots (concurrency).")] = None,
+    parallel: Annotated[int | None, typer.Option(
+        "-np", "--parallel", help="Server slots (concurrency); --workload agent: N agents at once.")] = None,
     depth: Annotated[int | None, typer.Option(
         "--depth", help="Context filled when generating (default: the prompt); e.g. 32768 for a long history.")]
     = None,
