@@ -169,7 +169,7 @@ def auto_tune_cmd(
     _summary(result)
     if result.session is not None:
         _session_summary(result.session)
-    chosen = " (chosen by agent session time)" if result.result.session and result.result.session.get("winner") else ""
+    chosen = " (chosen by agent session time)" if study_report.deciding_session(result.result) else ""
     out.print(f"launch line{chosen}: {study_report.launch_line(result.result)}", highlight=False, soft_wrap=True)
 
 

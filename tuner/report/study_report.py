@@ -41,11 +41,17 @@ class Pick:
     figures: dict[str, Any]
 
 
+def deciding_session(result: StudyResult) -> dict[str, Any] | None:
+    """The agent workload's session stage when it chose the config to launch (it ran and has a winner)."""
+    stage = result.session
+    return stage if stage and stage.get("winner") else None
+
+
 def picks(result: StudyResult) -> list[Pick]:
     """What ``launch-line --rank N`` counts, best first. The agent workload's session stage scores whole sessions,
     so when it ran, its arms (by median session time, failed last) are the ranking; otherwise :func:`ranked`."""
-    stage = result.session
-    if stage and stage.get("winner"):
+    stage = deciding_session(result)
+    if stage is not None:
         arms = sorted((a for a in stage["arms"] if a.get("config")),
                       key=lambda a: (a["median_session_s"] is None, a["median_session_s"] or 0.0))
         return [Pick(a["label"], a["config"], {"median_session_s": a["median_session_s"],
@@ -139,10 +145,10 @@ def _winner_lines(result: dict[str, Any]) -> list[str]:  # the to_dict() form
     return [*lines, ""]
 
 
-def _session_lines(result: dict[str, Any]) -> list[str]:  # the to_dict() form
+def _session_lines(result: StudyResult) -> list[str]:
     """The agent workload's session stage: it chose the launch line, so it comes first."""
-    stage = result.get("session")
-    if not stage or not stage.get("winner"):
+    stage = deciding_session(result)
+    if stage is None:
         return []
     win = next(a for a in stage["arms"] if a["label"] == stage["winner"])
     lines = ["## Agent sessions: the launch line", "", f"`{win['launch_line']}`", "",
@@ -153,11 +159,11 @@ def _session_lines(result: dict[str, Any]) -> list[str]:  # the to_dict() form
     lines += ["", "| arm | median session s | rounds | median TTFT ms (typical round) | re-processed % | launch line |",
               "|---|---:|---:|---:|---:|---|"]
     for arm in stage["arms"]:
-        done = sorted((r for r in arm["rounds"] if r is not None), key=lambda r: r["session_s"])
-        typical = done[(len(done) - 1) // 2] if done else None
+        typical = None if arm["typical_round"] is None else arm["rounds"][arm["typical_round"]]
         ttft = "" if typical is None else f"{1000 * typical['median_ttft_s']:,.0f}"
         share = "" if typical is None else f"{100 * typical['reprocessed_share']:.0f}"
-        lines.append(f"| {arm['label']} | {_fmt(arm['median_session_s'], '.2f')} | {len(done)} | {ttft} | {share} | "
+        done = sum(r is not None for r in arm["rounds"])
+        lines.append(f"| {arm['label']} | {_fmt(arm['median_session_s'], '.2f')} | {done} | {ttft} | {share} | "
                      f"`{arm['launch_line']}` |")
     lines += ["", "The sections below are the single-request finish the session stage started from.", ""]
     return lines
@@ -174,7 +180,7 @@ def markdown(study_result: StudyResult) -> str:
              f"- workload: {workload_words(result.get('workload'))}",
              f"- trials: llama-bench pp{m.get('n_prompt')} at depth {m.get('prompt_depth')}, tg{m.get('n_gen')} at "
              f"depth {m.get('gen_depth')}, scored by one request's end-to-end time" if m else "- trials: llama-bench",
-             "", *_session_lines(result), *_winner_lines(result)]
+             "", *_session_lines(study_result), *_winner_lines(result)]
     lines += ["## Server re-measure", "",
               "gen tok/s and prompt tok/s: one request alone; per request, slots busy: each request's generation "
               "speed with every slot in use; end-to-end tok/s: generated tokens per second of wall time, prompts "

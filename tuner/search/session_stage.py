@@ -69,16 +69,22 @@ class ArmSessions:
         return statistics.median(times) if times else None
 
     @property
+    def typical_round(self) -> int | None:
+        """The index of the round whose session time is the median (its per-turn table is the one shown)."""
+        done = sorted((r.session_s, i) for i, r in enumerate(self.results) if r is not None)
+        return done[(len(done) - 1) // 2][1] if done else None
+
+    @property
     def typical(self) -> SessionResult | None:
-        """The round whose session time is the median (its per-turn table is the one shown)."""
-        done = sorted((r for r in self.results if r is not None), key=lambda r: r.session_s)
-        return done[(len(done) - 1) // 2] if done else None
+        i = self.typical_round
+        return None if i is None else self.results[i]
 
     def to_dict(self) -> dict[str, Any]:
         return {"label": self.label, "launch_line": flags.launch_line(self.config),
                 "config": config_to_dict(self.config),
                 "median_session_s": self.median_session_s, "failure": self.failure,
                 "rounds": [None if r is None else r.to_dict() for r in self.results],
+                "typical_round": self.typical_round,
                 "interference": list(self.interference),
                 "finding": None if self.finding is None else self.finding.describe()}
 
