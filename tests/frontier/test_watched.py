@@ -184,3 +184,36 @@ def test_a_long_batch_says_it_is_still_measuring():
     assert lines[0].startswith("still measuring 4 trial(s): 0:00 so far")
     with watched.heartbeat(None, "x", every_s=0.01):
         time.sleep(0.05)
+
+
+def test_the_pace_weighs_attention_at_depth_as_measured_on_the_demo_model(tmp_path):
+    """Batch times logged by `auto-tune --frontier` on the demo model, 2 quiet cores, in
+    results/benchmarks/frontier-time-to-answer.md (chat: a 4,096 trial in 6 s, then 8,192, 16,384, 32,768 and
+    8,192 in 322 s; batch: 4,096 in 8 s, then 4,096 x2 slots, 4,096 x4, 8,192, 8,192 x2 in 43 s, then 8,192 x4,
+    16,384, 16,384 x2, 16,384 x4 in 179 s). Learnt from the earlier batches, the estimate of each later one is
+    within 25 % of what it took; counting tokens alone puts the deep chat batch at less than 60 % of its time."""
+    from tuner.models import demo
+
+    [f16] = demo.make_demo_models(out=tmp_path)
+    cost = watched.Cost.of(inspect_model(f16.path))
+
+    def plans(load, points):
+        cfgs = [LaunchConfig(model=f16.path, ctx=c, parallel=n) for c, n in points]
+        return [pareto.Plan(cfg, *pareto.depths(load, cfg.ctx, cfg.parallel)) for cfg in cfgs]
+
+    def estimates(kind, batches, c):
+        load = preset(kind)
+        pace = watched.Pace(load.prompt_tokens + load.gen_tokens, c)
+        out = []
+        for points, took in batches:
+            out.append((pace.estimate_s(plans(load, points)), took))
+            pace.took(plans(load, points), took)
+        return out[1:]
+
+    chat = [([(4096, 1)], 6), ([(8192, 1), (16384, 1), (32768, 1), (8192, 1)], 322)]
+    batch = [([(4096, 1)], 8), ([(4096, 2), (4096, 4), (8192, 1), (8192, 2)], 43),
+             ([(8192, 4), (16384, 1), (16384, 2), (16384, 4)], 179)]
+    for kind, batches in ((WorkloadKind.CHAT, chat), (WorkloadKind.BATCH, batch)):
+        assert all(abs(est / took - 1) < 0.25 for est, took in estimates(kind, batches, cost)), kind
+    [(est, took)] = estimates(WorkloadKind.CHAT, chat, watched.Cost())  # tokens alone
+    assert est / took < 0.6

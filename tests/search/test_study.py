@@ -99,3 +99,33 @@ def test_top_configs_leave_out_what_runs_as_a_baseline():
     assert [r.number for r, _ in study.top_configs(recs, 2)] == [0, 1]
     kept = study.top_configs(recs, 2, exclude=[default], same=lambda c: effective_config(c, 2))
     assert [r.number for r, _ in kept] == [1]
+
+
+def test_a_signal_between_asking_and_holding_a_trial_leaves_none_running(demo_models, tmp_path, monkeypatch):
+    """CI once caught a SIGTERM that landed after ``study.ask()`` created trial 3 and before the search held it:
+    the trial stayed RUNNING for good, with no parameters. Here the signal lands inside the second ask of a
+    batch (at the same place: the trial exists, its parameters do not); no trial may stay RUNNING."""
+    import os
+    import signal
+
+    model = demo_models[("qwen3moe", "Q4_K_M")]
+    info = inspect_model(model)
+    loc = build.locate_engine()
+    hw = find_card("RTX 4060 Ti 16GB").hardware(64 * GIB, 60 * GIB, 50e9, physical_cores=2)
+    sp = build_space(model, info, hw, ctx=1024, parallel=1, prompt_tokens=16, vram_margin_mib=0)
+    st = study.open_study("signal-in-ask", study.default_storage(tmp_path), study.Objective(), seed=1)
+    real_suggest, calls = study.space.suggest, []
+
+    def suggest(trial, space_):
+        calls.append(trial.number)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_suggest(trial, space_)
+
+    monkeypatch.setattr(study.space, "suggest", suggest)
+    out = study.run_search(st, sp, info, hw, loc, budget=study.Budget(trials=3), measure=TINY, batch_trials=3)
+    assert out.interrupted and len(calls) == 2
+    trials = st.get_trials(deepcopy=False)
+    assert [t.state for t in trials] == [TrialState.FAIL, TrialState.FAIL]
+    assert all(t.user_attrs["status"] == "interrupted" for t in trials)
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the run puts back the handler it found

@@ -41,7 +41,7 @@ from tuner.measure.workload import Workload
 from tuner.models.gguf_reader import ModelInfo
 from tuner.quality.kv_price import KvPrice
 from tuner.search import dedup, space, study
-from tuner.search.interrupt import sigterm_as_ctrl_c
+from tuner.search.interrupt import deferred, sigterm_as_ctrl_c
 
 LADDER_STEPS = 4  # contexts on the ladder from --min-ctx to the model's trained context
 TRIALS_PER_POINT = 3  # default budget: this many trials per (context, slot count) of the space
@@ -254,7 +254,7 @@ def run_frontier(st: optuna.Study, fs: FrontierSpace, info: ModelInfo, hw: Hardw
     is learnt from the trials measured so far). Ctrl-C: trials in flight are told FAIL (status ``interrupted``);
     the next run resumes the study."""
     start, done = time.monotonic(), 0
-    pace = watched.Pace(load.prompt_tokens + load.gen_tokens)
+    pace = watched.Pace(load.prompt_tokens + load.gen_tokens, watched.Cost.of(info))
     st.set_user_attr("frontier_space", fs.describe())
     pending: list[tuple[optuna.Trial, Plan]] = []
     seen = study.seen_of(st, lambda: iter_configs(fs), lambda cfg: params_of(fs, cfg))
@@ -275,13 +275,15 @@ def run_frontier(st: optuna.Study, fs: FrontierSpace, info: ModelInfo, hw: Hardw
             asked: tuple[optuna.Trial, LaunchConfig] | None = None
             study.hold(st, seen)  # a shared study holds other workers' trials too
             for _ in range(want):
-                asked = _ask_new(st, fs, seen)
+                with deferred():  # no signal between creating the trial and holding it in ``pending``
+                    asked = _ask_new(st, fs, seen)
+                    if asked is not None:
+                        trial, cfg = asked
+                        ctx, slots = cfg.ctx or fs.contexts[0], cfg.parallel or 1
+                        prompt_depth, gen_depth = depths(load, ctx, slots)
+                        pending.append((trial, Plan(cfg, prompt_depth, gen_depth)))
                 if asked is None:
                     break
-                trial, cfg = asked
-                ctx, slots = cfg.ctx or fs.contexts[0], cfg.parallel or 1
-                prompt_depth, gen_depth = depths(load, ctx, slots)
-                pending.append((trial, Plan(cfg, prompt_depth, gen_depth)))
                 feas = space.check(info, cfg, hw, vram_margin_mib)
                 constraints = feas.constraints | {CTX_SHORT: float(load.context_tokens - ctx // slots)}
                 for key, value in (("worker", study.WORKER), ("config", study.config_to_dict(cfg)), ("ctx", ctx),
@@ -294,16 +296,19 @@ def run_frontier(st: optuna.Study, fs: FrontierSpace, info: ModelInfo, hw: Hardw
                     trial.set_user_attr("kld", price.kld_mean)
                     trial.set_user_attr("same_top_pct", price.same_top_pct)
                 if any(v > 0 for v in constraints.values()):
-                    study.tell_status(st, trial, "infeasible", state=TrialState.PRUNED)
-                    pending.pop()
+                    with deferred():  # told and let go together: the Ctrl-C path must not tell it twice
+                        study.tell_status(st, trial, "infeasible", state=TrialState.PRUNED)
+                        pending.pop()
                     told(trial)
             if not pending and asked is None and seen.exhausted:
                 break  # every config of the space has been tried
             if pending and budget.time_s is not None:
                 fits = pace.fitting([p for _, p in pending], budget.time_s - (time.monotonic() - start))
-                for trial, _ in pending[fits:]:
-                    study.tell_status(st, trial, "interrupted", {"why": "time budget"}, state=TrialState.FAIL)
-                del pending[fits:]
+                with deferred():
+                    for trial, _ in pending[fits:]:
+                        study.tell_status(st, trial, "interrupted", {"why": "time budget"},
+                                          state=TrialState.FAIL)
+                    del pending[fits:]
                 if not pending:
                     break
             if pending:
@@ -319,11 +324,12 @@ def run_frontier(st: optuna.Study, fs: FrontierSpace, info: ModelInfo, hw: Hardw
                 for (trial, plan), res in zip(list(pending), batch.results, strict=True):
                     trial.set_user_attr("interference", batch.noise)
                     trial.set_user_attr("remeasured", batch.remeasured)
-                    if isinstance(res, failures.Failure):
-                        study.tell_status(st, trial, "failed", {"failure": study.failure_attr(res)})
-                    else:
-                        _tell_measured(st, trial, plan, res, axes)
-                    pending.remove((trial, plan))
+                    with deferred():
+                        if isinstance(res, failures.Failure):
+                            study.tell_status(st, trial, "failed", {"failure": study.failure_attr(res)})
+                        else:
+                            _tell_measured(st, trial, plan, res, axes)
+                        pending.remove((trial, plan))
                     told(trial)
     except KeyboardInterrupt:
         return study.SearchOutcome(st.study_name, done, True, time.monotonic() - start)

@@ -12,12 +12,14 @@ interference, and the table and the report flag it.
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from tuner.core.model import ModelInfo, TensorClass
 from tuner.engine import runner
 from tuner.machine import processes, quiet
 from tuner.measure import failures
@@ -107,28 +109,80 @@ def measure_watched(measure: Callable[[Sequence[Any]], list[Any]], plans: Sequen
     return WatchedBatch([_faster(a, b) for a, b in zip(first, again, strict=True)], brief(again_seen.noise), True)
 
 
-class Pace:
-    """Seconds per token processed, learnt from the batches measured so far: a trial at a slot's depth
-    processes about ``slots x (depth + the request's own tokens)``, so a deep context is dearer in proportion.
-    It cuts a batch to what a time budget still holds, and says how long a batch should take."""
+@dataclass(frozen=True, slots=True)
+class Cost:
+    """What one token costs a trial, in floating-point operations: ``token_flops`` for the weights it passes
+    through (two per active parameter), and per position of the history it attends to ``full_flops`` (the
+    layers that attend to the whole history) plus ``swa_flops`` (the sliding-window layers, which attend to at
+    most ``window`` positions). The default counts tokens only."""
 
-    def __init__(self, request_tokens: int) -> None:
+    token_flops: float = 1.0
+    full_flops: float = 0.0
+    swa_flops: float = 0.0
+    window: int = 0
+
+    @classmethod
+    def of(cls, info: ModelInfo) -> Cost:
+        """The model's own figures: the active parameters (routed experts at ``n_expert_used`` of
+        ``n_expert``; the embedding table is a lookup, not a product) and, per attention layer, Q·K and the
+        weighted sum of V for each head (``2 x n_head x (head_dim_k + head_dim_v)`` per position). Recurrent
+        layers hold no KV (``n_head_kv`` 0) and attend to nothing."""
+        active = 0.0
+        for t in info.tensors:
+            if t.klass is TensorClass.TOKEN_EMBD:
+                continue
+            n = float(math.prod(t.shape))
+            if t.klass is TensorClass.ROUTED_EXPERTS and info.n_expert:
+                n = n * info.n_expert_used / info.n_expert
+            active += n
+        per_layer = 2.0 * info.n_head * (info.head_dim_k + info.head_dim_v)
+        swa = info.swa_layers or (False,) * info.n_layer
+        full_layers = sum(1 for kv, w in zip(info.n_head_kv, swa, strict=False) if kv and not (w and info.n_swa))
+        swa_layers = sum(1 for kv, w in zip(info.n_head_kv, swa, strict=False) if kv and w and info.n_swa)
+        return cls(2.0 * max(active, 1.0), per_layer * full_layers, per_layer * swa_layers, info.n_swa)
+
+    def work(self, tokens: int) -> float:
+        """Operations to process ``tokens`` tokens from an empty context, each attending to those before it."""
+        n = float(tokens)
+        full = n * (n - 1) / 2
+        w = float(self.window)
+        swa = full if n <= w else w * (w - 1) / 2 + (n - w) * w
+        return n * self.token_flops + full * self.full_flops + swa * self.swa_flops
+
+
+class Pace:
+    """Seconds per operation, learnt from the batches measured so far, to cut a batch to what a time budget
+    still holds and say how long a batch should take.
+
+    A trial fills a slot's history and answers the request at its end: about ``slots x (depth + the request's
+    own tokens)`` tokens, each attending to those before it. Counting tokens alone under-counts a deep
+    context: on the demo model (2 cores, quiet) a batch at contexts 8,192–32,768 was estimated at 77 s from a
+    4,096 trial and took 322 s, because attention grows with the depth (llama-bench processes a whole history
+    before it times the request: ``test_prompt`` at ``n_depth``). :class:`Cost` weighs both by the model's own
+    shape, and one factor (seconds per operation on this machine) is learnt: 304 s for that batch. The KV
+    type is not weighed (a q8_0/q4_0 trial on the CPU took about 3x its f16 twin's time there).
+    """
+
+    def __init__(self, request_tokens: int, cost: Cost = Cost()) -> None:
         self.request_tokens = request_tokens
+        self.cost = cost
         self.tokens = 0
+        self.ops = 0.0
         self.seconds = 0.0
 
-    def _tokens(self, plan: Any) -> int:
-        return (plan.config.parallel or 1) * (plan.gen_depth + self.request_tokens)
+    def _ops(self, plan: Any) -> float:
+        return (plan.config.parallel or 1) * self.cost.work(plan.gen_depth + self.request_tokens)
 
     def took(self, plans: Sequence[Any], seconds: float) -> None:
-        self.tokens += sum(self._tokens(p) for p in plans)
+        self.tokens += sum((p.config.parallel or 1) * (p.gen_depth + self.request_tokens) for p in plans)
+        self.ops += sum(self._ops(p) for p in plans)
         self.seconds += seconds
 
     def estimate_s(self, plans: Sequence[Any]) -> float | None:
         """Seconds the plans should take; None before anything was measured."""
-        if not self.tokens:
+        if not self.ops:
             return None
-        return self.seconds / self.tokens * sum(self._tokens(p) for p in plans)
+        return self.seconds / self.ops * sum(self._ops(p) for p in plans)
 
     def fitting(self, plans: Sequence[Any], left_s: float) -> int:
         """How many of the plans, in order, fit in ``left_s`` seconds (all of them before the pace is known)."""

@@ -1,10 +1,15 @@
-"""SIGTERM ends a run the way Ctrl-C does.
+"""SIGTERM ends a run the way Ctrl-C does, and neither lands between asking a trial and holding it.
 
 A run stopped by ``timeout``, a service manager or ``kill`` gets SIGTERM, whose default action ends the process
 on the spot: the trials it was measuring would stay RUNNING in the study for good (and a shared study's other
 workers would hold their configs as tried). While :func:`sigterm_as_ctrl_c` is in force SIGTERM raises
 KeyboardInterrupt instead, so the searches' Ctrl-C path runs: trials in flight are told ``interrupted``, child
 processes are stopped by the runner, and the CLI exits 130.
+
+The Ctrl-C path tells the trials the search holds in its list of pending ones. ``study.ask()`` creates a
+RUNNING trial in the storage before the search can put it in that list; a signal in between left a trial
+RUNNING for good (CI once caught one: trial 3, no parameters yet). :func:`deferred` closes that window: a
+SIGINT or SIGTERM that arrives inside it is held and raised as KeyboardInterrupt when the block ends.
 """
 
 from __future__ import annotations
@@ -15,22 +20,47 @@ import threading
 from collections.abc import Iterator
 from types import FrameType
 
+_held: list[int] = []  # signals received inside a deferred block, raised when it ends
+_depth = 0  # nesting of deferred blocks in force
+
 
 def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
-    # A second SIGTERM must not cut short the cleanup the first one started.
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if signum == signal.SIGTERM:
+        # A second SIGTERM must not cut short the cleanup the first one started.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if _depth:
+        _held.append(signum)
+        return
     raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
 
 
 @contextlib.contextmanager
 def sigterm_as_ctrl_c() -> Iterator[None]:
-    """For the ``with`` block (or the decorated call): SIGTERM raises KeyboardInterrupt; the previous handler is
-    put back afterwards. Only the main thread may set handlers: elsewhere this does nothing."""
+    """For the ``with`` block (or the decorated call): SIGTERM (and SIGINT) raise KeyboardInterrupt, held back
+    inside :func:`deferred`; the previous handlers are put back afterwards. Only the main thread may set
+    handlers: elsewhere this does nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    previous = {sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def deferred() -> Iterator[None]:
+    """A block no Ctrl-C or SIGTERM interrupts midway: one that arrives inside is raised as KeyboardInterrupt
+    as the block ends (with :func:`sigterm_as_ctrl_c` in force; otherwise Python's own handlers act)."""
+    global _depth
+    _depth += 1
+    try:
+        yield
+    finally:
+        _depth -= 1
+        if not _depth and _held:
+            signum = _held.pop()
+            _held.clear()
+            raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")

@@ -40,7 +40,7 @@ from tuner.models.gguf_reader import ModelInfo
 from tuner.quality.kv_price import KvPrice
 from tuner.search import dedup, space
 from tuner.search.budget import Budget, parse_duration  # noqa: F401 - the study's public names since the start
-from tuner.search.interrupt import sigterm_as_ctrl_c
+from tuner.search.interrupt import deferred, sigterm_as_ctrl_c
 from tuner.search.trials import (  # noqa: F401 - the study's public names since the start
     CONSTRAINTS_ATTR,
     TrialRecord,
@@ -392,12 +392,14 @@ def run_search(
             want = batch_trials if left() is None else min(batch_trials, left() or 0)
             hold(study, seen)  # a shared study holds other workers' trials too
             for _ in range(want):
-                asked = seen.ask(study, lambda t: space.suggest(t, sp),
-                                 lambda t, first: tell_duplicate(study, t, first))
+                with deferred():  # no signal between creating the trial and holding it in ``pending``
+                    asked = seen.ask(study, lambda t: space.suggest(t, sp),
+                                     lambda t, first: tell_duplicate(study, t, first))
+                    if asked is not None:
+                        pending.append(asked)
                 if asked is None:
                     break
                 trial, cfg = asked
-                pending.append((trial, cfg))
                 trial.set_user_attr("worker", WORKER)
                 trial.set_user_attr("config", config_to_dict(cfg))
                 feas = space.check(info, cfg, hw, vram_margin_mib)
@@ -411,8 +413,9 @@ def run_search(
                 set_constraints(trial, constraints)
                 trial.set_user_attr("memory", feas.to_dict())
                 if any(v > 0 for v in constraints.values()):
-                    tell_status(study, trial, "infeasible", {})
-                    pending.remove((trial, cfg))
+                    with deferred():  # told and let go together: the Ctrl-C path must not tell it twice
+                        tell_status(study, trial, "infeasible", {})
+                        pending.remove((trial, cfg))
                     report(trial)
             if pending:
                 reps = repetitions_now(records(study), measure)
@@ -423,11 +426,12 @@ def run_search(
                                                    timeout_s=measure.timeout_s, caps=caps)
                 for (trial, cfg), res in zip(list(pending), results, strict=True):
                     trial.set_user_attr("interference", watch.noise)
-                    if isinstance(res, failures.Failure):
-                        tell_status(study, trial, "failed", {"failure": failure_attr(res)})
-                    else:
-                        _tell_measured(study, trial, res, measure, objective, reps)
-                    pending.remove((trial, cfg))
+                    with deferred():
+                        if isinstance(res, failures.Failure):
+                            tell_status(study, trial, "failed", {"failure": failure_attr(res)})
+                        else:
+                            _tell_measured(study, trial, res, measure, objective, reps)
+                        pending.remove((trial, cfg))
                     report(trial)
     except KeyboardInterrupt:
         interrupted = True
