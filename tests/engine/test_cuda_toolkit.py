@@ -131,3 +131,26 @@ def test_a_card_whose_driver_hides_its_architecture_still_finds_the_engine(monke
     assert build.backend_choice(build.Backend.AUTO)[0] is build.Backend.CUDA
     assert build.locate_engine().bin_dir in build.managed_builds()
     cuda_toolkit.find_toolkit.cache_clear()
+
+
+@needs_toolkit
+def test_cublas_fetched_once_is_not_fetched_or_announced_again(monkeypatch, tmp_path):
+    """A second CUDA build on a minimal toolkit uses the cuBLAS of the first (no pip run) and says so."""
+    _no_nvcc_on_path(monkeypatch, tmp_path)
+    monkeypatch.setenv("MOE_TUNE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("MOE_TUNE_CUDA_ARCHS", "86")
+    tk = cuda_toolkit.find_toolkit()
+    assert tk is not None
+    if tk.library("cublas") is not None:
+        pytest.skip("this toolkit has its own cuBLAS: nothing is fetched")
+    assert cuda_toolkit.cached_cublas(tk) is None
+    lib = cuda_toolkit.cublas_dir(tk) / "nvidia" / "cu13" / "lib"
+    lib.mkdir(parents=True)
+    (lib / "libcublas.so.13").write_bytes(b"")
+    monkeypatch.setattr(cuda_toolkit, "fetch_cublas", lambda _tk: pytest.fail("fetched again"))
+    phases: list[str] = []
+    flags, _ = build._cuda_parts(build.Backend.CUDA, phases.append)
+    assert cuda_toolkit.cached_cublas(tk) == lib.parent
+    assert [p for p in phases if "cuBLAS" in p] == [f"cuBLAS fetched earlier ({lib.parent}; the toolkit has none)"]
+    assert f"-DCMAKE_EXE_LINKER_FLAGS=-Wl,-rpath-link,{lib}" in flags
+    cuda_toolkit.find_toolkit.cache_clear()

@@ -124,13 +124,19 @@ def cublas_dir(toolkit: Toolkit) -> Path:
     return paths.engine_root() / "cuda-deps" / f"cublas-{toolkit.version_text}"
 
 
+def cached_cublas(toolkit: Toolkit) -> Path | None:
+    """The folder of cuBLAS fetched earlier for this toolkit release (``include/`` and ``lib/``), or None."""
+    have = sorted(cublas_dir(toolkit).glob("**/lib/libcublas.so*"))
+    return have[0].parent.parent if have else None
+
+
 def fetch_cublas(toolkit: Toolkit) -> Path:
     """cuBLAS headers and libraries from NVIDIA's wheel, unpacked into the engine cache; returns the folder
     that holds ``include/`` and ``lib/``. Fetched once per toolkit release."""
     dest = cublas_dir(toolkit)
-    have = sorted(dest.glob("**/lib/libcublas.so*"))
-    if have:
-        return have[0].parent.parent
+    cached = cached_cublas(toolkit)
+    if cached is not None:
+        return cached
     wheels = dest.with_name(dest.name + ".wheels")
     wheels.mkdir(parents=True, exist_ok=True)
     requirement = cublas_wheel(toolkit)
