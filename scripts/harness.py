@@ -197,9 +197,10 @@ class GridCache:
 
 
 def _settled(row: dict[str, Any], cv_gate_pct: float) -> bool:
-    """A row needs no more passes: it failed (a failure repeats), or its repetitions agree within the gate.
-    Interference alone does not send a row back: on a shared machine every pass is disturbed, and is recorded."""
-    return "failure" in row or (row.get("cv_pct") or 0.0) <= cv_gate_pct
+    """A row needs no more passes: it failed (a failure repeats), or its repetitions agree within the gate and
+    nothing else used the machine while they ran. A disturbed row is measured again (on a machine shared all
+    along every pass is disturbed: ``max_passes`` bounds it, and the kept pass says what it carried)."""
+    return "failure" in row or ((row.get("cv_pct") or 0.0) <= cv_gate_pct and not row.get("noise"))
 
 
 def measure_grid(cache: GridCache, configs: Sequence[dict[str, Any]],
@@ -217,7 +218,8 @@ def measure_grid(cache: GridCache, configs: Sequence[dict[str, Any]],
     if cached_only:  # what an unfinished grid holds so far, said as such
         say(f"PARTIAL grid: {sum(i in cache.rows for i in ids)} of {len(ids)} configs from {cache.describe()}")
         return [cache.rows[i] for i in ids if i in cache.rows]
-    if cache.complete and all(i in cache.rows for i in ids):
+    if cache.complete and all(i in cache.rows and (_settled(cache.rows[i], cv_gate_pct)
+                                                   or len(cache.rows[i]["passes"]) >= max_passes) for i in ids):
         say(f"grid from {cache.describe()}")
         return [cache.rows[i] for i in ids]
     spent = cache.elapsed_s

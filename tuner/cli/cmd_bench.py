@@ -142,7 +142,7 @@ def bench_cmd(
     flags.validate(cfg)
     if cfg.speculative and no_server:
         raise UsageError("speculative decoding is measured by llama-server only: drop --no-server")
-    load = workload.preset(workload_kind, n_prompt, n_gen)
+    load = workload.preset(workload_kind, n_prompt, n_gen, depth_tokens=depth or None)  # agent's 8192 cut to -d
     loc = build.locate_engine(llama_cpp_dir)
     if cfg.speculative and not as_json:
         err.print("llama-bench has no speculative decoding at the pinned engine: its rows are measured without it; "
