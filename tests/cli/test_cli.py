@@ -102,11 +102,11 @@ def test_model_path_is_absolute_and_study_name_keeps_its_letters(tmp_path, monke
 
 def test_bench_agent_at_a_shallow_depth_times_a_prompt_that_fits_it(demo_models):
     """The agent preset's 8,192-token prompt is cut to `-d` (as auto-tune cuts it): llama-bench once timed pp8192
-    beside a 256-token depth, a prompt four times longer than the session it stood for."""
+    beside a 1024-token depth, eight times the session it stood for."""
     model = demo_models[("qwen3moe", "Q4_K_M")]
-    proc = run_cli("bench", str(model), "--workload", "agent", "-d", "256", "-n", "8", "-r", "1", "--no-server",
+    proc = run_cli("bench", str(model), "--workload", "agent", "-d", "1024", "-n", "8", "-r", "1", "--no-server",
                    "--json")
     assert proc.returncode == 0, proc.stderr
     rows = json.loads(proc.stdout)["rows"]
-    assert [r["n_prompt"] for r in rows if r["n_gen"] == 0] == [256]
-    assert all(r["n_depth"] == 256 for r in rows)
+    assert [r["n_prompt"] for r in rows if r["n_gen"] == 0] == [1024]
+    assert all(r["n_depth"] == 1024 for r in rows)

@@ -149,3 +149,19 @@ def test_two_agents_share_the_system_prompt_and_part_after_it():
     assert both.agents == 2 and [t.name(2) for t in turns] == ["1.1", "1.2", "2.1", "2.2"]
     assert SessionResult.from_dict(json.loads(json.dumps(both.to_dict()))) == both
     assert both.reprocessed_share == pytest.approx(4 / 2000)
+
+
+def test_a_byte_level_vocabulary_keeps_the_session_a_session():
+    """Shape-true models encode text byte by byte (`vocab.synthetic_vocab`): all four tool schemas are ~1,600
+    tokens there. On the gpt-oss-20b shape at depth 2048 the first turn once carried 1,842 tokens and the session
+    had two turns (results/benchmarks/agent_session_real.md); the schemas kept are those that fit the system
+    prompt's quarter of the depth, so the turns fill the rest."""
+    def byte_tokens(text: str) -> int:
+        return len(text.encode())
+
+    assert byte_tokens(session.system_text("", session.TOOLS)) > 1500
+    ses = session.bundled_session(byte_tokens, 2048, gen_tokens=16)
+    assert 448 <= byte_tokens(ses.system) <= 2048 // 4 + 64
+    assert session.TOOLS[0]["function"]["name"] in ses.system and len(ses.turns) >= 8
+    # Where the schemas fit, all four are kept.
+    assert all(t["function"]["name"] in session.bundled_session(byte_tokens, 16384).system for t in session.TOOLS)

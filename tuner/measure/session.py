@@ -101,7 +101,7 @@ def bundled_session(count_tokens: Callable[[str], int], depth_tokens: int = DEFA
                     gen_tokens: int = DEFAULT_GEN_TOKENS, turn_tokens: int | None = None,
                     system_tokens: int | None = None, agent: int = 0) -> Session:
     """The default session, sized in the model's own tokens (``count_tokens``): a system prompt of technical
-    text with the tool schemas (about a quarter of the depth, at most 4096 tokens), then turns alternating a
+    text with the tool schemas that fit in it (about a quarter of the depth, at most 4096 tokens), then turns alternating a
     tool result (code) and a user message (dialogue), each about ``turn_tokens`` (a sixteenth of the depth),
     answered by a reply of about ``gen_tokens`` of prose, until the context reaches ``depth_tokens``.
 
@@ -128,9 +128,15 @@ def bundled_session(count_tokens: Callable[[str], int], depth_tokens: int = DEFA
         at[kind] = end
         return text, n
 
-    tools_tokens = count_tokens(system_text("", TOOLS))
+    # The tool schemas are kept while they fit the system prompt's share (at least one): a byte-level vocabulary
+    # (shape-true models: one token per byte) spends ~1,600 tokens on all four, which once made the first turn
+    # of a depth-2048 session 1,842 tokens long and left room for two turns.
+    tools = list(TOOLS)
+    while len(tools) > 1 and count_tokens(system_text("", tools)) > system_tokens - 64:
+        tools.pop()
+    tools_tokens = count_tokens(system_text("", tools))
     body, _ = cut("technical", max(64, system_tokens - tools_tokens))
-    system = system_text("You are a coding agent working in the user's repository.\n\n" + body, TOOLS)
+    system = system_text("You are a coding agent working in the user's repository.\n\n" + body, tools)
     for kind in ("code", "dialogue", "prose"):  # agent k starts its turns k golden-ratio turns of the corpus on
         at[kind] += int(agent * 0.618 * len(kinds[kind]))
     used = count_tokens(system)
