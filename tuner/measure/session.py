@@ -102,8 +102,8 @@ def bundled_session(count_tokens: Callable[[str], int], depth_tokens: int = DEFA
                     system_tokens: int | None = None, agent: int = 0) -> Session:
     """The default session, sized in the model's own tokens (``count_tokens``): a system prompt of technical
     text with the tool schemas that fit in it (about a quarter of the depth, at most 4096 tokens), then turns
-    alternating a tool result (code) and a user message (dialogue), each about ``turn_tokens`` (a sixteenth of the depth),
-    answered by a reply of about ``gen_tokens`` of prose, until the context reaches ``depth_tokens``.
+    alternating a tool result (code) and a user message (dialogue), each about ``turn_tokens`` (a sixteenth of
+    the depth), answered by a reply of about ``gen_tokens`` of prose, until the context reaches ``depth_tokens``.
 
     ``agent`` numbers concurrent sessions (``-np 2``: two agents): they share the system prompt, as two agents
     of one product do, and their turns are cut from other places of the corpus, so their histories part after
