@@ -129,3 +129,24 @@ def test_a_signal_between_asking_and_holding_a_trial_leaves_none_running(demo_mo
     assert [t.state for t in trials] == [TrialState.FAIL, TrialState.FAIL]
     assert all(t.user_attrs["status"] == "interrupted" for t in trials)
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the run puts back the handler it found
+
+
+def test_a_sigint_ignored_on_purpose_stays_ignored_and_sigterm_still_ends_the_run():
+    """A background command of a shell without job control starts with SIGINT ignored; the run leaves it so
+    (and puts every handler back), while SIGTERM is still Ctrl-C for it."""
+    import signal
+
+    from tuner.search import interrupt
+
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with interrupt.sigterm_as_ctrl_c():
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+            assert signal.getsignal(signal.SIGTERM) is interrupt._raise_interrupt
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGINT, before)
+    with interrupt.sigterm_as_ctrl_c():
+        assert signal.getsignal(signal.SIGINT) is interrupt._raise_interrupt
+    assert signal.getsignal(signal.SIGINT) is before

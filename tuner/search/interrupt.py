@@ -42,7 +42,10 @@ def sigterm_as_ctrl_c() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
+    # A SIGINT ignored on purpose stays ignored: a shell without job control starts background commands so, lest
+    # the terminal's Ctrl-C reach them (`nohup moe-tune auto-tune … &` in a script).
+    sigs = [signal.SIGTERM] + ([signal.SIGINT] if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN else [])
+    previous = {sig: signal.signal(sig, _raise_interrupt) for sig in sigs}
     try:
         yield
     finally:
