@@ -270,7 +270,7 @@ def run_frontier(st: optuna.Study, fs: FrontierSpace, info: ModelInfo, hw: Hardw
         while (budget.trials is None or done < budget.trials) and (
                 budget.time_s is None or time.monotonic() - start < budget.time_s):
             want = batch_trials if budget.trials is None else min(batch_trials, budget.trials - done)
-            if budget.time_s is not None and not pace.tokens:
+            if budget.time_s is not None and not pace.ops:
                 want = 1  # learn the pace on one trial (the seeds come smallest context first) before batching
             asked: tuple[optuna.Trial, LaunchConfig] | None = None
             study.hold(st, seen)  # a shared study holds other workers' trials too

@@ -166,15 +166,13 @@ class Pace:
     def __init__(self, request_tokens: int, cost: Cost = Cost()) -> None:
         self.request_tokens = request_tokens
         self.cost = cost
-        self.tokens = 0
-        self.ops = 0.0
+        self.ops = 0.0  # operations of the batches measured so far (0: nothing learnt yet)
         self.seconds = 0.0
 
     def _ops(self, plan: Any) -> float:
         return (plan.config.parallel or 1) * self.cost.work(plan.gen_depth + self.request_tokens)
 
     def took(self, plans: Sequence[Any], seconds: float) -> None:
-        self.tokens += sum((p.config.parallel or 1) * (p.gen_depth + self.request_tokens) for p in plans)
         self.ops += sum(self._ops(p) for p in plans)
         self.seconds += seconds
 

@@ -132,9 +132,10 @@ def bundled_session(count_tokens: Callable[[str], int], depth_tokens: int = DEFA
     # (shape-true models: one token per byte) spends ~1,600 tokens on all four, which once made the first turn
     # of a depth-2048 session 1,842 tokens long and left room for two turns.
     tools = list(TOOLS)
-    while len(tools) > 1 and count_tokens(system_text("", tools)) > system_tokens - 64:
-        tools.pop()
     tools_tokens = count_tokens(system_text("", tools))
+    while len(tools) > 1 and tools_tokens > system_tokens - 64:
+        tools.pop()
+        tools_tokens = count_tokens(system_text("", tools))
     body, _ = cut("technical", max(64, system_tokens - tools_tokens))
     system = system_text("You are a coding agent working in the user's repository.\n\n" + body, tools)
     for kind in ("code", "dialogue", "prose"):  # agent k starts its turns k golden-ratio turns of the corpus on
