@@ -133,3 +133,13 @@ def test_speed_error_is_the_t_interval_half_width():
     half = quant_pick.speed_error([10.0, 12.0])
     assert half == pytest.approx(6.314 * math.sqrt(2.0) / math.sqrt(2))
     assert quant_pick.kld_error(0.01) == pytest.approx(0.01645)
+
+
+def test_the_speed_interval_is_centred_on_the_mean_it_is_printed_beside():
+    """Three rounds [16, 16, 10] under a floor of 10: the median (16) with the mean's half-width would 'meet' it
+    ([10.16, 21.84]); the mean (14.0) with its own interval [8.16, 19.84] straddles it: undecided."""
+    samples = [16.0, 16.0, 10.0]
+    mean, err = quant_pick.speed_mean(samples), quant_pick.speed_error(samples)
+    assert mean == pytest.approx(14.0) and err == pytest.approx(2.920 * 3.4641 / 3**0.5, rel=1e-3)
+    row = Candidate("Q4_K_M", 1, mean, err, 0.01, 0.001)
+    assert pick([row], min_tok_s=10.0).verdicts["Q4_K_M"] == quant_pick.UNDECIDED

@@ -1,5 +1,6 @@
-"""Choosing the winner among re-measured configs: the best median score; noise never hands the win to a baseline,
-quality can (a lossy KV cache must be decidedly faster)."""
+"""The printed line among re-measured configs: the best candidate only when decided faster than llama.cpp's own
+choice; undecided prints the default and names the candidate; a lossy KV cache must also beat the lossless one.
+(The whole pipeline on simulated rounds: tests/search/test_launch_rule.py.)"""
 
 from __future__ import annotations
 
@@ -25,12 +26,16 @@ def test_a_steady_gain_is_decided_for_the_candidate():
     assert (v.b, v.outcome, v.rounds) == ("default", "better", 4) and v.low > 1.4
 
 
-def test_noise_makes_it_undecided_and_never_hands_the_win_to_the_default():
+def test_noise_leaves_it_undecided_and_the_default_is_printed():
     # The field case: the default's rounds spread over 110 % CV, the candidate is steady and faster by median.
     default = _m("default", [8.9, 120.0, 30.0, 700.0])
     cand = _m("candidate-1", [535.7, 520.0, 548.0, 530.0])
     fin = Finish((cand,), (default,))
-    assert fin.winner is cand
+    assert fin.winner is default
+    d = fin.decision
+    assert d.best is cand and not d.taken
+    assert d.reason == ("candidate-1 was the best candidate but not shown faster than default in the confirmation "
+                        "rounds: llama.cpp's own choice is printed")
     [v] = fin.verdicts
     assert v.outcome == "undecided" and v.noise_pct > 100 and "noise" in v.describe()
 
@@ -41,17 +46,29 @@ def test_a_lossy_cache_only_wins_when_decidedly_faster_than_the_best_lossless_ar
     assert Finish((lossy_close,), (lossless,)).winner is lossless
     lossy_far = _m("candidate-1", [1.50, 1.52, 1.49, 1.51], kld=0.002)
     assert Finish((lossy_far,), (_m("default", [1.0, 1.01, 0.99, 1.0]),)).winner is lossy_far
+    # Beside a lossless candidate as fast: the lossless one is printed (it too was decided faster than default).
+    twin = _m("candidate-2", [1.49, 1.53, 1.50, 1.50])
+    fin = Finish((lossy_far, twin), (_m("default", [1.0, 1.01, 0.99, 1.0]),))
+    assert fin.winner is twin and "(lossy KV) was not shown faster than the lossless candidate-2" in fin.decision.reason
 
 
 def test_failures_never_win_and_the_per_request_floor_holds():
     fin = Finish((_m("candidate-1", [None, None]), _m("candidate-2", [0.9, 0.9])), (_m("default", [1.0, 1.0]),))
     assert fin.winner is not None and fin.winner.label == "default"
     assert Finish((_m("candidate-1", [None]),), ()).winner is None
+    # The default failed: the best candidate is printed, and the reason says so.
+    alone = Finish((_m("candidate-1", [0.9, 0.9, 0.91]),), (_m("default", [None]),))
+    assert alone.winner.label == "candidate-1" and "could not be measured" in alone.decision.reason
     # Concurrent workload: 4 slots deliver more in total but each user gets 4 tok/s, under the 10 tok/s floor.
     many = _m("candidate-1 np4", [60.0, 61.0, 59.0], loaded=4.0)
     two = _m("candidate-1 np2", [40.0, 41.0, 39.0], loaded=20.0)
-    assert Finish((many, two), (), concurrency=4, min_tok_s=10.0).winner is two
-    assert Finish((many, two), (), concurrency=4).winner is many
+    default = _m("default", [20.0, 20.5, 19.5], loaded=20.0)
+    assert Finish((many, two), (default,), concurrency=4, min_tok_s=10.0).winner is two
+    assert Finish((many, two), (default,), concurrency=4).winner is many
+    # llama.cpp's own choice under the floor: the best candidate that meets it is printed.
+    starved = _m("default", [70.0, 70.5, 69.5], loaded=3.0)
+    fin = Finish((many, two), (starved,), concurrency=4, min_tok_s=10.0)
+    assert fin.winner is two and "misses --min-tok-s" in fin.decision.reason
     assert "aggregate" in Finish((), (), concurrency=4).metric
 
 
@@ -62,14 +79,19 @@ def test_launch_line_rank_one_is_the_winner_and_the_result_round_trips():
     assert [m.label for m in study_report.ranked(result)] == ["candidate-1", "default", "candidate-2"]
     again = Finish.from_dict(fin.to_dict())
     assert again.winner == fin.winner and again.metric.startswith("end-to-end request time (P=512")
-    assert [v["outcome"] for v in fin.to_dict()["verdicts"]] == ["better", "better"]
+    assert [v["outcome"] for v in fin.to_dict()["verdicts"]] == ["better"]  # the one the printed line rests on
+    assert fin.to_dict()["decision"] == {"shipped": "candidate-1", "best": "candidate-1", "taken": True,
+                                         "reason": "candidate-1 was decided faster than default"}
 
 
 def test_without_rounds_a_config_cannot_win_on_tg_while_losing_more_on_pp():
     default = ServerMeasurement("default", {}, "llama-server -m m.gguf", [], 1137.0, [], 1.4, 6400.0, None, None)
     kv_q5 = ServerMeasurement("candidate-1", {}, "llama-server -m m.gguf -ctk q5_0", [], 1194.0, [], 0.9, 3892.0,
                               None, None)
-    assert Finish((kv_q5,), (default,)).winner is kv_q5
+    by_tg = Finish((kv_q5,), (default,))
+    assert by_tg.score(kv_q5) > by_tg.score(default)
     by_request = Finish((kv_q5,), (default,), prompt_tokens=512, gen_tokens=128)
-    assert by_request.winner is default  # 512/6400 + 128/1137 = 0.193 s beats 0.239 s
+    assert by_request.score(default) > by_request.score(kv_q5)  # 512/6400 + 128/1137 = 0.193 s beats 0.239 s
+    # One figure each decides nothing: llama.cpp's own line is printed either way.
+    assert by_tg.winner is default and by_request.winner is default
     assert by_request.speedup("default") == 1.0

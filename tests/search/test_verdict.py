@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import math
 import subprocess
 import sys
@@ -12,8 +11,6 @@ from dataclasses import replace
 import pytest
 
 from tuner.core.config import LaunchConfig
-from tuner.engine import flags, runner
-from tuner.measure import workload
 from tuner.measure.workload import Workload, WorkloadKind
 from tuner.search import finish, verdict
 
@@ -84,7 +81,7 @@ def test_a_noisy_arm_is_measured_again_and_left_undecided(engine_loc, demo_model
             p = hogs.pop()
             p.kill()
             p.wait()
-        r = int(msg.split(":")[0].removeprefix("round "))
+        r = int(msg.split(":")[0].split()[1])
         rounds_seen.add(r)
         if "candidate-1" in msg and r in (1, 3):
             hogs.extend(_hog())
@@ -102,8 +99,8 @@ def test_a_noisy_arm_is_measured_again_and_left_undecided(engine_loc, demo_model
     # Measured again (a fourth round) or left undecided: the spread of the hogged arm cannot be turned into a tie.
     assert len(cand.scores) == 4 or v.outcome == "undecided", v
     assert rounds_seen == set(range(1, len(cand.scores) + 1))
-    # No tie-break toward the baseline: the winner is the arm with the better median score ...
-    assert done.winner is max((cand, default), key=lambda m: done.score(m) or 0.0)
+    # The candidate is printed only when decided faster, which the hog (slowing the candidate) cannot cause ...
+    assert done.winner is default and not done.decision.taken
     # ... and a decided verdict can only be the hog's doing (it never slows the quiet arm).
     if v.outcome != "undecided":
         loser = v.b if v.outcome == "better" else v.a
@@ -114,37 +111,3 @@ def test_a_noisy_arm_is_measured_again_and_left_undecided(engine_loc, demo_model
         assert "busy machine left out" in v.describe() or "every round was measured on a busy machine" in v.describe()
     else:
         assert v.noise_pct > 5 and "noise" in v.describe()
-
-
-AA_ROUNDS = 24  # rounds of the same config against itself: 48 requests, 1-2 minutes on this loaded 2-core machine
-
-
-@pytest.mark.slow
-def test_a_config_against_itself_is_undecided_in_95_percent_of_finishes(engine_loc, demo_models, tmp_path):
-    """The A/A test: one config as both arms, on the real engine. Arms "a" and "b" are the same llama-server; each
-    round sends one request for each, the order alternating, scored as the finish scores a round
-    (:func:`tuner.search.finish.round_score`). Any 3 of those rounds, or any 4, in their order, make one finish of
-    the default length (Rounds(3, 4)): 2,024 + 10,626 finishes from 24 rounds. The finish's verdict must be
-    "undecided" in at least 95 of 100: noise alone must not name a winner. (One server rather than a launch per
-    round, and no rounds left out as disturbed, keep it to a minute or two: launch-to-launch spread and a busy
-    machine add to the noise of a round; they do not change the rule judged here.)"""
-    model = demo_models[("qwen3moe", "Q4_K_M")]
-    cfg = LaunchConfig(model=model, ctx=512, parallel=1, threads=2)
-    load = Workload(WorkloadKind.CUSTOM, 16, 4, rounds=1)
-    runs: dict[str, list[float | None]] = {"a": [], "b": []}
-    with runner.serve(flags.server_argv(engine_loc.tool("llama-server"), cfg), log_dir=tmp_path) as server:
-        prompts = workload.prompt_windows(server.tokenize, load.prompt_tokens, 2 * AA_ROUNDS)
-        workload.warm_up(server, 60)
-        for r in range(AA_ROUNDS):
-            for i, arm in enumerate(("a", "b") if r % 2 == 0 else ("b", "a")):
-                level = workload.run_level(server, load, 1, [prompts[2 * r + i]], timeout_s=60)
-                runs[arm].append(finish.round_score([level], load))
-    assert all(runs["a"]) and all(runs["b"])
-
-    # The finish's verdict on quiet rounds is verdict.compare of the per-round scores (Finish.verdict).
-    verdicts = [verdict.compare("a", "b", [runs["a"][i] for i in rounds], [runs["b"][i] for i in rounds])
-                for n in (3, 4) for rounds in itertools.combinations(range(AA_ROUNDS), n)]
-    decided = [v for v in verdicts if v.outcome != verdict.UNDECIDED]
-    assert len(verdicts) == 2024 + 10626 and {v.rounds for v in verdicts} == {3, 4}
-    assert len(decided) <= 0.05 * len(verdicts), f"{len(decided)} of {len(verdicts)}: {decided[0].describe()}"
-    assert all(v.noise_pct > 0 for v in verdicts)  # real rounds: the machine's noise, not zero

@@ -224,12 +224,16 @@ def _session_summary(stage: SessionStage) -> None:
     table = Table(title=f"agent sessions ({stage.source}{together}), by session time", box=box.SIMPLE_HEAD)
     for col in ("arm", "session s", "median TTFT ms", "re-processed %", "full re-processes"):
         table.add_column(col, justify="left" if col == "arm" else "right")
-    for arm in stage.arms:
+    confirm = {a.label for a in stage.confirmation}
+    for arm in (*stage.arms, *stage.confirmation):
+        if stage.confirmation and arm is stage.confirmation[0]:
+            table.add_section()
         typical = arm.typical
         if typical is None:
             table.add_row(arm.label, "failed", "", "", arm.failure or "")
             continue
-        table.add_row(arm.label, f"{arm.median_session_s:.2f}", f"{1000 * typical.median_ttft_s:,.0f}",
+        name = f"{arm.label} (confirm)" if arm.label in confirm and arm in stage.confirmation else arm.label
+        table.add_row(name, f"{arm.median_session_s:.2f}", f"{1000 * typical.median_ttft_s:,.0f}",
                       f"{100 * typical.reprocessed_share:.0f}", str(len(typical.full_reprocess_turns)))
     out.print(table)
     for label, note in stage.notes.items():
@@ -242,6 +246,8 @@ def _session_summary(stage: SessionStage) -> None:
                 out.print(f"{label}: {shown.finding.describe()}", highlight=False, soft_wrap=True)
     if stage.verdict is not None:
         out.print(f"by session time: {stage.verdict.describe()}", highlight=False, soft_wrap=True)
+    if stage.reason:
+        out.print(f"session stage: {stage.reason}", highlight=False, soft_wrap=True)
 
 
 def _speculation(on: bool, draft: str | None, prompts: Path | None) -> SpeculationRequest | None:
@@ -270,9 +276,16 @@ def _summary(res: autotune.TuneResult) -> None:
     def num(v: float | None, spec: str = ",.1f") -> str:
         return "" if v is None else format(v, spec)
 
-    for m in [*fin["baselines"], *fin["candidates"]]:
+    confirmed = fin.get("confirmation") or []
+    if confirmed:
+        table.title = f"{table.title}: selection rounds (they decide nothing)"
+    rows = [*fin["baselines"], *fin["candidates"]]
+    for m in rows + confirmed:
         gen = "failed" if m["gen_tok_s"] is None else f"{m['gen_tok_s']:,.1f}"
-        table.add_row(m["label"], str(m.get("slots", 1)), gen, num(m["gen_cv_pct"]), num(m["prompt_tok_s"]),
+        label = f"{m['label']} (confirm)" if confirmed and m in confirmed else m["label"]
+        if confirmed and m is confirmed[0]:
+            table.add_section()
+        table.add_row(label, str(m.get("slots", 1)), gen, num(m["gen_cv_pct"]), num(m["prompt_tok_s"]),
                       num(m.get("loaded_gen_tok_s")), num(m.get("end_to_end_gen_tok_s")),
                       num(m.get("kld_mean"), ".2g"), m["spill"] or "")
     out.print(table)
@@ -280,14 +293,14 @@ def _summary(res: autotune.TuneResult) -> None:
     out.print(f"study {res.study_name}: {n} trials stored ({res.search.trials_this_run} this run) in {res.storage}",
               highlight=False, soft_wrap=True)
     winner = r.get("winner")
+    decision = fin.get("decision") or {}
     if winner:
-        note = " (llama.cpp's own choice was fastest here)" if not winner["label"].startswith("candidate") else ""
-        out.print(f"winner: {winner['label']}{note}", highlight=False)
+        out.print(f"printed: {winner['label']} ({decision.get('reason', '')})", highlight=False, soft_wrap=True)
     sp = r["speedup"]
-    parts = [f"{k}: {v:.2f}x" for k, v in sp.items() if v is not None]
+    parts = [f"{k}: {v:.2f}x" for k, v in sp.items() if v is not None and not (winner and winner["label"] == k)]
     if parts:
         metric = finish.Finish.from_dict(r["finish"]).metric
-        out.print(f"winner vs {', '.join(parts)} (by {metric})", highlight=False)
+        out.print(f"{winner['label'] if winner else 'printed'} vs {', '.join(parts)} (by {metric})", highlight=False)
     for v in fin.get("verdicts", []):
         out.print(verdict.Verdict.from_dict(v).describe(), highlight=False, soft_wrap=True)
     out.print(f"report: {res.result_dir / 'report.md'}", highlight=False, soft_wrap=True)

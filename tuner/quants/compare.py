@@ -62,7 +62,7 @@ class QuantRow:
     origin: str = PUBLISHED  # made here | published | local file
     command: str | None = None  # for a quant made here: the exact llama-quantize command
     kld_mean_error: float | None = None  # half-width of the 90 % interval
-    gen_tok_s_error: float | None = None  # half-width of the 90 % interval over the finish's rounds
+    gen_tok_s_error: float | None = None  # half-width of the 90 % interval of the mean, over quiet rounds
     depth_tokens: int | None = None  # context depth the speed was measured at
     verdict: str = ""
     kept: bool = True  # the file is still on disk (a --disk-budget drops the others)
@@ -176,10 +176,14 @@ def _measure_one(row: QuantRow, path: Path, req: CompareRequest, reference: Path
     w = res.result.to_dict().get("winner") or {}
     if w.get("gen_tok_s") is None:
         return replace(row, study=res.study_name, error="no config measured with llama-server")
-    return replace(row, launch_line=w.get("launch_line"), gen_tok_s=w.get("gen_tok_s"),
+    # The speed the pick judges: the printed line's quiet rounds (its confirmation rounds when the finish selected
+    # among candidates: not the rounds that chose it), as their mean with the interval around that mean.
+    # Every round busy (--allow-busy): the median of them all, with no interval, so it decides no limit.
+    quiet = w.get("quiet_gen_samples_tok_s") or []
+    return replace(row, launch_line=w.get("launch_line"), gen_tok_s=quant_pick.speed_mean(quiet) or w["gen_tok_s"],
                    config_name=config_name(w.get("config") or {}, int(w.get("slots") or 1)),
                    prompt_tok_s=w.get("prompt_tok_s"), study=res.study_name, depth_tokens=load.gen_depth,
-                   gen_tok_s_error=quant_pick.speed_error(w.get("gen_samples_tok_s") or []))
+                   gen_tok_s_error=quant_pick.speed_error(quiet))
 
 
 def choose(rows: Sequence[QuantRow], min_tok_s: float | None, max_kld: float | None) -> quant_pick.Pick:

@@ -1,14 +1,15 @@
 """Which quant to run: the least quality loss that meets a speed floor, within a loss budget, decided with the
 measurement's confidence.
 
-A speed is known to within its rounds' interval (Student's t over the finish's per-round tok/s, two-sided
-90 %, as :mod:`tuner.search.verdict` judges configs); a mean KLD to within 1.645 of llama-perplexity's own
-standard error. A row meets a limit only when its whole interval lies within it, and fails it only when its
-whole interval lies beyond it; an interval that straddles the limit leaves the row *undecided*, and an
-undecided row is never picked (noise must not decide): the answer says which rows were undecided, with their
-intervals, so a re-measurement with more rounds can settle them. A speed with no interval (one round) is
-undecided against a floor for the same reason. Two rows whose difference lies inside their combined error bars
-tie, and the smaller file wins a tie. Pure: rows in, a :class:`Pick` out.
+A speed is the mean of the printed line's quiet rounds (its confirmation rounds when the finish chose among
+candidates, so not the rounds that chose it), known to within that mean's interval (Student's t, two-sided
+90 %); a mean KLD to within 1.645 of llama-perplexity's own standard error. A row meets a limit only when its
+whole interval lies within it, and fails it only when its whole interval lies beyond it; an interval that
+straddles the limit leaves the row *undecided*, and an undecided row is never picked (noise must not decide):
+the answer says which rows were undecided, with their intervals, so a re-measurement with more rounds can
+settle them. A speed with no interval (one round) is undecided against a floor for the same reason. Two rows
+whose difference lies inside their combined error bars tie, and the smaller file wins a tie. Pure: rows in, a
+:class:`Pick` out.
 """
 
 from __future__ import annotations
@@ -55,8 +56,15 @@ class Pick:
     undecided: tuple[str, ...] = ()  # one line per row whose interval straddles a limit
 
 
+def speed_mean(samples: Sequence[float]) -> float | None:
+    """The mean of per-round speeds: the statistic :func:`speed_error`'s interval is centred on (None: no rounds)."""
+    ok = [s for s in samples if s is not None and s > 0]
+    return statistics.fmean(ok) if ok else None
+
+
 def speed_error(samples: Sequence[float]) -> float | None:
-    """Half-width of the two-sided 90 % interval of the mean of per-round speeds (None with fewer than two)."""
+    """Half-width of the two-sided 90 % interval of the mean of per-round speeds (None with fewer than two); print
+    it beside :func:`speed_mean`, never beside a median."""
     ok = [s for s in samples if s is not None and s > 0]
     if len(ok) < 2:
         return None

@@ -48,12 +48,14 @@ def deciding_session(result: StudyResult) -> dict[str, Any] | None:
 
 
 def picks(result: StudyResult) -> list[Pick]:
-    """What ``launch-line --rank N`` counts, best first. The agent workload's session stage scores whole sessions,
-    so when it ran, its arms (by median session time, failed last) are the ranking; otherwise :func:`ranked`."""
+    """What ``launch-line --rank N`` counts, the printed line first. The agent workload's session stage scores whole
+    sessions, so when it ran, its arms (its printed one, then by median session time, the confirmation's figures
+    where an arm was measured again; failed last) are the ranking; otherwise :func:`ranked`."""
     stage = deciding_session(result)
     if stage is not None:
-        arms = sorted((a for a in stage["arms"] if a.get("config")),
-                      key=lambda a: (a["median_session_s"] is None, a["median_session_s"] or 0.0))
+        judged = {a["label"]: a for a in [*stage["arms"], *(stage.get("confirmation") or [])] if a.get("config")}
+        arms = sorted(judged.values(), key=lambda a: (a["label"] != stage["winner"], a["median_session_s"] is None,
+                                                     a["median_session_s"] or 0.0))
         return [Pick(a["label"], a["config"], {"median_session_s": a["median_session_s"],
                                                "chosen_by": "agent session time"}) for a in arms]
     return [Pick(m.label, m.config, {"gen_tok_s": m.gen_tok_s, "gen_cv_pct": m.gen_cv_pct}) for m in ranked(result)]
@@ -129,7 +131,8 @@ def _winner_lines(result: dict[str, Any]) -> list[str]:  # the to_dict() form
     floor = q.get("max_kld")
     kld = (f"mean KLD {w['kld_mean']:.5f} vs the f16 cache (same top token {_fmt(w['same_top_pct'], '.2f')} %)"
            if w.get("kld_mean") is not None else "not priced (--max-kld off)")
-    lines = ["## Winner", "", f"`{w['launch_line']}`", "",
+    decision = result["finish"].get("decision") or {}
+    lines = ["## Launch line", "", f"`{w['launch_line']}`", "", f"- why: {decision.get('reason', '-')}",
              f"- generation {_fmt(w['gen_tok_s'])} tok/s per request (CV across rounds {_fmt(w['gen_cv_pct'])} %), "
              f"prompt {_fmt(w['prompt_tok_s'])} tok/s, TTFT {_fmt((w['ttft_s'] or 0) * 1000, ',.0f')} ms",
              f"- quality: KV {cfg.get('cache_type_k')}/{cfg.get('cache_type_v')}, {kld}; floor "
@@ -150,22 +153,33 @@ def _session_lines(result: StudyResult) -> list[str]:
     stage = deciding_session(result)
     if stage is None:
         return []
-    win = next(a for a in stage["arms"] if a["label"] == stage["winner"])
+    confirmation = stage.get("confirmation") or []
+    win = next(a for a in [*confirmation, *stage["arms"]] if a["label"] == stage["winner"])
     lines = ["## Agent sessions: the launch line", "", f"`{win['launch_line']}`", "",
              f"- chosen by {stage['metric']} over the {stage['source']} session: {stage['winner']}"]
+    if stage.get("reason"):
+        lines.append(f"- why: {stage['reason']}")
     if stage.get("verdict_text"):
         lines.append(f"- {stage['verdict_text']}")
     lines += [f"- {label}: {note}" for label, note in (stage.get("not_launched") or {}).items()]
-    lines += ["", "| arm | median session s | rounds | median TTFT ms (typical round) | re-processed % | launch line |",
-              "|---|---:|---:|---:|---:|---|"]
-    for arm in stage["arms"]:
+    for title, arms in ((("selection rounds (they choose the reuse arm to confirm; they decide nothing)",
+                          stage["arms"]), ("confirmation rounds (fresh; the verdict is theirs)", confirmation))
+                        if confirmation else (("every round", stage["arms"]),)):
+        lines += ["", f"{title}:", ""] + _session_table(arms)
+    lines += ["", "The sections below are the single-request finish the session stage started from.", ""]
+    return lines
+
+
+def _session_table(arms: list[dict[str, Any]]) -> list[str]:
+    lines = ["| arm | median session s | rounds | median TTFT ms (typical round) | re-processed % | launch line |",
+             "|---|---:|---:|---:|---:|---|"]
+    for arm in arms:
         typical = None if arm["typical_round"] is None else arm["rounds"][arm["typical_round"]]
         ttft = "" if typical is None else f"{1000 * typical['median_ttft_s']:,.0f}"
         share = "" if typical is None else f"{100 * typical['reprocessed_share']:.0f}"
         done = sum(r is not None for r in arm["rounds"])
         lines.append(f"| {arm['label']} | {_fmt(arm['median_session_s'], '.2f')} | {done} | {ttft} | {share} | "
                      f"`{arm['launch_line']}` |")
-    lines += ["", "The sections below are the single-request finish the session stage started from.", ""]
     return lines
 
 
@@ -181,14 +195,20 @@ def markdown(study_result: StudyResult) -> str:
              f"- trials: llama-bench pp{m.get('n_prompt')} at depth {m.get('prompt_depth')}, tg{m.get('n_gen')} at "
              f"depth {m.get('gen_depth')}, scored by one request's end-to-end time" if m else "- trials: llama-bench",
              "", *_session_lines(study_result), *_winner_lines(result)]
+    fin = result["finish"]
+    confirmed = fin.get("confirmation") or []
+    phases = (["Selection rounds come first: they chose the candidate to confirm and decide nothing; the "
+               "confirmation rounds measured it again, beside the baselines, and the verdicts are theirs.", ""]
+              if confirmed else [])
     lines += ["## Server re-measure", "",
               "gen tok/s and prompt tok/s: one request alone; per request, slots busy: each request's generation "
               "speed with every slot in use; end-to-end tok/s: generated tokens per second of wall time, prompts "
               "and every slot included (below the generation speed with one slot, as it counts the prompt too).",
-              "", "| config | slots | gen tok/s | CV % | prompt tok/s | per request, slots busy | end-to-end tok/s | "
-              "KLD | rounds | launch line |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
-    fin = result["finish"]
-    for s in [*fin.get("baselines", []), *fin.get("candidates", [])]:
+              "", *phases, "| config | slots | gen tok/s | CV % | prompt tok/s | per request, slots busy | "
+              "end-to-end tok/s | KLD | rounds | launch line |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for s in [*fin.get("baselines", []), *fin.get("candidates", []), *confirmed]:
+        if confirmed and s is confirmed[0]:
+            lines.append("| **confirmation rounds** | | | | | | | | | |")
         rounds = sum(x is not None for x in s.get("scores", []))
         lines.append(f"| {s['label']} | {s.get('slots', 1)} | {_fmt(s['gen_tok_s'])} | {_fmt(s['gen_cv_pct'])} | "
                      f"{_fmt(s['prompt_tok_s'])} | {_fmt(s.get('loaded_gen_tok_s'))} | "

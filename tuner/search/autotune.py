@@ -51,7 +51,7 @@ class TuneRequest:
     budget: study.Budget = study.Budget(trials=DEFAULT_TRIALS)
     measure: study.Measure | None = None  # None: study.Measure.for_workload(workload)
     min_tok_s: float | None = None  # per-request generation floor for concurrent workloads
-    rounds: finish.Rounds = finish.Rounds()
+    rounds: finish.Rounds = finish.DEFAULT_ROUNDS
     storage: str | None = None
     results_dir: Path = Path("results")
     top_candidates: int = TOP_CANDIDATES

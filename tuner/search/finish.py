@@ -24,8 +24,8 @@ from tuner.measure import bench, failures
 from tuner.measure.workload import LevelResult, Workload
 from tuner.models.gguf_reader import ModelInfo
 from tuner.quality.kv_price import KvPrice
-from tuner.search import space
-from tuner.search.verdict import BETTER, UNDECIDED, Verdict, compare, compare_quiet
+from tuner.search import decide, space
+from tuner.search.verdict import BETTER, UNDECIDED, WORSE, Verdict, compare, compare_quiet
 
 FIT_MARGIN_MIB = 1024  # llama.cpp's default -fitt
 
@@ -113,6 +113,7 @@ class ServerMeasurement:
     same_top_pct: float | None = None
     # Per round (aligned with ``scores``): what else kept the machine busy, None when it was quiet.
     interference: list[str | None] = field(default_factory=list)
+    quiet_gen_samples_tok_s: list[float] = field(default_factory=list)  # per quiet round that measured
 
     def quiet_scores(self) -> list[float | None]:
         """The scores of the rounds measured on a quiet machine (None for a disturbed round)."""
@@ -159,6 +160,8 @@ def summarize(label: str, cfg: LaunchConfig, runs: Sequence[bench.ServerTrial | 
     ok = [t for t in runs if isinstance(t, bench.ServerTrial)]
     quality: dict[str, Any] = {"kld_mean": kld.kld_mean, "same_top_pct": kld.same_top_pct} if kld else {}
     quality["interference"] = list(noise)
+    quality["quiet_gen_samples_tok_s"] = [t.levels[0].per_request_gen_tok_s for i, t in enumerate(runs)
+                                          if isinstance(t, bench.ServerTrial) and not (i < len(noise) and noise[i])]
     if not ok:
         failed = next(f for f in runs if isinstance(f, failures.Failure))
         return ServerMeasurement(label, config_to_dict(cfg), line, [], None, [], None, None, None, None,
@@ -180,7 +183,24 @@ def summarize(label: str, cfg: LaunchConfig, runs: Sequence[bench.ServerTrial | 
 
 
 @dataclass(frozen=True, slots=True)
+class Decision:
+    """Which line is printed, and why: the best candidate enters it only when decided better than llama.cpp's own
+    choice in rounds that did not select it (:mod:`tuner.search.decide`)."""
+
+    shipped: ServerMeasurement | None  # the arm whose launch line is printed (None: nothing could be measured)
+    best: ServerMeasurement | None  # the best candidate of the selection rounds (None: no candidate was measured)
+    reason: str
+    verdicts: tuple[Verdict, ...] = ()
+
+    @property
+    def taken(self) -> bool:
+        """The best candidate is the printed line (it was decided better than the reference)."""
+        return self.best is not None and self.shipped is not None and self.shipped.label == self.best.label
+
+
+@dataclass(frozen=True, slots=True)
 class Finish:
+    # The table: every arm as measured in the selection rounds (or, with one candidate, in every round).
     candidates: tuple[ServerMeasurement, ...]
     baselines: tuple[ServerMeasurement, ...]
     # The workload's request shape: with both known, configs are judged by the time a whole request takes
@@ -189,6 +209,12 @@ class Finish:
     gen_tokens: int = 0
     concurrency: int = 1
     min_tok_s: float | None = None  # per-request generation floor with every slot busy
+    # Fresh rounds after the selection: the baselines and the selected candidate measured again (empty: one
+    # candidate, so the table's rounds were all confirmation rounds).
+    confirmation: tuple[ServerMeasurement, ...] = ()
+    selected: str | None = None  # the candidate the selection rounds chose (None: the table's best, see select())
+    # Speculation judged on the printed line after the finish: its ``none`` arm and its best arm, in fresh rounds.
+    speculation: tuple[ServerMeasurement, ...] = ()
 
     def score(self, m: ServerMeasurement) -> float | None:
         """Higher is better: the median of the per-round scores (see :func:`round_score`); for measurements
@@ -200,6 +226,15 @@ class Finish:
         if self.prompt_tokens and self.gen_tokens and m.prompt_tok_s:
             return 1.0 / (self.prompt_tokens / m.prompt_tok_s + self.gen_tokens / m.gen_tok_s)
         return m.gen_tok_s
+
+    def rank(self, m: ServerMeasurement) -> float | None:
+        """What the selection ranks by: the median over quiet rounds (every round when none was quiet)."""
+        if m.gen_tok_s is None:
+            return None
+        if m.scores:
+            busy = [*m.interference, *[None] * (len(m.scores) - len(m.interference))]
+            return decide.quiet_median(list(zip(m.scores, busy, strict=False)))
+        return self.score(m)
 
     @property
     def metric(self) -> str:
@@ -224,65 +259,141 @@ class Finish:
         sa, sb = self.score(a), self.score(b)
         return compare(a.label, b.label, [sa], [sb])  # one figure each: never decided
 
+    def judged(self, label: str) -> ServerMeasurement | None:
+        """The measurement verdicts use: from the confirmation rounds when there were any, else from the table
+        (never one arm from each: their rounds would not pair)."""
+        pool = self.confirmation or (*self.candidates, *self.baselines)
+        return next((m for m in pool if m.label == label), None)
+
+    def select(self) -> ServerMeasurement | None:
+        """The best eligible candidate of the table (what the selection rounds chose)."""
+        if self.selected is not None:
+            return next((m for m in self.candidates if m.label == self.selected), None)
+        ok = [m for m in self.candidates if self.eligible(m)]
+        return max(ok, key=lambda m: self.rank(m) or 0.0) if ok else None
+
+    def lossless_alternative(self, best: ServerMeasurement) -> ServerMeasurement | None:
+        """For a lossy best candidate: the best lossless one beside it (it must beat that too)."""
+        if not best.kld_mean:
+            return None
+        ok = [m for m in self.candidates if m is not best and not m.kld_mean and self.eligible(m)]
+        return max(ok, key=lambda m: self.rank(m) or 0.0) if ok else None
+
+    def to_confirm(self) -> list[str]:
+        """The arms of the confirmation rounds: the measured baselines, the selected candidate and, when it is
+        lossy, the best lossless candidate."""
+        best = self.select()
+        if best is None:
+            return []
+        alt = self.lossless_alternative(best)
+        return [m.label for m in self.baselines if self.score(m) is not None] + [best.label] + (
+            [alt.label] if alt else [])
+
+    @property
+    def reference(self) -> ServerMeasurement | None:
+        """llama.cpp's own choice: the default launch, or --fit's placement made explicit when the default failed."""
+        for label in ("default", "fit"):
+            m = self.judged(label)
+            if m is not None and self.score(m) is not None:
+                return m
+        return None
+
+    @property
+    def decision(self) -> Decision:
+        """The launch-line rule (docs/how-it-decides.md): the best candidate is printed only when its verdict
+        against the reference, on rounds that did not select it, is "better"; otherwise llama.cpp's own choice.
+        Speculation joins the same way: only when decided faster than the printed line without it."""
+        d = self._candidate_decision()
+        if len(self.speculation) != 2 or d.shipped is None:
+            return d
+        none, spec = self.speculation
+        v = self.verdict(spec, none)
+        if v.outcome == BETTER and none.config == d.shipped.config:
+            return replace(d, shipped=spec, reason=f"{d.reason}; {spec.label} was decided faster than the line "
+                                                   "without it", verdicts=(*d.verdicts, v))
+        return replace(d, verdicts=(*d.verdicts, v))
+
+    def _candidate_decision(self) -> Decision:
+        ref, chosen = self.reference, self.select()
+        best = self.judged(chosen.label) if chosen is not None else None
+        if best is None or not self.eligible(best):
+            if ref is None:
+                return Decision(None, best, "nothing could be measured: see the failures")
+            why = "no candidate could be measured" if chosen is None else f"{chosen.label} failed its confirmation"
+            return Decision(ref, best, f"{why}: llama.cpp's own choice ({ref.label}) is printed")
+        if ref is None or not self.eligible(ref):
+            miss = "could not be measured" if ref is None else "misses --min-tok-s per request"
+            return Decision(best, best, f"llama.cpp's own choice {miss}: {best.label} is printed")
+        verdicts = [self.verdict(best, ref)]
+        shipped, reason = best, f"{best.label} was decided faster than {ref.label}"
+        if verdicts[0].outcome != BETTER:
+            how = "slower than" if verdicts[0].outcome == WORSE else "not shown faster than"
+            shipped, reason = ref, (f"{best.label} was the best candidate but {how} {ref.label} in the confirmation "
+                                    f"rounds: llama.cpp's own choice is printed")
+        alt_of = self.lossless_alternative(chosen) if chosen is not None else None
+        alt = self.judged(alt_of.label) if alt_of is not None else None
+        if shipped is best and alt is not None and self.eligible(alt):
+            verdicts.append(self.verdict(best, alt))
+            if verdicts[-1].outcome != BETTER:
+                verdicts.append(self.verdict(alt, ref))
+                shipped, reason = (alt, f"{best.label} (lossy KV) was not shown faster than the lossless {alt.label}, "
+                                   f"which was decided faster than {ref.label}") if verdicts[-1].outcome == BETTER \
+                    else (ref, f"{best.label} (lossy KV) was not shown faster than the lossless {alt.label}, nor was "
+                               f"{alt.label} than {ref.label}: llama.cpp's own choice is printed")
+        pool = self.confirmation or (*self.candidates, *self.baselines)
+        verdicts += [self.verdict(shipped, m) for m in pool if m.label in {b.label for b in self.baselines}
+                     and m is not shipped and m is not ref and self.score(m) is not None]
+        return Decision(shipped, best, reason, tuple(verdicts))
+
     @property
     def winner(self) -> ServerMeasurement | None:
-        """The config to launch: the best median score among eligible arms. Noise never hands the win to a
-        baseline: an undecided comparison keeps the faster median and says so (:attr:`verdicts`). Quality does:
-        a lossy KV cache (measured KLD > 0) only wins when it is decidedly faster than the best lossless arm.
-        """
-        ok = [m for m in (*self.candidates, *self.baselines) if self.eligible(m)]
-        if not ok:
-            return None
-        best = max(ok, key=lambda m: self.score(m) or 0.0)
-        lossless = [m for m in ok if not m.kld_mean]
-        if best.kld_mean and lossless:
-            safe = max(lossless, key=lambda m: self.score(m) or 0.0)
-            if self.verdict(best, safe).outcome != BETTER:
-                return safe
-        return best
+        """The config to launch (:attr:`decision`)."""
+        return self.decision.shipped
 
     @property
     def verdicts(self) -> list[Verdict]:
-        """The winner against every other measured arm, baselines first."""
-        w = self.winner
-        if w is None:
-            return []
-        return [self.verdict(w, m) for m in (*self.baselines, *self.candidates)
-                if m is not w and self.score(m) is not None]
+        """The verdicts the decision rests on: the best candidate against the reference (and a lossless
+        alternative), the printed line against the other baselines, speculation against the line without it."""
+        return list(self.decision.verdicts)
 
     def speedup(self, baseline: str) -> float | None:
-        """The winner's score over a baseline's (see :attr:`metric`): the median of the per-round ratios."""
+        """The printed line's score over a baseline's (see :attr:`metric`), from rounds both were measured in."""
         w = self.winner
-        b = next((m for m in self.baselines if m.label == baseline), None)
+        b = self.judged(baseline)
         if w is None or b is None or self.score(b) is None:
             return None
-        if w is b:
+        if w.label == baseline:
             return 1.0
-        v = self.verdict(w, b)
+        mine = self.judged(w.label)
+        if mine is None:
+            return None
+        v = self.verdict(mine, b)
         return v.ratio if v.rounds else None
 
     def to_dict(self) -> dict[str, Any]:
+        d = self.decision
         return {"candidates": [c.to_dict() for c in self.candidates],
                 "baselines": [b.to_dict() for b in self.baselines],
+                "confirmation": [c.to_dict() for c in self.confirmation], "selected": self.selected,
+                "speculation": [s.to_dict() for s in self.speculation],
                 "prompt_tokens": self.prompt_tokens, "gen_tokens": self.gen_tokens,
                 "concurrency": self.concurrency, "min_tok_s": self.min_tok_s,
-                "verdicts": [v.to_dict() for v in self.verdicts]}
+                "decision": {"shipped": d.shipped.label if d.shipped else None,
+                             "best": d.best.label if d.best else None, "taken": d.taken, "reason": d.reason},
+                "verdicts": [v.to_dict() for v in d.verdicts]}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Finish:
-        return cls(tuple(ServerMeasurement.from_dict(c) for c in d.get("candidates", [])),
-                   tuple(ServerMeasurement.from_dict(b) for b in d.get("baselines", [])),
-                   int(d.get("prompt_tokens", 0)), int(d.get("gen_tokens", 0)), int(d.get("concurrency", 1)),
-                   d.get("min_tok_s"))
+        def arms(key: str) -> tuple[ServerMeasurement, ...]:
+            return tuple(ServerMeasurement.from_dict(x) for x in d.get(key) or [])
+
+        return cls(arms("candidates"), arms("baselines"), int(d.get("prompt_tokens", 0)), int(d.get("gen_tokens", 0)),
+                   int(d.get("concurrency", 1)), d.get("min_tok_s"), arms("confirmation"), d.get("selected"),
+                   arms("speculation"))
 
 
-@dataclass(frozen=True, slots=True)
-class Rounds:
-    """How many interleaved rounds the finish measures: at least ``min``, more (up to ``max``) while the
-    winner's comparison with a baseline is undecided."""
-
-    min: int = 3
-    max: int = 4
+Rounds = decide.Rounds
+DEFAULT_ROUNDS = Rounds()  # 2 selection rounds, then 3 confirmation rounds and a 4th while undecided
 
 
 def slot_arms(candidates: Sequence[tuple[int, LaunchConfig]], slots: Sequence[int]
@@ -305,43 +416,70 @@ def finish(loc: EngineLocation, candidates: Sequence[tuple[int, LaunchConfig]],
            baselines: Sequence[tuple[str, LaunchConfig]], load: Workload, *, log_dir: Path,
            caps: Capabilities | None = None, roofline_of: Callable[[LaunchConfig], float | None] | None = None,
            kld_of: Callable[[LaunchConfig], KvPrice | None] | None = None, slots: Sequence[int] = (1,),
-           min_tok_s: float | None = None, rounds: Rounds = Rounds(),
+           min_tok_s: float | None = None, rounds: Rounds = DEFAULT_ROUNDS,
            on_step: Callable[[str], None] | None = None, vram_budget_bytes: int | None = None) -> Finish:
-    """Measure baselines and candidates in interleaved rounds (the order rotating each round, so slow drift and
-    bursts on a shared machine hit every arm alike) until the winner's verdicts are decided or the rounds run
-    out. An arm whose server fails to start in the first round is not measured again."""
+    """Measure baselines and candidates with llama-server in two phases (:func:`tuner.search.decide.two_phase`):
+    selection rounds over every arm when several candidates compete, then the baselines and the selected candidate
+    in fresh confirmation rounds until its verdicts are decided or the rounds run out. An arm whose server fails to
+    start in its first round is not measured again."""
     arms = [(label, cfg, None) for label, cfg in baselines] + slot_arms(candidates, slots)
-    runs: dict[str, list[bench.ServerTrial | failures.Failure]] = {label: [] for label, _, _ in arms}
-    noise: dict[str, list[str | None]] = {label: [] for label, _, _ in arms}
+    by_label = {label: (cfg, num) for label, cfg, num in arms}
+    runs: dict[str, dict[str, list[bench.ServerTrial | failures.Failure]]] = {SELECT: {}, CONFIRM: {}}
+    noise: dict[str, dict[str, list[str | None]]] = {SELECT: {}, CONFIRM: {}}
     sent = server_load(load)
 
-    def build() -> Finish:
-        done = [summarize(label, cfg, runs[label], load, roofline_tok_s=roofline_of(cfg) if roofline_of else None,
-                          trial_number=num, kld=kld_of(cfg) if kld_of else None, noise=noise[label])
-                for label, cfg, num in arms]
+    def measure(label: str, r: int, phase: str) -> decide.Obs:
+        cfg = by_label[label][0]
+        if on_step:
+            on_step(f"round {r} ({phase}): llama-server {label} ({flags.launch_line(cfg)})")
+        with quiet.watch_for([cfg], runner.own_pids) as watch:
+            try:
+                run: bench.ServerTrial | failures.Failure = bench.run_server_trial(
+                    loc, cfg, replace(sent, concurrency=cfg.parallel or 1), log_dir=log_dir, caps=caps,
+                    roofline_tok_s=roofline_of(cfg) if roofline_of else None, vram_budget_bytes=vram_budget_bytes)
+            except TrialFailedError as exc:
+                run = exc.failure
+        runs[phase].setdefault(label, []).append(run)
+        noise[phase].setdefault(label, []).append(watch.noise)
+        if watch.noise and on_step:
+            on_step(f"round {r}: {label} was measured on a busy machine ({watch.noise}): it decides nothing")
+        return (round_score(run.levels, load) if isinstance(run, bench.ServerTrial) else None), watch.noise
+
+    def table(phase: str) -> Finish:
+        done = [summarize(label, cfg, runs[phase][label], load, roofline_tok_s=roofline_of(cfg) if roofline_of
+                          else None, trial_number=num, kld=kld_of(cfg) if kld_of else None,
+                          noise=noise[phase][label])
+                for label, cfg, num in arms if label in runs[phase]]
         return Finish(tuple(m for m in done if m.label.startswith("candidate")),
                       tuple(m for m in done if not m.label.startswith("candidate")), load.prompt_tokens,
                       load.gen_tokens, load.concurrency, min_tok_s)
 
-    for r in range(rounds.max):
-        order = arms[r % len(arms):] + arms[:r % len(arms)]
-        for label, cfg, _ in order:
-            if r > 0 and not any(isinstance(t, bench.ServerTrial) for t in runs[label]):
-                continue
-            if on_step:
-                on_step(f"round {r + 1}: llama-server {label} ({flags.launch_line(cfg)})")
-            roof = roofline_of(cfg) if roofline_of else None
-            concurrency = cfg.parallel or 1
-            with quiet.watch_for([cfg], runner.own_pids) as watch:
-                try:
-                    runs[label].append(bench.run_server_trial(loc, cfg, replace(sent, concurrency=concurrency),
-                                                              log_dir=log_dir, caps=caps, roofline_tok_s=roof,
-                                                              vram_budget_bytes=vram_budget_bytes))
-                except TrialFailedError as exc:
-                    runs[label].append(exc.failure)
-            noise[label].append(watch.noise)
-            if watch.noise and on_step:
-                on_step(f"round {r + 1}: {label} was measured on a busy machine ({watch.noise}): it decides nothing")
-        if r + 1 >= rounds.min and all(v.outcome != UNDECIDED for v in build().verdicts):
-            break
-    return build()
+    return two_phase_finish([label for label, _, _ in arms], measure, table, rounds)
+
+
+SELECT, CONFIRM = "selection", "confirmation"
+
+
+def two_phase_finish(labels: Sequence[str], measure: Callable[[str, int, str], decide.Obs],
+                     table: Callable[[str], Finish], rounds: Rounds) -> Finish:
+    """The finish's rounds and rule, whatever measures them: ``measure(label, round, phase)`` measures one arm once
+    (``phase`` is :data:`SELECT` or :data:`CONFIRM`); ``table(phase)`` is that phase's arms so far as a Finish.
+    Selection when two or more candidates compete; then the baselines, the selected candidate (and a lossless
+    alternative to a lossy one) in fresh rounds until :attr:`Finish.verdicts` are decided or the rounds run out."""
+    n_select = rounds.select if sum(x.startswith("candidate") for x in labels) >= 2 else 0
+
+    def chosen() -> str | None:
+        best = table(SELECT).select() if n_select else None
+        return best.label if best else None
+
+    def assembled() -> Finish:
+        if not n_select:
+            return table(CONFIRM)
+        conf = table(CONFIRM)
+        return replace(table(SELECT), selected=chosen(), confirmation=(*conf.baselines, *conf.candidates))
+
+    decide.two_phase(labels, [x for x in labels if x.startswith("candidate")],
+                     lambda label, r: measure(label, r, SELECT if r <= n_select else CONFIRM),
+                     replace(rounds, select=n_select), to_confirm=lambda _: table(SELECT).to_confirm(),
+                     settled=lambda _: all(v.outcome != UNDECIDED for v in assembled().verdicts))
+    return assembled()

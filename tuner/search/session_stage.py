@@ -1,12 +1,14 @@
 """The agent workload's last stage: whole sessions, scored by session time, decide the launch line.
 
 llama-bench (the search) cannot send a second turn, so prompt reuse is judged here, on llama-server: the
-engine's defaults (``default``), the finish's winner as it is (``tuned``), and the winner with each prompt-reuse
-setting that applies to this model and engine (:func:`tuner.search.space.reuse_arms`), each replaying the same
-session (the bundled one at the workload's depth, or ``--session FILE``) in interleaved rounds. The arm with the
-shortest median session wins; it is judged against ``default`` on the per-round ratios
-(:func:`tuner.search.verdict.compare`), so the report says "decided" only when the interval excludes 1.
-Arms the memory model says cannot fit (a full SWA cache, more checkpoints) are never launched.
+engine's defaults (``default``), the finish's printed line (``tuned``, or ``default`` itself when the finish kept
+llama.cpp's own choice), and that line with each prompt-reuse setting that applies to this model and engine
+(:func:`tuner.search.space.reuse_arms`), each replaying the same session (the bundled one at the workload's depth,
+or ``--session FILE``) in interleaved rounds. As in the finish (:mod:`tuner.search.decide`), a reuse setting enters
+the launch line only when it was decided better than the line without it (the base), in rounds that did not
+select it: with two or more reuse arms, :data:`SELECT_ROUNDS` rounds of every arm select the best, which is then
+measured again beside the base and the defaults in fresh rounds. Arms the memory model says cannot fit (a full SWA
+cache, more checkpoints) are never launched.
 """
 
 from __future__ import annotations
@@ -28,11 +30,12 @@ from tuner.measure import session as session_mod
 from tuner.measure import session_run
 from tuner.measure.session_run import Finding, SessionResult
 from tuner.models.gguf_reader import ModelInfo
-from tuner.search import space
+from tuner.search import decide, space
 from tuner.search.trials import config_to_dict
-from tuner.search.verdict import Verdict, compare_quiet
+from tuner.search.verdict import BETTER, WORSE, Verdict, compare_quiet
 
 DEFAULT_ROUNDS = 3
+SELECT_ROUNDS = 2  # sessions per arm that choose among several reuse arms (they decide nothing)
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +43,7 @@ class SessionRequest:
     session_file: Path | None = None  # --session: the user's own messages; None: the bundled session
     depth_tokens: int | None = None  # the bundled session's depth; None: session.DEFAULT_DEPTH
     gen_tokens: int = session_mod.DEFAULT_GEN_TOKENS  # generated per turn
-    rounds: int = DEFAULT_ROUNDS
+    rounds: int = DEFAULT_ROUNDS  # confirmation rounds (one more while the verdict is undecided)
     agents: int = 1  # sessions replayed at once (-np 2: two agents); the score is their wall time
 
 
@@ -91,95 +94,162 @@ class ArmSessions:
 
 @dataclass(frozen=True, slots=True)
 class SessionStage:
-    arms: tuple[ArmSessions, ...]
-    winner: str | None
-    verdict: Verdict | None  # winner against default
+    arms: tuple[ArmSessions, ...]  # the selection rounds (with one reuse arm or none: every round)
+    winner: str | None  # the arm whose line is printed
+    verdict: Verdict | None  # the deciding one: the best reuse arm against its base (or the base against default)
     source: str
     notes: dict[str, str] = field(default_factory=dict)  # arms not launched, and why
     agents: int = 1
+    confirmation: tuple[ArmSessions, ...] = ()  # fresh rounds of the defaults, the base and the selected arm
+    best: str | None = None  # the best reuse arm of the selection
+    reason: str = ""
 
     def arm(self, label: str) -> ArmSessions | None:
-        return next((a for a in self.arms if a.label == label), None)
+        """The arm as the decision judged it (its confirmation rounds when there were any)."""
+        return next((a for a in (*self.confirmation, *self.arms) if a.label == label), None)
 
     def to_dict(self) -> dict[str, Any]:
         return {"metric": "session time (every turn, request sent to last token)", "source": self.source,
                 "agents": self.agents,
                 "winner": self.winner, "verdict": None if self.verdict is None else self.verdict.to_dict(),
                 "verdict_text": None if self.verdict is None else self.verdict.describe(),
-                "arms": [a.to_dict() for a in self.arms], "not_launched": self.notes}
+                "best": self.best, "reason": self.reason,
+                "arms": [a.to_dict() for a in self.arms], "confirmation": [a.to_dict() for a in self.confirmation],
+                "not_launched": self.notes}
 
 
 def stage_arms(default: LaunchConfig, tuned: LaunchConfig, info: ModelInfo, hw: Hardware,
                caps: Capabilities | None, vram_margin_mib: float | None = None) -> tuple[list[tuple[str, LaunchConfig]],
                                                                                          dict[str, str]]:
-    """``default``, ``tuned``, and ``tuned`` with each reuse setting that applies and fits."""
+    """``default``, ``tuned`` (when the finish printed another line than the default), and the base line (``tuned``,
+    else ``default``) with each reuse setting that applies and fits."""
     arms = [("default", default)]
     if tuned != default:
         arms.append(("tuned", tuned))
+    base = base_label([label for label, _ in arms])
     notes: dict[str, str] = {}
     for arm in space.reuse_arms(info, lambda s: flags.server_accepts(caps, s), tuned.parallel or 1):
         cfg = arm.apply(tuned)
         if not space.reuse_fits(info, cfg, hw, vram_margin_mib):
             notes[arm.label] = "not launched: the memory model says it does not fit"
             continue
-        arms.append((f"tuned + {arm.label}", cfg))
+        arms.append((f"{base} + {arm.label}", cfg))
     return arms, notes
+
+
+def base_label(labels: Sequence[str]) -> str:
+    """The line the reuse settings are added to: the finish's ``tuned`` line, or ``default`` when it kept that."""
+    return "tuned" if "tuned" in labels else "default"
+
+
+def reuse_labels(labels: Sequence[str]) -> list[str]:
+    return [x for x in labels if x not in ("default", "tuned")]
 
 
 def measure(loc: EngineLocation, arms: Sequence[tuple[str, LaunchConfig]], req: SessionRequest, info: ModelInfo, *,
             log_dir: Path, caps: Capabilities | None = None,
-            on_step: Callable[[str], None] | None = None) -> list[ArmSessions]:
-    """Every arm once per round, the order rotating each round, the same session for all."""
+            on_step: Callable[[str], None] | None = None) -> tuple[list[ArmSessions], list[ArmSessions]]:
+    """Selection rounds (with two or more reuse arms), then confirmation rounds of the defaults, the base and the
+    selected reuse arm; every arm once per round, the order rotating, the same session for all. Returns the
+    selection's arms (empty when there was none) and the confirmation's."""
     makers = session_mod.session_makers(req.session_file, req.depth_tokens, req.gen_tokens, req.agents)
-    results: dict[str, list[SessionResult | None]] = {label: [] for label, _ in arms}
-    noise: dict[str, list[str | None]] = {label: [] for label, _ in arms}
+    configs = dict(arms)
+    labels = [label for label, _ in arms]
+    reuse = reuse_labels(labels)
+    n_select = SELECT_ROUNDS if len(reuse) >= 2 else 0
+    results: dict[bool, dict[str, list[SessionResult | None]]] = {True: {}, False: {}}
+    noise: dict[bool, dict[str, list[str | None]]] = {True: {}, False: {}}
     failed: dict[str, str] = {}
-    for r in range(req.rounds):
-        order = list(arms[r % len(arms):]) + list(arms[:r % len(arms)])
-        for label, cfg in order:
-            if label in failed:
-                results[label].append(None)
-                noise[label].append(None)
-                continue
-            if on_step:
-                on_step(f"session round {r + 1}/{req.rounds}: {label}")
-            # Watched as the finish's rounds are: a session measured while other work used the machine is kept
-            # and shown, but decides nothing (ArmSessions.quiet_scores).
-            with quiet.watch_for([cfg], runner.own_pids) as watch:
-                try:
-                    trial = session_run.run_session_trial(loc, cfg, makers, req.gen_tokens,
-                                                          log_dir=log_dir / f"round{r + 1}", caps=caps)
-                    results[label].append(trial.result)
-                except TrialFailedError as exc:
-                    failed[label] = exc.failure.summary()
-                    results[label].append(None)
-            noise[label].append(watch.noise)
-            if watch.noise and on_step:
-                on_step(f"session round {r + 1}: {label} was measured on a busy machine ({watch.noise}): "
-                        "it decides nothing")
-    out = []
-    for label, cfg in arms:
-        arm = ArmSessions(label, cfg, tuple(results[label]), failed.get(label), None, tuple(noise[label]))
+
+    def one(label: str, r: int) -> decide.Obs:
+        selecting = r <= n_select
+        phase = "selection" if selecting else "confirmation"
+        if on_step:
+            on_step(f"session round {r} ({phase}): {label}")
+        # Watched as the finish's rounds are: a session measured while other work used the machine is kept
+        # and shown, but decides nothing (ArmSessions.quiet_scores).
+        with quiet.watch_for([configs[label]], runner.own_pids) as watch:
+            try:
+                trial = session_run.run_session_trial(loc, configs[label], makers, req.gen_tokens,
+                                                      log_dir=log_dir / f"round{r}", caps=caps)
+                result: SessionResult | None = trial.result
+            except TrialFailedError as exc:
+                failed[label] = exc.failure.summary()
+                result = None
+        results[selecting].setdefault(label, []).append(result)
+        noise[selecting].setdefault(label, []).append(watch.noise)
+        if watch.noise and on_step:
+            on_step(f"session round {r}: {label} was measured on a busy machine ({watch.noise}): it decides nothing")
+        return (result.score() if result is not None else None), watch.noise
+
+    def arms_of(selecting: bool) -> list[ArmSessions]:
+        return [ArmSessions(x, configs[x], tuple(results[selecting][x]), failed.get(x), None,
+                            tuple(noise[selecting][x])) for x in labels if x in results[selecting]]
+
+    def to_confirm(_: dict[str, list[decide.Obs]]) -> list[str]:
+        best = select(arms_of(True))
+        base = base_label(labels)
+        return [x for x in labels if x in ("default", base)] + ([best] if best else [])
+
+    def settled(_: dict[str, list[decide.Obs]]) -> bool:
+        stage = judge(arms_of(True), "", {}, confirmation=arms_of(False)) if n_select else judge(arms_of(False), "", {})
+        return stage.verdict is None or stage.verdict.outcome in (BETTER, WORSE)
+
+    decide.two_phase(labels, reuse, one, decide.Rounds(min=req.rounds, max=req.rounds + 1, select=n_select),
+                     to_confirm=to_confirm, settled=settled)
+
+    def diagnosed(arm: ArmSessions) -> ArmSessions:
         typical = arm.typical
-        finding = session_run.diagnose(typical, info, cfg) if typical is not None else None
-        out.append(replace(arm, finding=finding))
-    return out
+        finding = session_run.diagnose(typical, info, arm.config) if typical is not None else None
+        return replace(arm, finding=finding)
+
+    selection = [diagnosed(a) for a in arms_of(True)]
+    return selection, [diagnosed(a) for a in arms_of(False)]
 
 
-def judge(arms: Sequence[ArmSessions], source: str, notes: dict[str, str], agents: int = 1) -> SessionStage:
-    """The shortest median session wins; it is compared with ``default`` round by round."""
-    timed = [a for a in arms if a.median_session_s is not None]
-    if not timed:
-        return SessionStage(tuple(arms), None, None, source, notes, agents)
-    best = min(timed, key=lambda a: a.median_session_s or float("inf"))
-    default = next((a for a in arms if a.label == "default"), None)
-    verdict = None
-    if default is not None and best is not default:
-        # Judged on the rounds quiet for both arms; the faster median still wins an undecided comparison (as in
-        # the finish: noise never hands the win to the defaults), and the verdict says how many rounds were busy.
-        verdict = compare_quiet(best.label, default.label, best.scores, default.scores, best.quiet_scores(),
-                                default.quiet_scores())
-    return SessionStage(tuple(arms), best.label, verdict, source, notes, agents)
+def select(arms: Sequence[ArmSessions]) -> str | None:
+    """The reuse arm with the shortest session over its quiet rounds (selection decides nothing)."""
+    table = {a.label: list(zip(a.scores, [*a.interference, *[None] * len(a.scores)], strict=False)) for a in arms}
+    return decide.best(table, reuse_labels([a.label for a in arms]))
+
+
+def judge(arms: Sequence[ArmSessions], source: str, notes: dict[str, str], agents: int = 1, *,
+          confirmation: Sequence[ArmSessions] = ()) -> SessionStage:
+    """The launch-line rule for sessions: the best reuse arm is printed only when its verdict against the base (the
+    line without its setting), on the confirmation rounds, is "better"; otherwise the base is printed. ``arms``
+    are the selection rounds' when ``confirmation`` is given, else every round's."""
+    labels = [a.label for a in arms]
+    pool = {a.label: a for a in (confirmation or arms)}
+    base = pool.get(base_label(labels))
+    chosen = select(arms)
+    best = pool.get(chosen) if chosen else None
+
+    def versus(a: ArmSessions, b: ArmSessions) -> Verdict:
+        # Judged on the rounds quiet for both arms; the verdict says how many rounds were busy.
+        return compare_quiet(a.label, b.label, a.scores, b.scores, a.quiet_scores(), b.quiet_scores())
+
+    def stage(winner: str | None, verdict: Verdict | None, reason: str) -> SessionStage:
+        return SessionStage(tuple(arms), winner, verdict, source, notes, agents, tuple(confirmation), chosen, reason)
+
+    if base is None or base.median_session_s is None:
+        if best is not None and best.median_session_s is not None:
+            return stage(best.label, None, f"the base line failed: {best.label} is printed")
+        default = pool.get("default")
+        ok = default is not None and default.median_session_s is not None
+        return stage("default" if ok else None, None, "the base line failed" + (": the defaults are printed" if ok
+                                                                                 else " and so did the defaults"))
+    if best is None or best.median_session_s is None:
+        default = pool.get("default")
+        verdict = versus(base, default) if default is not None and default is not base and \
+            default.median_session_s is not None else None
+        why = "no reuse setting applies" if chosen is None else f"{chosen} failed"
+        return stage(base.label, verdict, f"{why}: {base.label} is printed")
+    verdict = versus(best, base)
+    if verdict.outcome == BETTER:
+        return stage(best.label, verdict, f"{best.label} was decided faster than {base.label}")
+    how = "slower than" if verdict.outcome == WORSE else "not shown faster than"
+    return stage(base.label, verdict, f"{best.label} was the best reuse arm but {how} {base.label}: "
+                                      f"{base.label} is printed")
 
 
 def run_stage(loc: EngineLocation, default: LaunchConfig, tuned: LaunchConfig, info: ModelInfo, hw: Hardware,
@@ -188,8 +258,11 @@ def run_stage(loc: EngineLocation, default: LaunchConfig, tuned: LaunchConfig, i
               st: Any = None) -> SessionStage:
     """Measure and judge the session arms; record them (study attr ``session``, ``result_dir/session.json``)."""
     arms, notes = stage_arms(default, tuned, info, hw, caps, vram_margin_mib)
-    measured = measure(loc, arms, req, info, log_dir=result_dir / "logs" / "session", caps=caps, on_step=on_step)
-    stage = judge(measured, str(req.session_file) if req.session_file else "bundled", notes, req.agents)
+    selection, confirmation = measure(loc, arms, req, info, log_dir=result_dir / "logs" / "session", caps=caps,
+                                      on_step=on_step)
+    source = str(req.session_file) if req.session_file else "bundled"
+    stage = judge(selection, source, notes, req.agents, confirmation=confirmation) if selection else \
+        judge(confirmation, source, notes, req.agents)
     record = stage.to_dict()
     if st is not None:
         st.set_user_attr("session", record)

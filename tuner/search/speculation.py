@@ -1,12 +1,14 @@
-"""Speculative decoding as a stage after auto-tune's finish: the winning config against itself with each
+"""Speculative decoding as a stage after auto-tune's finish: the printed line against itself with each
 speculation mode that applies to this model, measured on llama-server with the workload's own prompts.
 
 Arms: ``none``; the n-gram modes (no second model); the model's MTP head where the file carries one; a draft
 model the user names; the draft kinds each at the engine's draft length and p-min and at a shorter and a
-longer, pickier setting. Arms run in alternating order over rounds (:func:`tuner.measure.speculation.
-measure_arms`) and each is judged against ``none`` on the same prompts by end-to-end request time; one is
-kept only when its gain exceeds the measured noise, and it then joins the finish as one more candidate, so
-the finish's own rule picks the launch line. Every arm is reported with the acceptance llama-server measured.
+longer, pickier setting. Two phases, as the finish (:mod:`tuner.search.decide`): the *selection* runs every arm
+in alternating order (:func:`tuner.measure.speculation.measure_arms`) and judges each against ``none`` on the same
+prompts by end-to-end request time; the arm with the largest gain beyond the measured noise is selected. The
+*confirmation* measures ``none`` and the selected arm again in fresh rounds (3, a 4th while undecided); the arm
+enters the launch line only when its verdict against ``none`` on those rounds is "better". Every arm is reported
+with the acceptance llama-server measured.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from tuner.measure.workload import Workload
 from tuner.models.gguf_reader import ModelInfo, has_mtp_head, inspect_model
 from tuner.plan import memory
 from tuner.search.finish import Finish, ServerMeasurement
+from tuner.search.verdict import MIN_ROUNDS, UNDECIDED, compare
 
 NGRAM_TYPES = (SpecType.NGRAM_SIMPLE, SpecType.NGRAM_MAP_K, SpecType.NGRAM_MOD)
 # (--spec-draft-n-max, --spec-draft-p-min) per draft kind; None: the engine's default (3 tokens, p-min 0).
@@ -49,8 +52,9 @@ class SpeculationRequest:
     prompts_file: Path | None = None  # --prompts: real requests; default: windows of the bundled corpus
     ngram_types: tuple[SpecType, ...] = NGRAM_TYPES
     draft_variants: tuple[tuple[int | None, float | None], ...] = DRAFT_VARIANTS
-    rounds: int = 2
+    rounds: int = 2  # selection rounds
     requests: int = 4  # prompts per arm and round
+    confirm_rounds: int = MIN_ROUNDS  # fresh rounds of ``none`` and the selected arm (one more while undecided)
     # Benchmarking only: every speculative arm accepts drafts at random with this mean length (tokens per
     # verification step, the target's own included). Measures the mechanics, not the model's acceptance.
     synth_len: float | None = None
@@ -90,13 +94,14 @@ class ArmVerdict:
     note: str = ""
 
     def line(self) -> str:
-        """One line for the user, e.g. ``ngram-mod: +8.1 % (noise ±3.0 %), 41 % of drafts accepted: kept``."""
+        """One line for the user, e.g. ``ngram-mod: +8.1 % (noise ±3.0 %), 41 % of drafts accepted: beyond the
+        noise`` (a selection line: only the confirmation decides)."""
         r = self.result
         if not r.ok:
             return f"{r.arm.label}: {self.note or 'failed'}"
         acc = "nothing drafted" if r.acceptance_rate is None else f"{100 * r.acceptance_rate:.0f} % of drafts accepted"
         gain = "" if self.gain is None else f"{self.gain.gain_pct:+.1f} % (noise ±{self.gain.noise_pct:.1f} %), "
-        return f"{r.arm.label}: {gain}{acc}: {'kept' if self.kept else 'not kept'}"
+        return f"{r.arm.label}: {gain}{acc}: {'beyond the noise' if self.kept else 'within the noise'}"
 
     def to_dict(self) -> dict[str, Any]:
         g = self.gain
@@ -106,7 +111,8 @@ class ArmVerdict:
 
 
 def judge(results: Sequence[ArmResult], notes: dict[str, str] | None = None) -> list[ArmVerdict]:
-    """Each arm against ``results[0]`` (``none``): kept when its end-to-end gain exceeds the measured noise."""
+    """Each arm against ``results[0]`` (``none``): ``kept`` (a candidate for the confirmation) when its end-to-end
+    gain exceeds the measured noise."""
     notes = notes or {}
     base = results[0]
     out = [ArmVerdict(base, None, False, "the reference")]
@@ -133,18 +139,38 @@ def round_scores(r: ArmResult, load: Workload) -> list[float | None]:
     return out
 
 
-def as_measurement(v: ArmVerdict, load: Workload) -> ServerMeasurement:
-    """The kept arm as a finish candidate, labelled with the acceptance it was measured with."""
+def as_measurement(r: ArmResult, load: Workload) -> ServerMeasurement:
+    """An arm's confirmation rounds as a measurement, labelled with the acceptance it was measured with."""
     from tuner.search.study import config_to_dict
 
-    r = v.result
     acc = "" if r.acceptance_rate is None else f", {100 * r.acceptance_rate:.0f} % accepted"
-    per_round: dict[str, Any] = {"scores": round_scores(r, load)}
+    label = "speculation none" if r.arm.label == "none" else f"speculation {r.arm.label}{acc}"
     return ServerMeasurement(
-        label=f"speculation {r.arm.label}{acc}", config=config_to_dict(r.arm.config),
+        label=label, config=config_to_dict(r.arm.config),
         launch_line=flags.launch_line(r.arm.config), argv=list(r.argv), gen_tok_s=r.gen_tok_s,
         gen_samples_tok_s=[q.gen_tok_s for q in r.requests], gen_cv_pct=r.gen_cv_pct, prompt_tok_s=r.prompt_tok_s,
-        ttft_s=r.ttft_s, aggregate_gen_tok_s=r.gen_tok_s, **per_round)
+        ttft_s=r.ttft_s, aggregate_gen_tok_s=r.gen_tok_s, scores=round_scores(r, load))
+
+
+def _merged(a: ArmResult, b: ArmResult) -> ArmResult:
+    return replace(a, requests=a.requests + b.requests, argv=b.argv or a.argv, failure=b.failure or a.failure)
+
+
+def confirm(loc: EngineLocation, base: ArmResult, chosen: ArmResult, load: Workload, req: SpeculationRequest, *,
+            log_dir: Path, caps: Capabilities | None = None, texts: Sequence[str] | None = None,
+            on_step: Callable[[str], None] | None = None) -> tuple[ArmResult, ArmResult]:
+    """``none`` and the selected arm in fresh rounds (numbered after the selection's): ``confirm_rounds`` of them,
+    and one more while the verdict on their per-round scores is undecided."""
+    arms = [base.arm, chosen.arm]
+    first = req.rounds
+    got = measure_arms(loc, arms, load, rounds=req.confirm_rounds, requests=req.requests, texts=texts,
+                       log_dir=log_dir, caps=caps, on_step=on_step, first_round=first)
+    v = compare("a", "b", round_scores(got[1], load), round_scores(got[0], load))
+    if v.outcome == UNDECIDED and all(r.ok for r in got):
+        more = measure_arms(loc, arms, load, rounds=1, requests=req.requests, texts=texts, log_dir=log_dir,
+                            caps=caps, on_step=on_step, first_round=first + req.confirm_rounds)
+        got = [_merged(x, y) for x, y in zip(got, more, strict=True)]
+    return got[0], got[1]
 
 
 def run_stage(loc: EngineLocation, base: LaunchConfig, info: ModelInfo, hw: Hardware, req: SpeculationRequest,
@@ -179,8 +205,9 @@ def run_stage(loc: EngineLocation, base: LaunchConfig, info: ModelInfo, hw: Hard
 def after_finish(loc: EngineLocation, st: Any, done: Finish, info: ModelInfo, hw: Hardware,
                  req: SpeculationRequest, load: Workload, *, result_dir: Path, caps: Capabilities | None = None,
                  on_step: Callable[[str], None] | None = None) -> Finish:
-    """auto-tune's speculation stage: judge speculation on the finish's winner, record every arm (study attr
-    ``speculation`` and ``result_dir/speculation.json``), and add the kept arm, if any, to the candidates."""
+    """auto-tune's speculation stage: select on the finish's printed line, confirm the selected arm in fresh rounds,
+    record every arm (study attr ``speculation`` and ``result_dir/speculation.json``), and hand the finish the
+    confirmation (:attr:`tuner.search.finish.Finish.speculation`): its rule decides whether the arm is printed."""
     from tuner.search.study import config_from_dict
 
     winner = done.winner
@@ -191,21 +218,35 @@ def after_finish(loc: EngineLocation, st: Any, done: Finish, info: ModelInfo, hw
         if on_step:
             on_step("speculation: judged for one user at a time; this workload keeps several slots busy: skipped")
         return done
-    verdicts = run_stage(loc, config_from_dict(winner.config), info, hw, req, load,
-                         log_dir=result_dir / "logs" / "speculation", caps=caps, on_step=on_step)
-    return join(st, done, verdicts, req, load, result_dir=result_dir)
+    log_dir = result_dir / "logs" / "speculation"
+    verdicts = run_stage(loc, config_from_dict(winner.config), info, hw, req, load, log_dir=log_dir, caps=caps,
+                         on_step=on_step)
+    chosen = best(verdicts)
+    confirmed = None
+    if chosen is not None:
+        texts = load_prompts(req.prompts_file) if req.prompts_file is not None else None
+        confirmed = confirm(loc, verdicts[0].result, chosen.result, load, req, log_dir=log_dir, caps=caps,
+                            texts=texts, on_step=on_step)
+    return join(st, done, verdicts, req, load, result_dir=result_dir, confirmed=confirmed)
 
 
 def join(st: Any, done: Finish, verdicts: Sequence[ArmVerdict], req: SpeculationRequest, load: Workload, *,
-         result_dir: Path) -> Finish:
-    """Record the stage's verdicts and add the kept arm (the largest gain beyond noise), if any, to the finish."""
+         result_dir: Path, confirmed: tuple[ArmResult, ArmResult] | None = None) -> Finish:
+    """Record the stage's verdicts and the confirmation of the selected arm (the largest gain beyond noise), and
+    give the confirmation to the finish."""
     winner = done.winner
     chosen = best(verdicts)
+    pair = () if confirmed is None else tuple(as_measurement(r, load) for r in confirmed)
+    fin = replace(done, speculation=pair)
+    printed = fin.winner
+    kept = chosen.result.arm.label if chosen and printed is not None and pair and printed is pair[1] else None
     record = {"base": winner.label if winner else None,
               "workload": {"prompt_tokens": load.prompt_tokens, "gen_tokens": load.gen_tokens},
               "prompts": str(req.prompts_file) if req.prompts_file else "bundled corpus",
-              "kept": chosen.result.arm.label if chosen else None, "arms": [v.to_dict() for v in verdicts]}
+              "selected": chosen.result.arm.label if chosen else None, "kept": kept,
+              "confirmation": fin.verdicts[-1].to_dict() if pair else None,
+              "arms": [v.to_dict() for v in verdicts]}
     st.set_user_attr("speculation", record)
     result_dir.mkdir(parents=True, exist_ok=True)
     (result_dir / "speculation.json").write_text(json.dumps(record, indent=2))
-    return done if chosen is None else replace(done, candidates=(*done.candidates, as_measurement(chosen, load)))
+    return fin
