@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +23,7 @@ from tests.conftest import run_cli
 from tuner.core.config import LaunchConfig
 from tuner.core.errors import MachineBusyError
 from tuner.engine import flags, runner
+from tuner.engine.server_client import ServerClient
 from tuner.machine import processes, quiet
 from tuner.measure.workload import Workload, WorkloadKind
 from tuner.search import finish
@@ -89,36 +94,118 @@ def test_gpu_work_of_others_is_interference_and_ours_is_not():
         _stop(other)
 
 
-def _competitor(engine_loc, model) -> subprocess.Popen[bytes]:
+class _Rival(ServerClient):
     """A llama-server this test starts itself (not through the runner): someone else's, to the tool."""
-    argv = flags.server_argv(engine_loc.tool("llama-server"), LaunchConfig(model=model, ctx=256, threads=1))
-    proc = subprocess.Popen([*argv, *flags.listen_argv("127.0.0.1", runner.free_port())],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    time.sleep(0.3)
-    return proc
+
+    def __init__(self, engine_loc, model) -> None:
+        self.host, self.port = "127.0.0.1", runner.free_port()
+        self.argv = flags.server_argv(engine_loc.tool("llama-server"), LaunchConfig(model=model, ctx=256, threads=1))
+        self.proc = subprocess.Popen([*self.argv, *flags.listen_argv(self.host, self.port)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.pid = self.proc.pid
+
+    def exit_code(self) -> int | None:
+        return self.proc.poll()
+
+    def log_tail(self) -> str:
+        return ""
+
+    @contextlib.contextmanager
+    def under_load(self) -> Iterator[None]:
+        """Requests one after another, from a thread, until the block ends: the user's server at work."""
+        stop = threading.Event()
+
+        def serve() -> None:
+            while not stop.is_set():
+                with contextlib.suppress(OSError, ValueError):
+                    self.complete("the user's own chat", 48, timeout_s=60)
+
+        loader = threading.Thread(target=serve, daemon=True)
+        loader.start()
+        try:
+            time.sleep(0.5)
+            yield
+        finally:
+            stop.set()
+            loader.join(timeout=70)
+
+    def stop(self) -> None:
+        _stop(self.proc)
 
 
-def test_another_llama_process_makes_the_cli_wait_then_refuse(engine_loc, demo_models):
-    model = demo_models[("qwen3moe", "Q4_K_M")]
-    rival = _competitor(engine_loc, model)
+@contextlib.contextmanager
+def _rival(engine_loc, model) -> Iterator[_Rival]:
+    rival = _Rival(engine_loc, model)
     try:
-        [seen] = processes.other_llama_processes()
-        assert seen.pid == rival.pid and seen.name == "llama-server" and not seen.ours_earlier
-        t0 = time.monotonic()
-        res = run_cli("bench", str(model), "--no-server", "-r", "1", "-p", "8", "-n", "8", "--busy-wait", "2s")
-        assert res.returncode == 1, res.stderr
-        # Output is not a terminal: one line when the wait starts, then the refusal.
-        started, *_, line = res.stderr.strip().splitlines()
-        assert started.startswith(f"waiting for a quiet machine: llama-server pid {rival.pid}"), started
-        # The wait ends at the first look past 2 s (on a loaded machine a look takes a while): 2 or 3 s.
-        assert f"llama-server pid {rival.pid}" in line and "--allow-busy" in line, res.stderr
-        assert "waited 2 s" in line or "waited 3 s" in line, line
-        assert time.monotonic() - t0 < 30
-        ok = run_cli("bench", str(model), "--no-server", "-r", "1", "-p", "8", "-n", "8", "--allow-busy")
-        assert ok.returncode == 0, ok.stderr
-        assert f"warning: measuring on a busy machine: llama-server pid {rival.pid}" in ok.stderr
+        rival.wait_healthy(120)  # loading is work: the check looks at an idle server once it has loaded
+        yield rival
     finally:
-        _stop(rival)
+        rival.stop()
+
+
+@contextlib.contextmanager
+def _proxy(folder: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """An idle process named ``llama-swap`` (a copy of ``sleep``): the proxy users put in front of servers."""
+    exe = folder / "llama-swap"
+    shutil.copy(shutil.which("sleep") or "/bin/sleep", exe)
+    proc = subprocess.Popen([str(exe), "600"])
+    try:
+        yield proc
+    finally:
+        _stop(proc)
+
+
+def test_an_idle_llama_server_and_a_proxy_are_residents_and_the_server_at_work_is_busy(engine_loc, demo_models,
+                                                                                       tmp_path):
+    model = demo_models[("qwen3moe", "Q4_K_M")]
+    quick = ("bench", str(model), "--no-server", "-r", "1", "-p", "8", "-n", "8")
+    with _rival(engine_loc, model) as rival, _proxy(tmp_path) as swap:
+        [seen] = processes.other_llama_processes()  # the proxy runs no model: not an engine
+        assert seen.pid == rival.pid and seen.name == "llama-server" and not seen.ours_earlier
+        look = processes.observe(interval_s=1.0)
+        assert not look.busy and look.llama == (), look.describe()
+        assert set(look.idle_llama) == {f"llama-server pid {rival.pid}", f"llama-swap pid {swap.pid} (a proxy)"}
+        t0 = time.monotonic()
+        res = run_cli(*quick, "--busy-wait", "20s")
+        assert res.returncode == 0, res.stderr
+        assert "waiting" not in res.stderr and time.monotonic() - t0 < 20  # measured at once...
+        said = [line for line in res.stderr.splitlines() if "idle here:" in line]
+        assert len(said) == 1, res.stderr  # ...naming the residents, once
+        assert f"llama-server pid {rival.pid}" in said[0] and f"llama-swap pid {swap.pid} (a proxy)" in said[0]
+        with rival.under_load():
+            busy = processes.observe(interval_s=1.0)
+            [working] = busy.llama
+            assert busy.busy and working.pid == rival.pid and working.cpu_cores >= processes.LLAMA_WORK_CORES
+            assert f"llama-server pid {rival.pid} at work (" in busy.describe()
+            refused = run_cli(*quick, "--busy-wait", "2s")
+        assert refused.returncode == 1, refused.stderr
+        line = refused.stderr.strip().splitlines()[-1]
+        assert f"llama-server pid {rival.pid} at work" in line and "waited" in line, refused.stderr
+        assert f"llama-swap pid {swap.pid}" not in line  # the proxy is still no rival
+
+
+def test_an_idle_server_on_the_gpu_is_named_with_its_vram_and_what_it_leaves(tmp_path):
+    from tests.fakes import FakeNVML
+
+    exe = tmp_path / "llama-server"  # a real process under the name (a copy of sleep): NVML is the fake here
+    shutil.copy(shutil.which("sleep") or "/bin/sleep", exe)
+    server = subprocess.Popen([str(exe), "600"])
+    try:
+        card = [("NVIDIA GeForce RTX 4090", 24 * 2**30, 14 * 2**30)]
+        idle = FakeNVML(card, processes=[(server.pid, 13 * 2**30)], process_sm={}, util_pct=0)
+        seen = processes.observe(interval_s=0.2, nvml=idle)
+        assert not seen.busy and seen.residents == (f"llama-server pid {server.pid} (13,312 MiB)",)
+        assert seen.idle_llama == ()  # named once, with its VRAM
+        line = seen.residents_line() or ""
+        assert f"the GPU also holds llama-server pid {server.pid} (13,312 MiB)" in line
+        assert "they hold 13,312 of 24,576 MiB, so the tune is for the 10,240 MiB left free" in line, line
+        small = FakeNVML(card, processes=[(server.pid, 2 * 2**30)], process_sm={}, util_pct=0)
+        assert "the tune is for" not in (processes.observe(interval_s=0.2, nvml=small).residents_line() or "")
+        working = FakeNVML(card, processes=[(server.pid, 13 * 2**30)], process_sm={server.pid: 60})
+        busy = processes.observe(interval_s=0.2, nvml=working)
+        assert busy.gpu == (f"llama-server pid {server.pid} uses the GPU (60 % SM)",) and busy.residents == ()
+    finally:
+        _stop(server)
 
 
 def test_ctrl_c_while_waiting_exits_cleanly(demo_models):
@@ -139,17 +226,14 @@ def test_ctrl_c_while_waiting_exits_cleanly(demo_models):
 
 
 def test_finish_rounds_under_a_competitor_decide_nothing(engine_loc, demo_models, tmp_path):
-    """Two configs, one clearly slower (-t 1 with a long reply); a rival llama-server runs through the finish:
-    every round is marked, and no verdict is decided from them."""
+    """Two configs, one clearly slower (-t 1 with a long reply); a rival llama-server serves requests through the
+    finish: every round is marked, and no verdict is decided from them."""
     model = demo_models[("qwen3moe", "Q4_K_M")]
     fast = LaunchConfig(model=model, ctx=512, parallel=1, threads=2)
     load = Workload(WorkloadKind.CUSTOM, 32, 32, rounds=1)
-    rival = _competitor(engine_loc, model)
-    try:
+    with _rival(engine_loc, model) as rival, rival.under_load():  # serving requests: a rival, not a resident
         done = finish.finish(engine_loc, [(0, fast)], [("default", LaunchConfig(model=model, ctx=512, threads=1))],
                              load, log_dir=tmp_path, rounds=finish.Rounds(min=2, max=2))
-    finally:
-        _stop(rival)
     [cand], [default] = done.candidates, done.baselines
     assert all(f"llama-server pid {rival.pid}" in (n or "") for n in (*cand.interference, *default.interference))
     [v] = done.verdicts

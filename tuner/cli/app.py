@@ -117,9 +117,8 @@ def measuring(command: str, *, allow_busy: bool, busy_wait: str, quiet_output: b
             if claim.noise and not quiet_output:
                 err.print(f"warning: measuring on a busy machine: {claim.noise}", highlight=False, markup=False,
                           soft_wrap=True)
-            elif claim.residents and not quiet_output:
-                err.print(f"the GPU also holds {', '.join(claim.residents)}: VRAM the budget leaves out, no work "
-                          "that disturbs a measurement", highlight=False, markup=False, soft_wrap=True)
+            if (residents := claim.residents_line()) and not quiet_output:
+                err.print(residents, highlight=False, markup=False, soft_wrap=True)
             yield claim.noise
 
 

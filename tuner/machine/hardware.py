@@ -206,21 +206,25 @@ def gpu_processes(nvml: Any = None) -> list[GpuProcess]:
 
 @dataclass(frozen=True, slots=True)
 class GpuActivity:
-    """One look at what the GPUs are doing: every context with its VRAM, the device utilization and, where the
-    driver keeps them, per-process SM samples since ``since_s``."""
+    """One look at what the GPUs are doing: every context with its VRAM, the device utilization, each card's memory
+    and, where the driver keeps them, per-process SM samples since ``since_s``."""
 
     processes: tuple[GpuProcess, ...]
     device_util_pct: tuple[int | None, ...]  # per card; None where the driver does not say
     process_sm_pct: dict[int, int]  # pid → highest SM share sampled in the window; empty where unsupported
     per_process_known: bool  # the driver answered per-process samples (so an absent pid was idle)
+    device_total_bytes: tuple[int | None, ...] = ()
+    device_free_bytes: tuple[int | None, ...] = ()
 
 
 def gpu_activity(nvml: Any = None, since_s: float = 1.0) -> GpuActivity:
-    """GPU contexts, utilization and per-process samples (``nvmlDeviceGetProcessUtilization``, which keeps a
+    """GPU contexts, utilization, memory and per-process samples (``nvmlDeviceGetProcessUtilization``, which keeps a
     short history per process; "not found" means no process ran a kernel in the window)."""
     procs = tuple(gpu_processes(nvml))
     nvml = open_nvml(nvml)
     utils: list[int | None] = []
+    totals: list[int | None] = []
+    frees: list[int | None] = []
     sm: dict[int, int] = {}
     known = False
     try:
@@ -229,6 +233,9 @@ def gpu_activity(nvml: Any = None, since_s: float = 1.0) -> GpuActivity:
             h = nvml.nvmlDeviceGetHandleByIndex(index)
             rates = _optional(nvml, "nvmlDeviceGetUtilizationRates", h, None)
             utils.append(None if rates is None else int(rates.gpu))
+            mem = _optional(nvml, "nvmlDeviceGetMemoryInfo", h, None)
+            totals.append(None if mem is None else int(mem.total))
+            frees.append(None if mem is None else int(mem.free))
             try:
                 samples = nvml.nvmlDeviceGetProcessUtilization(h, since_us) or []
                 known = True
@@ -239,7 +246,7 @@ def gpu_activity(nvml: Any = None, since_s: float = 1.0) -> GpuActivity:
                 sm[int(s.pid)] = max(sm.get(int(s.pid), 0), int(s.smUtil))
     finally:
         close_nvml(nvml)
-    return GpuActivity(procs, tuple(utils), sm, known)
+    return GpuActivity(procs, tuple(utils), sm, known, tuple(totals), tuple(frees))
 
 
 def _optional(nvml: Any, fn: str, handle: Any, default: Any, *args: Any) -> Any:

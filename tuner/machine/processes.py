@@ -1,6 +1,5 @@
-"""Other programs on this machine that would disturb a measurement: llama.cpp processes that are not ours
-(left by an earlier run, or a server the user keeps running), CPU time spent by others, and other work on the
-GPU (read through :mod:`tuner.machine.hardware`).
+"""Other programs on this machine that would disturb a measurement: CPU time spent by others, other work on the
+GPU (read through :mod:`tuner.machine.hardware`), and llama.cpp processes that are not ours while they work.
 
 "Ours" is this process, the children the runner started (passed in as ``own``) and their descendants. Every
 child the runner starts carries ``MOE_TUNE_OWNER=<pid>:<start time>`` in its environment (readable from /proc
@@ -10,7 +9,10 @@ whoever adopted it.
 What disturbs a measurement is other *work*: CPU time (the whole machine's, minus our own tree, so a loop of
 short-lived processes counts too), GPU kernels that are not ours, or another process's VRAM growing. A graphics
 context (the display server, the desktop shell, a browser) holds VRAM, which the budget already leaves out of
-what is free; holding it is not work, so a desktop driving its monitor from the card is a quiet machine.
+what is free; holding it is not work, so a desktop driving its monitor from the card is a quiet machine. The
+same goes for the llama-server a user keeps running (the launch line this tool prints is one), and for a proxy
+such as ``llama-swap`` in front of several: idle, they are residents, named with the VRAM they hold; they are
+rivals only while they work (CPU time, GPU kernels, VRAM growth), like any other program.
 
 ``MOE_TUNE_MACHINE_SCOPE=<pid>`` narrows what counts as "the machine" to the descendants of that process: a
 test suite sharing a machine with other suites sets it to its own pid, so its busy tests see the competing
@@ -36,6 +38,10 @@ from tuner.machine import hardware
 SCOPE_ENV = "MOE_TUNE_MACHINE_SCOPE"
 OWNER_ENV = "MOE_TUNE_OWNER"
 LLAMA_PREFIX = "llama-"  # llama-server, llama-bench, llama-perplexity, llama-cli, ...
+PROXIES = frozenset({"llama-swap"})  # in front of llama.cpp servers: it starts them and forwards, it runs no model
+# An engine using this much CPU while we look is serving or computing (an idle llama-server uses none): named as
+# the rival it is, whatever the machine-wide CPU limit says.
+LLAMA_WORK_CORES = 0.1
 MIN_CPU_WINDOW_S = 0.1  # a shorter look says nothing about CPU load
 GPU_BUSY_PCT = 10  # SM share (or device utilization not ours) that is work, not a desktop's redraws
 VRAM_GROWTH_BYTES = 64 * 2**20  # another process's VRAM growing by this much while we look
@@ -59,16 +65,23 @@ def _owner_gone(marker: str) -> bool:
         return False
 
 
+def is_engine(name: str) -> bool:
+    """A llama.cpp program that runs a model (llama-server, llama-bench, ...), not a proxy in front of them."""
+    return name.startswith(LLAMA_PREFIX) and name not in PROXIES
+
+
 @dataclass(frozen=True, slots=True)
 class LlamaProcess:
     pid: int
     name: str
     exe: str
     ours_earlier: bool  # started by a moe-tune run that has ended: left behind
+    cpu_cores: float = 0.0  # CPU it used while we looked (0 when not looked at over time)
 
     def describe(self) -> str:
         why = " left by an earlier moe-tune run" if self.ours_earlier else ""
-        return f"{self.name} pid {self.pid}{why}"
+        work = f" at work ({self.cpu_cores:.1f} CPU cores)" if self.cpu_cores else ""
+        return f"{self.name} pid {self.pid}{why}{work}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,19 +155,19 @@ class _View:
                 and (self.root is None or self.root in _ancestors(p.pid, self.procs))]
 
 
-def _llama(pid: int, name: str) -> LlamaProcess:
+def _llama(pid: int, name: str, cpu_cores: float = 0.0) -> LlamaProcess:
     exe, marker = "", ""
     with contextlib.suppress(psutil.Error):
         proc = psutil.Process(pid)
         exe = proc.exe()
         marker = proc.environ().get(OWNER_ENV, "")  # another user's process: not readable, and not ours
-    return LlamaProcess(pid, name, exe, bool(marker) and _owner_gone(marker))
+    return LlamaProcess(pid, name, exe, bool(marker) and _owner_gone(marker), cpu_cores)
 
 
 def other_llama_processes(own: Collection[int] = ()) -> list[LlamaProcess]:
-    """Live llama.cpp processes on this machine that are not ours (see the module docstring)."""
+    """Live llama.cpp engines on this machine that are not ours, at work or idle (proxies left out)."""
     view = _View(own)
-    return [_llama(p.pid, p.name) for p in view.others if p.name.startswith(LLAMA_PREFIX)]
+    return [_llama(p.pid, p.name) for p in view.others if is_engine(p.name)]
 
 
 def left_by_earlier_runs() -> list[LlamaProcess]:
@@ -165,18 +178,26 @@ def left_by_earlier_runs() -> list[LlamaProcess]:
     return [p for p in found if p.ours_earlier]
 
 
+RESIDENT_SHARE = 0.25  # residents holding this share of the card: the tune is said to be for what they leave
+
+
 @dataclass(frozen=True, slots=True)
 class Interference:
     """What else used the machine while (or just before) we measured."""
 
-    llama: tuple[LlamaProcess, ...] = ()
+    llama: tuple[LlamaProcess, ...] = ()  # llama.cpp engines at work (idle ones are residents)
     cpu_cores: float = 0.0  # CPU time others spent per second of wall time
     gpu: tuple[str, ...] = ()  # other work on the GPU, described
     cpu_limit_cores: float = 0.5
-    # Others' GPU contexts that hold VRAM and did no work (a desktop's display server, shell, browser): said, not
-    # counted. ``vram_first``: others' VRAM by pid at the first look (a watch's baseline for growth).
+    # Others' GPU contexts that hold VRAM and did no work (a desktop's display server, shell, browser, the user's
+    # idle llama-server): said, not counted. ``vram_first``: others' VRAM by pid at the first look (a watch's
+    # baseline for growth).
     residents: tuple[str, ...] = ()
     vram_first: tuple[tuple[int, int], ...] = field(default=(), compare=False)
+    idle_llama: tuple[str, ...] = ()  # llama.cpp processes (and proxies) idle here without VRAM seen: said
+    resident_vram_bytes: int = field(default=0, compare=False)  # what the residents hold
+    vram_total_bytes: int | None = field(default=None, compare=False)  # the first card's memory
+    vram_free_bytes: int | None = field(default=None, compare=False)
 
     @property
     def busy(self) -> bool:
@@ -189,6 +210,22 @@ class Interference:
         parts += list(self.gpu)
         return "; ".join(parts) or "quiet"
 
+    def residents_line(self) -> str | None:
+        """The idle residents in one line (None: there are none): what they hold, and why they are no rival."""
+        parts = []
+        if self.residents:
+            line = (f"the GPU also holds {', '.join(self.residents)}: VRAM the budget leaves out, no work that "
+                    "disturbs a measurement")
+            total, free = self.vram_total_bytes, self.vram_free_bytes
+            if total and free is not None and self.resident_vram_bytes >= RESIDENT_SHARE * total:
+                line += (f"; they hold {self.resident_vram_bytes / 2**20:,.0f} of {total / 2**20:,.0f} MiB, so the "
+                         f"tune is for the {free / 2**20:,.0f} MiB left free (stop them to tune for the whole card)")
+            parts.append(line)
+        if self.idle_llama:
+            parts.append(f"{'also ' if parts else ''}idle here: {', '.join(self.idle_llama)}: no work while we "
+                         "looked, so no reason to wait (a round in which they work is marked and decides nothing)")
+        return "; ".join(parts) or None
+
     def worse(self, other: Interference) -> Interference:
         """Both observations together: every process seen, the larger CPU load."""
         llama = {p.pid: p for p in (*self.llama, *other.llama)}
@@ -196,9 +233,13 @@ class Interference:
         # is judged from the watch's start, so the later figure holds the earlier).
         gpu = tuple({_gpu_key(g): g for g in (*self.gpu, *other.gpu)}.values())
         residents = tuple(dict.fromkeys((*self.residents, *other.residents)))
+        idle_llama = tuple(dict.fromkeys((*self.idle_llama, *other.idle_llama)))
         return Interference(tuple(llama.values()), max(self.cpu_cores, other.cpu_cores), gpu,
                             min(self.cpu_limit_cores, other.cpu_limit_cores), residents,
-                            self.vram_first or other.vram_first)
+                            self.vram_first or other.vram_first, idle_llama,
+                            max(self.resident_vram_bytes, other.resident_vram_bytes),
+                            other.vram_total_bytes or self.vram_total_bytes,
+                            other.vram_free_bytes if other.vram_free_bytes is not None else self.vram_free_bytes)
 
 
 def _gpu_key(line: str) -> str:
@@ -216,9 +257,17 @@ def cpu_limit_cores(threads: int | None = None) -> float:
     return 0.5 + 0.5 * spare
 
 
-def _gpu_look(view: _View, nvml: object, window_s: float) -> tuple[dict[int, tuple[str, int]], list[str],
-                                                                    list[str]]:
-    """Others' VRAM by pid, others' GPU work (described) and others' idle contexts (described)."""
+@dataclass(frozen=True, slots=True)
+class _GpuLook:
+    vram: dict[int, tuple[str, int]]  # others' VRAM by pid: (name, bytes)
+    work: list[str]  # others' GPU work, described
+    idle: dict[int, tuple[str, int]]  # others' contexts that did no work: (name, bytes)
+    total_bytes: int | None = None  # the first card
+    free_bytes: int | None = None
+
+
+def _gpu_look(view: _View, nvml: object, window_s: float) -> _GpuLook:
+    """Others' VRAM by pid, others' GPU work (described) and others' idle contexts."""
     act = hardware.gpu_activity(nvml, since_s=window_s)
     mine = view.ours
     allowed = None if view.root is None else {p.pid for p in view.others}
@@ -234,8 +283,9 @@ def _gpu_look(view: _View, nvml: object, window_s: float) -> tuple[dict[int, tup
     if not act.per_process_known and not ours_on_gpu:
         work += [f"GPU {i} is {u} % busy and none of it is ours" for i, u in enumerate(act.device_util_pct)
                  if u is not None and u >= GPU_BUSY_PCT]
-    idle = [f"{name} pid {pid} ({used / 2**20:,.0f} MiB)" for pid, (name, used) in vram.items() if pid not in busy]
-    return vram, work, idle
+    idle = {pid: v for pid, v in vram.items() if pid not in busy}
+    first = next(iter(zip(act.device_total_bytes, act.device_free_bytes, strict=True)), (None, None))
+    return _GpuLook(vram, work, idle, *first)
 
 
 def _grown(base: dict[int, int], now: dict[int, tuple[str, int]]) -> list[str]:
@@ -252,7 +302,8 @@ def _grown(base: dict[int, int], now: dict[int, tuple[str, int]]) -> list[str]:
 def observe(own: Collection[int] | Callable[[], Collection[int]] = (), interval_s: float = 0.5, nvml: object = None,
             wait: Callable[[float], object] = time.sleep, *, gpu: bool = True, threads: int | None = None,
             vram_base: dict[int, int] | None = None) -> Interference:
-    """Look at the machine for ``interval_s``: other llama.cpp processes, others' CPU use, others' GPU work.
+    """Look at the machine for ``interval_s``: others' CPU use, others' GPU work, llama.cpp engines at work (idle
+    ones, and proxies, are residents).
     ``own`` names our children, or is asked for them at each look (a watch's children come and go).
     ``wait`` sleeps (a watch passes its stop event's wait, so it can end early). ``gpu`` False: the run measures
     the CPU on purpose (``--device none``), so the GPU is not looked at. ``threads``: the cores the trial uses.
@@ -263,7 +314,7 @@ def observe(own: Collection[int] | Callable[[], Collection[int]] = (), interval_
     vram_first: dict[int, tuple[str, int]] = {}
     if gpu and vram_base is None:  # a watch's later looks judge growth against its first: no look needed here
         with contextlib.suppress(NvmlUnavailableError):
-            vram_first = _gpu_look(first, nvml, interval_s)[0]
+            vram_first = _gpu_look(first, nvml, interval_s).vram
     t0 = time.monotonic()
     wait(interval_s)
     second = _View(own)
@@ -273,14 +324,29 @@ def observe(own: Collection[int] | Callable[[], Collection[int]] = (), interval_
         spent = (second.busy_cpu_s - first.busy_cpu_s) - (second.ours_cpu_s() - ours_before)
     else:
         spent = sum(max(0.0, p.cpu_s - before.get(p.pid, 0.0)) for p in others)
-    cores = max(0.0, spent) / elapsed if elapsed >= MIN_CPU_WINDOW_S else 0.0
-    llama = tuple(_llama(p.pid, p.name) for p in others if p.name.startswith(LLAMA_PREFIX))
-    work: list[str] = []
-    idle: list[str] = []
+    timed = elapsed >= MIN_CPU_WINDOW_S
+    cores = max(0.0, spent) / elapsed if timed else 0.0
+    # An engine is a rival while it works, not while it idles (its CPU time is exact, whatever else runs).
+    kin = [p for p in others if p.name.startswith(LLAMA_PREFIX)]
+    used = {p.pid: max(0.0, p.cpu_s - before.get(p.pid, 0.0)) / elapsed if timed else 0.0 for p in kin}
+    llama = tuple(_llama(p.pid, p.name, used[p.pid]) for p in kin
+                  if is_engine(p.name) and used[p.pid] >= LLAMA_WORK_CORES)
+    at_work = {p.pid for p in llama}
+    look = _GpuLook({}, [], {})
     if gpu:
         with contextlib.suppress(NvmlUnavailableError):
-            now, work, idle = _gpu_look(second, nvml, elapsed)
+            look = _gpu_look(second, nvml, elapsed)
             base = vram_base if vram_base is not None else {pid: used for pid, (_, used) in vram_first.items()}
-            work += _grown(base, now)
-    return Interference(llama, cores, tuple(dict.fromkeys(work)), cpu_limit_cores(threads), tuple(idle),
-                        tuple((pid, used) for pid, (_, used) in vram_first.items()))
+            look.work.extend(_grown(base, look.vram))
+    idle = {pid: v for pid, v in look.idle.items() if pid not in at_work}
+    residents = tuple(f"{name} pid {pid} ({held / 2**20:,.0f} MiB)" for pid, (name, held) in idle.items())
+    idle_llama = tuple(_kin_line(p.pid, p.name) for p in kin if p.pid not in at_work and p.pid not in look.vram)
+    return Interference(llama, cores, tuple(dict.fromkeys(look.work)), cpu_limit_cores(threads), residents,
+                        tuple((pid, used) for pid, (_, used) in vram_first.items()), idle_llama,
+                        sum(held for _, held in idle.values()), look.total_bytes, look.free_bytes)
+
+
+def _kin_line(pid: int, name: str) -> str:
+    if not is_engine(name):
+        return f"{name} pid {pid} (a proxy)"
+    return _llama(pid, name).describe()

@@ -19,7 +19,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Collection, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
@@ -56,6 +56,11 @@ class Claim:
     locked: bool
     noise: str | None = None
     residents: tuple[str, ...] = ()  # others' idle GPU contexts (a desktop's display): VRAM held, not work
+    seen: Interference | None = field(default=None, compare=False)  # the look that let the run go ahead
+
+    def residents_line(self) -> str | None:
+        """The idle residents (GPU contexts, idle llama.cpp servers and proxies) in one line; None: none."""
+        return self.seen.residents_line() if self.seen is not None else None
 
 
 def _try_lock(fh: IO[str]) -> bool:
@@ -112,7 +117,7 @@ def claim_machine(command: str, *, allow_busy: bool = False, wait_s: float = DEF
                 seen = observe(own, nvml=nvml, gpu=gpu)
             if seen.busy:
                 noise = "; ".join(x for x in (noise, seen.describe()) if x)
-            yield Claim(locked, noise, seen.residents)
+            yield Claim(locked, noise, seen.residents, seen)
         finally:
             if locked:
                 with contextlib.suppress(OSError):
