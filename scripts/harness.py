@@ -6,12 +6,13 @@ hand :func:`measure_grid` a function that measures a chunk of it, read the rows.
 - :func:`machine` holds the lock of :mod:`tuner.machine.quiet` (waiting while another measuring run holds it).
   CPU load from other programs does not stop a benchmark on a shared machine; it is recorded instead.
 - :func:`watched` runs one measurement under a watch and keeps the worst interference the watch saw.
-- :class:`GridCache` keeps a grid's rows in ``results/benchmarks/NAME.json`` (key, ``measured_at``, load,
-  rows), saved after every chunk: a run cut short resumes where it stopped; a changed key starts over.
+- :class:`GridCache` keeps a grid's rows in ``results/benchmarks/NAME.json`` (key, ``measured_at``, rows, and
+  the load of every run that measured some of them), saved after every chunk: a run cut short resumes where it
+  stopped; a changed key starts over.
 - :func:`measure_grid` measures every config, then re-measures each row whose kept pass fails the CV gate, up
-  to ``max_passes``; the kept pass of a row is its best by ``rank`` among those that pass the gate (other
-  processes only ever slow a run down). Every pass keeps what its watch saw. ``cached_only`` reads what an
-  unfinished grid holds, and says so.
+  to ``max_passes``; the kept pass of a row is the one that passes the gate, else the median of its passes by
+  ``rank`` (best-of-N would keep the luckiest of noisy passes). Every pass keeps what its watch saw.
+  ``cached_only`` reads what an unfinished grid holds, and says so.
 """
 
 from __future__ import annotations
@@ -66,7 +67,8 @@ def progress(line: str) -> None:
 @dataclass
 class LoadRecord:
     """What the machine carried while a benchmark measured: the 1-minute load average at start and end, the
-    most CPU cores other processes used during any watched measurement, and how many were disturbed."""
+    most CPU cores other processes used during any watched measurement, and how many were disturbed.
+    ``start_noise``: what the claim found busy when the hold began (None: quiet)."""
 
     start_loadavg: float = field(default_factory=lambda: os.getloadavg()[0])
     cores: int = field(default_factory=lambda: os.cpu_count() or 1)
@@ -75,6 +77,7 @@ class LoadRecord:
     watched: int = 0
     disturbed: int = 0
     locked: bool = True
+    start_noise: str | None = None
 
     def saw(self, seen: Interference) -> None:
         self.watched += 1
@@ -95,6 +98,24 @@ def ours() -> set[int]:
 
 
 _HELD: list[LoadRecord] = []  # the record of the machine this process holds (machine() is re-entrant)
+_WATCHING: list[quiet.Watch] = []  # the watches running now, innermost last (a bench main's whole-run watch first)
+
+
+def held() -> LoadRecord:
+    """The record of the machine this process holds (inside a :func:`bench` main): a script reads its claim here
+    instead of claiming again (a second ``flock`` of the lock file in the same process fails, and the script
+    would report itself as the rival)."""
+    if not _HELD:
+        raise RuntimeError("no machine held: run the benchmark's main under @harness.bench")
+    return _HELD[-1]
+
+
+def watching() -> quiet.Watch:
+    """The outermost watch running now (a :func:`bench` main's whole-run watch, which counts this process's
+    children as its own): a script reads what it saw instead of starting a second watch."""
+    if not _WATCHING:
+        raise RuntimeError("no watch running: run the benchmark's main under @harness.bench")
+    return _WATCHING[0]
 
 
 @contextlib.contextmanager
@@ -130,7 +151,7 @@ def machine(command: str, say: Callable[[str], None] = print, wait_s: float = LO
             if claim.locked or time.monotonic() - start >= wait_s:
                 if claim.noise:
                     say(f"machine at start: {claim.noise}")
-                with _held(LoadRecord(locked=claim.locked), say) as rec:
+                with _held(LoadRecord(locked=claim.locked, start_noise=claim.noise), say) as rec:
                     yield rec
                 return
         progress(f"waiting for another measuring run to let go of the machine ({time.monotonic() - start:.0f} s)")
@@ -141,7 +162,11 @@ def watched(fn: Callable[[], T], rec: LoadRecord | None = None) -> tuple[T, str 
     """``fn()`` under a watch; what else used the machine meanwhile (None: quiet) is returned and recorded in
     ``rec`` (default: the held machine's record)."""
     with quiet.Watch(own=ours) as watch:
-        out = fn()
+        _WATCHING.append(watch)
+        try:
+            out = fn()
+        finally:
+            _WATCHING.pop()
     if rec is not None or _HELD:
         (rec or _HELD[-1]).saw(watch.seen)
     return out, watch.noise
@@ -171,7 +196,9 @@ def config_id(config: dict[str, Any]) -> str:
 
 
 class GridCache:
-    """A grid's measured rows (each with a ``config`` dict) in ``results/benchmarks/NAME``, under ``key``."""
+    """A grid's measured rows (each with a ``config`` dict) in ``results/benchmarks/NAME``, under ``key``, and
+    ``runs``: one entry per run that measured some of them (when, how many measurements, the load it ran
+    under), so a grid finished by a resumed run still says what the earlier runs carried."""
 
     def __init__(self, name: str, key: dict[str, Any], *, refresh: bool = False, folder: Path = OUT) -> None:
         self.path = folder / name
@@ -180,15 +207,34 @@ class GridCache:
         same = data.get("key") == key
         self.rows: dict[str, dict[str, Any]] = {config_id(r["config"]): r for r in data.get("rows", [])} if same else {}
         self.measured_at: str | None = data.get("measured_at") if same else None
-        self.load: str | None = data.get("load") if same else None
         self.complete: bool = bool(same and data.get("complete", True))
         self.elapsed_s: float = float(data.get("elapsed_s", 0.0)) if same else 0.0
+        # A cache written before runs were kept holds one load line: the last run's, kept as the only one known.
+        old = [{"measured_at": data.get("measured_at"), "load": data["load"]}] if data.get("load") else []
+        self.runs: list[dict[str, Any]] = list(data.get("runs", old)) if same else []
+        self._run: int | None = None  # this run's index in ``runs``, once it has saved
 
-    def save(self, load: str, elapsed_s: float, complete: bool) -> None:
-        self.measured_at, self.load, self.complete, self.elapsed_s = (time.strftime("%Y-%m-%d %H:%M:%S"), load,
-                                                                      complete, elapsed_s)
+    @property
+    def load(self) -> str | None:
+        """The load of every run that measured rows, in order; None before any."""
+        if len(self.runs) <= 1:
+            return self.runs[0]["load"] if self.runs else None
+        return f"over {len(self.runs)} runs: " + "; ".join(
+            f"run {n} ({r.get('started_at') or r.get('measured_at')}"
+            + (f", {r['measurements']} measurements" if "measurements" in r else "") + f"): {r['load']}"
+            for n, r in enumerate(self.runs, 1))
+
+    def save(self, load: str, elapsed_s: float, complete: bool, measured: int = 0) -> None:
+        """Save the rows, with this run's ``load`` and number of ``measured`` passes beside the earlier runs' (a
+        run that measured nothing adds no entry)."""
+        self.measured_at, self.complete, self.elapsed_s = time.strftime("%Y-%m-%d %H:%M:%S"), complete, elapsed_s
+        if self._run is None and measured:
+            self.runs.append({"started_at": self.measured_at})
+            self._run = len(self.runs) - 1
+        if self._run is not None:
+            self.runs[self._run] |= {"measured_at": self.measured_at, "measurements": measured, "load": load}
         self.path.write_text(json.dumps({"key": self.key, "measured_at": self.measured_at, "complete": complete,
-                                         "elapsed_s": round(elapsed_s, 1), "load": load,
+                                         "elapsed_s": round(elapsed_s, 1), "load": self.load, "runs": self.runs,
                                          "rows": list(self.rows.values())}, indent=1))
 
     def describe(self) -> str:
@@ -203,6 +249,16 @@ def _settled(row: dict[str, Any], cv_gate_pct: float) -> bool:
     return "failure" in row or ((row.get("cv_pct") or 0.0) <= cv_gate_pct and not row.get("noise"))
 
 
+def _kept(passes: list[dict[str, Any]], rank: Callable[[dict[str, Any]], float],
+          cv_gate_pct: float) -> dict[str, Any]:
+    """The pass a row keeps: the median by ``rank`` of those that pass the gate, else of those that did not fail
+    (of an even count the slower middle one: a real pass, and one that does not flatter); the last pass when
+    every pass failed. Not the best: on a noisy machine best-of-N keeps whichever pass the noise favoured."""
+    ok = [p for p in passes if "failure" not in p]
+    pool = sorted([p for p in ok if _settled(p, cv_gate_pct)] or ok, key=rank)
+    return pool[len(pool) // 2] if pool else passes[-1]
+
+
 def measure_grid(cache: GridCache, configs: Sequence[dict[str, Any]],
                  measure: Callable[[list[dict[str, Any]]], list[dict[str, Any]]], *,
                  chunks: Callable[[list[dict[str, Any]]], list[list[dict[str, Any]]]],
@@ -211,9 +267,10 @@ def measure_grid(cache: GridCache, configs: Sequence[dict[str, Any]],
                  cached_only: bool = False) -> list[dict[str, Any]]:
     """Every config's row: measured (``measure`` gets a chunk of config dicts and returns one dict each, with a
     ``cv_pct`` or a ``failure``), then measured again while its kept pass fails the gate (CV over
-    ``cv_gate_pct`` or disturbed), at most ``max_passes`` passes in all; the kept pass is the one with the
-    lowest ``rank``. Resumes from the cache; saves it after each chunk. Pass 2 and later run in reverse order,
-    so a burst from another process does not hit the same configs twice."""
+    ``cv_gate_pct`` or disturbed), at most ``max_passes`` passes in all; the kept pass is chosen by
+    :func:`_kept` (the median by ``rank``). Resumes from the cache; saves it after each chunk, with this run's
+    load beside the earlier runs'. Pass 2 and later run in reverse order, so a burst from another process does
+    not hit the same configs twice."""
     ids = [config_id(c) for c in configs]
     if cached_only:  # what an unfinished grid holds so far, said as such
         say(f"PARTIAL grid: {sum(i in cache.rows for i in ids)} of {len(ids)} configs from {cache.describe()}")
@@ -225,6 +282,7 @@ def measure_grid(cache: GridCache, configs: Sequence[dict[str, Any]],
     spent = cache.elapsed_s
     with machine(command, say) as rec:
         t0 = time.monotonic()
+        measured = 0
         for n_pass in range(max_passes):
             todo = [c for c, i in zip(configs, ids, strict=True)
                     if i not in cache.rows or (len(cache.rows[i]["passes"]) <= n_pass
@@ -237,15 +295,14 @@ def measure_grid(cache: GridCache, configs: Sequence[dict[str, Any]],
                     m = m | {"noise": noise}
                     row = cache.rows.setdefault(config_id(cfg), {"config": cfg, "passes": []})
                     row["passes"].append(m)
-                    ok = [p for p in row["passes"] if "failure" not in p]
-                    keep = min(ok, key=lambda p: (_settled(p, cv_gate_pct) is False, rank(p)), default=m)
-                    row.update({k: v for k, v in keep.items()})
+                    row.update(_kept(row["passes"], rank, cv_gate_pct))
                     row["cv_gate"] = "pass" if _settled(row, cv_gate_pct) else "fail"
-                cache.save(rec.describe(), spent + time.monotonic() - t0, complete=False)
+                measured += len(part)
+                cache.save(rec.describe(), spent + time.monotonic() - t0, complete=False, measured=measured)
                 total = sum(len(r["passes"]) for r in cache.rows.values())
                 progress(f"pass {n_pass + 1}: {len(part)} more measured; {total} measurements of {len(ids)} "
                          f"configs ({time.monotonic() - t0:.0f} s)")
-        cache.save(rec.describe(), spent + time.monotonic() - t0, complete=True)
+        cache.save(rec.describe(), spent + time.monotonic() - t0, complete=True, measured=measured)
     say(f"grid measured: {cache.describe()}")
     return [cache.rows[i] for i in ids]
 
