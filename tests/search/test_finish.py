@@ -4,7 +4,14 @@ choice; undecided prints the default and names the candidate; a lossy KV cache m
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from dataclasses import replace
+
+from tuner.core.config import LaunchConfig
+from tuner.measure.workload import Workload, WorkloadKind
 from tuner.report import study_report
+from tuner.search import finish
 from tuner.search.finish import Finish, ServerMeasurement
 from tuner.search.result import StudyResult
 
@@ -95,3 +102,50 @@ def test_without_rounds_a_config_cannot_win_on_tg_while_losing_more_on_pp():
     # One figure each decides nothing: llama.cpp's own line is printed either way.
     assert by_tg.winner is default and by_request.winner is default
     assert by_request.speedup("default") == 1.0
+
+
+def _hogs() -> list[subprocess.Popen[bytes]]:
+    """Two busy processes: on a two-core machine they halve whatever runs beside them."""
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+
+
+def test_on_the_engine_a_decided_candidate_is_printed_and_a_busy_finish_keeps_the_default(engine_loc, demo_models,
+                                                                                          tmp_path):
+    """Real servers, a prompt-heavy request (384 tokens in, 4 out). llama.cpp's line is made slow on purpose
+    (``-ub 8``: 48 graph passes per prompt) so that two candidates (``-ub 512`` and ``-ub 128``) are truly faster:
+    on a quiet machine the finish selects one, confirms it in fresh rounds and prints it. Beside two CPU hogs every
+    round is disturbed: the same arms end undecided, the default's line is printed and the reason names the best
+    candidate; report.md and result.json say the same."""
+    model = demo_models[("qwen3moe", "Q4_K_M")]
+    base = LaunchConfig(model=model, ctx=1024, parallel=1, threads=2)
+    slow = replace(base, batch=8, ubatch=8)
+    cands = [(0, replace(base, batch=512, ubatch=512)), (1, replace(base, batch=128, ubatch=128))]
+    load = Workload(WorkloadKind.CUSTOM, 384, 4, rounds=1)
+    rounds = finish.Rounds(min=3, max=4, select=1)
+    done = finish.finish(engine_loc, cands, [("default", slow)], load, log_dir=tmp_path / "quiet", rounds=rounds)
+    assert [len(m.scores) for m in (*done.baselines, *done.candidates)] == [1, 1, 1]  # one selection round
+    assert done.selected in ("candidate-1", "candidate-2")
+    assert [m.label for m in done.confirmation] == ["default", done.selected]
+    d = done.decision
+    assert d.taken and done.winner.label == done.selected, d.reason
+    assert d.verdicts[0].outcome == "better" and d.verdicts[0].rounds >= 3 and d.verdicts[0].low > 1.2
+
+    hogs = _hogs()
+    try:
+        busy = finish.finish(engine_loc, cands, [("default", slow)], load, log_dir=tmp_path / "busy", rounds=rounds)
+    finally:
+        for p in hogs:
+            p.kill()
+            p.wait()
+    assert all(all(m.interference) for m in busy.confirmation), [m.interference for m in busy.confirmation]
+    b = busy.decision
+    assert busy.winner.label == "default" and not b.taken and b.best is not None
+    assert b.reason == (f"{b.best.label} was the best candidate but not shown faster than default in the "
+                        "confirmation rounds: llama.cpp's own choice is printed")
+    assert "every round was measured on a busy machine" in b.verdicts[0].describe()
+    result = StudyResult(study="s", model=str(model), finish=busy)
+    stored = result.to_dict()
+    assert stored["winner"]["label"] == "default" and stored["finish"]["decision"]["reason"] == b.reason
+    text = study_report.markdown(result)
+    assert f"`{stored['winner']['launch_line']}`" in text.split("## Launch line", 1)[1].split("\n\n")[1]
+    assert f"- why: {b.reason}" in text

@@ -98,7 +98,8 @@ def auto_tune_cmd(
         "--session", help="Agent workload: judge whole sessions on this OpenAI-style messages JSON (default: the "
         "bundled session at --depth).")] = None,
     session_rounds: Annotated[int, typer.Option(
-        "--session-rounds", help="Agent workload: sessions per arm (interleaved rounds); 0: no session stage.")] = 3,
+        "--session-rounds", help="Agent workload: confirmation sessions per arm (interleaved rounds, one more while "
+        "undecided; 2 selection rounds come first when several reuse settings compete); 0: no session stage.")] = 3,
     allow_busy: AllowBusy = False,
     busy_wait: BusyWait = "10m",
     llama_cpp_dir: LlamaDir = None,
