@@ -2,11 +2,15 @@
 prompt-reuse settings auto-tune tries, on a hybrid (recurrent) and a sliding-window demo model.
 
 Each depth replays the bundled session (tuner.measure.session) sized to that depth through llama-server's chat
-API, every arm once per round in rotating order (tuner.search.session_stage.measure), -np 1, ctx = depth + 1024.
-Arms: ``default`` (no reuse flag), each setting of tuner.search.space.reuse_arms, and ``checkpoints off``
-(``--ctx-checkpoints 0``: what a turn costs when nothing can be restored, the full re-process users complain of).
-The "tuned" column is the arm with the shortest median session at that depth; the ratio default/tuned is the
-median of the per-round ratios.
+API, -np 1, ctx = depth + 1024, as auto-tune's session stage does (tuner.search.session_stage.measure): with two
+or more reuse settings, selection rounds of every arm choose the best one, then fresh confirmation rounds (at
+least ``--rounds``) measure it beside ``default`` (no reuse flag); the "printed line" column is the stage's
+decision. ``checkpoints off`` (``--ctx-checkpoints 0``: what a turn costs when nothing can be restored, the full
+re-process users complain of) is measured after the stage, as a reference, not a candidate. The ratio
+default/best is the median of the per-round ratios in the rounds both were measured in.
+
+The load lines are the harness's (scripts/harness.py): the measuring lock it holds for the run and its
+whole-run watch, which counts this run's own llama-server processes as its own.
 
     .venv/bin/python scripts/bench_agent_session.py [--arch qwen35moe,gpt-oss | --model FILE.gguf ...]
         [--depths 2048,4096,8192] [--gen 32] [--rounds 2] [--out results/benchmarks/agent_session.md]
@@ -18,7 +22,7 @@ median of the per-round ratios.
 from __future__ import annotations
 
 import argparse
-import re
+import os
 import statistics
 import sys
 import time
@@ -29,7 +33,8 @@ import harness
 
 from tuner.core.config import LaunchConfig
 from tuner.engine import build, flags
-from tuner.machine import paths, quiet
+from tuner.machine import paths
+from tuner.machine.processes import Interference
 from tuner.measure.session_run import SessionResult
 from tuner.models import demo, gguf_reader
 from tuner.search import session_stage, space
@@ -46,15 +51,13 @@ def _median(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
 
-def _load(noise: str | None) -> str:
-    """What the watch saw, in one short line: how many other llama.cpp processes ran, and the CPU they used."""
-    if not noise:
-        return "quiet"
-    cores = re.search(r"other processes use ([0-9.]+) CPU cores", noise)
-    if not cores and " pid " not in noise:
-        return noise
-    return (f"{noise.count(' pid ')} other llama.cpp processes came and went"
-            + (f"; other processes used {cores[1]} CPU cores" if cores else ""))
+def _load(seen: Interference) -> str:
+    """What the run's watch saw, in one line. The watch is the harness's (its ``own`` is this process and every
+    child the runner started), so this run's own llama-server processes and their CPU are not counted: a bare
+    ``quiet.Watch()`` once counted them as others (141 "other llama.cpp processes" in a run that started 40)."""
+    gpu = "".join(f"; {g}" for g in seen.gpu)
+    return (f"{len(seen.llama)} other llama.cpp processes came and went; other processes used up to "
+            f"{seen.cpu_cores:.1f} CPU cores{gpu}: {'busy' if seen.busy else 'quiet'}")
 
 
 def _turn_table(label: str, res: SessionResult) -> None:
@@ -74,7 +77,7 @@ def main() -> None:
                     help="what --model files hold, in words, for the header")
     ap.add_argument("--depths", default="2048,4096,8192")
     ap.add_argument("--gen", type=int, default=32, help="tokens generated per turn")
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=2, help="confirmation rounds (one more while undecided)")
     ap.add_argument("-t", "--threads", type=int, default=1,
                     help="llama-server threads (1: on a loaded shared machine spinning threads cost more)")
     ap.add_argument("--no-off", action="store_true",
@@ -88,51 +91,61 @@ def main() -> None:
     what = (f"real-shape models, {args.weights}, not trained checkpoints" if args.model else
             "tiny demo models with random weights (tuner.models.demo, F16), not real checkpoints")
     say(f"engine: llama.cpp {build.PIN.commit} ({caps.backend}); device: this machine's CPU, {args.threads} "
-        f"thread(s); models: {what}; {args.gen} tokens generated per turn; {args.rounds} rounds per arm")
-    with quiet.claim_machine("bench_agent_session", allow_busy=True) as claim, quiet.Watch() as watch:
-        say(f"load at start: {_load(claim.noise)}")
-        models = ([(p.stem, p.expanduser()) for p in args.model] if args.model else
-                  [(f"{arch} demo", demo.make_demo_models(arch=arch, engine=loc)[0].path)
-                   for arch in args.arch.split(",")])
-        for name, path in models:
-            info = gguf_reader.inspect_model(path)
-            say(f"\n## {name} ({path.name}, {path.stat().st_size / 2**30:.2f} GiB, {info.arch})")
-            say("depth | turns | default s | tuned arm | tuned s | default/tuned | checkpoints off s | "
-                "default re-processed % | off re-processed %")
-            for depth in depths:
-                base = LaunchConfig(model=path, ctx=depth + 1024, parallel=1, threads=args.threads)
-                arms = [("default", base)]
-                arms += [(f"tuned + {a.label}", a.apply(base))
-                         for a in space.reuse_arms(info, lambda s: flags.server_accepts(caps, s))]
-                if not args.no_off:
-                    arms.append(("checkpoints off", replace(base, ctx_checkpoints=0)))
-                req = session_stage.SessionRequest(depth_tokens=depth, gen_tokens=args.gen, rounds=args.rounds)
-                t0 = time.monotonic()
-                measured = session_stage.measure(loc, arms, req, info, caps=caps,
-                                                 log_dir=paths.cache_root() / "logs" / "bench_agent_session")
-                by = {a.label: a for a in measured}
-                tuned_arms = [a for a in measured if a.label != "checkpoints off" and a.median_session_s]
-                best = min(tuned_arms, key=lambda a: a.median_session_s or float("inf"))
-                default, off = by["default"], by.get("checkpoints off")
-                ratios = [d / t for d, t in zip([r.session_s for r in default.results if r],
-                                                [r.session_s for r in best.results if r], strict=False)]
-                typical = default.typical
-                off_typ = off.typical if off else None
-                say(f"{depth} | {len(typical.turns) if typical else 0} | {default.median_session_s or 0:.2f} | "
-                    f"{best.label} | {best.median_session_s or 0:.2f} | {_median(ratios):.2f}x | "
-                    f"{'-' if off is None else format(off.median_session_s or 0, '.2f')} | "
-                    f"{100 * (typical.reprocessed_share if typical else 0):.0f} | "
-                    f"{'-' if off_typ is None else format(100 * off_typ.reprocessed_share, '.0f')}   "
-                    f"({time.monotonic() - t0:.0f} s)")
-                for a in measured:
-                    if a.failure:
-                        say(f"  {a.label}: failed: {a.failure}")
-                if depth == depths[-1]:
-                    for shown in dict.fromkeys((default, best, off)):
-                        if shown is not None and shown.typical is not None:
-                            _turn_table(shown.label, shown.typical)
-        say(f"\nload while measuring: {_load(watch.noise)} (other agents share this 2-core machine: figures "
-            "include their load)")
+        f"thread(s); models: {what}; {args.gen} tokens generated per turn; at least {args.rounds} confirmation "
+        "rounds")
+    # The machine as harness.bench claimed and watches it: claiming again here would fail (a second flock of the
+    # lock file in the same process) and name this very run as the rival.
+    rec, watch = harness.held(), harness.watching()
+    say(f"load at start: {'this run holds the measuring lock' if rec.locked else 'measured WITHOUT the lock'}; "
+        f"{rec.start_noise or 'quiet'}")
+    models = ([(p.stem, p.expanduser()) for p in args.model] if args.model else
+              [(f"{arch} demo", demo.make_demo_models(arch=arch, engine=loc)[0].path)
+               for arch in args.arch.split(",")])
+    for name, path in models:
+        info = gguf_reader.inspect_model(path)
+        say(f"\n## {name} ({path.name}, {path.stat().st_size / 2**30:.2f} GiB, {info.arch})")
+        say("depth | turns | default s | best reuse arm | its s | default/best | printed line | checkpoints off s | "
+            "default re-processed % | off re-processed %")
+        for depth in depths:
+            base = LaunchConfig(model=path, ctx=depth + 1024, parallel=1, threads=args.threads)
+            arms = [("default", base)]
+            arms += [(f"tuned + {a.label}", a.apply(base))
+                     for a in space.reuse_arms(info, lambda s: flags.server_accepts(caps, s))]
+            req = session_stage.SessionRequest(depth_tokens=depth, gen_tokens=args.gen, rounds=args.rounds)
+            log_dir = paths.cache_root() / "logs" / "bench_agent_session"
+            t0 = time.monotonic()
+            selection, confirmation = session_stage.measure(loc, arms, req, info, caps=caps, log_dir=log_dir)
+            stage = (session_stage.judge(selection, "bundled", {}, confirmation=confirmation) if selection else
+                     session_stage.judge(confirmation, "bundled", {}))
+            # Not a candidate (it would only waste a selection round): measured after the stage, as a reference.
+            off = None if args.no_off else session_stage.measure(
+                loc, [("checkpoints off", replace(base, ctx_checkpoints=0))], req, info, caps=caps,
+                log_dir=log_dir)[1][0]
+            default = stage.arm("default")
+            best = stage.arm(stage.best) if stage.best else None
+            pairs = zip(default.results if default else (), best.results if best else (), strict=False)
+            ratios = [d.session_s / t.session_s for d, t in pairs if d is not None and t is not None]
+            typical = default.typical if default else None
+            off_typ = off.typical if off else None
+
+            def secs(arm: session_stage.ArmSessions | None) -> str:
+                return "-" if arm is None or arm.median_session_s is None else f"{arm.median_session_s:.2f}"
+
+            say(f"{depth} | {len(typical.turns) if typical else 0} | {secs(default)} | "
+                f"{stage.best or '-'} | {secs(best)} | {_median(ratios):.2f}x | {stage.winner or '-'} | "
+                f"{secs(off)} | {100 * (typical.reprocessed_share if typical else 0):.0f} | "
+                f"{'-' if off_typ is None else format(100 * off_typ.reprocessed_share, '.0f')}   "
+                f"({time.monotonic() - t0:.0f} s)")
+            say(f"  {stage.reason}" + (f"; {stage.verdict.describe()}" if stage.verdict else ""))
+            for a in (*selection, *confirmation, *([off] if off else [])):
+                if a.failure:
+                    say(f"  {a.label}: failed: {a.failure}")
+            if depth == depths[-1]:
+                for shown in dict.fromkeys((default, best, off)):
+                    if shown is not None and shown.typical is not None:
+                        _turn_table(shown.label, shown.typical)
+    say(f"\nload while measuring: {_load(watch.seen)}; 1-min load average {rec.start_loadavg:.2f} at start, "
+        f"{os.getloadavg()[0]:.2f} at end (this run's own included), on {rec.cores} cores")
     if args.out:
         args.out.write_text("# Agent sessions: session and turn time vs depth, default vs tuned\n\n```\n"
                             + "\n".join(LOG) + "\n```\n")
