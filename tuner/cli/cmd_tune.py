@@ -225,16 +225,15 @@ def _session_summary(stage: SessionStage) -> None:
     table = Table(title=f"agent sessions ({stage.source}{together}), by session time", box=box.SIMPLE_HEAD)
     for col in ("arm", "session s", "median TTFT ms", "re-processed %", "full re-processes"):
         table.add_column(col, justify="left" if col == "arm" else "right")
-    confirm = {a.label for a in stage.confirmation}
     for arm in (*stage.arms, *stage.confirmation):
         if stage.confirmation and arm is stage.confirmation[0]:
             table.add_section()
+            table.add_row("confirmation", "", "", "", "")
         typical = arm.typical
         if typical is None:
             table.add_row(arm.label, "failed", "", "", arm.failure or "")
             continue
-        name = f"{arm.label} (confirm)" if arm.label in confirm and arm in stage.confirmation else arm.label
-        table.add_row(name, f"{arm.median_session_s:.2f}", f"{1000 * typical.median_ttft_s:,.0f}",
+        table.add_row(arm.label, f"{arm.median_session_s:.2f}", f"{1000 * typical.median_ttft_s:,.0f}",
                       f"{100 * typical.reprocessed_share:.0f}", str(len(typical.full_reprocess_turns)))
     out.print(table)
     for label, note in stage.notes.items():
@@ -283,10 +282,10 @@ def _summary(res: autotune.TuneResult) -> None:
     rows = [*fin["baselines"], *fin["candidates"]]
     for m in rows + confirmed:
         gen = "failed" if m["gen_tok_s"] is None else f"{m['gen_tok_s']:,.1f}"
-        label = f"{m['label']} (confirm)" if confirmed and m in confirmed else m["label"]
         if confirmed and m is confirmed[0]:
             table.add_section()
-        table.add_row(label, str(m.get("slots", 1)), gen, num(m["gen_cv_pct"]), num(m["prompt_tok_s"]),
+            table.add_row("confirmation", *[""] * 8)  # the rounds below decide; the ones above chose
+        table.add_row(m["label"], str(m.get("slots", 1)), gen, num(m["gen_cv_pct"]), num(m["prompt_tok_s"]),
                       num(m.get("loaded_gen_tok_s")), num(m.get("end_to_end_gen_tok_s")),
                       num(m.get("kld_mean"), ".2g"), m["spill"] or "")
     out.print(table)
