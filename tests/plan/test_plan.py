@@ -159,3 +159,27 @@ def test_make_plan_estimates_each_config_once(demo_models, monkeypatch):
     assert len(summary) == 2 * len(placement.KV_CHOICES) * (info.n_layer + 1)
     assert set(summary.values()) == {1}, [cfg for cfg, k in summary.items() if k > 1][:2]
     assert p.smallest_fits[0].interval == placement.fit_interval(info, LaunchConfig(model=info.paths[0], ctx=1000), hw)
+
+
+def test_cli_plan_of_a_dense_model_is_along_ngl(trained_model):
+    """SmolLM2-135M (dense, 30 layers): --n-cpu-moe would print 31 identical rows (it moves routed experts, and
+    there are none); the plan is along -ngl, 31 (every layer and the output head) down to 0, VRAM falling with
+    every layer moved to the host and host RAM rising."""
+    res = run_cli("plan", str(trained_model), "--gpu", "RTX 3060 12GB", "--vram-budget", "1524", "-c", "8192",
+                  "--json")
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(res.stdout)
+    assert doc["dense"] is True and doc["offload_flag"] == "-ngl"
+    rows = doc["rows"]
+    assert [r["n_gpu_layers"] for r in rows] == list(range(31, -1, -1)) and "n_cpu_moe" not in rows[0]
+    vram = [r["vram_bytes"] for r in rows]
+    ram = [r["ram_need_bytes"] for r in rows]
+    assert all(a > b for a, b in zip(vram, vram[1:], strict=False))  # each layer moved frees VRAM ...
+    assert all(a <= b for a, b in zip(ram, ram[1:], strict=False))  # ... and takes host RAM
+    first = doc["fit_intervals"][0]
+    assert first["flag"] == "-ngl" and first["summary"].startswith("fits with -ngl ")
+    assert first["n_gpu_layers"] == first["flag_lo"] < 31  # the most layers that fit the 500 MiB left
+    assert rows[31 - first["flag_lo"]]["verdict"] == "fits" and rows[30 - first["flag_lo"]]["verdict"] != "fits"
+    text = run_cli("plan", str(trained_model), "--gpu", "RTX 3060 12GB", "-c", "8192")
+    assert text.returncode == 0 and "dense;" in text.stdout and "-ngl" in text.stdout
+    assert "--n-cpu-moe moves nothing" in text.stdout

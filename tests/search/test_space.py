@@ -15,6 +15,7 @@ from tuner.models.gguf_reader import inspect_model
 from tuner.search import space
 
 GIB = 2**30
+MIB = 2**20
 CPU_ONLY = Hardware("", 0, 0, 0.0, 0.0, 16 * GIB, 12 * GIB, 0, 20e9, 8, source="none")
 
 
@@ -86,3 +87,41 @@ def test_memory_model_gates_configs_with_constraint_values(model, info):
                              roomy)
     assert guess is not None and guess.n_cpu_moe == 0 and guess.cache_type_k is CacheType.F16
     assert space.check(info, guess, roomy).feasible
+
+
+def test_a_dense_model_that_does_not_fit_searches_ngl_and_its_line_carries_it(trained_model):
+    """SmolLM2-135M (dense llama, 30 layers) on a card whose budget holds about half of it at 8K: the offload axis
+    is -ngl (whole layers), not --n-cpu-moe (which moves routed experts: a dense model has none)."""
+    from tuner.engine import flags
+    from tuner.plan import placement
+
+    info = inspect_model(trained_model)
+    assert info.n_expert == 0 and placement.offload_of(info).flag == "-ngl"
+    card = Hardware("RTX test", 12 * GIB, 12 * GIB, 360e9, 25e9, 16 * GIB, 12 * GIB, 0, 50e9, 8, source="catalog")
+    whole = placement.fit_interval(info, LaunchConfig(model=trained_model, ctx=8192, parallel=1), card)
+    assert whole.lo == 0 and whole.describe() == "fits with -ngl 31..0"  # every layer and the head fit
+    sp = space.build_space(trained_model, info, card, ctx=8192, parallel=1, prompt_tokens=128)
+    assert sp.n_gpu_layers is None and sp.n_cpu_moe is None and "whole model fits" in sp.n_cpu_moe_why
+
+    # A budget that holds all 31 at f16 needs ~671 MiB (plan's table); give it 1 GiB margin + 500 MiB.
+    tight = replace(card, vram_budget_override_bytes=(1024 + 500) * MIB)
+    sp = space.build_space(trained_model, info, tight, ctx=8192, parallel=1, prompt_tokens=128)
+    assert sp.n_cpu_moe is None and sp.n_gpu_layers is not None
+    lo, hi = sp.n_gpu_layers
+    def most(k: CacheType, v: CacheType) -> int:
+        cfg = LaunchConfig(model=trained_model, ctx=8192, parallel=1, cache_type_k=k, cache_type_v=v,
+                           flash_attn=FlashAttn.ON)
+        return max(n for n in range(32) if space.check(info, replace(cfg, n_gpu_layers=n), tight).feasible)
+
+    per_pair = {kv: most(*kv) for kv in sp.kv_pairs}
+    assert hi == max(per_pair.values()) < 31  # the most layers that fit at any KV pair: not all
+    assert per_pair[(CacheType.F16, CacheType.F16)] < hi  # a smaller cache leaves room for more layers
+    assert lo == max(0, min(per_pair.values()) - space.N_CPU_MOE_ABOVE)
+    assert "-ngl searched" in sp.n_cpu_moe_why and sp.describe()["n_gpu_layers"] == [lo, hi]
+    guess = space.best_guess(sp, info, tight)
+    # The memory model's pick: the most precise KV pair, with the most layers that fit at it.
+    assert guess is not None and guess.n_gpu_layers == per_pair[(CacheType.F16, CacheType.F16)]
+    assert f"-ngl {guess.n_gpu_layers}" in flags.launch_line(guess)
+    grid = list(space.iter_configs(sp))
+    assert {c.n_gpu_layers for c in grid} == set(range(lo, hi + 1))
+    assert space.make_config(sp, space.params_of(sp, guess)) == guess

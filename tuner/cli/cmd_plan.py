@@ -1,4 +1,5 @@
-"""`moe-tune plan`: VRAM, RAM, verdict and speed ceilings for every --n-cpu-moe, without launching anything."""
+"""`moe-tune plan`: VRAM, RAM, verdict and speed ceilings for every --n-cpu-moe (a dense model: every -ngl),
+without launching anything."""
 
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ from tuner.core.config import CacheType, FlashAttn, LaunchConfig
 from tuner.core.errors import UsageError
 from tuner.machine import hardware
 from tuner.models import gguf_reader
-from tuner.plan.memory import Breakdown, HostBuffer, MemoryEstimate
-from tuner.plan.placement import KV_CHOICES, EngineCheckRow, Plan, load_mode_note, make_plan
+from tuner.plan.memory import Breakdown, HostBuffer
+from tuner.plan.placement import KV_CHOICES, EngineCheckRow, Plan, PlanRow, load_mode_note, make_plan, offload_of
 
 MODEL_SOURCE = "moe-tune's memory model (tuner.plan.memory)"
 
@@ -58,9 +59,11 @@ def _parts(b: Breakdown) -> dict[str, int]:
             "compute": b.compute_bytes, "overhead": b.overhead_bytes}
 
 
-def _row_json(n_cpu_moe: int, e: MemoryEstimate, gen: float, prompt: float | None) -> dict[str, Any]:
+def _row_json(row: PlanRow) -> dict[str, Any]:
+    e, gen, prompt = row.estimate, row.roofline.gen_tok_s, row.roofline.prompt_tok_s
+    where = {"n_gpu_layers": row.n_gpu_layers} if row.offload.dense else {"n_cpu_moe": row.n_cpu_moe}
     return {
-        "n_cpu_moe": n_cpu_moe, "verdict": e.verdict.value,
+        **where, "verdict": e.verdict.value,
         "vram_bytes": e.gpu.total_bytes, "ram_bytes": e.host.total_bytes,
         "ram_need_bytes": e.host_need_bytes, "ram_reclaimable_bytes": e.reclaimable_bytes,
         "load_mode": e.load_mode,
@@ -76,17 +79,24 @@ def _row_json(n_cpu_moe: int, e: MemoryEstimate, gen: float, prompt: float | Non
 
 def _as_json(p: Plan, notes: list[str]) -> dict[str, Any]:
     hw = p.hardware
+    axis = offload_of(p.model)
+
+    def at(step: int | None) -> dict[str, int | None]:
+        value = None if step is None else axis.value(step)
+        return {"n_gpu_layers": value} if axis.dense else {"n_cpu_moe": value}
+
     return {
         "model": str(p.model.paths[0]), "hardware": hw.describe(), "n_configs": p.n_configs,
+        "dense": axis.dense, "offload_flag": axis.flag,
         "vram_budget_bytes": hw.vram_budget_bytes, "vram_budget_source": hw.vram_budget_source,
         "ram_available_bytes": hw.ram_available_bytes,
         "host_bandwidth_bytes_s": hw.host_bandwidth_bytes_s, "host_bandwidth_source": hw.host_bandwidth_source,
-        "rows": [_row_json(r.n_cpu_moe, r.estimate, r.roofline.gen_tok_s, r.roofline.prompt_tok_s) for r in p.rows],
+        "rows": [_row_json(r) for r in p.rows],
         "fit_intervals": [{"ctx": s.ctx, "cache_type_k": s.cache_type_k.value, "cache_type_v": s.cache_type_v.value,
-                           "n_cpu_moe": s.n_cpu_moe, **s.interval.to_dict(), "summary": s.interval.describe()}
+                           **at(s.n_cpu_moe), **s.interval.to_dict(), "summary": s.interval.describe()}
                           for s in p.smallest_fits],
         "largest_ctx": [{"cache_type_k": c.cache_type_k.value, "cache_type_v": c.cache_type_v.value,
-                         "n_cpu_moe": c.n_cpu_moe, "ctx": c.ctx} for c in p.largest_ctx],
+                         **at(c.n_cpu_moe), "ctx": c.ctx} for c in p.largest_ctx],
         "notes": notes,
     }
 
@@ -111,13 +121,17 @@ def _check_json(rows: tuple[EngineCheckRow, ...]) -> list[dict[str, Any]]:
 def _notes(info: gguf_reader.ModelInfo, p: Plan, base: LaunchConfig) -> list[str]:
     """What a reader needs beside the table: how the host side is held, and when the load mode matters."""
     notes = []
+    axis = offload_of(info)
     first = p.smallest_fits[0] if p.smallest_fits else None
-    n = first.n_cpu_moe if first and first.n_cpu_moe is not None else info.n_layer
-    est = next(r.estimate for r in p.rows if r.n_cpu_moe == n)
+    n = first.n_cpu_moe if first and first.n_cpu_moe is not None else axis.steps - 1
+    est = next(r.estimate for r in p.rows if r.step == n)
     held = ", ".join(f"{_BUFFER_WORDS[name]} {b / 2**30:.1f} GiB" for name, b in est.host_buffers)
     if held:
-        notes.append(f"host weights at --n-cpu-moe {n}: {held}")
-    if p.hardware.has_gpu and base.mmap and not base.no_host and n > 0:
+        notes.append(f"host weights at {axis.flag} {axis.value(n)}: {held}")
+    if axis.dense:
+        notes.append("a dense model has no routed experts, so --n-cpu-moe moves nothing: -ngl (layers on the GPU, "
+                     "the last ones, the output head counted as one) is its offload")
+    if p.hardware.has_gpu and base.mmap and not base.no_host and n > 0 and not axis.dense:
         # llama_model_loader warns the same: overrides to CPU with mmap → consider --load-mode none.
         notes.append("--load-mode none holds them as one pinned copy instead (same RAM): prompts copy experts to "
                      "the GPU faster from pinned memory; llama.cpp suggests it when experts stay on the host")
@@ -128,7 +142,7 @@ def _notes(info: gguf_reader.ModelInfo, p: Plan, base: LaunchConfig) -> list[str
     return notes
 
 
-@app.command("plan", short_help="VRAM, RAM and fit per --n-cpu-moe; needs no GPU.")
+@app.command("plan", short_help="VRAM, RAM and fit per --n-cpu-moe (dense: -ngl); needs no GPU.")
 @friendly
 def plan_cmd(
     model: Annotated[str, typer.Argument(
@@ -157,7 +171,8 @@ def plan_cmd(
         "--engine-check", help="Also run llama.cpp's own projection (llama-fit-params) and show both.")] = False,
     as_json: JsonFlag = False,
 ) -> None:
-    """VRAM and RAM needed, verdict and speed ceilings for every --n-cpu-moe; works without a GPU.
+    """VRAM and RAM needed, verdict and speed ceilings for every --n-cpu-moe; works without a GPU. A dense model
+    (no routed experts) is planned along -ngl instead: layers on the GPU, fewer layers, less VRAM.
 
     RAM is what the launch needs resident (pinned, repacked or anonymous buffers, and the mapped experts it
     reads every token); the page cache the load leaves behind is shown apart, as reclaimable.
@@ -220,26 +235,29 @@ def _print_plan(model: str, info: gguf_reader.ModelInfo, p: Plan, base: LaunchCo
                 source: str) -> None:
     hw = p.hardware
     c = base.ctx or info.ctx_train
-    _say(f"{Path(model).name}: {info.arch}, {info.n_layer} layers, {info.n_expert} experts; {hw.describe()}")
+    axis = offload_of(info)
+    kind = "dense" if axis.dense else f"{info.n_expert} experts"
+    _say(f"{Path(model).name}: {info.arch}, {info.n_layer} layers, {kind}; {hw.describe()}")
     _say(f"-c {c} -ctk {base.cache_type_k.value} -ctv {base.cache_type_v.value} -fa {base.flash_attn.value} "
          f"--load-mode {'mmap' if base.mmap else 'none'}; RAM available {hw.ram_available_bytes / 2**30:.1f} GiB; "
          f"host bandwidth {hw.host_bandwidth_bytes_s / 1e9:.1f} GB/s ({hw.host_bandwidth_source})")
     # Fits 80 columns: no vertical rules, units in the headers.
     table = Table(box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False, collapse_padding=True)
-    for col in ("--n-cpu-moe", "VRAM\nMiB", "RAM need\nMiB", "page cache\nMiB", "verdict", "tg max\ntok/s",
+    for col in (axis.flag, "VRAM\nMiB", "RAM need\nMiB", "page cache\nMiB", "verdict", "tg max\ntok/s",
                 "pp max\ntok/s"):
         table.add_column(col, justify="right", no_wrap=True)
     for r in p.rows:
         e = r.estimate
-        table.add_row(str(r.n_cpu_moe), _mib(e.gpu.total_bytes), _mib(e.host_need_bytes), _mib(e.reclaimable_bytes),
-                      e.verdict.value, _rate(r.roofline.gen_tok_s), _rate(r.roofline.prompt_tok_s))
+        table.add_row(str(axis.value(r.step)), _mib(e.gpu.total_bytes), _mib(e.host_need_bytes),
+                      _mib(e.reclaimable_bytes), e.verdict.value, _rate(r.roofline.gen_tok_s),
+                      _rate(r.roofline.prompt_tok_s))
     out.print(table)
     _say("RAM need: pinned, repacked or anonymous buffers and the mapped weights read every token; page "
          "cache: file pages read at load, reclaimable")
     for s in p.smallest_fits:
         _say(f"-c {s.ctx} -ctk {s.cache_type_k.value} -ctv {s.cache_type_v.value} {s.interval.describe()}")
     for lc in p.largest_ctx:
-        where = f"{lc.ctx} (--n-cpu-moe {lc.n_cpu_moe})" if lc.n_cpu_moe is not None else "none fits"
+        where = f"{lc.ctx} ({axis.flag} {axis.value(lc.n_cpu_moe)})" if lc.n_cpu_moe is not None else "none fits"
         _say(f"largest ctx at -ctk {lc.cache_type_k.value} -ctv {lc.cache_type_v.value}: {where}")
     for note in notes:
         _say(note)

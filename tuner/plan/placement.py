@@ -1,9 +1,12 @@
-"""Plans without launching: for each --n-cpu-moe value, what a config needs in VRAM and RAM, whether it
-fits, and its speed ceilings; the --n-cpu-moe values that fit each ctx/KV combination; the largest
-context that fits at each KV type. Pure, like tuner.plan.memory.
+"""Plans without launching: for each offload step, what a config needs in VRAM and RAM, whether it fits, and its
+speed ceilings; the steps that fit each ctx/KV combination; the largest context that fits at each KV type. Pure,
+like tuner.plan.memory.
 
-Feasibility in --n-cpu-moe is an interval: each layer's experts moved to the host free VRAM and take RAM,
-so VRAM bounds it from below and host RAM from above; it can be empty with neither end at the edge.
+The offload axis is a count of layers' weights moved to the host (:class:`Offload`): for a MoE model the routed
+experts of the first N layers (``--n-cpu-moe N``), for a dense model whole layers (``-ngl``: the last
+``n_layer + 1 - N`` layers, the output head counted as one, stay on the GPU). Feasibility along it is an
+interval: each step frees VRAM and takes RAM, so VRAM bounds it from below and host RAM from above; it can be
+empty with neither end at the edge.
 """
 
 from __future__ import annotations
@@ -24,10 +27,62 @@ KV_CHOICES: tuple[tuple[CacheType, CacheType], ...] = (
 
 
 @dataclass(frozen=True, slots=True)
+class Offload:
+    """How a model moves weights to the host, step by step. ``--n-cpu-moe`` moves routed experts only, so for a
+    dense model (no experts) it moves nothing: there the axis is ``-ngl``, whole layers (``llama_model_base::
+    load_tensors``: ``i_gpu_start = n_layer + 1 - n_gpu_layers``, the output head being the last of them)."""
+
+    dense: bool
+    n_layer: int
+
+    @property
+    def flag(self) -> str:
+        return "-ngl" if self.dense else "--n-cpu-moe"
+
+    @property
+    def steps(self) -> int:
+        """Step 0 keeps everything on the GPU; the last moves every layer's (experts') weights to the host."""
+        return self.n_layer + (2 if self.dense else 1)
+
+    def value(self, step: int) -> int:
+        """The flag's value at ``step``: ``--n-cpu-moe step``, or ``-ngl n_layer + 1 - step``."""
+        return self.n_layer + 1 - step if self.dense else step
+
+    def step(self, cfg: LaunchConfig) -> int:
+        """Where ``cfg`` sits on the axis (unset flags: everything on the GPU, llama.cpp's default)."""
+        if self.dense:
+            return 0 if cfg.n_gpu_layers is None else max(0, self.n_layer + 1 - cfg.n_gpu_layers)
+        return cfg.n_cpu_moe or 0
+
+    def apply(self, cfg: LaunchConfig, step: int) -> LaunchConfig:
+        if self.dense:
+            return replace(cfg, n_gpu_layers=self.value(step))
+        return replace(cfg, n_cpu_moe=step)
+
+    def span(self, lo: int, hi: int) -> str:
+        """Steps ``lo..hi`` as the flag's values, the fastest first: ``--n-cpu-moe 3..7`` or ``-ngl 40..36``."""
+        a, b = self.value(lo), self.value(hi)
+        return f"{self.flag} {a}" + ("" if a == b else f"..{b}")
+
+
+def offload_of(model: ModelInfo) -> Offload:
+    return Offload(dense=not model.n_expert, n_layer=model.n_layer)
+
+
+@dataclass(frozen=True, slots=True)
 class PlanRow:
-    n_cpu_moe: int
+    step: int  # on the model's offload axis (plan_rows' Offload)
     estimate: MemoryEstimate
     roofline: Roofline
+    offload: Offload = Offload(False, 0)
+
+    @property
+    def n_cpu_moe(self) -> int | None:
+        return None if self.offload.dense else self.step
+
+    @property
+    def n_gpu_layers(self) -> int | None:
+        return self.offload.value(self.step) if self.offload.dense else None
 
     @property
     def fits(self) -> bool:
@@ -47,6 +102,7 @@ class FitInterval:
     hi: int | None
     ram_short_bytes: int | None = None
     vram_short_bytes: int | None = None
+    offload: Offload = Offload(False, 0)  # what the steps lo..hi stand for
 
     @property
     def fits(self) -> bool:
@@ -54,7 +110,7 @@ class FitInterval:
 
     def describe(self) -> str:
         if self.lo is not None:
-            return f"fits with --n-cpu-moe {self.lo}" + ("" if self.lo == self.hi else f"..{self.hi}")
+            return f"fits with {self.offload.span(self.lo, self.hi if self.hi is not None else self.lo)}"
         fixes = []
         if self.ram_short_bytes is not None:
             fixes.append(f"{_gib(self.ram_short_bytes)} more RAM")
@@ -62,9 +118,13 @@ class FitInterval:
             fixes.append(f"a {_gib(self.vram_short_bytes)} larger card")
         return "does not fit: needs " + (" or ".join(fixes) if fixes else "more VRAM and more RAM")
 
-    def to_dict(self) -> dict[str, int | None]:
+    def to_dict(self) -> dict[str, int | str | None]:
+        """``lo``/``hi`` are steps; ``flag_lo``/``flag_hi`` the same ends as the flag's values."""
+        ends = {"flag": self.offload.flag,
+                "flag_lo": None if self.lo is None else self.offload.value(self.lo),
+                "flag_hi": None if self.hi is None else self.offload.value(self.hi)}
         return {"lo": self.lo, "hi": self.hi, "ram_short_bytes": self.ram_short_bytes,
-                "vram_short_bytes": self.vram_short_bytes}
+                "vram_short_bytes": self.vram_short_bytes, **ends}
 
 
 def _gib(n_bytes: int) -> str:
@@ -79,23 +139,25 @@ def overs(est: MemoryEstimate, hw: Hardware, margin_bytes: int = FIT_MARGIN_BYTE
 
 def fit_interval(model: ModelInfo, cfg: LaunchConfig, hw: Hardware,
                  margin_bytes: int = FIT_MARGIN_BYTES) -> FitInterval:
-    """Which --n-cpu-moe values fit ``cfg`` on ``hw``, and, when none does, what is short by how much."""
-    return interval_of([estimate(model, replace(cfg, n_cpu_moe=n), hw) for n in range(model.n_layer + 1)], hw,
-                       margin_bytes)
+    """Which offload steps fit ``cfg`` on ``hw`` (:func:`offload_of`), and, when none does, what is short by how
+    much."""
+    axis = offload_of(model)
+    return interval_of([estimate(model, axis.apply(cfg, n), hw) for n in range(axis.steps)], hw, margin_bytes,
+                       axis)
 
 
 def interval_of(estimates: Sequence[MemoryEstimate], hw: Hardware,
-                margin_bytes: int = FIT_MARGIN_BYTES) -> FitInterval:
-    """:func:`fit_interval` from estimates already made, one per --n-cpu-moe value from 0 up."""
+                margin_bytes: int = FIT_MARGIN_BYTES, axis: Offload = Offload(False, 0)) -> FitInterval:
+    """:func:`fit_interval` from estimates already made, one per offload step from 0 up."""
     rows = [overs(est, hw, margin_bytes) for est in estimates]
     ok = [n for n, (v, h) in enumerate(rows) if v <= 0 and h <= 0]
     if ok:
-        return FitInterval(ok[0], ok[-1])
+        return FitInterval(ok[0], ok[-1], offload=axis)
     vram_ok = [n for n, (v, _) in enumerate(rows) if v <= 0]
     ram_ok = [n for n, (_, h) in enumerate(rows) if h <= 0]
     return FitInterval(None, None,
                        ram_short_bytes=min(rows[n][1] for n in vram_ok) if vram_ok else None,
-                       vram_short_bytes=min(rows[n][0] for n in ram_ok) if ram_ok else None)
+                       vram_short_bytes=min(rows[n][0] for n in ram_ok) if ram_ok else None, offload=axis)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +171,7 @@ class SmallestFit:
 
     @property
     def n_cpu_moe(self) -> int | None:
-        """The fastest value that fits: the fewest experts on the host."""
+        """The fastest step that fits: the fewest weights on the host (``--n-cpu-moe`` for a MoE model)."""
         return self.interval.lo
 
 
@@ -133,10 +195,11 @@ class Plan:
 
 
 def plan_rows(model: ModelInfo, base: LaunchConfig, hw: Hardware) -> tuple[PlanRow, ...]:
+    axis = offload_of(model)
     rows = []
-    for n in range(model.n_layer + 1):
-        cfg = replace(base, n_cpu_moe=n)
-        rows.append(PlanRow(n, estimate(model, cfg, hw), roofline(model, cfg, hw)))
+    for n in range(axis.steps):
+        cfg = axis.apply(base, n)
+        rows.append(PlanRow(n, estimate(model, cfg, hw), roofline(model, cfg, hw), axis))
     return tuple(rows)
 
 
@@ -157,8 +220,9 @@ def smallest_fitting_n_cpu_moe(model: ModelInfo, cfg: LaunchConfig, hw: Hardware
 
 
 def largest_fitting_ctx(model: ModelInfo, cfg: LaunchConfig, hw: Hardware) -> tuple[int, int | None]:
-    """Largest context (a multiple of 256, at most the training context) at which some --n-cpu-moe fits, and the
-    fewest host experts that fit there. More context only adds memory on both sides, so this is monotone."""
+    """Largest context (a multiple of 256, at most the training context) at which some offload step fits, and the
+    fewest host weights (the lowest step) that fit there. More context only adds memory on both sides, so this is
+    monotone."""
     def fitting(ctx: int) -> int | None:
         return fit_interval(model, replace(cfg, ctx=ctx), hw).lo
 
@@ -185,16 +249,16 @@ def make_plan(model: ModelInfo, base: LaunchConfig, hw: Hardware, ctxs: Sequence
         for ctk, ctv in kv:
             cfg = _with_kv(replace(base, ctx=ctx), ctk, ctv)
             if cfg == table:  # the table's own ctx/KV pair: its rows are these estimates already
-                interval = interval_of([r.estimate for r in rows], hw)
+                interval = interval_of([r.estimate for r in rows], hw, axis=offload_of(model))
             else:
                 interval = fit_interval(model, cfg, hw)
-                n += model.n_layer + 1
+                n += offload_of(model).steps
             smallest.append(SmallestFit(ctx, ctk, ctv, interval))
     largest = []
     for ctk, ctv in kv:
         ctx_max, n_cpu_moe = largest_fitting_ctx(model, _with_kv(base, ctk, ctv), hw)
         largest.append(LargestCtx(ctk, ctv, n_cpu_moe, ctx_max))
-        n += ((model.ctx_train // CTX_PAD).bit_length() + 2) * (model.n_layer + 1)
+        n += ((model.ctx_train // CTX_PAD).bit_length() + 2) * offload_of(model).steps
     return Plan(model, hw, base, rows, tuple(smallest), tuple(largest), n)
 
 
@@ -266,6 +330,7 @@ def scaled(model: ModelInfo, ratio: float) -> ModelInfo:
 def fit_verdict(model: ModelInfo, ctx_tokens: int, hw: Hardware) -> str:
     """Whether ``model`` runs on ``hw`` at ``ctx_tokens`` (one slot), in the user's words: "VRAM" (all on the
     GPU), "offload N" (with --n-cpu-moe N, the fewest that fit) or "offload N..M" (when host RAM caps it),
+    "-ngl N" (a dense model: the most layers that fit on the GPU),
     "RAM (no GPU)" (a machine without a GPU holds it) or "no"."""
     cfg = LaunchConfig(model=model.paths[0], ctx=ctx_tokens, parallel=1)
     if not hw.has_gpu:
@@ -275,5 +340,8 @@ def fit_verdict(model: ModelInfo, ctx_tokens: int, hw: Hardware) -> str:
         return "no"
     if interval.lo == 0:
         return "VRAM"
+    axis = interval.offload
+    if axis.dense:  # the most layers that fit on the GPU
+        return f"-ngl {axis.value(interval.lo)}"
     capped = interval.hi is not None and interval.hi < model.n_layer
     return f"offload {interval.lo}..{interval.hi}" if capped else f"offload {interval.lo}"

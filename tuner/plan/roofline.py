@@ -3,7 +3,8 @@ is PCIe-bound. Pure, like tuner.plan.memory.
 
 tg: every generated token reads the dense weights, the active experts (n_expert_used of n_expert) and the
 KV cache filled so far; what lives on the GPU is read at GPU bandwidth, the rest at host RAM bandwidth.
-pp: experts kept on the host are copied to the GPU once per ubatch, so pp <= n_ubatch / (bytes / PCIe).
+pp: weights kept on the host (experts, or a dense model's layers below -ngl) are copied to the GPU once per
+ubatch for large batches (the scheduler's op offload), so pp <= n_ubatch / (bytes / PCIe).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ class Roofline:
     gpu_bytes_per_token: int
     host_bytes_per_token: int
     gen_tok_s: float  # ceiling; 0.0 when a bandwidth is unknown
-    prompt_tok_s: float | None  # PCIe bound for offloaded experts; None: no experts offloaded
+    prompt_tok_s: float | None  # PCIe bound for host weights; None: every weight on the GPU
 
     def percent_of_ceiling(self, measured_gen_tok_s: float) -> float | None:
         return 100.0 * measured_gen_tok_s / self.gen_tok_s if self.gen_tok_s else None
@@ -32,7 +33,7 @@ def roofline(model: ModelInfo, cfg: LaunchConfig, hw: Hardware, depth_tokens: in
     r = resolve(model, cfg, backend)
     active = model.n_expert_used / model.n_expert if model.n_expert else 1.0
     gpu = host = 0.0
-    offloaded_experts = 0
+    offloaded = 0  # host weights a large batch copies to the GPU
     for t in model.tensors:
         if t.klass is TensorClass.TOKEN_EMBD:
             continue  # one row per token: negligible
@@ -41,8 +42,7 @@ def roofline(model: ModelInfo, cfg: LaunchConfig, hw: Hardware, depth_tokens: in
             gpu += read
         else:
             host += read
-            if t.klass is TensorClass.ROUTED_EXPERTS:
-                offloaded_experts += t.n_bytes
+            offloaded += t.n_bytes
     kv_read = sum(kv_bytes_per_cell(model, il, cfg.cache_type_k, cfg.cache_type_v)
                   for il in range(model.n_layer)) * depth_tokens
     if backend == "cuda":
@@ -59,6 +59,6 @@ def roofline(model: ModelInfo, cfg: LaunchConfig, hw: Hardware, depth_tokens: in
                 seconds += n_bytes / bw
     gen = 1.0 / seconds if known and seconds > 0 else 0.0
     prompt = None
-    if backend == "cuda" and offloaded_experts and hw.pcie_bandwidth_bytes_s > 0:
-        prompt = r.n_ubatch / (offloaded_experts / hw.pcie_bandwidth_bytes_s)
+    if backend == "cuda" and offloaded and hw.pcie_bandwidth_bytes_s > 0:
+        prompt = r.n_ubatch / (offloaded / hw.pcie_bandwidth_bytes_s)
     return Roofline(int(gpu), int(host), gen, prompt)

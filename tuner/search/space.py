@@ -7,7 +7,9 @@ one that physics already rules out:
 
 - ``--n-cpu-moe`` near the memory model's fitting boundary: the smallest value that fits (at any KV pair and
   ubatch of the space) up to a few above the largest such boundary, to absorb the model's error. Every value
-  above is slower by physics (more expert bytes read over the slow path); below it does not fit.
+  above is slower by physics (more expert bytes read over the slow path); below it does not fit. A dense
+  model has no experts to move: when it does not fit the card whole, ``-ngl`` (layers on the GPU) takes that
+  place, from the most layers that fit down to a few below the fewest such boundary.
 - K/V cache types as a short list of pairs: same-type pairs and K-more-precise-than-V pairs (attention is
   more sensitive to K error than to V error), not 8 × 8 types.
 - threads among the physical-core counts that can win; ubatch only where prompts are longer than the default
@@ -30,7 +32,7 @@ from tuner.core.errors import UsageError
 from tuner.machine.hardware import Hardware
 from tuner.models.gguf_reader import ModelInfo
 from tuner.plan.memory import DEFAULT_UBATCH, FIT_MARGIN_BYTES, MIB, MemoryEstimate, estimate
-from tuner.plan.placement import fit_interval, overs
+from tuner.plan.placement import fit_interval, offload_of, overs
 
 F16, Q8, Q4 = CacheType.F16, CacheType.Q8_0, CacheType.Q4_0
 # Same-type pairs and K-more-precise-than-V pairs over f16 > q8_0 > q4_0, most precise first. The exotic
@@ -39,7 +41,8 @@ KV_PAIRS: tuple[tuple[CacheType, CacheType], ...] = (
     (F16, F16), (F16, Q8), (Q8, Q8), (F16, Q4), (Q8, Q4), (Q4, Q4),
 )
 UBATCH_CHOICES = (1024, 2048)
-# --n-cpu-moe values searched above the largest fitting boundary, to absorb the memory model's error.
+# --n-cpu-moe values searched above the largest fitting boundary (-ngl values below the smallest), to absorb the
+# memory model's error.
 N_CPU_MOE_ABOVE = 3
 
 
@@ -66,8 +69,9 @@ class SearchSpace:
     ubatch: tuple[int | None, ...]
     slots: tuple[int, ...] = (1,)  # -np values the finish measures (concurrent workloads)
     device: str | None = None  # -dev of every config ("none": the CPU on purpose)
-    # Why --n-cpu-moe spans what it spans, in words (which memory bounds it); not part of the study's identity.
+    # Why --n-cpu-moe (-ngl) spans what it spans, in words (which memory bounds it); not part of the study's identity.
     n_cpu_moe_why: str = ""
+    n_gpu_layers: tuple[int, int] | None = None  # a dense model that does not fit whole: -ngl, inclusive range
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -77,6 +81,7 @@ class SearchSpace:
             "flash_attn": [f.value for f in self.flash_attn], "threads": list(self.threads),
             "ubatch": list(self.ubatch), "slots": list(self.slots),
             **({"device": self.device} if self.device is not None else {}),
+            **({"n_gpu_layers": list(self.n_gpu_layers)} if self.n_gpu_layers else {}),
         }
 
     @property
@@ -128,7 +133,8 @@ def build_space(model_path: Path, info: ModelInfo, hw: Hardware, *, ctx: int, pa
         raise UsageError("context and slots must be >= 1: fix --min-ctx / --parallel")
     if not kv_pairs:
         raise UsageError("no KV cache types to search: name at least one")
-    with_moe = (hw.has_gpu if search_n_cpu_moe is None else search_n_cpu_moe) and bool(info.n_expert)
+    offload = hw.has_gpu if search_n_cpu_moe is None else search_n_cpu_moe
+    with_moe = offload and bool(info.n_expert)
     long_prompt = prompt_tokens > DEFAULT_UBATCH
     # A ubatch larger than the prompt changes nothing; with host experts it matters most (fewer expert copies).
     ubatch: tuple[int | None, ...] = (None, *(u for u in UBATCH_CHOICES if u <= prompt_tokens)) \
@@ -152,11 +158,39 @@ def build_space(model_path: Path, info: ModelInfo, hw: Hardware, *, ctx: int, pa
         else:
             moe = (info.n_layer, info.n_layer)
             why = f"no --n-cpu-moe fits at -c {ctx}: every trial will be refused by the memory gate"
+    ngl: tuple[int, int] | None = None
+    if offload and not info.n_expert:
+        ngl, why = _gpu_layers(info, hw, model_path, ctx, parallel, pairs, ubatch, vram_margin_mib)
     return SearchSpace(
         model=model_path, ctx=ctx, parallel=parallel, n_cpu_moe=moe, kv_pairs=pairs,
         flash_attn=(FlashAttn.ON, FlashAttn.OFF), threads=_physical_threads(max(1, hw.physical_cores)),
-        ubatch=ubatch, slots=slot_counts(concurrency), n_cpu_moe_why=why, device=device,
+        ubatch=ubatch, slots=slot_counts(concurrency), n_cpu_moe_why=why, device=device, n_gpu_layers=ngl,
     )
+
+
+def _gpu_layers(info: ModelInfo, hw: Hardware, model_path: Path, ctx: int, parallel: int,
+                pairs: Sequence[tuple[CacheType, CacheType]], ubatch: Sequence[int | None],
+                vram_margin_mib: float | None) -> tuple[tuple[int, int] | None, str]:
+    """A dense model's ``-ngl`` range: None (not searched: llama.cpp's default, every layer on the GPU) when the
+    whole model fits at every KV pair, else from the most layers that fit at any pair down to a few below the
+    fewest such most (more layers on the host only read more bytes over the slow path)."""
+    axis = offload_of(info)
+    intervals = [fit_interval(info, LaunchConfig(model=model_path, cache_type_k=k, cache_type_v=v,
+                                                 flash_attn=FlashAttn.ON, ctx=ctx, parallel=parallel, ubatch=u),
+                              hw, _margin_bytes(vram_margin_mib)) for (k, v), u in product(pairs, ubatch)]
+    fits = [i for i in intervals if i.lo is not None and i.hi is not None]
+    if fits and all(i.lo == 0 for i in intervals):
+        return None, f"the whole model fits the card at -c {ctx}: -ngl is left to llama.cpp (every layer)"
+    if not fits:
+        return (0, 0), f"no -ngl fits at -c {ctx}: every trial will be refused by the memory gate"
+    most = axis.value(min(i.lo for i in fits if i.lo is not None))
+    fewest_most = axis.value(max(i.lo for i in fits if i.lo is not None))
+    floor = axis.value(min(i.hi for i in fits if i.hi is not None))  # host RAM caps how few stay on the GPU
+    lo = max(floor, fewest_most - N_CPU_MOE_ABOVE, 0)
+    return (min(lo, most), most), (
+        f"-ngl searched {min(lo, most)}..{most} at -c {ctx}: a dense model has no experts for --n-cpu-moe to move; "
+        f"the card ({hw.vram_budget_bytes / 2**30:.1f} GiB budget) holds at most {most} of its {info.n_layer + 1} "
+        "layers (the output head counted as one)")
 
 
 def _n_cpu_moe_why(info: ModelInfo, hw: Hardware, ctx: int, moe: tuple[int, int], ram_cap: int) -> str:
@@ -178,6 +212,7 @@ def make_config(space: SearchSpace, params: dict[str, Any]) -> LaunchConfig:
     return LaunchConfig(
         model=space.model,
         n_cpu_moe=params.get("n_cpu_moe") if space.n_cpu_moe else None,
+        n_gpu_layers=params.get("n_gpu_layers") if space.n_gpu_layers else None,
         cache_type_k=ctk, cache_type_v=ctv, flash_attn=fa, ctx=space.ctx, parallel=space.parallel,
         threads=params.get("threads", space.threads[-1]), ubatch=params.get("ubatch", space.ubatch[0]),
         device=space.device,
@@ -191,6 +226,9 @@ def params_of(space: SearchSpace, cfg: LaunchConfig) -> dict[str, Any]:
     if space.n_cpu_moe:
         lo, hi = space.n_cpu_moe
         params["n_cpu_moe"] = min(max(cfg.n_cpu_moe or 0, lo), hi)
+    if space.n_gpu_layers:
+        lo, hi = space.n_gpu_layers
+        params["n_gpu_layers"] = min(max(hi if cfg.n_gpu_layers is None else cfg.n_gpu_layers, lo), hi)
     pair = (cfg.cache_type_k, cfg.cache_type_v)
     if pair not in space.kv_pairs:
         pair = next((p for p in space.kv_pairs if p[1] == cfg.cache_type_v), space.kv_pairs[0])
@@ -211,6 +249,8 @@ def suggest(trial: Any, space: SearchSpace) -> LaunchConfig:
     params: dict[str, Any] = {}
     if space.n_cpu_moe:
         params["n_cpu_moe"] = trial.suggest_int("n_cpu_moe", *space.n_cpu_moe)
+    if space.n_gpu_layers:
+        params["n_gpu_layers"] = trial.suggest_int("n_gpu_layers", *space.n_gpu_layers)
     if len(space.kv_pairs) > 1:
         params["kv"] = trial.suggest_categorical("kv", [kv_label(k, v) for k, v in space.kv_pairs])
     ctv = _kv_from_label(params["kv"])[1] if "kv" in params else space.kv_pairs[0][1]
@@ -226,10 +266,12 @@ def suggest(trial: Any, space: SearchSpace) -> LaunchConfig:
 def iter_configs(space: SearchSpace) -> Iterator[LaunchConfig]:
     """Every distinct config of the space, in a fixed order (the grid of the search benchmark)."""
     moe: Sequence[int | None] = range(space.n_cpu_moe[0], space.n_cpu_moe[1] + 1) if space.n_cpu_moe else [None]
+    ngl: Sequence[int | None] = range(space.n_gpu_layers[1], space.n_gpu_layers[0] - 1, -1) \
+        if space.n_gpu_layers else [None]
     seen: set[LaunchConfig] = set()
-    for n, kv, fa, t, u in product(moe, space.kv_pairs, space.flash_attn, space.threads, space.ubatch):
-        params: dict[str, Any] = {"n_cpu_moe": n, "kv": kv_label(*kv), "flash_attn": fa.value, "threads": t,
-                                  "ubatch": u}
+    for n, g, kv, fa, t, u in product(moe, ngl, space.kv_pairs, space.flash_attn, space.threads, space.ubatch):
+        params: dict[str, Any] = {"n_cpu_moe": n, "n_gpu_layers": g, "kv": kv_label(*kv), "flash_attn": fa.value,
+                                  "threads": t, "ubatch": u}
         cfg = make_config(space, params)
         if cfg not in seen:
             seen.add(cfg)
@@ -282,8 +324,10 @@ def best_guess(space: SearchSpace, info: ModelInfo, hw: Hardware, vram_margin_mi
         base = make_config(space, {"kv": kv_label(k, v), "flash_attn": "on", "threads": space.threads[-1],
                                    "ubatch": space.ubatch[-1]})
         lo, hi = space.n_cpu_moe or (0, 0)
-        for n in range(lo, hi + 1):
+        glo, ghi = space.n_gpu_layers or (0, 0)
+        for n, g in product(range(lo, hi + 1), range(ghi, glo - 1, -1)):  # the fewest weights on the host first
             cfg = replace(base, n_cpu_moe=n) if space.n_cpu_moe else base
+            cfg = replace(cfg, n_gpu_layers=g) if space.n_gpu_layers else cfg
             if check(info, cfg, hw, vram_margin_mib).feasible:
                 return cfg
     return None
