@@ -12,11 +12,23 @@ use, so ``import tuner`` stays cheap (no optuna, psutil or Hub client until a na
     loc = tuner.locate_engine()
     load = tuner.workload_preset(tuner.WorkloadKind.AGENT)
     result = tuner.auto_tune(tuner.TuneRequest(model=path, workload=load), loc, tuner.probe_hardware())
+
+The measuring calls (``bench``, ``measure_quality``, ``auto_tune``, ``tune_frontier``, ``compare_quants``) hold
+the machine's measuring lock as the commands do: a second tuner, a command or a script, waits for the first (up
+to 10 minutes, then :class:`~tuner.core.errors.MachineBusyError`). They measure beside other programs' load, as
+``--allow-busy`` does (each trial's watch marks the rounds it disturbs); to wait for a quiet machine first, or to
+choose the wait, hold it yourself around them (they nest)::
+
+    with tuner.hold_machine("my sweep", wait_s=3600):
+        for cfg in configs:
+            tuner.bench(loc, cfg, load)
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
+from collections.abc import Callable
 from typing import Any
 
 __version__ = "0.1.0"
@@ -49,8 +61,24 @@ _API: dict[str, tuple[str, str]] = {
     "compare_quants": ("tuner.quants.compare", "compare"),
     "load_result": ("tuner.search.result", "load_result"),
     "write_report": ("tuner.report.study_report", "write"),
+    "hold_machine": ("tuner.machine.quiet", "claim_machine"),
 }
 __all__ = ["__version__", *_API]
+MEASURING = frozenset({"bench", "measure_quality", "auto_tune", "tune_frontier", "compare_quants"})
+
+
+def _holding_the_machine(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` run holding the machine's measuring lock (see the module docstring)."""
+
+    @functools.wraps(fn)
+    def measured(*args: Any, **kwargs: Any) -> Any:
+        from tuner.engine import runner
+        from tuner.machine import quiet
+
+        with quiet.claim_machine(f"{name} (Python API)", allow_busy=True, own=runner.own_pids):
+            return fn(*args, **kwargs)
+
+    return measured
 
 
 def __getattr__(name: str) -> Any:
@@ -58,6 +86,8 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module 'tuner' has no attribute {name!r}")
     module, attr = _API[name]
     value = getattr(importlib.import_module(module), attr)
+    if name in MEASURING:
+        value = _holding_the_machine(name, value)
     globals()[name] = value
     return value
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -38,20 +39,41 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
     proc.wait()
 
 
+def _claim_from_another_thread(**kwargs) -> BaseException | quiet.Claim:
+    """A claim made by another thread of this process (it waits as another process would)."""
+    got: list[BaseException | quiet.Claim] = []
+
+    def claim() -> None:
+        try:
+            with quiet.claim_machine("bench", **kwargs) as c:
+                got.append(c)
+        except BaseException as exc:  # noqa: BLE001 - handed back to the test
+            got.append(exc)
+
+    t = threading.Thread(target=claim)
+    t.start()
+    t.join(timeout=60)
+    return got[0]
+
+
 def test_a_second_measuring_run_waits_then_refuses_naming_the_first():
     waits: list[tuple[str, float]] = []
     with quiet.claim_machine("auto-tune") as first:
         assert first.locked and first.noise is None
         t0 = time.monotonic()
-        with pytest.raises(MachineBusyError, match=r"moe-tune auto-tune \(pid \d+\) is measuring.*--allow-busy"), \
-                quiet.claim_machine("bench", wait_s=1.2, on_wait=lambda what, s: waits.append((what, s))):
-            pass
+        refused = _claim_from_another_thread(wait_s=1.2, on_wait=lambda what, s: waits.append((what, s)))
+        assert isinstance(refused, MachineBusyError), refused
+        assert re.search(r"moe-tune auto-tune \(pid \d+\) is measuring; waited [12] s\): two measuring runs at once "
+                         r"measure each other, --allow-busy or not", str(refused)), refused
         assert 1.2 <= time.monotonic() - t0 < 5
         assert waits and waits[0][0].startswith("waiting for moe-tune auto-tune")
-        with quiet.claim_machine("bench", allow_busy=True) as second:
-            assert not second.locked and "moe-tune auto-tune" in (second.noise or "")
-    with quiet.claim_machine("bench", wait_s=0) as third:  # released: the next run goes at once
-        assert third.locked
+        # --allow-busy measures beside other load, never beside another tuner: it waits for the lock too.
+        also_refused = _claim_from_another_thread(wait_s=0.6, allow_busy=True)
+        assert isinstance(also_refused, MachineBusyError) and "moe-tune auto-tune" in str(also_refused)
+        with quiet.claim_machine("bench", wait_s=0) as nested:  # the same thread nests: it holds the machine
+            assert nested.locked
+    third = _claim_from_another_thread(wait_s=0)  # released: the next run goes at once
+    assert isinstance(third, quiet.Claim) and third.locked
 
 
 def test_cpu_load_of_another_process_is_seen_and_our_own_child_is_not():

@@ -112,6 +112,8 @@ def measuring(command: str, *, allow_busy: bool, busy_wait: str, quiet_output: b
         with quiet.claim_machine(command, allow_busy=allow_busy, wait_s=wait_s, own=runner.own_pids,
                                  on_wait=on_wait, gpu=device != "none") as claim:
             bar.stop()
+            if claim.note:  # the machine's lock could not be used: said even under --json (stderr)
+                err.print(f"warning: {claim.note}", highlight=False, markup=False, soft_wrap=True)
             if waited and not err.is_terminal and not quiet_output:
                 err.print(f"the machine is ours after {time.monotonic() - started:.0f} s", highlight=False)
             if claim.noise and not quiet_output:

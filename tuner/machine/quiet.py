@@ -2,13 +2,21 @@
 for other programs to go quiet, and a watch over the machine while a measurement runs.
 
 Two tuners measuring at once each see half the cores and crown artefacts (a ``-t 1`` "winner" 244x faster);
-a user's own llama-server serving beside the tuner does the same. The lock (``flock`` on a file in the cache
-folder; the kernel drops it when the holder dies, even on ``kill -9``) makes the second run wait; the check
-names what else is running; ``allow_busy`` measures anyway, and what was seen is recorded with the figures.
+a user's own llama-server serving beside the tuner does the same. The lock (``flock`` on a file; the kernel drops
+it when the holder dies, even on ``kill -9``) makes the second run wait, ``allow_busy`` or not: measuring beside
+other load is a choice, measuring beside another tuner never is. The check names what else is running;
+``allow_busy`` measures beside it anyway, and what was seen is recorded with the figures.
 
 The lock is one per machine, not per cache folder: two users, or two runs with different ``MOE_TUNE_CACHE``,
-share the cores and the card all the same. It lives in the system's temporary folder, readable and writable by
-every user (a scoped test suite, see :mod:`tuner.machine.processes`, gets one of its own).
+share the cores and the card all the same. It lives in the system's temporary folder (``MOE_TUNE_LOCK_DIR``
+names another, e.g. one mounted into every container), usable by every user: whoever made the file, a later
+run opens it without ``O_CREAT`` (which ``fs.protected_regular`` refuses on another user's file in a sticky
+folder, root included), read-only where it may not write (``flock`` needs no write access). Only where the file
+cannot be opened at all does a run fall back to a lock of its user's own, and say that other users' runs are
+then not seen. A scoped test suite (see :mod:`tuner.machine.processes`) gets a lock of its own.
+
+A claim is re-entrant within a thread: a library call that claims the machine inside a script that already holds
+it goes ahead (another thread of the process waits, as another process would).
 """
 
 from __future__ import annotations
@@ -16,12 +24,15 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import stat
 import threading
 import time
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
+
+import psutil
 
 from tuner.core.config import LaunchConfig
 from tuner.core.errors import MachineBusyError
@@ -30,23 +41,62 @@ from tuner.machine.processes import Interference, cpu_limit_cores, observe, scop
 POLL_S = 0.5
 DEFAULT_WAIT_S = 600.0
 
-
 LOCK_DIR = Path("/tmp")  # not $TMPDIR, which differs per user or per run: the one folder every run here sees
+LOCK_DIR_ENV = "MOE_TUNE_LOCK_DIR"
 
 
 def lock_path() -> Path:
     """The machine's measuring lock; a scoped run (see :mod:`tuner.machine.processes`) gets its own."""
     root = scope_root()
-    return LOCK_DIR / (f"moe-tune-measuring-{root}.lock" if root is not None else "moe-tune-measuring.lock")
+    folder = Path(os.environ[LOCK_DIR_ENV]).expanduser() if os.environ.get(LOCK_DIR_ENV) else LOCK_DIR
+    return folder / (f"moe-tune-measuring-{root}.lock" if root is not None else "moe-tune-measuring.lock")
 
 
-def _open_lock(path: Path) -> IO[str]:
-    """The lock file, created writable by every user (the umask would make it the first user's alone)."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-    with contextlib.suppress(OSError):
-        if os.fstat(fd).st_uid == os.getuid():
-            os.fchmod(fd, 0o666)
-    return os.fdopen(fd, "r+")
+def user_lock_path() -> Path:
+    """The fallback when the machine's lock cannot be opened: this user's own (it serializes their runs only)."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    folder = Path(runtime) if runtime and os.path.isdir(runtime) else Path.home() / ".cache" / "moe-tune"
+    return folder / lock_path().name
+
+
+def _open_shared(path: Path) -> IO[str]:
+    """The machine's lock file: opened as it is when it exists (no ``O_CREAT``), else made writable by every user
+    (the umask would make it the first user's alone); read-only where this user may not write it. Never through
+    a symbolic link, and only a regular file. Raises OSError when it cannot be used."""
+    flags = os.O_NOFOLLOW | os.O_CLOEXEC
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | flags)
+        except FileNotFoundError:
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | flags, 0o666)
+            except FileExistsError:
+                continue  # made by another run just now: open it as it is
+            with contextlib.suppress(OSError):
+                os.fchmod(fd, 0o666)
+        except PermissionError:
+            fd = os.open(path, os.O_RDONLY | flags)
+        break
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise IsADirectoryError(f"{path} is not a regular file")
+    return os.fdopen(fd, "r+" if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_RDWR else "r")
+
+
+def _open_lock() -> tuple[IO[str] | None, Path, str | None]:
+    """The lock to hold: the machine's, else this user's own; with what to say when it is not the machine's."""
+    shared = lock_path()
+    try:
+        return _open_shared(shared), shared, None
+    except OSError as exc:
+        why = f"{shared} cannot be opened ({exc.strerror or exc})"
+    own = user_lock_path()
+    fix = f"remove it or make it readable (chmod 666 {shared}) so every user's runs wait for each other"
+    try:
+        own.parent.mkdir(parents=True, exist_ok=True)
+        return _open_shared(own), own, f"{why}: this run waits only for your own runs, not other users'; {fix}"
+    except OSError as exc:
+        return None, own, f"{why}, nor {own} ({exc.strerror or exc}): this run waits for no other run; {fix}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,26 +107,81 @@ class Claim:
     noise: str | None = None
     residents: tuple[str, ...] = ()  # others' idle GPU contexts (a desktop's display): VRAM held, not work
     seen: Interference | None = field(default=None, compare=False)  # the look that let the run go ahead
+    note: str | None = None  # the machine's lock could not be used: what was held instead, and the fix
 
     def residents_line(self) -> str | None:
         """The idle residents (GPU contexts, idle llama.cpp servers and proxies) in one line; None: none."""
         return self.seen.residents_line() if self.seen is not None else None
 
 
-def _try_lock(fh: IO[str]) -> bool:
+class _Held:
+    """This process's hold on the machine: the thread holding it and how deep its claims nest."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()  # one thread of this process measures at a time
+        self.thread: int | None = None
+        self.depth = 0
+
+
+_HELD = _Held()
+
+
+def _try_lock(fh: IO[str] | None) -> bool:
+    if not _HELD.lock.acquire(blocking=False):
+        return False  # another thread of this process holds the machine
+    if fh is None:
+        return True
     try:
         fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+    except OSError:  # BlockingIOError: another run holds it
+        _HELD.lock.release()
         return False
     return True
 
 
-def _holder(path: Path) -> str:
+def _lock_holders(fh: IO[str]) -> list[int]:
+    """The pids holding ``flock`` on this file, from /proc/locks (empty where it cannot be read)."""
+    st = os.fstat(fh.fileno())
+    key = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    pids = []
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/locks").read_text().splitlines():
+            parts = line.split()  # "1: FLOCK ADVISORY WRITE 4242 08:01:1234 0 EOF" ("1: -> FLOCK ...": a waiter)
+            if len(parts) >= 6 and parts[1] == "FLOCK" and parts[5] == key:
+                pids.append(int(parts[4]))
+    return pids
+
+
+def _holder(fh: IO[str] | None) -> str:
+    """Who holds the lock: what it wrote in the file, or (a run that could not write it, or this process's
+    other thread) who /proc/locks says holds it."""
+    if fh is None:
+        return "another measuring claim of this process"
     try:
-        text = path.read_text().strip()
+        fh.seek(0)
+        text = fh.read().strip()
     except OSError:
         text = ""
-    return text or "another moe-tune run"
+    holders = _lock_holders(fh)
+    if text and (not holders or any(f"(pid {pid})" in text for pid in holders)):
+        return text
+    if not holders:
+        return text or "another moe-tune run"
+    pid = holders[0]
+    if pid == os.getpid():
+        return "another measuring claim of this process"
+    with contextlib.suppress(psutil.Error):
+        return f"a moe-tune run of user {psutil.Process(pid).username()} (pid {pid})"
+    return f"another moe-tune run (pid {pid})"
+
+
+def _busy_error(holder: str, waited_s: float) -> MachineBusyError:
+    """Another measuring run: --allow-busy is no way past it (two tuners measure each other's load)."""
+    exc = MachineBusyError(f"{holder} is measuring", waited_s)
+    exc.args = (f"the machine is busy ({holder} is measuring; waited {waited_s:.0f} s): two measuring runs at "
+                "once measure each other, --allow-busy or not: let it finish (a longer --busy-wait waits for it) "
+                "or stop it",)
+    return exc
 
 
 @contextlib.contextmanager
@@ -84,46 +189,64 @@ def claim_machine(command: str, *, allow_busy: bool = False, wait_s: float = DEF
                   own: Callable[[], Collection[int]] = frozenset, on_wait: Callable[[str, float], None] | None = None,
                   nvml: object = None, gpu: bool = True) -> Iterator[Claim]:
     """Hold the machine for one measuring ``command``: wait (at most ``wait_s``, reporting through
-    ``on_wait(what, waited_s)``) for another measuring run to finish and for other llama.cpp processes and CPU
-    load to go away; then raise :class:`MachineBusyError` naming them, unless ``allow_busy``.
-    Ctrl-C during the wait simply propagates (nothing is held yet). ``gpu`` False: the run measures the CPU on
-    purpose (``--device none``), so work on the GPU is no reason to wait."""
-    path = lock_path()
+    ``on_wait(what, waited_s)``) for another measuring run to finish, then raise :class:`MachineBusyError` naming
+    it, ``allow_busy`` or not; then wait the same way for other programs' work (CPU, GPU, llama.cpp engines at
+    work) to stop, unless ``allow_busy`` (it is then recorded as ``noise``). Re-entrant within a thread: a nested
+    claim holds nothing more and only looks. Ctrl-C during a wait simply propagates (nothing is held yet).
+    ``gpu`` False: the run measures the CPU on purpose (``--device none``), so GPU work is no reason to wait."""
     start = time.monotonic()
-    with _open_lock(path) as fh:
+    if _HELD.thread == threading.get_ident():
+        _HELD.depth += 1
+        try:
+            yield _quiet_enough(Claim(True), start, allow_busy, wait_s, own, on_wait, nvml, gpu)
+        finally:
+            _HELD.depth -= 1
+        return
+    fh, path, note = _open_lock()
+    with fh if fh is not None else contextlib.nullcontext():
         locked = _try_lock(fh)
-        while not locked and not allow_busy:
+        while not locked:
             waited = time.monotonic() - start
             if waited >= wait_s:
-                raise MachineBusyError(f"{_holder(path)} is measuring on this machine", waited)
+                raise _busy_error(_holder(fh), waited)
             if on_wait:
-                on_wait(f"waiting for {_holder(path)} to finish", waited)
+                on_wait(f"waiting for {_holder(fh)} to finish", waited)
             time.sleep(POLL_S)
             locked = _try_lock(fh)
-        noise = None if locked else f"{_holder(path)} is measuring"
-        if locked:
-            fh.seek(0)
-            fh.truncate()
-            fh.write(f"moe-tune {command} (pid {os.getpid()})")
-            fh.flush()
+        _HELD.thread = threading.get_ident()
         try:
-            seen = observe(own, nvml=nvml, gpu=gpu)
-            while seen.busy and not allow_busy:
-                waited = time.monotonic() - start
-                if waited >= wait_s:
-                    raise MachineBusyError(seen.describe(), waited)
-                if on_wait:
-                    on_wait(f"waiting for a quiet machine: {seen.describe()}", waited)
-                seen = observe(own, nvml=nvml, gpu=gpu)
-            if seen.busy:
-                noise = "; ".join(x for x in (noise, seen.describe()) if x)
-            yield Claim(locked, noise, seen.residents, seen)
-        finally:
-            if locked:
+            if fh is not None and fh.writable():
                 with contextlib.suppress(OSError):
                     fh.seek(0)
                     fh.truncate()
-                fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+                    fh.write(f"moe-tune {command} (pid {os.getpid()})")
+                    fh.flush()
+            yield _quiet_enough(Claim(fh is not None, note=note), start, allow_busy, wait_s, own, on_wait, nvml,
+                                gpu)
+        finally:
+            _HELD.thread = None
+            if fh is not None:
+                if fh.writable():
+                    with contextlib.suppress(OSError):
+                        fh.seek(0)
+                        fh.truncate()
+                with contextlib.suppress(OSError):
+                    fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+            _HELD.lock.release()
+
+
+def _quiet_enough(claim: Claim, start: float, allow_busy: bool, wait_s: float, own: Callable[[], Collection[int]],
+                  on_wait: Callable[[str, float], None] | None, nvml: object, gpu: bool) -> Claim:
+    """``claim`` once other programs' work has stopped (or, ``allow_busy``, with what was seen as its noise)."""
+    seen = observe(own, nvml=nvml, gpu=gpu)
+    while seen.busy and not allow_busy:
+        waited = time.monotonic() - start
+        if waited >= wait_s:
+            raise MachineBusyError(seen.describe(), waited)
+        if on_wait:
+            on_wait(f"waiting for a quiet machine: {seen.describe()}", waited)
+        seen = observe(own, nvml=nvml, gpu=gpu)
+    return Claim(claim.locked, seen.describe() if seen.busy else None, seen.residents, seen, claim.note)
 
 
 class Watch:
