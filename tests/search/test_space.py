@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import optuna
 import pytest
@@ -33,7 +34,7 @@ def test_cpu_space_skips_n_cpu_moe_and_ubatch_for_short_prompts(model, info):
     sp = space.build_space(model, info, CPU_ONLY, ctx=4096, parallel=1, prompt_tokens=512)
     assert sp.n_cpu_moe is None and sp.ubatch == (None,) and sp.threads == (4, 7, 8) and sp.slots == (1,)
     long = space.build_space(model, info, CPU_ONLY, ctx=8192, parallel=1, prompt_tokens=4096)
-    assert long.ubatch == (None, 1024, 2048)
+    assert long.ubatch == (None, 1024, 2048, 4096)  # 8192 only where the prompt is that long
     batch = space.build_space(model, info, CPU_ONLY, ctx=4096, parallel=4, prompt_tokens=256, concurrency=4)
     assert batch.slots == (1, 2, 4) and space.slot_counts(6) == (1, 2, 4, 6)
     with pytest.raises(UsageError):
@@ -96,7 +97,7 @@ def test_a_dense_model_that_does_not_fit_searches_ngl_and_its_line_carries_it(tr
     from tuner.plan import placement
 
     info = inspect_model(trained_model)
-    assert info.n_expert == 0 and placement.offload_of(info).flag == "-ngl"
+    assert info.n_expert == 0 and placement.offload_of(info).setting == "n_gpu_layers"
     card = Hardware("RTX test", 12 * GIB, 12 * GIB, 360e9, 25e9, 16 * GIB, 12 * GIB, 0, 50e9, 8, source="catalog")
     whole = placement.fit_interval(info, LaunchConfig(model=trained_model, ctx=8192, parallel=1), card)
     assert whole.lo == 0 and whole.describe() == "fits with -ngl 31..0"  # every layer and the head fit
@@ -125,3 +126,50 @@ def test_a_dense_model_that_does_not_fit_searches_ngl_and_its_line_carries_it(tr
     grid = list(space.iter_configs(sp))
     assert {c.n_gpu_layers for c in grid} == set(range(lo, hi + 1))
     assert space.make_config(sp, space.params_of(sp, guess)) == guess
+
+
+def test_prompt_heavy_workloads_offer_big_ubatches_with_a_batch_as_large(model, info):
+    """With host experts each ubatch copies them to the GPU: a prompt of 4,096 tokens or more is offered -ub 4096
+    (8192 where the prompt is that long and the context holds it), and -b rises with it (llama.cpp clamps -ub to
+    -b, 2048 unless given: ``llama_context``'s ``n_ubatch = min(n_batch, n_ubatch)``)."""
+    from tuner.engine import flags
+
+    assert space.ubatch_choices(4095, 65536) == (None, 1024, 2048)
+    assert space.ubatch_choices(4096, 65536) == (None, 1024, 2048, 4096)
+    assert space.ubatch_choices(8192, 65536) == (None, 1024, 2048, 4096, 8192)
+    assert space.ubatch_choices(8192, 4096) == (None, 1024, 2048, 4096)  # the batch cannot pass the context
+    sp = space.build_space(model, info, CPU_ONLY, ctx=16384, parallel=1, prompt_tokens=8192)
+    assert sp.ubatch == (None, 1024, 2048, 4096, 8192)
+    big = space.make_config(sp, {"ubatch": 4096})
+    assert (big.ubatch, big.batch) == (4096, 4096)
+    assert space.make_config(sp, {"ubatch": 2048}).batch is None  # the engine's own -b 2048 holds it
+    line = flags.launch_line(big)
+    assert "-b 4096" in line and "-ub 4096" in line
+    argv = flags.bench_argv(Path("llama-bench"), space.make_config(sp, {"ubatch": 8192}), n_prompt=8192, n_gen=16,
+                            repetitions=1)
+    assert argv[argv.index("-b") + 1] == argv[argv.index("-ub") + 1] == "8192"
+    for cfg in space.iter_configs(sp):
+        assert cfg.batch is None or cfg.batch >= (cfg.ubatch or 0)
+        assert (cfg.ubatch or 512) <= 2048 or cfg.batch == cfg.ubatch
+        assert space.make_config(sp, space.params_of(sp, cfg)) == cfg
+
+
+def test_the_memory_model_prices_the_big_ubatch_and_leaves_out_one_that_never_fits(tmp_path):
+    """Qwen3.5-35B-A3B's 248K vocabulary: the compute buffer holds n_vocab x ubatch f32 logits, ~3.9 GiB at -ub 4096
+    and ~7.8 GiB at 8192. On an 8 GB card with every expert on the host, 8192 fits nowhere and is left out, said;
+    4096 fits only with more experts on the host than the default ubatch needs."""
+    from tuner.models import shape_model
+
+    path = shape_model.write_catalog_model("Qwen3.5-35B-A3B:Q4_K_M", tmp_path / "q35.gguf").path
+    big = inspect_model(path)
+    card = find_card("RTX 4060 Ti 8GB").hardware(64 * GIB, 60 * GIB, 50e9)
+    sp = space.build_space(path, big, card, ctx=16384, parallel=1, prompt_tokens=8192)
+    assert sp.ubatch == (None, 1024, 2048, 4096)
+    assert sp.left_out == ("-ub 8192 left out: its compute buffer fits at no --n-cpu-moe on this card at -c 16384",)
+    by_ub = {u: space.fitting_boundary(big, space.ubatch_config(path, CacheType.Q8_0, CacheType.Q8_0, 16384, 1, u),
+                                       card) for u in (None, 4096, 8192)}
+    assert by_ub[8192] is None and by_ub[4096] is not None and by_ub[None] is not None
+    assert by_ub[4096] > by_ub[None]  # the bigger compute buffer moves experts to the host
+    cfg = space.make_config(sp, {"ubatch": 4096, "n_cpu_moe": by_ub[4096], "kv": "q8_0/q8_0"})
+    assert space.check(big, cfg, card).feasible
+    assert space.check(big, replace(cfg, n_cpu_moe=by_ub[4096] - 1), card).vram_over_mib > 0

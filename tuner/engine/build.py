@@ -17,9 +17,10 @@ import sys
 import tarfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from enum import Enum
 from pathlib import Path
+from typing import Any
 
 from tuner.core.errors import (
     BuildFailedError,
@@ -30,7 +31,14 @@ from tuner.core.errors import (
     UsageError,
 )
 from tuner.engine import cuda_toolkit, runner
-from tuner.engine.caps import Capabilities, EngineLocation  # the engine's public names: build.EngineLocation
+from tuner.engine.caps import (  # the engine's public names: build.EngineLocation
+    FA_QUANTS_DEFAULT,
+    FA_VEC_FLAG,
+    Capabilities,
+    EngineLocation,
+    FaKernels,
+    fa_kernels_from_system_info,
+)
 from tuner.engine.flags.quantize import help_argv
 from tuner.machine import hardware, paths
 from tuner.machine.fileio import atomic_write, file_lock, sha256_file
@@ -65,6 +73,12 @@ TOOLS = (
     "llama-batched-bench",
     "llama-imatrix",  # compare-quants --imatrix; a build without it is built again (once) to add it
 )
+# The flash-attention vector kernels the CUDA build compiles: llama.cpp's default list and every mixed pair the
+# search's KV axis tries (tuner.search.space.KV_PAIRS; a test holds the two together). Without them a mixed
+# pair converts the cache to f16 at every token (``ggml_cuda_flash_attn_ext_vec``). Each pair is one template
+# instance file of 12 kernels (3 head sizes x 2 column counts x softcap on/off): 7 files instead of the default
+# 4, where GGML_CUDA_FA_QUANTS=all would compile 49.
+FA_QUANTS_BUILT = (*FA_QUANTS_DEFAULT, "f16-q8_0", "f16-q4_0", "q8_0-q4_0")
 # A folder is an engine when it holds at least these.
 CORE_TOOLS = ("llama-server", "llama-bench")
 BUILD_DISK_BYTES = 1536 * 2**20
@@ -205,10 +219,7 @@ def capabilities(loc: EngineLocation, use_cache: bool = True) -> Capabilities:
     if use_cache and cache_file.is_file():
         with contextlib.suppress(ValueError, KeyError, TypeError):
             raw = json.loads(cache_file.read_text())
-            return Capabilities(
-                raw["version"], raw["build_number"], raw["commit"], raw["backend"], tuple(raw["devices"]),
-                {k: tuple(v) for k, v in raw["flags"].items()},
-            )
+            return _caps_from_json(raw)
     fix = "the binary may be broken: rebuild with `moe-tune engine install --force`"
     bench = loc.tool("llama-bench")
     out = runner.run_process(
@@ -227,9 +238,55 @@ def capabilities(loc: EngineLocation, use_cache: bool = True) -> Capabilities:
                 help_argv(loc.bin_dir / tool), timeout_s=30, what=f"{tool} --help", fix=fix, check=False
             )
             flags[tool] = parse_help_flags(res.stdout + "\n" + res.stderr_tail)
-    caps = Capabilities(version, build_number, commit, backend_of(devices, loc.bin_dir), devices, flags)
+    backend = backend_of(devices, loc.bin_dir)
+    # Only a CUDA build compiles a list of flash-attention vector kernels: one short probe, cached with the rest.
+    fa = fa_kernels_from_system_info(system_info(loc), backend) if backend == "cuda" else FaKernels()
+    caps = Capabilities(version, build_number, commit, backend, devices, flags, fa)
+    _save_caps(cache_file, caps)
+    return caps
+
+
+def _caps_from_json(raw: dict[str, Any]) -> Capabilities:
+    """A cached Capabilities; a KeyError for a cache written before a field existed (then it is read again)."""
+    fa = raw["fa_kernels"]
+    return Capabilities(
+        raw["version"], raw["build_number"], raw["commit"], raw["backend"], tuple(raw["devices"]),
+        {k: tuple(v) for k, v in raw["flags"].items()},
+        FaKernels(None if fa["pairs"] is None else tuple(fa["pairs"]), fa["source"], tuple(fa["missing"])),
+    )
+
+
+def _save_caps(cache_file: Path, caps: Capabilities) -> None:
     with contextlib.suppress(OSError):
         atomic_write(cache_file, json.dumps(asdict(caps)))
+
+
+def system_info(loc: EngineLocation) -> str:
+    """The system info line of the engine's build (``llama_print_system_info``: each backend's compiled
+    features, a CUDA build's ``FA_QUANTS`` among them). ``common_params_print_info`` prints it at verbosity 4
+    before any model is loaded, so a llama-server pointed at no model prints it and exits at once."""
+    missing = loc.bin_dir / "moe-tune-probe-no-model.gguf"
+    found: list[str] = []
+
+    def keep(line: str) -> None:  # every line passes here: the tail alone may have lost it
+        if "system_info:" in line:
+            found.append(line)
+
+    res = runner.run_process([str(loc.tool("llama-server")), "-lv", "4", "-m", str(missing)], timeout_s=60,
+                             what="llama-server system info", fix="rebuild with `moe-tune engine install --force`",
+                             check=False, on_line=keep)
+    return found[0] if found else res.stdout
+
+
+def note_engine_log(loc: EngineLocation, log_text: str) -> Capabilities:
+    """Keep what a server or bench log taught about the engine: K/V pairs it said it has no flash-attention
+    vector kernel for ("no FlashAttention vector kernel compiled for K/V types …") are left out from then on."""
+    caps = capabilities(loc)
+    learnt = caps.fa_kernels.learn_from_log(log_text)
+    if learnt is caps.fa_kernels:
+        return caps
+    caps = replace(caps, fa_kernels=learnt)
+    _save_caps(_capabilities_cache_file(loc), caps)
     return caps
 
 
@@ -277,7 +334,8 @@ def cmake_flags(backend: Backend) -> tuple[str, ...]:
     ]
     if backend is Backend.CUDA:
         # Only the card that is here: the full default list of CUDA architectures takes hours on a small CPU.
-        flags += ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={cuda_toolkit.architectures()}"]
+        flags += ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={cuda_toolkit.architectures()}",
+                  f"-D{FA_VEC_FLAG}={','.join(FA_QUANTS_BUILT)}"]
     return tuple(flags)
 
 

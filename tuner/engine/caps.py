@@ -1,4 +1,5 @@
-"""Where an engine's binaries are and what they accept: the two values every engine module passes around.
+"""Where an engine's binaries are and what they accept: the two values every engine module passes around
+(and, for a CUDA build, which K/V pairs its flash-attention vector kernels cover).
 
 They live below ``build`` (which finds and builds engines) and ``flags`` (which spells a config for a binary's
 capabilities), so that neither has to import the other: runner → flags → caps ← build.
@@ -7,6 +8,7 @@ capabilities), so that neither has to import the other: runner → flags → cap
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,10 +31,95 @@ class EngineLocation:
         return path.is_file() and os.access(path, os.X_OK)
 
 
+# --------------------------------------------------------------------- flash-attention vector kernels (CUDA)
+
+# The K/V types a CUDA build can compile a flash-attention vector kernel for (``FA_TYPES`` in the pinned
+# ggml/cmake/common.cmake, ``ggml_cuda_fattn_vec_instances``).
+FA_VEC_TYPES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "bf16", "f16")
+# What a CUDA build compiles when GGML_CUDA_FA_QUANTS is left at its default (ggml/CMakeLists.txt at the pin).
+FA_QUANTS_DEFAULT = ("q4_0-q4_0", "q8_0-q8_0", "f16-f16", "bf16-bf16")
+# Builds from before GGML_CUDA_FA_QUANTS (GGML_CUDA_FA_ALL_QUANTS off) had these same-type kernels only.
+FA_PAIRS_BEFORE_FA_QUANTS = ("f16-f16", "q4_0-q4_0", "q8_0-q8_0")
+FA_VEC_FLAG = "GGML_CUDA_FA_QUANTS"
+
+# llama.cpp's system info (``llama_print_system_info``: ``CUDA : ARCHS = 890 | FA_QUANTS = q4_0-q4_0,… | …``).
+_FA_QUANTS_RE = re.compile(r"\bFA_QUANTS\s*=\s*([^|\n]*)")
+_FA_ALL_RE = re.compile(r"\bFA_ALL_QUANTS\s*=\s*1\b")
+_CUDA_SECTION_RE = re.compile(r"\bCUDA\s*:")
+# ``ggml_cuda_flash_attn_ext_vec`` (ggml-cuda/fattn.cu) when a pair has no kernel:
+# "no FlashAttention vector kernel compiled for K/V types f16-q8_0, converting K and V to f16 instead (slow)."
+_NO_VEC_KERNEL_RE = re.compile(r"no FlashAttention vector kernel compiled for K/V types ([a-z0-9_]+)-([a-z0-9_]+)")
+
+
+def fa_pair(type_k: str, type_v: str) -> str:
+    """A K/V pair in GGML_CUDA_FA_QUANTS's spelling: ``<type_K>-<type_V>``."""
+    return f"{type_k}-{type_v}"
+
+
+@dataclass(frozen=True, slots=True)
+class FaKernels:
+    """Which K/V type pairs an engine has a flash-attention vector kernel for: the kernel that generates tokens.
+
+    A CUDA build compiles one only for the pairs of ``GGML_CUDA_FA_QUANTS``; for any other pair
+    ``ggml_cuda_flash_attn_ext_vec`` converts the whole K and V cache to f16 at every step, so a trial would
+    measure that conversion, not the pair. ``pairs`` None: every pair runs its own kernel (CPU, or a build
+    that compiled them all). ``source`` says how it was learnt; ``missing`` holds pairs the engine's own log
+    said it lacks (learnt at run time, for builds whose system info does not list them).
+    """
+
+    pairs: tuple[str, ...] | None = None
+    source: str = "not a CUDA build: every pair has its kernel"
+    missing: tuple[str, ...] = ()
+
+    def has(self, type_k: str, type_v: str) -> bool:
+        pair = fa_pair(type_k, type_v)
+        return pair not in self.missing and (self.pairs is None or pair in self.pairs)
+
+    def why_missing(self, type_k: str, type_v: str) -> str:
+        """Why the pair is left out, naming the build flag that adds it."""
+        pair = fa_pair(type_k, type_v)
+        seen = "its log said so" if pair in self.missing else self.source
+        return (f"K/V {type_k}/{type_v} left out: this CUDA build has no flash-attention vector kernel for it "
+                f"({seen}), so llama.cpp would convert the cache to f16 at every token; rebuild with "
+                f"-D{FA_VEC_FLAG}=<its list>,{pair} (or {FA_VEC_FLAG}=all), e.g. `moe-tune engine install "
+                "--backend cuda --force`, which builds every pair the search tries")
+
+    def learn_from_log(self, text: str) -> FaKernels:
+        """These kernels, less the pairs the engine's log says it has no vector kernel for."""
+        found = tuple(fa_pair(k, v) for k, v in _NO_VEC_KERNEL_RE.findall(text))
+        new = tuple(p for p in dict.fromkeys(found) if p not in self.missing)
+        return FaKernels(self.pairs, self.source, self.missing + new) if new else self
+
+
+def fa_kernels_from_system_info(text: str, backend: str) -> FaKernels:
+    """The vector-kernel pairs of an engine, from the system info line its tools print (``-lv 4``).
+
+    ``FA_QUANTS`` is the build's GGML_CUDA_FA_QUANTS with ``;`` written as ``,`` (``ggml_backend_cuda_get_features``),
+    and ``f16-f16`` is always compiled beside it (``ggml_cuda_fattn_vec_instances``); ``all`` compiles every pair.
+    A CUDA build that names neither predates the list: its default was the same-type f16, q4_0 and q8_0 kernels.
+    """
+    if backend != "cuda" and not _CUDA_SECTION_RE.search(text):
+        return FaKernels()
+    listed = _FA_QUANTS_RE.search(text)
+    if listed:
+        value = listed.group(1).strip().strip('"').lower()
+        if value == "all":
+            return FaKernels(None, f"{FA_VEC_FLAG}=all: every pair compiled")
+        pairs = [p.strip() for p in re.split(r"[,;]", value) if p.strip()]
+        return FaKernels(tuple(dict.fromkeys(["f16-f16", *pairs])),
+                         f"{FA_VEC_FLAG}={','.join(pairs)} in the build's system info")
+    if _FA_ALL_RE.search(text):
+        return FaKernels(None, "GGML_CUDA_FA_ALL_QUANTS=ON: every pair compiled")
+    return FaKernels(FA_PAIRS_BEFORE_FA_QUANTS,
+                     f"the build's system info names no {FA_VEC_FLAG}: builds of that age compile "
+                     f"{', '.join(FA_PAIRS_BEFORE_FA_QUANTS)} only")
+
+
 @dataclass(frozen=True, slots=True)
 class Capabilities:
     """What one engine build is (version, commit, backend, devices) and which flags each of its tools accepts,
-    read from ``--version``, ``--list-devices`` and ``--help`` (see :func:`tuner.engine.build.capabilities`)."""
+    read from ``--version``, ``--list-devices`` and ``--help``, and for a CUDA build its flash-attention vector
+    kernels, read from its system info (see :func:`tuner.engine.build.capabilities`)."""
 
     version: str
     build_number: str
@@ -40,6 +127,8 @@ class Capabilities:
     backend: str
     devices: tuple[str, ...]
     flags: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # Which K/V pairs have a flash-attention vector kernel (CUDA builds compile a list: see FaKernels).
+    fa_kernels: FaKernels = field(default_factory=FaKernels)
 
     def supports(self, tool: str, flag: str) -> bool:
         return flag in self.flags.get(tool, ())

@@ -124,9 +124,11 @@ def auto_tune(req: TuneRequest, loc: build.EngineLocation, hw: Hardware, *,
     ctx = choose_ctx(req, info, hw, parallel)
     sp = space.build_space(req.model, info, hw, ctx=ctx, parallel=parallel,
                            prompt_tokens=req.workload.prompt_tokens, concurrency=req.workload.concurrency,
-                           vram_margin_mib=req.vram_margin_mib, device=req.device)
-    if on_step and sp.n_cpu_moe_why:
-        on_step(sp.n_cpu_moe_why)
+                           vram_margin_mib=req.vram_margin_mib, device=req.device, fa_kernels=caps.fa_kernels)
+    if on_step:
+        for note in (sp.n_cpu_moe_why, *sp.left_out):  # what the space spans and what it leaves out, and why
+            if note:
+                on_step(note)
     objective = study.Objective(pareto=req.pareto, max_kld=req.max_kld)
     measure = req.measure or study.Measure.for_workload(req.workload)
     name = study.study_name(req.model, hw, caps, sp, measure, objective)

@@ -11,9 +11,11 @@ one that physics already rules out:
   model has no experts to move: when it does not fit the card whole, ``-ngl`` (layers on the GPU) takes that
   place, from the most layers that fit down to a few below the fewest such boundary.
 - K/V cache types as a short list of pairs: same-type pairs and K-more-precise-than-V pairs (attention is
-  more sensitive to K error than to V error), not 8 × 8 types.
+  more sensitive to K error than to V error), not 8 × 8 types; on a CUDA build only the pairs it compiled a
+  flash-attention vector kernel for (another pair converts the cache to f16 at every token).
 - threads among the physical-core counts that can win; ubatch only where prompts are longer than the default
-  ubatch (a larger one changes nothing for a short prompt; with host experts, each ubatch copies them).
+  ubatch (a larger one changes nothing for a short prompt; with host experts, each ubatch copies them), up to
+  4096 and 8192 for prompts that long, with ``-b`` as large.
 - a quantized V cache needs flash attention: ``flash_attn`` is only asked for when V is f16/bf16/f32.
 - slots (``-np``) for concurrent workloads: llama-bench cannot run parallel sequences, so slot counts are
   measured by the finish step's llama-server runs (:attr:`SearchSpace.slots`).
@@ -29,9 +31,10 @@ from typing import Any
 
 from tuner.core.config import CacheType, FlashAttn, LaunchConfig
 from tuner.core.errors import UsageError
+from tuner.engine.caps import FaKernels
 from tuner.machine.hardware import Hardware
 from tuner.models.gguf_reader import ModelInfo
-from tuner.plan.memory import DEFAULT_UBATCH, FIT_MARGIN_BYTES, MIB, MemoryEstimate, estimate
+from tuner.plan.memory import DEFAULT_BATCH, DEFAULT_UBATCH, FIT_MARGIN_BYTES, MIB, MemoryEstimate, estimate
 from tuner.plan.placement import fit_interval, offload_of, overs
 
 F16, Q8, Q4 = CacheType.F16, CacheType.Q8_0, CacheType.Q4_0
@@ -40,7 +43,10 @@ F16, Q8, Q4 = CacheType.F16, CacheType.Q8_0, CacheType.Q4_0
 KV_PAIRS: tuple[tuple[CacheType, CacheType], ...] = (
     (F16, F16), (F16, Q8), (Q8, Q8), (F16, Q4), (Q8, Q4), (Q4, Q4),
 )
-UBATCH_CHOICES = (1024, 2048)
+# Ubatches above the default, each offered where the prompt is at least that long: with host experts llama.cpp
+# copies them to the GPU once per ubatch, so long prompts run fastest at 4096 or 8192 (the compute buffer grows
+# with the ubatch: the memory model prices it).
+UBATCH_CHOICES = (1024, 2048, 4096, 8192)
 # --n-cpu-moe values searched above the largest fitting boundary (-ngl values below the smallest), to absorb the
 # memory model's error.
 N_CPU_MOE_ABOVE = 3
@@ -72,6 +78,9 @@ class SearchSpace:
     # Why --n-cpu-moe (-ngl) spans what it spans, in words (which memory bounds it); not part of the study's identity.
     n_cpu_moe_why: str = ""
     n_gpu_layers: tuple[int, int] | None = None  # a dense model that does not fit whole: -ngl, inclusive range
+    # What the space leaves out and why (K/V pairs the engine has no kernel for, ubatches that cannot fit); not
+    # part of the study's identity.
+    left_out: tuple[str, ...] = ()
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -126,27 +135,32 @@ def fitting_boundary(info: ModelInfo, cfg: LaunchConfig, hw: Hardware,
 
 def build_space(model_path: Path, info: ModelInfo, hw: Hardware, *, ctx: int, parallel: int, prompt_tokens: int,
                 kv_pairs: Sequence[tuple[CacheType, CacheType]] = KV_PAIRS, search_n_cpu_moe: bool | None = None,
-                concurrency: int = 1, vram_margin_mib: float | None = None, device: str | None = None
-                ) -> SearchSpace:
-    """The space for this model on this machine, serving ``parallel`` slots of ``ctx`` tokens in total."""
+                concurrency: int = 1, vram_margin_mib: float | None = None, device: str | None = None,
+                fa_kernels: FaKernels | None = None) -> SearchSpace:
+    """The space for this model on this machine, serving ``parallel`` slots of ``ctx`` tokens in total.
+
+    ``fa_kernels``: the engine's flash-attention vector kernels (:attr:`Capabilities.fa_kernels`); a K/V pair
+    without one is left out, with the reason and the build flag that adds it in :attr:`SearchSpace.left_out`.
+    """
     if ctx < 1 or parallel < 1:
         raise UsageError("context and slots must be >= 1: fix --min-ctx / --parallel")
     if not kv_pairs:
         raise UsageError("no KV cache types to search: name at least one")
     offload = hw.has_gpu if search_n_cpu_moe is None else search_n_cpu_moe
     with_moe = offload and bool(info.n_expert)
-    long_prompt = prompt_tokens > DEFAULT_UBATCH
-    # A ubatch larger than the prompt changes nothing; with host experts it matters most (fewer expert copies).
-    ubatch: tuple[int | None, ...] = (None, *(u for u in UBATCH_CHOICES if u <= prompt_tokens)) \
-        if long_prompt else (None,)
-    pairs = tuple(dict.fromkeys(kv_pairs))
+    pairs, left_out = _pairs_with_kernels(tuple(dict.fromkeys(kv_pairs)), fa_kernels)
+    ubatch = ubatch_choices(prompt_tokens, ctx)
     moe: tuple[int, int] | None = None
     why = ""
     if with_moe:
-        intervals = [feasible_n_cpu_moe(info, LaunchConfig(model=model_path, cache_type_k=k, cache_type_v=v,
-                                                           flash_attn=FlashAttn.ON, ctx=ctx, parallel=parallel,
-                                                           ubatch=u), hw, vram_margin_mib)
-                     for (k, v), u in product(pairs, ubatch)]
+        by_ubatch = {u: [feasible_n_cpu_moe(info, ubatch_config(model_path, k, v, ctx, parallel, u), hw,
+                                            vram_margin_mib) for k, v in pairs] for u in ubatch}
+        # A ubatch above the default batch that fits at no --n-cpu-moe with any pair would only be refused, trial
+        # after trial: it is left out, and said.
+        for u in [u for u in ubatch if u is not None and u > DEFAULT_BATCH and not any(by_ubatch[u])]:
+            ubatch = tuple(x for x in ubatch if x != u)
+            left_out += (f"-ub {u} left out: its compute buffer fits at no --n-cpu-moe on this card at -c {ctx}",)
+        intervals = [i for u in ubatch for i in by_ubatch[u]]
         fits = [i for i in intervals if i is not None]
         if fits:
             lo = min(i[0] for i in fits)
@@ -165,7 +179,42 @@ def build_space(model_path: Path, info: ModelInfo, hw: Hardware, *, ctx: int, pa
         model=model_path, ctx=ctx, parallel=parallel, n_cpu_moe=moe, kv_pairs=pairs,
         flash_attn=(FlashAttn.ON, FlashAttn.OFF), threads=_physical_threads(max(1, hw.physical_cores)),
         ubatch=ubatch, slots=slot_counts(concurrency), n_cpu_moe_why=why, device=device, n_gpu_layers=ngl,
+        left_out=left_out,
     )
+
+
+def ubatch_choices(prompt_tokens: int, ctx: int) -> tuple[int | None, ...]:
+    """The default ubatch, and each larger one the prompt fills (a ubatch larger than the prompt changes nothing;
+    with host experts it matters most: fewer expert copies) and the context holds (``llama_context`` caps the
+    batch at the context, ``n_batch = min(n_ctx, n_batch)``, then ``n_ubatch = min(n_batch, n_ubatch)``)."""
+    if prompt_tokens <= DEFAULT_UBATCH:
+        return (None,)
+    return (None, *(u for u in UBATCH_CHOICES if u <= prompt_tokens and u <= ctx))
+
+
+def batch_for(ubatch: int | None) -> int | None:
+    """``-b`` for a ubatch: llama.cpp clamps ``-ub`` to ``-b`` (2048 unless given), so a larger ubatch brings a
+    batch as large; below that the engine's default batch stays (no flag)."""
+    return ubatch if ubatch is not None and ubatch > DEFAULT_BATCH else None
+
+
+def ubatch_config(model: Path, k: CacheType, v: CacheType, ctx: int, parallel: int, ubatch: int | None
+                  ) -> LaunchConfig:
+    """The config the memory gate prices a KV pair and ubatch at (flash attention on, ``-b`` >= ``-ub``)."""
+    return LaunchConfig(model=model, cache_type_k=k, cache_type_v=v, flash_attn=FlashAttn.ON, ctx=ctx,
+                        parallel=parallel, ubatch=ubatch, batch=batch_for(ubatch))
+
+
+def _pairs_with_kernels(pairs: tuple[tuple[CacheType, CacheType], ...], fa: FaKernels | None
+                        ) -> tuple[tuple[tuple[CacheType, CacheType], ...], tuple[str, ...]]:
+    """The pairs the engine has a flash-attention vector kernel for, and a note per pair left out."""
+    if fa is None:
+        return pairs, ()
+    kept = tuple((k, v) for k, v in pairs if fa.has(k.value, v.value))
+    notes = tuple(fa.why_missing(k.value, v.value) for k, v in pairs if (k, v) not in kept)
+    if not kept:  # every CUDA build compiles f16/f16 (``ggml_cuda_fattn_vec_instances``)
+        kept = ((F16, F16),)
+    return kept, notes
 
 
 def _gpu_layers(info: ModelInfo, hw: Hardware, model_path: Path, ctx: int, parallel: int,
@@ -175,9 +224,8 @@ def _gpu_layers(info: ModelInfo, hw: Hardware, model_path: Path, ctx: int, paral
     whole model fits at every KV pair, else from the most layers that fit at any pair down to a few below the
     fewest such most (more layers on the host only read more bytes over the slow path)."""
     axis = offload_of(info)
-    intervals = [fit_interval(info, LaunchConfig(model=model_path, cache_type_k=k, cache_type_v=v,
-                                                 flash_attn=FlashAttn.ON, ctx=ctx, parallel=parallel, ubatch=u),
-                              hw, _margin_bytes(vram_margin_mib)) for (k, v), u in product(pairs, ubatch)]
+    intervals = [fit_interval(info, ubatch_config(model_path, k, v, ctx, parallel, u), hw,
+                              _margin_bytes(vram_margin_mib)) for (k, v), u in product(pairs, ubatch)]
     fits = [i for i in intervals if i.lo is not None and i.hi is not None]
     if fits and all(i.lo == 0 for i in intervals):
         return None, f"the whole model fits the card at -c {ctx}: -ngl is left to llama.cpp (every layer)"
@@ -209,12 +257,13 @@ def make_config(space: SearchSpace, params: dict[str, Any]) -> LaunchConfig:
     """The launch config a set of parameter values stands for (the one function both directions agree on)."""
     ctk, ctv = _kv_from_label(params["kv"]) if "kv" in params else space.kv_pairs[0]
     fa = FlashAttn.ON if ctv.is_quantized else FlashAttn(params.get("flash_attn", space.flash_attn[0].value))
+    ubatch = params.get("ubatch", space.ubatch[0])
     return LaunchConfig(
         model=space.model,
         n_cpu_moe=params.get("n_cpu_moe") if space.n_cpu_moe else None,
         n_gpu_layers=params.get("n_gpu_layers") if space.n_gpu_layers else None,
         cache_type_k=ctk, cache_type_v=ctv, flash_attn=fa, ctx=space.ctx, parallel=space.parallel,
-        threads=params.get("threads", space.threads[-1]), ubatch=params.get("ubatch", space.ubatch[0]),
+        threads=params.get("threads", space.threads[-1]), ubatch=ubatch, batch=batch_for(ubatch),
         device=space.device,
     )
 
