@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import random
 from dataclasses import replace
 
@@ -178,11 +179,16 @@ def test_auto_tune_frontier_on_the_demo_model_end_to_end(demo_models, tmp_path):
     lone = run_cli("auto-tune", model, "--max-ctx", "1024", "--results-dir", str(tmp_path))
     assert lone.returncode == 1 and "add --frontier" in lone.stderr
 
+    # --json: stdout is the JSON alone; the progress still reaches stderr (a batch frontier once ran 487 s silent).
     batch = run_cli("auto-tune", model, "--frontier", "--workload", "batch", "-p", "16", "-n", "8", "--min-ctx",
                     "256", "--max-ctx", "512", "--max-kld", "off", "--results-dir", str(tmp_path / "b"), "--trials",
-                    "6", timeout=300)
+                    "6", "--json", timeout=300)
     assert batch.returncode == 0, batch.stderr
     [bfile] = (tmp_path / "b").glob("*frontier*/result.json")
+    assert json.loads(batch.stdout)["result_dir"] == str(bfile.parent)
+    blines = [x for x in batch.stderr.splitlines() if x.startswith("trial ")]
+    assert [x.split(":")[0] for x in blines] == [f"trial {i}/6" for i in range(1, 7)], batch.stderr
+    assert "measuring " in batch.stderr and "CPU only" in batch.stderr
     bfront = pareto.Frontier.from_dict(study_result.load_result(bfile).frontier or {})
     assert bfront.concurrent and len({p.slots for p in bfront.points}) >= 2
     assert all(p.aggregate_tok_s and p.aggregate_tok_s > 0 for p in bfront.points)

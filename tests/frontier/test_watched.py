@@ -1,18 +1,25 @@
 """Frontier trials under the watch: a trial measured while another program burns a core is measured again once
-the machine is quiet, or stands on the front marked; a time budget is kept by the pace of earlier trials.
+the machine is quiet, or stands on the front marked; the watch is judged for the trials' own configs (a
+``--device none`` frontier is blind to work on the GPU); a time budget is kept by the pace of earlier trials
+(weighed further in tests/frontier/test_budget.py).
 
 The competitor is a real process (this session's child: the suite's machine scope sees it, tests/conftest.py);
 the measurement is the fake runner (the hardware boundary), slowed to last long enough for the watch to look.
+Work on the GPU comes from the FAKE desktop of :mod:`tests.desktop` (NVML is the boundary; its processes are real).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
+import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from tests.desktop import STANDIN, desktop
 from tests.fakes import FakeFrontierRunner
 from tests.frontier.test_frontier import CPU, fake_kld
 from tuner.cli.cmd_frontier import eta_s
@@ -64,10 +71,10 @@ class SlowRunner(FakeFrontierRunner):
         return out
 
 
-def _frontier(model, tmp_path, runner, trials=2, **kw):
+def _frontier(model, tmp_path, runner, trials=2, device=None, **kw):
     load = preset(WorkloadKind.CHAT, 128, 32)
     info = inspect_model(model)
-    fs = pareto.build_frontier_space(model, info, CPU, load, (512, 1024), threads=(2,))
+    fs = pareto.build_frontier_space(model, info, CPU, load, (512, 1024), threads=(2,), device=device)
     st, _ = pareto.create_or_load("w", study.default_storage(tmp_path), pareto.Axes(), seed=0)
     pareto.enqueue_seeds(st, fs, pareto.seed_configs(fs, info, CPU))
     steps: list[str] = []
@@ -119,10 +126,47 @@ def test_both_measurements_disturbed_keep_the_faster_and_stay_marked():
         def __exit__(self, *exc):
             return None
 
-    figures = iter([[pareto.Measured(2.0), pareto.Measured(1.0)], [pareto.Measured(1.5), pareto.Measured(3.0)]])
-    got = watched.measure_watched(lambda plans: next(figures), [0, 1], watch=lambda: Noisy("busy"),
-                                  quiet_now=lambda: True)
-    assert [m.request_s for m in got.results] == [1.5, 1.0] and got.noise == "busy" and got.remeasured
+    plans = [pareto.Plan(LaunchConfig(model=Path("m.gguf"), ctx=512), 352, 480)] * 3
+    figures = iter([[pareto.Measured(2.0), pareto.Measured(1.0), pareto.Stopped(1.0)],
+                    [pareto.Measured(1.5), pareto.Measured(3.0), pareto.Measured(4.0)]])
+    got = watched.measure_watched(lambda plans: next(figures), plans, watch=lambda cfgs: Noisy("busy"),
+                                  quiet_now=lambda cfgs: True)
+    assert [m.request_s for m in got.results] == [1.5, 1.0, 4.0] and got.noise == "busy" and got.remeasured
+    # The time budget would not hold a second measurement: the first is kept, marked, and not repeated.
+    steps: list[str] = []
+    once = watched.measure_watched(lambda plans: [pareto.Measured(2.0)] * 3, plans, watch=lambda cfgs: Noisy("busy"),
+                                   quiet_now=lambda cfgs: True, on_step=steps.append, left_s=lambda: -1.0)
+    assert once.noise == "busy" and not once.remeasured and "no time left to measure them again" in steps[0]
+
+
+def _standin_nvml(monkeypatch, scenario: Path):
+    """The FAKE pynvml module reading ``scenario``, imported where the tool imports ``pynvml``."""
+    monkeypatch.setenv("MOE_TUNE_FAKE_NVML", str(scenario))
+    spec = importlib.util.spec_from_file_location("fake_pynvml", STANDIN / "pynvml.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setitem(sys.modules, "pynvml", module)
+
+
+def test_a_device_none_frontier_is_not_disturbed_by_work_on_the_gpu(model, tmp_path, monkeypatch):
+    """Another program at work on the GPU (95 % SM) disturbs a frontier whose trials may use the GPU, and is no
+    concern of one measuring the CPU on purpose (``--device none``): the default watch and the quiet look are
+    judged for the batch's configs."""
+    with desktop(tmp_path, busy=True) as d:
+        _standin_nvml(monkeypatch, d.file)
+        trainer = d.pids["trainer"]
+        _, on_cpu, _, cpu_steps = _frontier(model, tmp_path / "none", SlowRunner(), device="none")
+        _, any_dev, _, gpu_steps = _frontier(model, tmp_path / "gpu", SlowRunner())
+        on_gpu = LaunchConfig(model=Path("m.gguf"))
+        quiet_for_cpu = watched.machine_quiet([replace(on_gpu, device="none")])
+        quiet_for_gpu = watched.machine_quiet([on_gpu])
+    assert on_cpu.points and all(p.interference is None for p in on_cpu.points), on_cpu.points
+    assert not any("busy machine" in s for s in cpu_steps)
+    assert any_dev.points and all(f"trainer pid {trainer} uses the GPU" in (p.interference or "")
+                                  for p in any_dev.points), any_dev.points
+    assert any("still busy: kept, marked" in s for s in gpu_steps)
+    assert quiet_for_cpu and not quiet_for_gpu
 
 
 def test_a_time_budget_ends_the_run_by_the_pace_of_earlier_trials(model, tmp_path):
@@ -132,8 +176,8 @@ def test_a_time_budget_ends_the_run_by_the_pace_of_earlier_trials(model, tmp_pat
     st, front, out, _ = _frontier(model, tmp_path, runner, trials=40, time_s=5.0)
     assert 1 <= runner.batches <= int(5.0 / WATCH_S) and out.trials_this_run < 40
     assert out.elapsed_s < 5.0 + 2 * WATCH_S + 10  # a batch admitted by the pace may overrun by its own length
-    cut = [t for t in st.trials if t.user_attrs.get("why") == "time budget"]
-    assert all(t.user_attrs["status"] == "interrupted" for t in cut)
+    cut = [t for t in st.trials if t.user_attrs.get("status") == "unstarted"]
+    assert all("s at this run's pace" in t.user_attrs["why"] for t in cut)
 
 
 def test_pace_counts_the_depth_and_the_eta_never_passes_the_time_budget():
@@ -142,10 +186,13 @@ def test_pace_counts_the_depth_and_the_eta_never_passes_the_time_budget():
     cfg = LaunchConfig(model=Path(__file__), ctx=1024)
     shallow = pareto.Plan(cfg, 864, 992)
     deep = pareto.Plan(cfg, 7000, 8000)
-    assert pace.fitting([deep, deep], 1.0) == 2 and pace.estimate_s([deep]) is None  # nothing learnt yet
+    assert pace.fitting([deep, deep], 1.0) == [0, 1] and pace.estimate_s([deep]) is None  # nothing learnt yet
     pace.took([shallow], 1.0)  # 992 + 160 tokens in one second
     assert pace.estimate_s([deep]) == pytest.approx(8160 / 1152)
-    assert pace.fitting([shallow, deep, shallow], 9.0) == 2 and pace.fitting([shallow], 0.0) == 0
+    assert pace.fitting([shallow, deep, shallow], 9.0) == [0, 1] and pace.fitting([shallow], 0.0) == []
+    # One that would not fit is passed over; a cheaper one after it still goes.
+    assert pace.fitting([deep, shallow, deep], 8.5) == [0, 1]
+    assert pace.fitting([deep, shallow], 2.0) == [1]
     assert eta_s(2, 10, 60.0, None) == pytest.approx(240.0)
     assert eta_s(2, 10, 60.0, 120.0) == pytest.approx(60.0)  # the budget ends first
     assert eta_s(0, 10, 5.0, None) is None

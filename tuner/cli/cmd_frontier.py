@@ -1,5 +1,8 @@
 """`moe-tune auto-tune --frontier`: run the frontier study, write its files and print the front as a table.
-(The option lives on `auto-tune` in :mod:`tuner.cli.cmd_tune`; this module registers no command.)"""
+(The option lives on `auto-tune` in :mod:`tuner.cli.cmd_tune`; this module registers no command.)
+
+Stdout carries the answer (the table, or with ``--json`` the JSON alone); the progress (a bar on a terminal, one
+line per trial otherwise) and the steps go to stderr in every mode, so a ``--json`` run is never silent."""
 
 from __future__ import annotations
 
@@ -15,10 +18,13 @@ from rich.table import Table
 from tuner.cli.app import err, out
 from tuner.engine.build import EngineLocation
 from tuner.frontier import tune as frontier_tune
+from tuner.frontier.result import AGAIN, unmeasured_reason
 from tuner.machine.hardware import Hardware
 from tuner.report import frontier_report
 from tuner.search import study
 from tuner.search.autotune import TuneRequest
+
+REASON_CHARS = 160  # of a failure's own reason, on a trial line
 
 
 def eta_s(done: int, total: int | None, elapsed_s: float, time_s: float | None) -> float | None:
@@ -33,19 +39,37 @@ def _clock(seconds: float | None) -> str:
     return "?" if seconds is None else f"{int(seconds) // 60}:{int(seconds) % 60:02d}"
 
 
+def outcome(last: study.TrialRecord) -> str:
+    """What came of a trial, in words: its request time, or why it was not measured."""
+    if last.status == "measured" and last.request_s:
+        return f"{last.request_s:,.3f} s/request"
+    reason = unmeasured_reason(last.status, last.failure, last.constraints)
+    if reason is None:
+        return last.status
+    told = str((last.failure or {}).get("reason") or "")
+    if last.status == "failed" and told:
+        reason += f" ({told if len(told) <= REASON_CHARS else told[:REASON_CHARS - 1] + '…'})"
+    return reason + ("; the next run measures it" if last.status in AGAIN else "")
+
+
 def trial_line(p: study.Progress, elapsed_s: float, time_s: float | None) -> str:
     """One line per finished trial, for logs and pipes (a terminal gets the bar instead)."""
-    c, last = p.last.config, p.last
+    c = p.last.config
     what = (f"-c {c.get('ctx')}" + (f" -np {c.get('parallel')}" if (c.get("parallel") or 1) > 1 else "")
             + f" {c.get('cache_type_k')}/{c.get('cache_type_v')}" + (f" -t {c['threads']}" if c.get("threads") else ""))
-    got = f"{last.request_s:,.3f} s/request" if last.status == "measured" and last.request_s else last.status
-    return (f"trial {p.done}/{p.total or '?'}: {what}: {got}; {_clock(elapsed_s)} elapsed, "
+    return (f"trial {p.done}/{p.total or '?'}: {what}: {outcome(p.last)}; {_clock(elapsed_s)} elapsed, "
             f"about {_clock(eta_s(p.done, p.total, elapsed_s, time_s))} left")
+
+
+def _to_stderr(msg: str) -> None:
+    err.print(msg, highlight=False, soft_wrap=True)
 
 
 def run(req: TuneRequest, loc: EngineLocation, hw: Hardware, *, max_ctx: int | None, trials: int | None,
         as_json: bool, say: Callable[[str], None]) -> None:
-    live = err.is_terminal and not as_json
+    """``say``: the command's step printer (silent with ``--json``, where steps still go to stderr here)."""
+    live = err.is_terminal
+    step = _to_stderr if as_json else say
     time_s = frontier_tune.time_budget_s(req, trials)
     start = time.monotonic()
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -56,21 +80,23 @@ def run(req: TuneRequest, loc: EngineLocation, hw: Hardware, *, max_ctx: int | N
             elapsed = time.monotonic() - start
             bar.update(task, completed=p.done, total=p.total, description=f"frontier (last: {p.last.status})",
                        eta=f"about {_clock(eta_s(p.done, p.total, elapsed, time_s))} left")
-            if not live and not as_json:
-                say(trial_line(p, elapsed, time_s))
+            if not live:
+                step(trial_line(p, elapsed, time_s))
 
         done = frontier_tune.tune_frontier(req, loc, hw, max_ctx=max_ctx, trials=trials, on_progress=on_progress,
-                                           on_step=say)
+                                           on_step=step)
     if done.search.interrupted:
-        say(f"interrupted after {done.search.trials_this_run} trials; run the same command again to resume "
+        step(f"interrupted after {done.search.trials_this_run} trials; run the same command again to resume "
             f"study {done.study_name}")
         raise typer.Exit(130)
     files = frontier_report.write(done.result, done.result_dir)
-    if as_json:
-        out.print_json(json.dumps(done.result.to_dict() | {"result_dir": str(done.result_dir)}))
-        return
     front = frontier_report.frontier_of(done.result)
     assert front is not None  # tune_frontier refuses a run with no measured point
+    if as_json:
+        for line in frontier_report.summary_lines(front):  # for the person watching; the JSON carries them too
+            step(line)
+        out.print_json(json.dumps(done.result.to_dict() | {"result_dir": str(done.result_dir)}))
+        return
     table = Table(title=f"frontier: {front.trials_measured} measured trials, {len(front.points)} on the front",
                   box=box.SIMPLE, pad_edge=False, collapse_padding=True)
     for col in frontier_report.headers(front):

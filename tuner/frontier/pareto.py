@@ -16,6 +16,10 @@ A config that cannot fit at a context (the memory model's :func:`tuner.search.sp
 feasible interval of ``--n-cpu-moe``), or whose slots are shorter than one request, is a constraint violation,
 told PRUNED and never launched. The frontier is ``study.best_trials`` (Optuna's Pareto front of feasible,
 measured trials): no hand-made Pareto code.
+
+A time budget is kept by the pace of the trials measured so far (:class:`tuner.frontier.watched.Pace`): a trial
+the pace says would not finish in the time left is not started (status ``unstarted``), and one still running when
+the budget ends is stopped (``stopped``); neither is a verdict on its config, so the next run measures both.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import time
 import warnings
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 from itertools import product
@@ -34,7 +39,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tuner.core.config import LaunchConfig
 from tuner.frontier import watched
-from tuner.frontier.result import Frontier, FrontierPoint  # noqa: F401 - the front is read from here too
+from tuner.frontier.result import AGAIN, CTX_SHORT, STOPPED, UNSTARTED, Frontier, FrontierPoint, unmeasured_reason
 from tuner.machine.hardware import Hardware
 from tuner.measure import failures
 from tuner.measure.workload import Workload
@@ -45,7 +50,6 @@ from tuner.search.interrupt import deferred, sigterm_as_ctrl_c
 
 LADDER_STEPS = 4  # contexts on the ladder from --min-ctx to the model's trained context
 TRIALS_PER_POINT = 3  # default budget: this many trials per (context, slot count) of the space
-CTX_SHORT = "ctx_short_tokens"  # constraint: tokens one request lacks in its slot (<= 0: it fits)
 
 
 def ctx_ladder(min_ctx: int, max_ctx: int, steps: int = LADDER_STEPS) -> tuple[int, ...]:
@@ -185,8 +189,16 @@ class Measured:
     argv: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class Stopped:
+    """A trial the time budget stopped: still running when the budget ended, or its turn came after it. Not a
+    failure of its config (told ``stopped``, measured again by the next run)."""
+
+    after_s: float = 0.0  # how long it had run when stopped (0: it never started)
+
+
 # Measures a batch of planned trials (in order); the real one is tuner.frontier.tune.engine_measure.
-MeasureFn = Callable[[Sequence[Plan]], list["Measured | failures.Failure"]]
+MeasureFn = Callable[[Sequence[Plan]], list["Measured | failures.Failure | Stopped"]]
 
 
 # ---------------------------------------------------------------------------------------------- study
@@ -246,29 +258,37 @@ def run_frontier(st: optuna.Study, fs: FrontierSpace, info: ModelInfo, hw: Hardw
                  kld_of: Callable[[LaunchConfig], KvPrice | None] | None = None,
                  vram_margin_mib: float | None = None, on_progress: Callable[[study.Progress], None] | None = None,
                  on_step: Callable[[str], None] | None = None, watch: watched.WatchFn = watched.engine_watch,
-                 quiet_now: Callable[[], bool] = watched.machine_quiet,
+                 quiet_now: watched.QuietFn = watched.machine_quiet,
                  batch_trials: int = study.BATCH_TRIALS) -> study.SearchOutcome:
     """Ask, gate by memory and slot length, measure the feasible ones together under a watch (a disturbed batch
     is measured again once the machine is quiet, else kept and marked: :mod:`tuner.frontier.watched`), tell —
-    until the budget ends. With a time budget, a batch that would run past it is cut to what fits (its pace
-    is learnt from the trials measured so far). Ctrl-C: trials in flight are told FAIL (status ``interrupted``);
-    the next run resumes the study."""
+    until the budget ends. With a time budget, a trial the pace (learnt from the trials measured so far) says
+    would not finish in the time left is not started (``unstarted``), and the run ends at the first batch none of
+    whose trials would; ``measure`` stops what still runs at its deadline (``stopped``). Ctrl-C: trials in flight
+    are told FAIL (status ``interrupted``); the next run resumes the study and measures all three again.
+    The outcome's ``kept``: this run's trials by status (``unstarted`` ones included, though not counted as done)."""
     start, done = time.monotonic(), 0
-    pace = watched.Pace(load.prompt_tokens + load.gen_tokens, watched.Cost.of(info))
+    pace = watched.Pace(load.prompt_tokens + load.gen_tokens, watched.Cost.of(info), gpu=hw.has_gpu,
+                        cores=hw.physical_cores or None)
     st.set_user_attr("frontier_space", fs.describe())
     pending: list[tuple[optuna.Trial, Plan]] = []
     seen = study.seen_of(st, lambda: iter_configs(fs), lambda cfg: params_of(fs, cfg))
+    kept: Counter[str] = Counter()
+
+    def left_s() -> float:
+        assert budget.time_s is not None
+        return budget.time_s - (time.monotonic() - start)
 
     def told(trial: optuna.Trial) -> None:
         nonlocal done
         done += 1
+        rec = study.TrialRecord.from_trial(st.get_trials(deepcopy=False)[trial.number])
+        kept[rec.status] += 1
         if on_progress:
-            rec = study.TrialRecord.from_trial(st.get_trials(deepcopy=False)[trial.number])
             on_progress(study.Progress(done, budget.trials, None, rec, None))
 
     try:
-        while (budget.trials is None or done < budget.trials) and (
-                budget.time_s is None or time.monotonic() - start < budget.time_s):
+        while (budget.trials is None or done < budget.trials) and (budget.time_s is None or left_s() > 0):
             want = batch_trials if budget.trials is None else min(batch_trials, budget.trials - done)
             if budget.time_s is not None and not pace.ops:
                 want = 1  # learn the pace on one trial (the seeds come smallest context first) before batching
@@ -302,41 +322,62 @@ def run_frontier(st: optuna.Study, fs: FrontierSpace, info: ModelInfo, hw: Hardw
                     told(trial)
             if not pending and asked is None and seen.exhausted:
                 break  # every config of the space has been tried
-            if pending and budget.time_s is not None:
-                fits = pace.fitting([p for _, p in pending], budget.time_s - (time.monotonic() - start))
-                with deferred():
-                    for trial, _ in pending[fits:]:
-                        study.tell_status(st, trial, "interrupted", {"why": "time budget"},
-                                          state=TrialState.FAIL)
-                    del pending[fits:]
-                if not pending:
-                    break
+            if pending and budget.time_s is not None and not _keep_fitting(st, pending, pace, left_s(), kept,
+                                                                           on_step):
+                break  # not one of them would finish in the time left
             if pending:
                 plans = [p for _, p in pending]
                 if on_step:
                     on_step(f"measuring {len(plans)} trial(s): contexts "
                             f"{', '.join(str(p.config.ctx) for p in plans)}" + pace.eta(plans))
-                t0 = time.monotonic()
                 with watched.heartbeat(on_step, f"{len(plans)} trial(s)"):
                     batch = watched.measure_watched(measure, plans, watch=watch, quiet_now=quiet_now,
-                                                    on_step=on_step)
-                pace.took(plans, time.monotonic() - t0)
+                                                    on_step=on_step,
+                                                    left_s=None if budget.time_s is None else left_s)
+                if not any(isinstance(r, Stopped) for r in batch.results):
+                    pace.took(plans, batch.seconds)  # a stopped trial's time says nothing of its cost
                 for (trial, plan), res in zip(list(pending), batch.results, strict=True):
                     trial.set_user_attr("interference", batch.noise)
                     trial.set_user_attr("remeasured", batch.remeasured)
                     with deferred():
-                        if isinstance(res, failures.Failure):
+                        if isinstance(res, Stopped):
+                            study.tell_status(st, trial, STOPPED, {"why": "time budget", "after_s": res.after_s},
+                                              state=TrialState.FAIL)
+                        elif isinstance(res, failures.Failure):
                             study.tell_status(st, trial, "failed", {"failure": study.failure_attr(res)})
                         else:
                             _tell_measured(st, trial, plan, res, axes)
                         pending.remove((trial, plan))
                     told(trial)
     except KeyboardInterrupt:
-        return study.SearchOutcome(st.study_name, done, True, time.monotonic() - start)
+        return study.SearchOutcome(st.study_name, done, True, time.monotonic() - start, dict(kept))
     finally:
         for trial, _ in pending:
             study.tell_status(st, trial, "interrupted", state=TrialState.FAIL)
-    return study.SearchOutcome(st.study_name, done, False, time.monotonic() - start)
+    return study.SearchOutcome(st.study_name, done, False, time.monotonic() - start, dict(kept), seen.exhausted)
+
+
+def _keep_fitting(st: optuna.Study, pending: list[tuple[optuna.Trial, Plan]], pace: watched.Pace, left_s: float,
+                  kept: Counter[str], on_step: Callable[[str], None] | None) -> bool:
+    """Leave in ``pending`` the trials the pace says finish in ``left_s``; tell the others ``unstarted`` (the
+    next run measures them). False when none is left."""
+    plans = [p for _, p in pending]
+    fits = set(pace.fitting(plans, left_s))
+    cut = [(t, p) for i, (t, p) in enumerate(pending) if i not in fits]
+    if not cut:
+        return True
+    est = pace.estimate_s([p for _, p in cut]) or 0.0
+    why = f"about {est:,.0f} s at this run's pace, {max(0.0, left_s):,.0f} s of the time budget left"
+    with deferred():
+        for trial, plan in cut:
+            study.tell_status(st, trial, UNSTARTED, {"why": why}, state=TrialState.FAIL)
+            pending.remove((trial, plan))
+            kept[UNSTARTED] += 1
+    if on_step:
+        what = ", ".join(f"-c {p.config.ctx} {p.config.cache_type_k.value}/{p.config.cache_type_v.value}"
+                         for _, p in cut)
+        on_step(f"not starting {len(cut)} trial(s) ({what}): {why}" + ("" if pending else "; the run ends here"))
+    return bool(pending)
 
 
 def _ask_new(st: optuna.Study, fs: FrontierSpace, seen: dedup.Seen) -> tuple[optuna.Trial, LaunchConfig] | None:
@@ -392,4 +433,30 @@ def frontier_of(st: optuna.Study, fs: FrontierSpace, has_gpu: bool, notes: Seque
         notes.append("CPU only: a larger context costs only memory and attention at depth (no experts move to the "
                      "host); a flat curve would mean context is nearly free here.")
     return Frontier(axes.names, tuple(front), fs.contexts, fs.slots, fs.concurrent, has_gpu,
-                    len(measured_trials(st)), tuple(notes))
+                    len(measured_trials(st)), tuple(notes), unmeasured(st))
+
+
+def unmeasured(st: optuna.Study) -> tuple[tuple[str, int], ...]:
+    """The study's trials not measured, counted by reason (:func:`tuner.frontier.result.unmeasured_reason`), most
+    first; one stopped, not started or cut short whose config a later trial measured is not counted."""
+    trials = st.get_trials(deepcopy=False)
+    measured = {_same(t.user_attrs.get("config")) for t in trials if t.user_attrs.get("status") == "measured"}
+    reasons: Counter[str] = Counter()
+    for t in trials:
+        a = t.user_attrs
+        status = a.get("status") or ""
+        if status == "interrupted" and a.get("why") == "time budget":
+            status = UNSTARTED  # how studies measured before the ``unstarted`` status told one
+        if status in AGAIN and _same(a.get("config")) in measured:
+            continue
+        reason = unmeasured_reason(status, a.get("failure"), a.get(study.CONSTRAINTS_ATTR))
+        if reason is not None:
+            reasons[reason] += 1
+    return tuple(reasons.most_common())
+
+
+def _same(config: dict[str, Any] | None) -> str:
+    """A stored config as a key, its model by file name only (workers of a shared study hold it in other folders)."""
+    c = dict(config or {})
+    c["model"] = Path(str(c.get("model") or "")).name
+    return repr(sorted(c.items(), key=lambda kv: kv[0]))

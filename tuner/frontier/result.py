@@ -11,6 +11,35 @@ from tuner.core.errors import UsageError
 from tuner.engine import flags
 from tuner.search import study
 
+CTX_SHORT = "ctx_short_tokens"  # constraint: tokens one request lacks in its slot (<= 0: it fits)
+STOPPED = "stopped"  # status: still running when the time budget ended (measured again by the next run)
+UNSTARTED = "unstarted"  # status: the pace said it would not finish in the time left (measured again too)
+AGAIN = frozenset({STOPPED, UNSTARTED, "interrupted"})  # statuses whose config the next run measures again
+
+
+def unmeasured_reason(status: str, failure: dict[str, Any] | None = None,
+                      constraints: dict[str, float] | None = None) -> str | None:
+    """Why a frontier trial was not measured, in a few words (None: it was, or it is a skipped repeat). Failures
+    are told by their kind only, so that counts group: the reason itself is in the trial's record."""
+    if status == STOPPED:
+        return "stopped at the time budget"
+    if status == UNSTARTED:
+        return "not started: would not finish in the time left"
+    if status == "interrupted":
+        return "cut short by Ctrl-C"
+    if status == "infeasible":
+        return ("slots shorter than one request" if (constraints or {}).get(CTX_SHORT, 0.0) > 0
+                else "does not fit in memory")
+    if status == "failed":
+        kind = (failure or {}).get("kind", "")
+        return "failed: " + ("KV pair not priced" if kind == "not_priced" else kind.replace("_", " ") or "unknown")
+    return None
+
+
+def counted(unmeasured: tuple[tuple[str, int], ...]) -> str:
+    """Trials not measured, in words: ``4 stopped at the time budget, 1 does not fit in memory``."""
+    return ", ".join(f"{count} {reason}" for reason, count in unmeasured)
+
 
 @dataclass(frozen=True, slots=True)
 class FrontierPoint:
@@ -61,16 +90,21 @@ class Frontier:
     has_gpu: bool
     trials_measured: int
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # The study's trials not measured, counted by :func:`unmeasured_reason` (most first); one stopped, not started
+    # or cut short whose config was measured since is not counted.
+    unmeasured: tuple[tuple[str, int], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {"axes": list(self.axes), "points": [p.to_dict() for p in self.points],
                 "contexts": list(self.contexts), "slots": list(self.slots), "concurrent": self.concurrent,
-                "has_gpu": self.has_gpu, "trials_measured": self.trials_measured, "notes": list(self.notes)}
+                "has_gpu": self.has_gpu, "trials_measured": self.trials_measured, "notes": list(self.notes),
+                "unmeasured": dict(self.unmeasured)}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Frontier:
         return cls(tuple(d["axes"]), tuple(FrontierPoint(**p) for p in d["points"]), tuple(d["contexts"]),
-                   tuple(d["slots"]), d["concurrent"], d["has_gpu"], d["trials_measured"], tuple(d.get("notes", ())))
+                   tuple(d["slots"]), d["concurrent"], d["has_gpu"], d["trials_measured"], tuple(d.get("notes", ())),
+                   tuple((d.get("unmeasured") or {}).items()))
 
     def at(self, ctx: int | None = None, slots: int | None = None) -> FrontierPoint:
         """The fastest frontier point at ``ctx`` and ``slots``; a one-line error naming the points there are."""

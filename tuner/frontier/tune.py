@@ -12,7 +12,9 @@ one llama-bench process with both tests at one depth — the reply's (the slot's
 is filled once per process and K/V pair instead of once per test. The prompt is therefore timed its own length
 deeper than its history: a request's time errs on the slow side by that much attention, and the front says so.
 llama-batched-bench keeps no such state (each batch fills its sequences again), so concurrent trials cost their
-full depth every time; the default budget is therefore bounded in time too (:func:`time_budget_s`).
+full depth every time; the default budget is therefore bounded in time too (:func:`time_budget_s`), and that
+bound holds: the pace starts no trial it says would not finish (:mod:`tuner.frontier.pareto`), and a process still
+running a little past the budget (:data:`DEADLINE_GRACE`) is stopped, its trials told ``stopped``, not failed.
 """
 
 from __future__ import annotations
@@ -24,10 +26,11 @@ from dataclasses import replace
 from itertools import groupby
 
 from tuner.core.config import LaunchConfig
-from tuner.core.errors import UsageError
+from tuner.core.errors import TrialFailedError, UsageError
 from tuner.core.stats import cv_pct
 from tuner.engine import build
 from tuner.frontier import pareto
+from tuner.frontier.result import STOPPED, UNSTARTED, counted
 from tuner.machine.hardware import Hardware
 from tuner.measure import batched, bench, failures, gpu_use
 from tuner.measure.workload import Workload
@@ -39,32 +42,71 @@ from tuner.search.autotune import TuneRequest, TuneResult, choose_ctx, kv_pricer
 
 MAX_GEN_TOKENS = 64  # generation timed per trial; speed at a depth does not depend on how many tokens are timed
 DEFAULT_TIME_S = 420.0  # without --trials or --time: a front within minutes (the pace trims the last batch to fit)
-DEADLINE_GRACE_S = 60.0  # past the time budget, a trial still running is stopped
+DEADLINE_GRACE = 0.05  # share of the time budget after which a trial still running is stopped
+
+
+Result = pareto.Measured | failures.Failure | pareto.Stopped
 
 
 def engine_measure(loc: build.EngineLocation, load: Workload, *, caps: build.Capabilities | None = None,
                    repetitions: int = 2, timeout_s: float = 1800.0,
                    deadline: float | None = None) -> pareto.MeasureFn:
     """The real measurement of frontier trials (the fake runner in the tests replaces only this). ``deadline``
-    (``time.monotonic()``): no process runs past it — a trial still running then is stopped and told failed, so a
-    time budget bounds the run even when one trial alone would outlast it."""
+    (``time.monotonic()``): no process runs past it, none starts after it — such a trial is
+    :class:`tuner.frontier.pareto.Stopped`, so a time budget bounds the run even when one trial alone would
+    outlast it."""
     request = replace(load, depth_tokens=None)
     timed = min(load.gen_tokens, MAX_GEN_TOKENS)
 
     def limit_s() -> float:
         return timeout_s if deadline is None else max(1.0, min(timeout_s, deadline - time.monotonic()))
 
-    def single(plans: Sequence[pareto.Plan]) -> list[pareto.Measured | failures.Failure]:
-        out: dict[int, pareto.Measured | failures.Failure] = {}
+    def past_deadline() -> bool:
+        return deadline is not None and time.monotonic() >= deadline - 1.0  # the last second: a limit of 1 s
+
+    def bench_one_depth(cfgs: Sequence[LaunchConfig], gd: int) -> list[bench.BenchResult | failures.Failure
+                                                                       | pareto.Stopped]:
+        """As :func:`tuner.measure.bench.run_bench_many` (a failed group is retried one config at a time to find
+        the culprit), each process limited to the deadline as it starts, none started past it."""
+        out: dict[LaunchConfig, bench.BenchResult | failures.Failure | pareto.Stopped] = {}
+
+        def run(group: Sequence[LaunchConfig]) -> list[bench.BenchResult]:
+            return bench.run_bench_group(loc, group, n_prompt=load.prompt_tokens, n_gen=timed, depth=gd,
+                                         gen_depth=gd, repetitions=repetitions, timeout_s=limit_s(), caps=caps)
+
+        for group in bench.group_configs(cfgs):
+            t0 = time.monotonic()
+            if past_deadline():
+                out.update((c, pareto.Stopped()) for c in group)
+                continue
+            try:
+                out.update((r.config, r) for r in run(group) if r.config is not None)
+            except TrialFailedError as exc:
+                if past_deadline():
+                    out.update((c, pareto.Stopped(time.monotonic() - t0)) for c in group)
+                elif len(group) == 1:
+                    out[group[0]] = exc.failure
+                else:
+                    for cfg in group:
+                        t1 = time.monotonic()
+                        if past_deadline():
+                            out[cfg] = pareto.Stopped()
+                            continue
+                        try:
+                            out[cfg] = run([cfg])[0]
+                        except TrialFailedError as one:
+                            out[cfg] = pareto.Stopped(time.monotonic() - t1) if past_deadline() else one.failure
+        return [out[c] for c in cfgs]
+
+    def single(plans: Sequence[pareto.Plan]) -> list[Result]:
+        out: dict[int, Result] = {}
         keyed = sorted(enumerate(plans), key=lambda ip: ip[1].gen_depth)
         for gd, group in groupby(keyed, key=lambda ip: ip[1].gen_depth):
             items = list(group)
             # Both tests at the reply's depth: one process, the history filled once (see the module docstring).
-            results = bench.run_bench_many(loc, [p.config for _, p in items], n_prompt=load.prompt_tokens,
-                                           n_gen=timed, depth=gd, gen_depth=gd,
-                                           repetitions=repetitions, timeout_s=limit_s(), caps=caps)
+            results = bench_one_depth([p.config for _, p in items], gd)
             for (i, _), res in zip(items, results, strict=True):
-                if isinstance(res, failures.Failure):
+                if isinstance(res, failures.Failure | pareto.Stopped):
                     out[i] = res
                     continue
                 pp, tg = res.row("pp").spread, res.row("tg").spread
@@ -73,17 +115,21 @@ def engine_measure(loc: build.EngineLocation, load: Workload, *, caps: build.Cap
                                            argv=res.argv)
         return [out[i] for i in range(len(plans))]
 
-    def concurrent(plans: Sequence[pareto.Plan]) -> list[pareto.Measured | failures.Failure]:
-        out: list[pareto.Measured | failures.Failure] = []
+    def concurrent(plans: Sequence[pareto.Plan]) -> list[Result]:
+        out: list[Result] = []
         for p in plans:
+            t0 = time.monotonic()
+            if past_deadline():
+                out.append(pareto.Stopped())
+                continue
             try:
                 # The whole history is each request's prompt, as the finish's server trials send it; the reply
                 # is timed on its first ``timed`` tokens and its time scaled to the whole reply (derived: said
                 # in the front's notes, see timing_note).
                 r = batched.run_batched(loc, p.config, n_prompt=p.gen_depth, n_gen=timed,
                                         repetitions=repetitions, timeout_s=limit_s(), caps=caps)
-            except failures.TrialFailedError as exc:
-                out.append(exc.failure)
+            except TrialFailedError as exc:
+                out.append(pareto.Stopped(time.monotonic() - t0) if past_deadline() else exc.failure)
                 continue
             totals = [run.prompt_s + run.gen_s * load.gen_tokens / timed for run in r.runs]
             request_s = statistics.median(totals)
@@ -118,6 +164,23 @@ def timing_note(load: Workload) -> str:
             f"{min(load.gen_tokens, MAX_GEN_TOKENS)} of {load.gen_tokens} tokens) both timed at the reply's depth, "
             f"with the history filled once per llama-bench process: the prompt is timed {load.prompt_tokens} tokens "
             "(its own length) deeper than it sits, so request times err slightly on the slow side")
+
+
+def _clock(seconds: float) -> str:
+    return f"{int(seconds) // 60}:{int(seconds) % 60:02d}"
+
+
+def budget_note(outcome: study.SearchOutcome, time_s: float) -> str:
+    """This run's time against its time budget, and what the budget left unmeasured, said beside the front."""
+    kept = outcome.kept
+    parts = [f"this run took {_clock(outcome.elapsed_s)} of its {_clock(time_s)} time budget"]
+    if kept.get(STOPPED):
+        parts.append(f"{kept[STOPPED]} trial(s) still running at its end were stopped")
+    if kept.get(UNSTARTED):
+        parts.append(f"{kept[UNSTARTED]} were not started, the pace of its earlier trials saying they would "
+                     "not finish in the time left")
+    again = "" if len(parts) == 1 else "; the same command again resumes the study and measures them"
+    return "; ".join(parts) + again + "."
 
 
 def tune_frontier(req: TuneRequest, loc: build.EngineLocation, hw: Hardware, *, max_ctx: int | None = None,
@@ -157,21 +220,25 @@ def tune_frontier(req: TuneRequest, loc: build.EngineLocation, hw: Hardware, *, 
         bound = "" if time_s is None else f" or {time_s / 60:.0f} min, whichever ends first"
         on_step(f"frontier: contexts {', '.join(map(str, fs.contexts))}; slots {', '.join(map(str, fs.slots))}; "
                 f"{budget.trials} trials{bound}; objectives {', '.join(axes.names)}")
-    deadline = None if time_s is None else time.monotonic() + time_s + DEADLINE_GRACE_S
+    deadline = None if time_s is None else time.monotonic() + time_s * (1 + DEADLINE_GRACE)
     outcome = pareto.run_frontier(st, fs, info, hw, req.workload,
                                     measure or engine_measure(loc, req.workload, caps=caps, deadline=deadline),
                                     budget=budget,
                                     axes=axes, kld_of=kld_of or kv_pricer(loc, req, st, on_step),
                                     vram_margin_mib=req.vram_margin_mib, on_progress=on_progress,
                                     on_step=on_step)
-    front = pareto.frontier_of(st, fs, hw.has_gpu, notes=[timing_note(req.workload)] if measure is None else [])
+    notes = [timing_note(req.workload)] if measure is None else []
+    if time_s is not None:
+        notes.append(budget_note(outcome, time_s))
+    front = pareto.frontier_of(st, fs, hw.has_gpu, notes=notes)
     st.set_user_attr("frontier", front.to_dict())
     result = study_result.result_from_study(st)
     result_dir = req.results_dir / name
     if not outcome.interrupted:
         if not front.points:
             more = "" if time_s is None else f", or give it more than --time {time_s / 60:.0f}m"
-            raise UsageError("no frontier config could be measured: see the failures in the report, or lower "
+            tried = f" ({counted(front.unmeasured)})" if front.unmeasured else ""
+            raise UsageError(f"no frontier config could be measured{tried}: the trial lines say why; lower "
                              f"--max-ctx / raise --vram-margin{more}")
         study_result.write_result(result, result_dir)
     return TuneResult(name, storage, result_dir, result, outcome)

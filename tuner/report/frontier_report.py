@@ -11,7 +11,7 @@ from typing import Any
 
 from tuner.core.config import LaunchConfig
 from tuner.engine import flags
-from tuner.frontier.result import Frontier, FrontierPoint
+from tuner.frontier.result import AGAIN, Frontier, FrontierPoint, counted, unmeasured_reason
 from tuner.machine.fileio import atomic_write
 from tuner.plan.memory import effective_config
 from tuner.report.study_report import save_png  # one way to write a PNG
@@ -67,9 +67,24 @@ def rows(front: Frontier) -> list[tuple[str, ...]]:
     return out
 
 
+def unmeasured_line(front: Frontier) -> str | None:
+    """The study's trials not measured, counted by reason; None when every trial was measured."""
+    if not front.unmeasured:
+        return None
+    n = sum(count for _, count in front.unmeasured)
+    again = {unmeasured_reason(status) for status in AGAIN}
+    resume = ("; the same command again measures the ones stopped, not started or cut short"
+              if any(reason in again for reason, _ in front.unmeasured) else "")
+    return f"{n} of {n + front.trials_measured} trials not measured: {counted(front.unmeasured)}{resume}."
+
+
 def summary_lines(front: Frontier) -> list[str]:
-    """What the front says, in words: the cost of each step of context at the fastest point per context."""
+    """What the front says, in words: its notes, the trials not measured and why, and the cost of each step of
+    context at the fastest point per context."""
     lines = list(front.notes)
+    unmeasured = unmeasured_line(front)
+    if unmeasured:
+        lines.append(unmeasured)
     for slots in front.slots:
         best: dict[int, FrontierPoint] = {}
         for p in front.points:
