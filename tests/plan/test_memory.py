@@ -226,3 +226,63 @@ def test_reuse_costs_scale_with_checkpoints_and_slots(demo_models):
     assert four.host.reuse_bytes == 4 * 8 * per
     off = memory.estimate(info, LaunchConfig(model=info.paths[0], ctx=4096, parallel=1, ctx_checkpoints=0), CPU)
     assert off.host.reuse_bytes == 0 and off.host.total_bytes == one.host.total_bytes - one.host.reuse_bytes
+
+
+# --- big ubatches (prompt-heavy workloads: -ub 4096 with -b 4096) -------------------------------------------------
+
+UB_SHAPES = ("Qwen3-30B-A3B:Q4_K_M", "Qwen3.5-35B-A3B:Q4_K_M", "gpt-oss-20b:MXFP4_MOE", "GLM-4.5-Air:Q4_K_M")
+
+
+@pytest.fixture(scope="module")
+def ub_shapes(tmp_path_factory):
+    from tuner.models import shape_model
+
+    out = tmp_path_factory.mktemp("ub")
+    return {t: gguf_reader.inspect_model(shape_model.write_catalog_model(t, out / f"{t.replace(':', '-')}.gguf").path)
+            for t in UB_SHAPES}
+
+
+def test_a_ubatch_above_the_batch_is_clamped_as_the_engine_does(demo_models):
+    """``llama_context``: ``n_batch = min(n_ctx, n_batch)``, ``n_ubatch = min(n_batch, n_ubatch)``: -ub 4096 with the
+    default -b 2048 runs (and is priced) at 2048; with -b 4096 at 4096, and the compute buffer doubles."""
+    info = gguf_reader.inspect_model(demo_models[("qwen3moe", "Q4_K_M")])
+    cfg = LaunchConfig(model=info.paths[0], ctx=16384, parallel=1, flash_attn=FlashAttn.OFF)
+    assert memory.resolve(info, replace(cfg, ubatch=4096), "cpu").n_ubatch == 2048
+    assert memory.resolve(info, replace(cfg, ubatch=4096, batch=4096), "cpu").n_ubatch == 4096
+    assert memory.resolve(info, replace(cfg, ctx=3000, ubatch=4096, batch=4096), "cpu").n_ubatch == 3072
+    two = memory.estimate(info, replace(cfg, ubatch=2048, batch=2048), CPU).host.compute_bytes
+    four = memory.estimate(info, replace(cfg, ubatch=4096, batch=4096), CPU).host.compute_bytes
+    assert four == 2 * two
+
+
+@pytest.mark.parametrize(("target", "ctx"), [(t, 32768) for t in UB_SHAPES] + [("Qwen3-30B-A3B:Q4_K_M", 262144)])
+def test_compute_buffer_at_ubatch_4096_matches_llama_fit_params(target, ctx, ub_shapes, engine_loc):
+    """The compute buffer at -ub 4096 -b 4096 (flash attention on, as quantized V needs) against llama.cpp's own
+    projection of real-scale shapes, within the tolerance every other component holds. At 32K the logits peak
+    (Qwen3.5's 248K vocabulary: 3,976 MiB); at 256K the KQ mask and the experts' activations do (2,752 MiB)."""
+    info = ub_shapes[target]
+    cfg = LaunchConfig(model=info.paths[0], ctx=ctx, ubatch=4096, batch=4096, flash_attn=FlashAttn.ON, parallel=1)
+    truth = breakdown.fit_params_breakdown(engine_loc, cfg)
+    est = memory.estimate(info, cfg, CPU)
+    for ours, part in ((est.host.compute_bytes, "compute"), (est.host.context_bytes, "context")):
+        assert engine_agrees(ours // MIB, truth.host_total(part), info.tensor_bytes), (part, ours // MIB, truth)
+    assert truth.host_total("compute") > 3 * memory.estimate(info, replace(cfg, ubatch=None, batch=None),
+                                                             CPU).host.compute_bytes // MIB  # it grew with -ub
+
+
+def test_compute_buffer_at_ubatch_4096_on_a_loaded_demo_model(demo_models, engine_loc, tmp_path):
+    """llama-server's at-exit breakdown of a model it loaded at -ub 4096 -b 4096. Without flash attention (the KQ
+    scores peak) the model agrees within tolerance. With it, the tiny demo's buffer is the KQ mask plus the
+    experts' activations, and the engine's figure sits below ours by about four n_embd-wide tensors of the
+    ubatch (4 x 256 x 4096 x 4 B = 16 MiB): its allocator fits them elsewhere on this 256-wide model, where on
+    every real-scale shape (above, and at 256K where this term peaks) the figure is exact. Over, never under."""
+    info = gguf_reader.inspect_model(demo_models[("qwen3moe", "Q4_K_M")])
+    base = LaunchConfig(model=info.paths[0], ctx=8192, parallel=1, ubatch=4096, batch=4096)
+    _, off = breakdown.server_breakdown(engine_loc, replace(base, flash_attn=FlashAttn.OFF), tmp_path)
+    ours_off = memory.estimate(info, replace(base, flash_attn=FlashAttn.OFF), CPU).host.compute_bytes // MIB
+    assert engine_agrees(ours_off, off.host_total("compute"), info.tensor_bytes), (ours_off, off)
+    on_cfg = replace(base, flash_attn=FlashAttn.ON, cache_type_k=CacheType.Q8_0, cache_type_v=CacheType.Q8_0)
+    _, on = breakdown.server_breakdown(engine_loc, on_cfg, tmp_path)
+    ours_on = memory.estimate(info, on_cfg, CPU).host.compute_bytes // MIB
+    gap_mib = 4 * info.n_embd * 4096 * 4 // MIB
+    assert 0 <= ours_on - on.host_total("compute") <= gap_mib, (ours_on, on.host_total("compute"), gap_mib)
