@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -24,7 +25,8 @@ class FakeNVML:
                  init_error: str | None = None, extras: dict[str, float | None] | None = None,
                  processes: list[tuple[int, int]] | None = None, graphics: list[tuple[int, int]] | None = None,
                  util_pct: int | None = None, process_sm: dict[int, int] | None = None,
-                 compute_capability: tuple[int, int] = (8, 6)) -> None:
+                 compute_capability: tuple[int, int] = (8, 6), sample_lag_s: float = 0.0,
+                 lost: str | None = None) -> None:
         self.cards = cards or []
         self.processes = processes or []  # (pid, used bytes) holding a compute context on every card
         self.graphics = graphics or []  # (pid, used bytes) holding a graphics context (a display, a browser)
@@ -36,6 +38,10 @@ class FakeNVML:
         self.driver = driver
         self.init_error = init_error
         self.initialized = False
+        # Per-process samples stamped this long ago (a driver fills them every few seconds); 0: always fresh.
+        self.sample_lag_s = sample_lag_s
+        self.lost = lost  # every query past nvmlInit fails with this (a card that stops answering)
+        self.queries = 0  # device-count queries: how often the card was looked at
 
     def nvmlInit(self) -> None:  # noqa: N802 - mirrors pynvml
         if self.init_error:
@@ -49,6 +55,9 @@ class FakeNVML:
         return self.driver
 
     def nvmlDeviceGetCount(self) -> int:  # noqa: N802
+        self.queries += 1
+        if self.lost:
+            raise FakeNVMLError(self.lost)
         return len(self.cards)
 
     def nvmlDeviceGetHandleByIndex(self, index: int) -> int:  # noqa: N802
@@ -78,8 +87,9 @@ class FakeNVML:
     def nvmlDeviceGetProcessUtilization(self, handle: int, last_seen_us: int) -> list[SimpleNamespace]:  # noqa: N802
         if self.process_sm is None:
             raise FakeNVMLError("Not Supported")
-        busy = [SimpleNamespace(pid=pid, smUtil=sm, memUtil=sm // 2, timeStamp=last_seen_us + 1)
-                for pid, sm in self.process_sm.items() if sm > 0]
+        stamp = last_seen_us + 1 if not self.sample_lag_s else int((time.time() - self.sample_lag_s) * 1e6)
+        busy = [SimpleNamespace(pid=pid, smUtil=sm, memUtil=sm // 2, timeStamp=stamp)
+                for pid, sm in self.process_sm.items() if sm > 0 and stamp > last_seen_us]
         if not busy:
             raise FakeNVMLError("Not Found")  # what NVML answers when no process ran in the window
         return busy

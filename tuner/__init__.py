@@ -75,7 +75,9 @@ def _holding_the_machine(name: str, fn: Callable[..., Any]) -> Callable[..., Any
         from tuner.engine import runner
         from tuner.machine import quiet
 
-        with quiet.claim_machine(f"{name} (Python API)", allow_busy=True, own=runner.own_pids):
+        with quiet.claim_machine(f"{name} (Python API)", allow_busy=True, own=runner.own_pids) as claim:
+            if claim.note:
+                quiet.say_once(claim.note, claim.note)
             return fn(*args, **kwargs)
 
     return measured

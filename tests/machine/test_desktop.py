@@ -4,6 +4,7 @@ is not. NVML is the FAKE desktop of :mod:`tests.desktop` (the hardware boundary)
 from __future__ import annotations
 
 import importlib.util
+import shutil
 import subprocess
 import sys
 import time
@@ -166,3 +167,74 @@ def test_a_child_of_ours_that_exited_unreaped_keeps_its_cpu_in_our_sum():
         assert after >= before >= 0.5, (before, after)
     finally:
         child.wait()
+
+
+CARD_24G = [("NVIDIA GeForce RTX 3090", 24 * 2**30, 8 * 2**30)]
+
+
+@pytest.fixture
+def trainer(tmp_path):
+    """A real process named ``trainer`` (a copy of ``sleep``): the FAKE NVML says it computes."""
+    exe = tmp_path / "trainer"
+    shutil.copy(shutil.which("sleep") or "/bin/sleep", exe)
+    proc = subprocess.Popen([str(exe), "600"])
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def test_a_process_at_95_percent_whose_samples_lag_seconds_is_still_seen(trainer):
+    """NVML fills its per-process samples every few seconds: a look that asked for the last 0.3 s got none and
+    took a training job at 95 % SM for an idle machine."""
+    nvml = FakeNVML(CARD_24G, processes=[(trainer.pid, 6 * 2**30)], process_sm={trainer.pid: 95}, sample_lag_s=3.0,
+                    util_pct=97)
+    seen = processes.observe(interval_s=0.3, nvml=nvml)
+    assert seen.busy and seen.gpu == (f"trainer pid {trainer.pid} uses the GPU (95 % SM)",), seen.gpu
+    with pytest.raises(MachineBusyError, match=f"trainer pid {trainer.pid} uses the GPU"), \
+            quiet.claim_machine("bench", wait_s=0, nvml=nvml):
+        pass
+
+
+def test_no_samples_at_all_is_unknown_and_the_device_utilization_decides(trainer):
+    """Samples older than any window (or none kept): "no samples" says nothing, so the card's utilization does."""
+    stale = FakeNVML(CARD_24G, processes=[(trainer.pid, 6 * 2**30)], process_sm={trainer.pid: 95}, sample_lag_s=60,
+                     util_pct=97)
+    assert processes.observe(interval_s=0.3, nvml=stale).gpu == ("GPU 0 is 97 % busy and none of it is ours",)
+    none_found = FakeNVML(CARD_24G, processes=[(trainer.pid, 6 * 2**30)], process_sm={}, util_pct=97)
+    assert processes.observe(interval_s=0.3, nvml=none_found).busy  # "not found" is not "idle"
+    idle = FakeNVML(CARD_24G, processes=[(trainer.pid, 6 * 2**30)], process_sm={}, util_pct=3)
+    assert not processes.observe(interval_s=0.3, nvml=idle).busy
+
+
+def test_samples_of_a_process_that_has_ended_are_no_rival(monkeypatch):
+    """A window seconds long still holds samples of a process that has ended (our own last trial, say): it works
+    no more, and the card's utilization (its last second) is not read as someone else's either. Unscoped: the
+    suite's scope would leave the ended process out anyway."""
+    monkeypatch.delenv(processes.SCOPE_ENV, raising=False)
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    nvml = FakeNVML(CARD_24G, process_sm={gone.pid: 90}, util_pct=90)
+    assert processes.observe(interval_s=0.3, nvml=nvml).gpu == ()  # the CPU is other suites' to use meanwhile
+    here = subprocess.Popen(["sleep", "60"])  # the same samples of a live process: a rival
+    try:
+        live = FakeNVML(CARD_24G, process_sm={here.pid: 90}, util_pct=90)
+        assert processes.observe(interval_s=0.3, nvml=live).gpu == (f"sleep pid {here.pid} uses the GPU (90 % SM)",)
+    finally:
+        here.kill()
+        here.wait()
+
+
+def test_an_nvml_error_is_said_once_and_the_watch_does_not_spin(capsys, monkeypatch):
+    monkeypatch.setattr(quiet, "_SAID", set())
+    nvml = FakeNVML(CARD_24G, lost="GPU is lost")
+    with quiet.Watch(interval_s=0.2, nvml=nvml) as watch:
+        time.sleep(1.5)
+    assert nvml.queries <= 3, nvml.queries  # looked once, then backed off (it once looped without waiting)
+    assert not watch.seen.busy and "GPU is lost" in (watch.seen.gpu_error or "")
+    with quiet.Watch(interval_s=0.2, nvml=nvml):  # the next trial's watch: not said again
+        time.sleep(0.5)
+    err = capsys.readouterr().err
+    assert err.count("the GPU could not be watched (NVML: GPU is lost)") == 1, err
+    monkeypatch.setattr(quiet, "_SAID", set())
+    with quiet.claim_machine("bench", wait_s=0, nvml=nvml) as claim:  # the command says the claim's note
+        assert "the GPU could not be watched (NVML: GPU is lost)" in (claim.note or "") and claim.noise is None

@@ -4,7 +4,8 @@ NVIDIA driver instead of this one's (which has none). Scenarios are written by :
 
 The scenario is JSON: ``cards`` ([name, total bytes, used bytes]), ``graphics`` and ``processes`` ([pid, used
 bytes]: graphics and compute contexts), ``util_pct``, ``process_sm`` ({pid: SM %} or null: not supported) and
-``grow`` ([pid, bytes per second]: that process's VRAM grows from ``t0``, a wall-clock time).
+``grow`` ([pid, bytes per second]: that process's VRAM grows from ``t0``, a wall-clock time), ``sample_lag_s``
+(per-process samples stamped that long ago) and ``lost`` (every query after init fails with that message).
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ def _machine() -> FakeNVML:
     return FakeNVML([tuple(c) for c in data["cards"]], driver=data.get("driver", "570.86.10"),
                     processes=procs, graphics=[tuple(p) for p in data.get("graphics", [])],
                     util_pct=data.get("util_pct"), process_sm=per_process,
-                    compute_capability=tuple(data.get("compute_capability", (8, 6))))
+                    compute_capability=tuple(data.get("compute_capability", (8, 6))),
+                    sample_lag_s=float(data.get("sample_lag_s", 0.0)), lost=data.get("lost"))
 
 
 _current: FakeNVML | None = None

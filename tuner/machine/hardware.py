@@ -204,31 +204,40 @@ def gpu_processes(nvml: Any = None) -> list[GpuProcess]:
     return list(found.values())
 
 
+# NVML fills its per-process SM samples every few seconds, so a look asks for this much history: asked for the last
+# 0.3-1 s, a process at 95 % SM often had no sample yet and passed as idle.
+PROCESS_SAMPLE_WINDOW_S = 5.0
+
+
 @dataclass(frozen=True, slots=True)
 class GpuActivity:
     """One look at what the GPUs are doing: every context with its VRAM, the device utilization, each card's memory
-    and, where the driver keeps them, per-process SM samples since ``since_s``."""
+    and, where the driver keeps them, per-process SM samples over the last :data:`PROCESS_SAMPLE_WINDOW_S`."""
 
     processes: tuple[GpuProcess, ...]
     device_util_pct: tuple[int | None, ...]  # per card; None where the driver does not say
     process_sm_pct: dict[int, int]  # pid → highest SM share sampled in the window; empty where unsupported
-    per_process_known: bool  # the driver answered per-process samples (so an absent pid was idle)
+    # The driver returned per-process samples in the window, so a pid without one ran no kernel. No samples at all
+    # ("not found", "not supported") says nothing: device utilization is the fallback.
+    per_process_known: bool
     device_total_bytes: tuple[int | None, ...] = ()
     device_free_bytes: tuple[int | None, ...] = ()
+    samples_known: tuple[bool, ...] = ()  # per card: ``per_process_known`` for that card alone
 
 
 def gpu_activity(nvml: Any = None, since_s: float = 1.0) -> GpuActivity:
-    """GPU contexts, utilization, memory and per-process samples (``nvmlDeviceGetProcessUtilization``, which keeps a
-    short history per process; "not found" means no process ran a kernel in the window)."""
+    """GPU contexts, utilization, memory and per-process samples (``nvmlDeviceGetProcessUtilization``) since
+    ``since_s`` ago, or :data:`PROCESS_SAMPLE_WINDOW_S` where that is longer. Raises NvmlUnavailableError without
+    a driver; another NVML error (a card that stops answering) propagates."""
     procs = tuple(gpu_processes(nvml))
     nvml = open_nvml(nvml)
     utils: list[int | None] = []
     totals: list[int | None] = []
     frees: list[int | None] = []
     sm: dict[int, int] = {}
-    known = False
+    known: list[bool] = []
     try:
-        since_us = int((time.time() - since_s) * 1e6)
+        since_us = int((time.time() - max(since_s, PROCESS_SAMPLE_WINDOW_S)) * 1e6)
         for index in range(int(nvml.nvmlDeviceGetCount())):
             h = nvml.nvmlDeviceGetHandleByIndex(index)
             rates = _optional(nvml, "nvmlDeviceGetUtilizationRates", h, None)
@@ -238,15 +247,14 @@ def gpu_activity(nvml: Any = None, since_s: float = 1.0) -> GpuActivity:
             frees.append(None if mem is None else int(mem.free))
             try:
                 samples = nvml.nvmlDeviceGetProcessUtilization(h, since_us) or []
-                known = True
-            except Exception as exc:  # NVMLError_NotFound: no samples (idle); NotSupported: unknown
+            except Exception:  # NVMLError_NotFound: no sample in the window; NotSupported: none kept
                 samples = []
-                known = known or "not found" in str(exc).lower()
+            known.append(bool(samples))
             for s in samples:
                 sm[int(s.pid)] = max(sm.get(int(s.pid), 0), int(s.smUtil))
     finally:
         close_nvml(nvml)
-    return GpuActivity(procs, tuple(utils), sm, known, tuple(totals), tuple(frees))
+    return GpuActivity(procs, tuple(utils), sm, any(known), tuple(totals), tuple(frees), tuple(known))
 
 
 def _optional(nvml: Any, fn: str, handle: Any, default: Any, *args: Any) -> Any:

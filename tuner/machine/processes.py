@@ -198,6 +198,7 @@ class Interference:
     resident_vram_bytes: int = field(default=0, compare=False)  # what the residents hold
     vram_total_bytes: int | None = field(default=None, compare=False)  # the first card's memory
     vram_free_bytes: int | None = field(default=None, compare=False)
+    gpu_error: str | None = field(default=None, compare=False)  # NVML failed: the GPU was not watched, and why
 
     @property
     def busy(self) -> bool:
@@ -239,7 +240,8 @@ class Interference:
                             self.vram_first or other.vram_first, idle_llama,
                             max(self.resident_vram_bytes, other.resident_vram_bytes),
                             other.vram_total_bytes or self.vram_total_bytes,
-                            other.vram_free_bytes if other.vram_free_bytes is not None else self.vram_free_bytes)
+                            other.vram_free_bytes if other.vram_free_bytes is not None else self.vram_free_bytes,
+                            self.gpu_error or other.gpu_error)
 
 
 def _gpu_key(line: str) -> str:
@@ -276,13 +278,18 @@ def _gpu_look(view: _View, nvml: object, window_s: float) -> _GpuLook:
         return pid not in mine and (allowed is None or pid in allowed)
 
     vram = {g.pid: (g.name, g.used_bytes) for g in act.processes if theirs(g.pid)}
-    busy = {pid: sm for pid, sm in sorted(act.process_sm_pct.items()) if sm >= GPU_BUSY_PCT and theirs(pid)}
+    # Samples reach seconds back: one of a process that has ended since (our own last trial, say) is no rival now.
+    holding = {g.pid for g in act.processes}
+    live = {pid: sm for pid, sm in act.process_sm_pct.items() if pid in holding or psutil.pid_exists(pid)}
+    busy = {pid: sm for pid, sm in sorted(live.items()) if sm >= GPU_BUSY_PCT and theirs(pid)}
     work = [f"{vram.get(pid, (hardware.process_name(pid), 0))[0]} pid {pid} uses the GPU ({sm} % SM)"
             for pid, sm in busy.items()]
     ours_on_gpu = any(g.pid in mine for g in act.processes)
-    if not act.per_process_known and not ours_on_gpu:
-        work += [f"GPU {i} is {u} % busy and none of it is ours" for i, u in enumerate(act.device_util_pct)
-                 if u is not None and u >= GPU_BUSY_PCT]
+    known = act.samples_known or (act.per_process_known,) * len(act.device_util_pct)
+    if not ours_on_gpu:  # no samples on a card: its utilization says whether someone works there
+        work += [f"GPU {i} is {u} % busy and none of it is ours" for i, (u, k) in
+                 enumerate(zip(act.device_util_pct, known, strict=False)) if not k and u is not None
+                 and u >= GPU_BUSY_PCT]
     idle = {pid: v for pid, v in vram.items() if pid not in busy}
     first = next(iter(zip(act.device_total_bytes, act.device_free_bytes, strict=True)), (None, None))
     return _GpuLook(vram, work, idle, *first)
@@ -312,9 +319,14 @@ def observe(own: Collection[int] | Callable[[], Collection[int]] = (), interval_
     before = {p.pid: p.cpu_s for p in first.others}
     ours_before = first.ours_cpu_s()
     vram_first: dict[int, tuple[str, int]] = {}
+    gpu_error: str | None = None
     if gpu and vram_base is None:  # a watch's later looks judge growth against its first: no look needed here
-        with contextlib.suppress(NvmlUnavailableError):
+        try:
             vram_first = _gpu_look(first, nvml, interval_s).vram
+        except NvmlUnavailableError:
+            gpu = False  # no driver: a CPU-only machine
+        except Exception as exc:  # noqa: BLE001 - a driver that stops answering: said, never a spin or a crash
+            gpu, gpu_error = False, _nvml_error(exc)
     t0 = time.monotonic()
     wait(interval_s)
     second = _View(own)
@@ -334,16 +346,24 @@ def observe(own: Collection[int] | Callable[[], Collection[int]] = (), interval_
     at_work = {p.pid for p in llama}
     look = _GpuLook({}, [], {})
     if gpu:
-        with contextlib.suppress(NvmlUnavailableError):
+        try:
             look = _gpu_look(second, nvml, elapsed)
             base = vram_base if vram_base is not None else {pid: used for pid, (_, used) in vram_first.items()}
             look.work.extend(_grown(base, look.vram))
+        except NvmlUnavailableError:
+            pass
+        except Exception as exc:  # noqa: BLE001 - as above
+            gpu_error = _nvml_error(exc)
     idle = {pid: v for pid, v in look.idle.items() if pid not in at_work}
     residents = tuple(f"{name} pid {pid} ({held / 2**20:,.0f} MiB)" for pid, (name, held) in idle.items())
     idle_llama = tuple(_kin_line(p.pid, p.name) for p in kin if p.pid not in at_work and p.pid not in look.vram)
     return Interference(llama, cores, tuple(dict.fromkeys(look.work)), cpu_limit_cores(threads), residents,
                         tuple((pid, used) for pid, (_, used) in vram_first.items()), idle_llama,
-                        sum(held for _, held in idle.values()), look.total_bytes, look.free_bytes)
+                        sum(held for _, held in idle.values()), look.total_bytes, look.free_bytes, gpu_error)
+
+
+def _nvml_error(exc: Exception) -> str:
+    return f"the GPU could not be watched (NVML: {exc or type(exc).__name__}): other programs' GPU work is not seen"
 
 
 def _kin_line(pid: int, name: str) -> str:

@@ -25,6 +25,7 @@ import contextlib
 import fcntl
 import os
 import stat
+import sys
 import threading
 import time
 from collections.abc import Callable, Collection, Iterator
@@ -107,7 +108,7 @@ class Claim:
     noise: str | None = None
     residents: tuple[str, ...] = ()  # others' idle GPU contexts (a desktop's display): VRAM held, not work
     seen: Interference | None = field(default=None, compare=False)  # the look that let the run go ahead
-    note: str | None = None  # the machine's lock could not be used: what was held instead, and the fix
+    note: str | None = None  # to say: the machine's lock was not usable (what was held instead, the fix); NVML failed
 
     def residents_line(self) -> str | None:
         """The idle residents (GPU contexts, idle llama.cpp servers and proxies) in one line; None: none."""
@@ -246,32 +247,59 @@ def _quiet_enough(claim: Claim, start: float, allow_busy: bool, wait_s: float, o
         if on_wait:
             on_wait(f"waiting for a quiet machine: {seen.describe()}", waited)
         seen = observe(own, nvml=nvml, gpu=gpu)
-    return Claim(claim.locked, seen.describe() if seen.busy else None, seen.residents, seen, claim.note)
+    note = claim.note
+    if seen.gpu_error and "gpu" not in _SAID:
+        _SAID.add("gpu")  # the caller says the note; the run's watches need not say it again
+        note = "; ".join(x for x in (note, seen.gpu_error) if x)
+    return Claim(claim.locked, seen.describe() if seen.busy else None, seen.residents, seen, note)
+
+
+GPU_RETRY_S = 30.0  # after an NVML error, a watch looks at the GPU again this long after
+_SAID: set[str] = set()
+
+
+def say_once(key: str, line: str) -> None:
+    """``line`` on stderr once per process for ``key`` (a watch runs in every trial: the same trouble is said once)."""
+    if key not in _SAID:
+        _SAID.add(key)
+        print(f"warning: {line}", file=sys.stderr, flush=True)
 
 
 class Watch:
-    """Observe the machine in the background while a measurement runs; :attr:`seen` is the worst of it."""
+    """Observe the machine in the background while a measurement runs; :attr:`seen` is the worst of it.
+    NVML failing is said once (``on_note``; by default a line on stderr) and the GPU is looked at again only every
+    :data:`GPU_RETRY_S` (the CPU watch goes on); no failure makes the watch loop without waiting."""
 
     def __init__(self, own: Callable[[], Collection[int]] = frozenset, interval_s: float = 1.0,
-                 nvml: object = None, *, gpu: bool = True, threads: int | None = None) -> None:
+                 nvml: object = None, *, gpu: bool = True, threads: int | None = None,
+                 on_note: Callable[[str], None] | None = None) -> None:
         self._own = own
         self._interval_s = interval_s
         self._nvml = nvml
         self._gpu = gpu
         self._threads = threads
+        self._on_note = on_note or (lambda line: say_once("gpu", line))
         self._vram_base: dict[int, int] | None = None  # others' VRAM when the watch began
         self._stop = threading.Event()
         self._seen = Interference(cpu_limit_cores=cpu_limit_cores(threads))
         self._thread = threading.Thread(target=self._loop, name="moe-tune-watch", daemon=True)
 
     def _loop(self) -> None:
+        gpu_again_at = 0.0
         while not self._stop.is_set():
-            with contextlib.suppress(Exception):  # a process vanishing mid-scan must not end the watch
-                look = observe(self._own, self._interval_s, self._nvml, self._stop.wait, gpu=self._gpu,
+            gpu = self._gpu and time.monotonic() >= gpu_again_at
+            try:
+                look = observe(self._own, self._interval_s, self._nvml, self._stop.wait, gpu=gpu,
                                threads=self._threads, vram_base=self._vram_base)
-                if self._vram_base is None:
-                    self._vram_base = dict(look.vram_first)
-                self._seen = self._seen.worse(look)
+            except Exception:  # noqa: BLE001 - a process vanishing mid-scan must not end the watch, nor spin it
+                self._stop.wait(self._interval_s)
+                continue
+            if look.gpu_error:
+                gpu_again_at = time.monotonic() + GPU_RETRY_S
+                self._on_note(look.gpu_error)
+            elif gpu and self._vram_base is None:
+                self._vram_base = dict(look.vram_first)
+            self._seen = self._seen.worse(look)
 
     def __enter__(self) -> Watch:
         self._thread.start()
