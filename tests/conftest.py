@@ -12,6 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.trained import trained_model  # noqa: F401  (session fixture: a trained GGUF from the package index)
 from tuner.engine import build
 from tuner.machine import processes
 from tuner.models import demo

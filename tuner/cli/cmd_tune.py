@@ -59,8 +59,9 @@ def auto_tune_cmd(
         "--depth", help="Context filled when generating (default: the prompt); e.g. 32768 for a long history.")]
     = None,
     max_kld: Annotated[str | None, typer.Option(
-        "--max-kld", help=f"Quality floor: mean KLD of the KV cache vs f16 (default {kv_price.DEFAULT_MAX_KLD}; "
-        "off: none).")] = None,
+        "--max-kld", help=f"Quality floor: mean KLD (nats/token) the KV cache may add vs f16; absolute, the "
+        f"same for every model (default {kv_price.DEFAULT_MAX_KLD}: q8_0 passes, q4_0/q4_0 must earn it; off: "
+        "none).")] = None,
     min_tok_s: Annotated[float | None, typer.Option(
         "--min-tok-s", help="Per-request generation floor with every slot busy (concurrent workloads).")] = None,
     vram_margin: Annotated[float | None, typer.Option("--vram-margin", help="MiB of VRAM to leave free.")] = None,

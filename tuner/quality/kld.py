@@ -2,12 +2,19 @@
 
 llama-perplexity exits 0 when it measured nothing (text too short, too few tokens for statistics, a
 reference of another vocabulary), so every figure is parsed from its output and checked before use.
+
+The engine's "Mean KLD: x ± y" treats every scored token as independent, but the tokens of one chunk share
+their context and err together, so that ± is too small (on SmolLM2-135M's q8_0 cache several times too small:
+results/benchmarks/kv-kld-trained.md). The ± kept here comes from the per-chunk values instead: the engine
+prints running means after each chunk, each chunk's own mean is recovered from two of them, and the standard
+error is their spread over the square root of their number (never below the engine's per-token figure).
 """
 
 from __future__ import annotations
 
 import math
 import re
+import statistics
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,12 +40,14 @@ class KldFigures:
     ppl_base: float
     ppl_base_error: float
     kld_mean: float
-    kld_mean_error: float
+    kld_mean_error: float  # standard error from the per-chunk means (see the module docstring)
     kld_p99: float
     kld_max: float
     same_top_pct: float
-    same_top_pct_error: float
+    same_top_pct_error: float  # likewise, in percentage points
     n_chunks: int
+    kld_token_error: float = 0.0  # the engine's per-token standard error, for comparison
+    kld_chunks: tuple[float, ...] = ()  # each chunk's own mean KLD (empty: the engine printed no chunk rows)
 
 
 _NUM = r"([-+]?(?:nan|inf|\d+(?:\.\d*)?(?:[eE][-+]?\d+)?))"
@@ -55,6 +64,11 @@ _KLD_LINES = {
     "kld_max": re.compile(rf"Maximum KLD:\s*{_NUM}", re.IGNORECASE),
     "same_top": re.compile(rf"Same top p:\s*{_NUM}{_PM}{_NUM}\s*%", re.IGNORECASE),
 }
+# A chunk row of a --kl-divergence run: chunk number, then running PPL, ln(PPL(Q)/PPL(base)), KLD, Δp RMS and
+# same-top, each "value ± error" over every chunk so far (perplexity.cpp prints KLD with 5 decimals).
+_CHUNK_ROW = re.compile(
+    rf"^\s*(\d+)\s+{_NUM}{_PM}{_NUM}\s+{_NUM}{_PM}{_NUM}\s+{_NUM}{_PM}{_NUM}\s+{_NUM}{_PM}{_NUM}\s*%"
+    rf"\s+{_NUM}{_PM}{_NUM}\s*%", re.IGNORECASE | re.MULTILINE)
 _ENGINE_COMPLAINTS = (
     ("inconsistent vocabulary", "the reference is another model (its vocabulary differs): name one with --reference"),
     ("does not look like a file containing log-probabilities", "the reference logits file is damaged: delete it"),
@@ -108,6 +122,26 @@ def parse_perplexity(text: str, want_chunks: int | None = None) -> PerplexityFig
     return PerplexityFigures(ppl, err, n_chunks)
 
 
+def per_chunk_means(running: list[float]) -> list[float]:
+    """Each chunk's own mean from the running means after chunks 1..n (every chunk scores as many tokens)."""
+    return [i * m - (i - 1) * prev for i, (m, prev) in enumerate(zip(running, [0.0, *running[:-1]]), start=1)]
+
+
+def chunk_standard_error(values: list[float]) -> float | None:
+    """Standard error of the mean of per-chunk values; None below two chunks (no spread to measure)."""
+    if len(values) < 2:
+        return None
+    return statistics.stdev(values) / math.sqrt(len(values))
+
+
+def _chunk_rows(text: str, n_chunks: int) -> tuple[list[float], list[float]] | None:
+    """(running mean KLD, running same-top fraction) after each chunk 1..n, or None when a row is missing."""
+    rows = {int(m.group(1)): (float(m.group(6)), float(m.group(10)) / 100.0) for m in _CHUNK_ROW.finditer(text)}
+    if any(i not in rows for i in range(1, n_chunks + 1)):
+        return None
+    return [rows[i][0] for i in range(1, n_chunks + 1)], [rows[i][1] for i in range(1, n_chunks + 1)]
+
+
 def parse_kld(text: str, want_chunks: int | None = None) -> KldFigures:
     """Figures of a ``--kl-divergence`` run against a reference logits file."""
     _check_engine_complaints(text)
@@ -140,8 +174,15 @@ def parse_kld(text: str, want_chunks: int | None = None) -> KldFigures:
     if kld < -1e-6 or not 0.0 <= top <= 100.0:
         raise QualityError(f"llama-perplexity reported impossible figures (KLD {kld}, same top {top} %): "
                            "check the engine build")
-    return KldFigures(ppl, ppl_err, base, base_err, max(kld, 0.0), kld_err, one("kld_p99"), one("kld_max"),
-                      top, top_err, n_chunks)
+    kld_chunks: list[float] = []
+    kld_se, top_se = kld_err, top_err
+    rows = _chunk_rows(text, n_chunks)
+    if rows is not None:
+        kld_chunks = per_chunk_means(rows[0])
+        kld_se = max(kld_err, chunk_standard_error(kld_chunks) or 0.0)
+        top_se = max(top_err, 100.0 * (chunk_standard_error(per_chunk_means(rows[1])) or 0.0))
+    return KldFigures(ppl, ppl_err, base, base_err, max(kld, 0.0), kld_se, one("kld_p99"), one("kld_max"),
+                      top, top_se, n_chunks, kld_err, tuple(kld_chunks))
 
 
 # ------------------------------------------------------------------------------------ reference logits

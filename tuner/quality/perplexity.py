@@ -34,7 +34,7 @@ DEFAULT_CHUNKS = 32
 DEFAULT_DISK_BUDGET_BYTES = 8 * 2**30
 DEFAULT_TIMEOUT_S = 6 * 3600.0
 DISK_MARGIN_BYTES = 512 * 2**20
-RESULT_VERSION = 1
+RESULT_VERSION = 2  # 2: kld_mean_error from per-chunk means (tuner.quality.kld), kld_token_error added
 # Reference precision, best first, by GGUF general.file_type (llama_ftype): F32, BF16, F16, Q8_0.
 REFERENCE_FILE_TYPES = (0, 32, 1, 7)
 _QUANT_SUFFIX = re.compile(r"[-._](?:UD-)?(?:I?Q\d[A-Z0-9_]*|BF16|F16|F32|MXFP4[A-Z0-9_]*)$", re.IGNORECASE)
@@ -55,7 +55,7 @@ class QualityResult:
     ppl: float
     ppl_error: float
     kld_mean: float | None
-    kld_mean_error: float | None
+    kld_mean_error: float | None  # standard error from the per-chunk means: tokens of one chunk are correlated
     kld_p99: float | None
     same_top_pct: float | None
     same_top_pct_error: float | None
@@ -64,6 +64,7 @@ class QualityResult:
     reference_logits_bytes: int | None
     elapsed_s: float
     argv: tuple[str, ...]
+    kld_token_error: float | None = None  # the engine's per-token standard error (too small; kept to compare)
     from_cache: bool = False
 
     @property
@@ -380,7 +381,7 @@ def measure(
         if ref_id == model_id and kv == ("f16", "f16"):
             # Compared with itself the distributions are identical: KLD 0, same top token 100 %.
             result = replace(result, ppl=ref.ppl, ppl_error=ref.ppl_error, kld_mean=0.0, kld_mean_error=0.0,
-                             kld_p99=0.0, same_top_pct=100.0, same_top_pct_error=0.0)
+                             kld_p99=0.0, same_top_pct=100.0, same_top_pct_error=0.0, kld_token_error=0.0)
         else:
             if on_step:
                 on_step(f"KL-divergence of {model.name} at KV {kv[0]}/{kv[1]} against {reference.name}")
@@ -389,7 +390,8 @@ def measure(
             fig = _run(argv, lambda out: kld.parse_kld(out, want_chunks=chunks), timeout_s)
             result = replace(result, ppl=fig.ppl, ppl_error=fig.ppl_error, kld_mean=fig.kld_mean,
                              kld_mean_error=fig.kld_mean_error, kld_p99=fig.kld_p99, same_top_pct=fig.same_top_pct,
-                             same_top_pct_error=fig.same_top_pct_error, argv=tuple(argv))
+                             same_top_pct_error=fig.same_top_pct_error, argv=tuple(argv),
+                             kld_token_error=fig.kld_token_error)
     result = replace(result, elapsed_s=time.monotonic() - start)
     with file_lock(results_dir() / f"{key}.lock"):
         _store_result(cached_path, result)
