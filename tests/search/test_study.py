@@ -150,3 +150,94 @@ def test_a_sigint_ignored_on_purpose_stays_ignored_and_sigterm_still_ends_the_ru
     with interrupt.sigterm_as_ctrl_c():
         assert signal.getsignal(signal.SIGINT) is interrupt._raise_interrupt
     assert signal.getsignal(signal.SIGINT) is before
+
+
+# --- thermal drift: an anchor config measured again every few trials of a GPU run ---------------------------------
+
+
+class FakeCardClock:
+    """A FAKE card (the hardware boundary) measured by a fake llama-bench: every config it runs takes 45 s of card
+    time, and once ``clock_down`` is set its clocks fall 1.5 % per minute of load (to 80 %), as a card heating
+    over back-to-back trials boosts less. Each config's own speed is fixed: only the clock moves it."""
+
+    def __init__(self, clock_down: bool) -> None:
+        self.clock_down = clock_down
+        self.card_s = 0.0
+        self.calls: list[list[LaunchConfig]] = []
+
+    def factor(self) -> float:
+        return max(0.80, 1.0 - 0.015 * self.card_s / 60) if self.clock_down else 1.0
+
+    def run_bench_many(self, loc, cfgs, **kw):
+        from tuner.measure.bench import BenchResult, BenchRow
+
+        self.calls.append(list(cfgs))
+        out = []
+        for cfg in cfgs:
+            self.card_s += 45.0
+            base = 50.0 + 5.0 * (cfg.threads or 1) + (cfg.n_cpu_moe or 0)
+            gen, prompt = base * self.factor(), 20 * base * self.factor()
+            rows = (BenchRow(kw["n_prompt"], 0, kw["depth"], prompt, 0.2, (prompt * 0.998, prompt, prompt * 1.002),
+                             "fake"),
+                    BenchRow(0, kw["n_gen"], kw["gen_depth"], gen, 0.1, (gen * 0.998, gen, gen * 1.002), "fake"))
+            out.append(BenchResult(("fake-llama-bench",), rows, 0.1, cfg))
+        return out
+
+
+class FakeQuietWatch:
+    """The machine watch on a machine where nothing else runs (the shared test machine never is)."""
+
+    noise = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+
+def _drift_run(demo_models, tmp_path, monkeypatch, *, clock_down: bool, gpu: bool = True):
+    model = demo_models[("qwen3moe", "Q4_K_M")]
+    info = inspect_model(model)
+    hw = find_card("RTX 4060 Ti 16GB").hardware(64 * GIB, 60 * GIB, 50e9, physical_cores=2)
+    if not gpu:
+        hw = replace(hw, gpu_name="", vram_total_bytes=0, vram_free_bytes=0)
+    sp = build_space(model, info, hw, ctx=1024, parallel=1, prompt_tokens=16, vram_margin_mib=0)
+    card = FakeCardClock(clock_down)
+    monkeypatch.setattr(study.bench, "run_bench_many", card.run_bench_many)
+    monkeypatch.setattr(study.quiet, "watch_for", lambda cfgs, own=None: FakeQuietWatch())
+    st = study.open_study(f"drift-{clock_down}-{gpu}", study.default_storage(tmp_path), study.Objective(), seed=3)
+    out = study.run_search(st, sp, info, hw, build.locate_engine(), budget=study.Budget(trials=16), measure=TINY,
+                           anchor_every=4 if gpu else None)
+    return st, out, card
+
+
+def test_a_gpu_run_reads_its_anchor_and_names_a_clock_down(demo_models, tmp_path, monkeypatch):
+    st, out, card = _drift_run(demo_models, tmp_path, monkeypatch, clock_down=True)
+    measured = [t for t in st.get_trials() if t.user_attrs.get("status") == "measured"]
+    assert len(measured) == 16
+    anchor = st.user_attrs["anchor"]
+    # The anchor is the first measured config; it ran again alone after every 4 measured trials.
+    assert anchor["config"] == measured[0].user_attrs["config"]
+    alone = [c for c in card.calls if len(c) == 1 and c[0] == study.config_from_dict(anchor["config"])]
+    assert len(alone) == len(anchor["readings"]) - 1 == 3
+    assert [r["after_trials"] for r in anchor["readings"]] == [0, 4, 8, 12]
+    gens = [r["gen_tok_s"] for r in anchor["readings"]]
+    assert gens == sorted(gens, reverse=True) and gens[-1] < 0.9 * gens[0]
+    assert out.drift is not None and out.drift == anchor["drift"]
+    assert out.drift.startswith("thermal drift: the anchor config reads") and "% slower in generation" in out.drift
+    assert "heating and boosting less" in out.drift
+    # Trials measured once the drift was seen carry it; the first ones, before any second reading, do not.
+    drifts = [t.user_attrs.get("drift") for t in measured]
+    assert drifts[:4] == [None] * 4 and drifts[-1] is not None and drifts.count(None) < len(drifts)
+
+
+def test_a_steady_card_shows_no_drift_and_a_cpu_run_reads_no_anchor(demo_models, tmp_path, monkeypatch):
+    st, out, card = _drift_run(demo_models, tmp_path, monkeypatch, clock_down=False)
+    assert out.drift is None and st.user_attrs["anchor"]["drift"] is None
+    assert len(st.user_attrs["anchor"]["readings"]) == 4
+    assert all(t.user_attrs.get("drift") is None for t in st.get_trials())
+    st, out, card = _drift_run(demo_models, tmp_path / "cpu", monkeypatch, clock_down=True, gpu=False)
+    assert out.drift is None and "anchor" not in st.user_attrs
+    assert all(len(c) > 1 or c is card.calls[-1] for c in card.calls)  # trials only: no config measured alone
+    assert all("drift" not in t.user_attrs for t in st.get_trials())

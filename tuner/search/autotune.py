@@ -169,6 +169,8 @@ def auto_tune(req: TuneRequest, loc: build.EngineLocation, hw: Hardware, *,
                                    on_progress=on_progress)
         if on_step and outcome.exhausted:
             on_step("every config of the search space is in the study: the search stopped early")
+        if on_step and outcome.drift:
+            on_step(outcome.drift)
     result_dir = req.results_dir / name
     if outcome.interrupted:
         return TuneResult(name, storage, result_dir, study_result.result_from_study(st), outcome)

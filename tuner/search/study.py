@@ -39,6 +39,7 @@ from tuner.measure.workload import Workload, WorkloadKind
 from tuner.models.gguf_reader import ModelInfo
 from tuner.quality.kv_price import KvPrice
 from tuner.search import dedup, space
+from tuner.search.anchor import ANCHOR_EVERY, Anchor, AnchorReading
 from tuner.search.budget import Budget, parse_duration  # noqa: F401 - the study's public names since the start
 from tuner.search.interrupt import deferred, sigterm_as_ctrl_c
 from tuner.search.trials import (  # noqa: F401 - the study's public names since the start
@@ -317,6 +318,7 @@ class SearchOutcome:
     elapsed_s: float
     kept: dict[str, int] = field(default_factory=dict)  # this run's trials left in the study, by status
     exhausted: bool = False  # every config of the space was tried: the search stopped early
+    drift: str | None = None  # the anchor's thermal drift in words (GPU runs); None: it held, or was not measured
 
 
 def _tell_measured(study: optuna.Study, trial: optuna.Trial, result: bench.BenchResult, measure: Measure,
@@ -358,17 +360,25 @@ def run_search(
     kld_of: Callable[[LaunchConfig], KvPrice | None] | None = None,
     on_progress: Callable[[Progress], None] | None = None,
     batch_trials: int = BATCH_TRIALS,
+    anchor_every: int | None = None,
 ) -> SearchOutcome:
     """Ask, gate by memory (and quality), measure in grouped llama-bench runs, tell — until the budget ends.
 
     Ctrl-C: trials in flight are told FAIL with status ``interrupted`` (so none stays RUNNING) and the call
     returns with ``interrupted=True`` and what this run left in the study; the next run continues the count.
     A config the study already holds is not measured again (:mod:`tuner.search.dedup`).
+
+    GPU runs measure the first measured config again every ``anchor_every`` measured trials
+    (:mod:`tuner.search.anchor`; default :data:`~tuner.search.anchor.ANCHOR_EVERY`, 0: off, the default on CPU
+    runs) and name a thermal drift on the trials it touched (user attr ``drift``), on the study (``anchor``) and
+    in the outcome.
     """
     start = time.monotonic()
     done = 0
     best = best_measured(records(study))
     study.set_user_attr("space", sp.describe())
+    gpu_run = hw.has_gpu and sp.device != "none"
+    anchor = Anchor(anchor_every if anchor_every is not None else (ANCHOR_EVERY if gpu_run else 0))
 
     def left() -> int | None:
         return None if budget.trials is None else budget.trials - done
@@ -390,6 +400,8 @@ def run_search(
         while ((n_left := left()) is None or n_left > 0) and not seen.exhausted and (
                 budget.time_s is None or time.monotonic() - start < budget.time_s):
             want = batch_trials if left() is None else min(batch_trials, left() or 0)
+            if anchor.due:
+                _read_anchor(study, anchor, loc, measure, caps, start)
             hold(study, seen)  # a shared study holds other workers' trials too
             for _ in range(want):
                 with deferred():  # no signal between creating the trial and holding it in ``pending``
@@ -430,6 +442,9 @@ def run_search(
                         if isinstance(res, failures.Failure):
                             tell_status(study, trial, "failed", {"failure": failure_attr(res)})
                         else:
+                            anchor.measured(cfg, _reading(res, anchor.trials_measured, start, watch.noise))
+                            if anchor.on:
+                                trial.set_user_attr("drift", anchor.noise)
                             _tell_measured(study, trial, res, measure, objective, reps)
                         pending.remove((trial, cfg))
                     report(trial)
@@ -440,8 +455,29 @@ def run_search(
         for trial, _ in pending:
             trial.set_user_attr("status", "interrupted")
             study.tell(trial, state=TrialState.FAIL)
+    if anchor.on and anchor.config is not None:
+        study.set_user_attr("anchor", anchor.to_dict())
     return SearchOutcome(study.study_name, done, interrupted, time.monotonic() - start,
-                         seen.kept(records(study)), seen.exhausted)
+                         seen.kept(records(study)), seen.exhausted, anchor.noise)
+
+
+def _reading(res: bench.BenchResult, after_trials: int, start: float, disturbed: str | None) -> AnchorReading:
+    gen, prompt = res.row("tg").spread, res.row("pp").spread
+    return AnchorReading(after_trials, round(time.monotonic() - start, 1), gen.median, prompt.median,
+                         gen.cv_pct, prompt.cv_pct, disturbed)
+
+
+def _read_anchor(study: optuna.Study, anchor: Anchor, loc: EngineLocation, measure: Measure,
+                 caps: Capabilities | None, start: float) -> None:
+    """Measure the anchor config alone, as its trial was measured, and keep the reading on the study."""
+    assert anchor.config is not None
+    with quiet.watch_for([anchor.config], runner.own_pids) as watch:
+        (res,) = bench.run_bench_many(loc, [anchor.config], n_prompt=measure.n_prompt, n_gen=measure.n_gen,
+                                      depth=measure.prompt_depth, gen_depth=measure.gen_depth,
+                                      repetitions=measure.repetitions, timeout_s=measure.timeout_s, caps=caps)
+    anchor.add(None if isinstance(res, failures.Failure) else
+               _reading(res, anchor.trials_measured, start, watch.noise))
+    study.set_user_attr("anchor", anchor.to_dict())
 
 
 def failure_attr(f: failures.Failure) -> dict[str, Any]:
