@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_cli
+from tuner.catalog import families
 from tuner.core.config import CacheType, FlashAttn, LaunchConfig
 from tuner.core.errors import UsageError
 from tuner.engine import breakdown
@@ -75,7 +76,8 @@ def test_every_shape_is_written_fast(tmp_path):
     took_s = time.perf_counter() - t0
     assert made.logical_bytes > 60 * 2**30 and made.disk_bytes < 16e6
     assert took_s < 60  # a generous bound on a shared machine; typical is under a second
-    assert "n_ff_dense" in made.spec.assumed  # facts the catalog lacks are named
+    assert made.spec.assumed == ("rope_dim",)  # facts the catalog lacks are named
+    assert made.spec.n_ff_dense == 10944  # the dense first layer's width now comes from the catalog
 
 
 @pytest.mark.parametrize("target", SIX)
@@ -92,6 +94,62 @@ def test_llama_cpp_projects_each_shape_and_the_model_agrees(target, shapes, engi
                  (est.host.compute_bytes, truth.host_total("compute"))]
         for pred, real in pairs:
             assert engine_agrees(pred // MIB, real, info.tensor_bytes), (target, cfg, pairs, truth)
+
+
+def test_publisher_tensor_types_replace_the_recipe_as_llama_quantize_does():
+    """llama-quantize --tensor-type (src/llama-quant.cpp llama_tensor_get_type): for a quantized recipe the first
+    matching pattern replaces the recipe's pick; norms stay F32; an unquantized recipe ignores the overrides."""
+    plan = [TensorShape("blk.0.attn_norm.weight", (2048,)), TensorShape("blk.0.attn_qkv.weight", (2048, 8192)),
+            TensorShape("blk.0.ssm_out.weight", (4096, 2048)),
+            TensorShape("blk.0.ffn_down_exps.weight", (512, 2048, 256)),
+            TensorShape("blk.1.attn_gate.weight", (2048, 4096)), TensorShape("output.weight", (2048, 248320))]
+    overrides = (("attn_(qkv|gate)\\.weight", "q8_0"), ("ssm_out", "q6_k"), ("attn_qkv", "q4_k"))
+    got = recipes.assign_types(plan, "Q4_K_M", 256, 40, overrides)
+    assert got == [Q.F32, Q.Q8_0, Q.Q6_K, Q.Q6_K, Q.Q8_0, Q.Q6_K]  # first match wins: attn_qkv is Q8_0, not Q4_K
+    assert recipes.assign_types(plan, "Q4_K_M", 256, 40)[1:3] == [Q.Q6_K, Q.Q4_K]  # the recipe's own picks
+    assert recipes.assign_types(plan, "F16", 256, 40, overrides) == recipes.assign_types(plan, "F16", 256, 40)
+
+
+def _published_bytes(target: str) -> int:
+    model = families.find_model(target)
+    size = model.published_bytes(target.split(":")[1]) if model else None
+    assert size is not None, target
+    return size
+
+
+@pytest.mark.parametrize("target", ["qwen3.5-35b-a3b:Q4_K_M", "qwen3.5-9b:Q4_K_M", "qwen3.5-27b:Q4_K_M"])
+def test_shape_files_are_within_two_percent_of_the_published_unsloth_files(target, tmp_path):
+    """Issue 35: the file the planner reads for a catalog shape is the size of the file a user would download
+    (the catalog's published bytes, each with its source)."""
+    made = shape_model.write_catalog_model(target, tmp_path / "m.gguf")
+    published = _published_bytes(target)
+    assert abs(made.logical_bytes / published - 1) <= 0.02, (target, made.logical_bytes, published)
+    assert made.spec.n_vocab == 248320 and "n_vocab" not in made.spec.assumed
+    if made.spec.arch == "qwen35moe":
+        # llama-quantize's own recipe is the first (21.2 GB) upload; unsloth's re-upload keeps the hybrid
+        # layers' attention and ssm_out at higher precision, which the catalog records as --tensor-type overrides.
+        vanilla = shape_model.logical_bytes(replace(made.spec, tensor_types=()), "Q4_K_M")
+        assert vanilla / published - 1 < -0.03
+
+
+@pytest.mark.parametrize("target", ["qwen3.5-9b:Q4_K_M", "qwen3.5-27b:Q4_K_M"])
+def test_dense_comparator_shapes_load_in_the_engine(target, tmp_path, engine_loc):
+    """The dense Qwen3.5 shape (arch qwen35: llama_model_qwen35::load_arch_tensors) loads in the pinned
+    llama-fit-params, which then sees every 4th layer as attention with KV and the rest as delta-net state."""
+    res = run_cli("shape-model", target, "--out", str(tmp_path / "d.gguf"), "--json")
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(res.stdout)
+    made = shape_model.resolve_target(target)[0]
+    assert doc["model"] == made.name and doc["logical_bytes"] == (tmp_path / "d.gguf").stat().st_size
+    ctx = 32768
+    truth = breakdown.fit_params_breakdown(engine_loc, LaunchConfig(model=tmp_path / "d.gguf", parallel=1, ctx=ctx))
+    n_attn = made.n_layer // made.full_attention_interval
+    kv_bytes = n_attn * ctx * made.n_head_kv * made.head_dim * 2 * 2  # K and V, f16
+    state_bytes = (made.n_layer - n_attn) * 4 * (  # f32, one sequence (src/llama-memory-recurrent.cpp)
+        (made.ssm_d_conv - 1) * (made.ssm_d_inner + 2 * made.ssm_n_group * made.ssm_d_state)
+        + made.ssm_d_state * made.ssm_d_inner)
+    assert truth.host_total("context") == pytest.approx((kv_bytes + state_bytes) / MIB, abs=1), truth
+    assert n_attn == {"Qwen3.5-9B": 8, "Qwen3.5-27B": 16}[made.name]
 
 
 def test_copy_header_keeps_the_header_and_the_size(demo_models, tmp_path):

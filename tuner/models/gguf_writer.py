@@ -76,7 +76,7 @@ class WrittenModel:
 
 def planned_tensors(spec: ModelSpec, recipe: str) -> list[PlannedTensor]:
     plan: list[TensorShape] = tensor_plan(spec)
-    types = recipes.assign_types(plan, recipe, spec.n_expert, spec.n_layer_all)
+    types = recipes.assign_types(plan, recipe, spec.n_expert, spec.n_layer_all, spec.tensor_types)
     return [PlannedTensor(t.name, t.ne, typ) for t, typ in zip(plan, types, strict=True)]
 
 

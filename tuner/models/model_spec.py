@@ -1,9 +1,10 @@
-"""One description of a MoE model's shape, the tensors llama.cpp's loader asks for, and the GGUF keys.
+"""One description of a model's shape, the tensors llama.cpp's loader asks for, and the GGUF keys.
 
 Demo models (tuner.models.demo_model) and shape-true models (tuner.models.shape_model) are both a
 :class:`ModelSpec`; :func:`tensor_plan` lists every tensor of a spec in ggml order, :func:`fill_of` says
 what a valid value of each looks like, and :func:`add_metadata` writes the architecture and tokenizer keys.
-tuner.models.gguf_writer turns the three into a file.
+tuner.models.gguf_writer turns the three into a file. A spec with ``n_expert == 0`` is a dense model (every
+layer's FFN is ``n_ff_dense`` wide): Qwen3.5-9B/27B, arch ``qwen35``, the MoE models' usual comparators.
 """
 
 from __future__ import annotations
@@ -17,9 +18,12 @@ import gguf
 from tuner.models.recipes import TensorShape
 from tuner.models.vocab import Vocab
 
-ARCHS = ("qwen3moe", "qwen35moe", "qwen3next", "gpt-oss", "glm4moe", "olmoe")
-_TOKENIZER_PRE = {"qwen3moe": "qwen2", "qwen35moe": "qwen35", "qwen3next": "qwen2", "gpt-oss": "gpt-4o",
-                  "glm4moe": "glm4", "olmoe": "olmo"}
+ARCHS = ("qwen3moe", "qwen35moe", "qwen35", "qwen3next", "gpt-oss", "glm4moe", "olmoe")
+# Hybrid delta-net archs: a query/output gate on attention, delta-net layers between (src/models/qwen3next.cpp,
+# qwen35moe.cpp, qwen35.cpp at the pinned commit).
+GATED_HYBRID_ARCHS = ("qwen35moe", "qwen35", "qwen3next")
+_TOKENIZER_PRE = {"qwen3moe": "qwen2", "qwen35moe": "qwen35", "qwen35": "qwen35", "qwen3next": "qwen2",
+                  "gpt-oss": "gpt-4o", "glm4moe": "glm4", "olmoe": "olmo"}
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
@@ -39,14 +43,14 @@ class ModelSpec:
     n_head: int
     n_head_kv: int
     head_dim: int
-    n_expert: int
+    n_expert: int  # 0: a dense model
     n_expert_used: int
     n_ff_exp: int
     n_vocab: int
     ctx_train: int
     n_expert_shared: int = 0
     n_ff_shexp: int = 0
-    n_ff_dense: int = 0
+    n_ff_dense: int = 0  # the FFN width of a dense layer (every layer of a dense model; the lead layers of a MoE)
     n_layer_dense_lead: int = 0
     n_layer_nextn: int = 0
     tied: bool = False  # no output.weight; llama.cpp reuses token_embd for the LM head
@@ -61,11 +65,17 @@ class ModelSpec:
     ssm_n_group: int = 0  # number of key heads
     ssm_dt_rank: int = 0  # number of value heads
     tokenizer_pre: str = ""  # "": the architecture's usual pre-tokenizer
+    # (regex, ggml type) the GGUF's publisher passed to llama-quantize as --tensor-type: they replace the recipe's pick
+    tensor_types: tuple[tuple[str, str], ...] = ()
     assumed: tuple[str, ...] = field(default=())  # fields not taken from the source (catalog or config)
 
     @property
     def n_layer_all(self) -> int:
         return self.n_layer + self.n_layer_nextn
+
+    @property
+    def is_dense(self) -> bool:
+        return self.n_expert == 0
 
     @property
     def ssm_d_inner(self) -> int:
@@ -114,7 +124,7 @@ def tensor_plan(s: ModelSpec) -> list[TensorShape]:
 def _attention(s: ModelSpec, b: str) -> list[TensorShape]:
     e, hd = s.n_embd, s.head_dim
     q_width, kv_width = hd * s.n_head, hd * s.n_head_kv
-    gated = s.arch in ("qwen35moe", "qwen3next")  # a query and an output gate per head
+    gated = s.arch in GATED_HYBRID_ARCHS  # a query and an output gate per head
     t = [TensorShape(f"{b}.attn_q.weight", (e, q_width * (2 if gated else 1))),
          TensorShape(f"{b}.attn_k.weight", (e, kv_width)), TensorShape(f"{b}.attn_v.weight", (e, kv_width))]
     if s.arch in ("gpt-oss", "glm4moe"):
@@ -151,7 +161,7 @@ def _delta_net(s: ModelSpec, b: str) -> list[TensorShape]:
 
 def _ffn(s: ModelSpec, b: str, il: int) -> list[TensorShape]:
     e = s.n_embd
-    if il < s.n_layer_dense_lead:
+    if s.is_dense or il < s.n_layer_dense_lead:
         dense = s.n_ff_dense
         return [TensorShape(f"{b}.ffn_gate.weight", (e, dense)), TensorShape(f"{b}.ffn_down.weight", (dense, e)),
                 TensorShape(f"{b}.ffn_up.weight", (e, dense))]
@@ -168,7 +178,7 @@ def _ffn(s: ModelSpec, b: str, il: int) -> list[TensorShape]:
         t += [TensorShape(f"{b}.ffn_gate_exps.bias", (ff, ne)), TensorShape(f"{b}.ffn_up_exps.bias", (ff, ne)),
               TensorShape(f"{b}.ffn_down_exps.bias", (e, ne))]
     if s.n_ff_shexp and s.n_expert_shared:
-        if s.arch in ("qwen35moe", "qwen3next"):
+        if s.arch in GATED_HYBRID_ARCHS:
             t.append(TensorShape(f"{b}.ffn_gate_inp_shexp.weight", (e,)))
         sh = s.n_ff_shexp
         t += [TensorShape(f"{b}.ffn_gate_shexp.weight", (e, sh)), TensorShape(f"{b}.ffn_up_shexp.weight", (e, sh)),
@@ -184,7 +194,7 @@ def _layer_plan(s: ModelSpec, il: int) -> list[TensorShape]:
     post = "ffn_norm" if s.arch in ("qwen3moe", "olmoe") else "post_attention_norm"
     t.append(TensorShape(f"{b}.{post}.weight", (e,)))
     t += _ffn(s, b, il)
-    if il >= s.n_layer:  # NextN / MTP block (GLM-4.5): predicts one more token; llama.cpp skips it by default
+    if il >= s.n_layer:  # NextN / MTP block (GLM-4.5, Qwen3.5): predicts one more token; skipped unless drafting
         t += [TensorShape(f"{b}.nextn.eh_proj.weight", (2 * e, e)), TensorShape(f"{b}.nextn.enorm.weight", (e,)),
               TensorShape(f"{b}.nextn.hnorm.weight", (e,)), TensorShape(f"{b}.nextn.shared_head_norm.weight", (e,))]
     return t
@@ -202,9 +212,11 @@ def add_metadata(w: gguf.GGUFWriter, s: ModelSpec, title: str, file_type: int, v
         (w.add_feed_forward_length, s.n_ff_dense or s.n_ff_exp), (w.add_head_count, s.n_head),
         (w.add_head_count_kv, s.n_head_kv), (w.add_key_length, s.head_dim), (w.add_value_length, s.head_dim),
         (w.add_layer_norm_rms_eps, s.rms_eps), (w.add_rope_freq_base, s.rope_theta),
-        (w.add_rope_dimension_count, s.rope_dim or s.head_dim), (w.add_expert_count, s.n_expert),
-        (w.add_expert_used_count, s.n_expert_used), (w.add_expert_feed_forward_length, s.n_ff_exp),
+        (w.add_rope_dimension_count, s.rope_dim or s.head_dim),
     ]
+    if not s.is_dense:  # a dense GGUF carries no expert keys (convert_hf_to_gguf.py writes none)
+        keys += [(w.add_expert_count, s.n_expert), (w.add_expert_used_count, s.n_expert_used),
+                 (w.add_expert_feed_forward_length, s.n_ff_exp)]
     if s.n_expert_shared:
         keys += [(w.add_expert_shared_count, s.n_expert_shared),
                  (w.add_expert_shared_feed_forward_length, s.n_ff_shexp)]
@@ -214,7 +226,7 @@ def add_metadata(w: gguf.GGUFWriter, s: ModelSpec, title: str, file_type: int, v
         keys += [(w.add_leading_dense_block_count, s.n_layer_dense_lead), (w.add_nextn_predict_layers, s.n_layer_nextn),
                  (w.add_expert_weights_scale, 1.0), (w.add_expert_weights_norm, True),
                  (w.add_expert_gating_func, gguf.ExpertGatingFuncType.SIGMOID)]
-    if s.n_layer_nextn and s.arch != "glm4moe":  # an MTP head on another arch (qwen35moe): the engine reads the count
+    if s.n_layer_nextn and s.arch != "glm4moe":  # an MTP head on another arch (qwen35/qwen35moe): the engine reads it
         keys.append((w.add_nextn_predict_layers, s.n_layer_nextn))
     if s.full_attention_interval:
         keys += [(w.add_ssm_conv_kernel, s.ssm_d_conv), (w.add_ssm_inner_size, s.ssm_d_inner),

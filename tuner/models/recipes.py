@@ -8,6 +8,7 @@ shape-true models (tuner.models.shape_model) use them to get per-tensor bytes ri
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -63,9 +64,17 @@ def _quantized(t: TensorShape) -> bool:
             and "ffn_gate_inp.weight" not in n and "ssm_conv1d" not in n)
 
 
-def assign_types(tensors: Sequence[TensorShape], recipe: str, n_expert: int, n_layer_all: int) -> list[Q]:
-    """The ggml type of each tensor of ``tensors`` (in file order) under ``recipe``."""
+def assign_types(tensors: Sequence[TensorShape], recipe: str, n_expert: int, n_layer_all: int,
+                 tensor_types: Sequence[tuple[str, str]] = ()) -> list[Q]:
+    """The ggml type of each tensor of ``tensors`` (in file order) under ``recipe``.
+
+    ``tensor_types`` are llama-quantize's ``--tensor-type PATTERN=TYPE`` overrides as a publisher passed them:
+    as in the pinned ``llama_tensor_get_type`` (src/llama-quant.cpp), for a quantized recipe the first pattern
+    that ``regex_search`` finds in a tensor's name replaces the recipe's pick (and that tensor no longer counts
+    in the attn_v sequence); a row width the type cannot split falls back as any pick does.
+    """
     base, _ = RECIPES[check_recipe(recipe)]
+    manual = [(re.compile(pattern), gguf.GGMLQuantizationType[typ.upper()]) for pattern, typ in tensor_types]
     names = [t.name for t in tensors]
     tied = "output.weight" not in names
     n_attn_v = sum(1 for n in names if "attn_v.weight" in n or "attn_qkv.weight" in n)
@@ -77,8 +86,12 @@ def assign_types(tensors: Sequence[TensorShape], recipe: str, n_expert: int, n_l
             continue
         typ = base
         name = t.name
-        if base is Q.F16:
+        if base is Q.F16:  # not a quantized recipe: llama-quantize applies no --tensor-type to it
             out.append(Q.F16)
+            continue
+        override = next((q for pattern, q in manual if pattern.search(name)), None)
+        if override is not None:
+            out.append(_fit_row(override, t.ne[0]))
             continue
         is_output = name == "output.weight" or (tied and name == "token_embd.weight")
         if is_output:

@@ -8,10 +8,11 @@ they read the real file) or filled with valid weights of each tensor's type (``w
 size on disk, llama.cpp computes finite logits and routes tokens over many experts, so speed at real scale
 is measured like a trained model's). tuner.models.gguf_writer writes both.
 
-Shapes come from (a) the quant catalog's architecture facts, or one of :data:`EXTRA_SHAPES` (real MoE models
-small enough for quick real-scale runs), plus a quantization recipe (:func:`write_shape_model`,
-:func:`write_catalog_model`), or (b) a real GGUF header, e.g. one fetched from the Hub with a range request
-(:func:`copy_header`).
+Shapes come from (a) the quant catalog's architecture facts (MoE models and their dense comparators, such as
+Qwen3.5-9B, arch ``qwen35``), or one of :data:`EXTRA_SHAPES` (real MoE models small enough for quick real-scale
+runs), plus a quantization recipe and the catalog's per-tensor types of the GGUF publisher
+(:func:`write_shape_model`, :func:`write_catalog_model`), or (b) a real GGUF header, e.g. one fetched from the Hub
+with a range request (:func:`copy_header`).
 """
 
 from __future__ import annotations
@@ -29,13 +30,17 @@ from tuner.models.model_spec import ModelSpec
 from tuner.models.vocab import synthetic_vocab
 
 ShapeSpec = ModelSpec  # the name callers know
-SHAPE_ARCHS = ("qwen3moe", "qwen35moe", "qwen3next", "gpt-oss", "glm4moe")
+SHAPE_ARCHS = ("qwen3moe", "qwen35moe", "qwen35", "qwen3next", "gpt-oss", "glm4moe")
+# Qwen3.5 (dense and MoE) rotate 64 of 256 head dims (partial_rotary_factor 0.25) in interleaved M-RoPE sections
+# [11, 11, 10] (config.json's rope_parameters); convert_hf_to_gguf writes them as [11, 11, 10, 0]
+# (conversion/qwen.py _Qwen35MRopeMixin) and the pinned llama_model_qwen35(moe)::load_arch_hparams requires the key.
+_QWEN35_ROPE: dict[str, object] = {"rope_dim": 64, "rope_sections": (11, 11, 10, 0)}
 # Facts the catalog leaves null or does not carry, per catalog model; each is named in ModelSpec.assumed.
 _ASSUMED: dict[str, dict[str, object]] = {
-    "qwen35moe": {"n_vocab": 248320, "rope_dim": 64, "rope_sections": (11, 11, 10, 0), "tied": False,
-                  "rope_theta": 10_000_000.0},
+    "qwen35moe": dict(_QWEN35_ROPE),
+    "qwen35": dict(_QWEN35_ROPE),
     "qwen3next": {"rope_dim": 64, "tied": False},
-    "glm4moe": {"n_ff_dense": 10944, "rope_dim": 64, "tied": False},
+    "glm4moe": {"rope_dim": 64, "tied": False},
     "gpt-oss": {},
     "qwen3moe": {},
 }
@@ -101,7 +106,7 @@ def spec_from_catalog(m: families.CatalogModel) -> ModelSpec:
     if arch not in SHAPE_ARCHS:
         raise UsageError(f"{m.name} ({arch}) has no shape writer: use one of {', '.join(known_models())}")
     assumed = _ASSUMED[arch]
-    used: list[str] = [k for k in ("rope_dim", "rope_sections", "n_ff_dense") if k in assumed]
+    used: list[str] = [k for k in ("rope_dim", "rope_sections") if k in assumed]
 
     def fact(key: str, default: object = 0) -> object:
         value = m.arch(key)
@@ -114,6 +119,7 @@ def spec_from_catalog(m: families.CatalogModel) -> ModelSpec:
 
     n_expert_shared = _int(fact("n_expert_shared"))
     n_ff_exp = _int(fact("n_ff_exp"))
+    n_ff_dense = _int(fact("n_ff_dense"))
     tied = m.arch("tied_embeddings")
     if tied is None:
         used.append("tied")
@@ -125,14 +131,14 @@ def spec_from_catalog(m: families.CatalogModel) -> ModelSpec:
         n_expert=_int(fact("n_expert")), n_expert_used=_int(fact("n_expert_used")), n_ff_exp=n_ff_exp,
         n_vocab=_int(fact("n_vocab")), ctx_train=_int(fact("ctx_train")), n_expert_shared=n_expert_shared,
         n_ff_shexp=_int(fact("n_ff_shexp")) or n_ff_exp * n_expert_shared,
-        n_ff_dense=_int(assumed.get("n_ff_dense", 0)), n_layer_dense_lead=_int(fact("n_layer_dense_lead")),
+        n_ff_dense=n_ff_dense, n_layer_dense_lead=_int(fact("n_layer_dense_lead")),
         n_layer_nextn=_int(fact("n_layer_nextn")), tied=bool(tied), rms_eps=1e-5 if arch == "gpt-oss" else 1e-6,
         rope_theta=float(str(fact("rope_theta", 1_000_000.0))), rope_dim=_int(assumed.get("rope_dim", 0)),
         rope_sections=tuple(int(x) for x in sections) if isinstance(sections, tuple) else (0, 0, 0, 0),  # type: ignore[arg-type]
         n_swa=_int(fact("swa_window")), full_attention_interval=_int(fact("full_attention_interval")),
         ssm_d_conv=_int(fact("ssm_d_conv")), ssm_d_state=_int(fact("ssm_d_state")),
         ssm_n_group=_int(fact("ssm_n_group")), ssm_dt_rank=_int(fact("ssm_dt_rank")),
-        assumed=tuple(dict.fromkeys(used)),
+        tensor_types=m.tensor_types(), assumed=tuple(dict.fromkeys(used)),
     )
 
 
