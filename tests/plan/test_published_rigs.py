@@ -100,6 +100,12 @@ FIELD_003 = Source(
     "field-003", "field report 003_b58df60bbb49183b.txt", "llama.cpp (community benchmark; the program is not named)",
     "Q4_K_M, --n-cpu-moe 24; context and KV type not stated", "not stated")
 
+LOCALLLAMA_5080 = Source(
+    "r/LocalLLaMA-5080", "r/LocalLLaMA post as DESIGN.md §13 records it (the community RTX 5080 benchmark field report "
+    "003 quotes)", "llama-server (CUDA build)",
+    "Qwen3.5-35B-A3B Q4_K_M, -c 65536, -fa, --no-mmap, -ctk q8_0 -ctv q8_0, -t 20, -ncmoe 24: 69.6 tok/s at "
+    "14,874 MB (VRAM as the card reported it, desktop included)", "not stated")
+
 _FULL_GPU = ("a 3B-active model held whole on a 936 GB/s card reads its bytes in ~1.6 ms a token; per-token "
              "fixed costs (kernel launches, the recurrent layers) that a bytes-moved bound leaves out dominate, "
              "and Ollama, not llama-server, ran it")
@@ -123,7 +129,13 @@ RIGS = [
     Rig(FIELD_002, "RTX 3090", 64, "qwen3.5-35b-a3b:Q4_K_M", 262144, 0, _point(21.70), "21.70 GiB (table)", 71,
         file_gib=15.45, contradicts=(("ceiling", _FULL_GPU),)),
     # The trained context, llama-server's default, is the hardest case: a fit there is a fit at any context.
-    Rig(FIELD_003, "RTX 5080", 64, "qwen3.5-35b-a3b:Q4_K_M", 262144, 24, None, "not published", 70),
+    Rig(FIELD_003, "RTX 5080", 64, "qwen3.5-35b-a3b:Q4_K_M", 262144, 24, None, "not published", 70,
+        contradicts=(("fit", "context and KV type are not stated; read as the hardest case (262K, f16 KV) the planner "
+                             "needs --n-cpu-moe 25 since the catalog models unsloth's re-uploaded Q4_K_M (attention "
+                             "and ssm_out at q8_0: 0.5 GiB more on the card); the same community rig ran 65K with "
+                             "q8_0 KV (the r/LocalLLaMA-5080 rig), where 24 fits"),)),
+    Rig(LOCALLLAMA_5080, "RTX 5080", 64, "qwen3.5-35b-a3b:Q4_K_M", 65536, 24, None,
+        "14,874 MB with the desktop's share unknown: not compared", 69.6, kv=(CacheType.Q8_0, CacheType.Q8_0)),
 ]
 
 
@@ -285,3 +297,15 @@ def test_empty_interval_names_the_short_resource():
     text = interval.describe()
     assert text.startswith("does not fit: needs ") and "more RAM or a " in text and "larger card" in text
     assert placement.fit_verdict(info, 32768, hw) == "no"
+
+
+def test_the_planner_reads_unsloths_qwen35_35b_q4_k_m_at_its_published_size():
+    """Issue 35: unsloth's Qwen3.5-35B-A3B Q4_K_M is 22,016,023,168 B, 20.50 GiB (the catalog's hf-files source); the
+    planner's shape of it was 19.70 GiB. The vocabulary (248,320) was already in the shape; the gap was unsloth's
+    re-upload keeping the hybrid layers' attention and ssm_out at q8_0 (the catalog's gguf_tensor_types). Those stay
+    on the GPU at any --n-cpu-moe, so they move the fit, not only the file size."""
+    info = _model("qwen3.5-35b-a3b:Q4_K_M")
+    published = 22_016_023_168
+    assert abs(info.file_bytes / published - 1) <= 0.02, info.file_bytes / GIB
+    assert info.n_vocab == 248320 and not info.tied_embeddings
+    assert {t.ggml_type for t in info.tensors if t.name.endswith(("ssm_out.weight", "attn_qkv.weight"))} == {"Q8_0"}
