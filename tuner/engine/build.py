@@ -20,8 +20,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from enum import Enum
 from pathlib import Path
-from typing import Any
 
+from tuner.core.config import LaunchConfig
 from tuner.core.errors import (
     BuildFailedError,
     BuildToolMissingError,
@@ -31,14 +31,19 @@ from tuner.core.errors import (
     UsageError,
 )
 from tuner.engine import cuda_toolkit, runner
-from tuner.engine.caps import (  # the engine's public names: build.EngineLocation
+from tuner.engine.caps import (  # the engine's public names: build.EngineLocation, build.parse_devices, ...
     FA_QUANTS_DEFAULT,
     FA_VEC_FLAG,
     Capabilities,
     EngineLocation,
     FaKernels,
+    backend_of,
     fa_kernels_from_system_info,
+    parse_devices,
+    parse_help_flags,
+    parse_version,
 )
+from tuner.engine.flags import server_argv, trace_argv
 from tuner.engine.flags.quantize import help_argv
 from tuner.machine import hardware, paths
 from tuner.machine.fileio import atomic_write, file_lock, sha256_file
@@ -152,56 +157,6 @@ def locate_engine(explicit: Path | None = None) -> EngineLocation:
 
 # ------------------------------------------------------------------------------------------- capabilities
 
-# "version: 0.5.0-dev (build 1, commit 0c1e57098)" now; "version: 6500 (0c1e5709)" in older builds.
-_VERSION_RE = re.compile(r"version:\s*(\S+)\s*\(build\s+(\d+),\s*commit\s+([0-9a-fA-F]+|unknown)\)")
-_OLD_VERSION_RE = re.compile(r"version:\s*(\d+)\s*\(([0-9a-fA-F]+|unknown)\)")
-_FLAG_RE = re.compile(r"(?<![\w-])(--?[A-Za-z][A-Za-z0-9-]*)")
-_DEVICE_RE = re.compile(r"^\s*([A-Za-z]+)(\d+):\s*(.+)$")
-
-
-def parse_version(text: str) -> tuple[str, str, str]:
-    """(version, build number, commit) from ``llama-bench --version``."""
-    match = _VERSION_RE.search(text)
-    if match:
-        return match.group(1), match.group(2), match.group(3)
-    old = _OLD_VERSION_RE.search(text)
-    if old:
-        return old.group(1), old.group(1), old.group(2)
-    return "unknown", "unknown", "unknown"
-
-
-def parse_help_flags(text: str) -> tuple[str, ...]:
-    """Flags a binary accepts, read from the option column of its --help."""
-    flags: set[str] = set()
-    for line in text.splitlines():
-        stripped = line.lstrip()
-        if not stripped.startswith("-"):
-            continue
-        # Aliases are separated by a comma and padding ("-fa,   --flash-attn"); the option column ends where
-        # two spaces start the description.
-        column = re.split(r"\s{2,}", re.sub(r",\s+", ", ", stripped), maxsplit=1)[0]
-        flags.update(_FLAG_RE.findall(column))
-    return tuple(sorted(flags))
-
-
-def parse_devices(text: str) -> tuple[str, ...]:
-    devices = []
-    for line in text.splitlines():
-        match = _DEVICE_RE.match(line)
-        if match and match.group(1).upper() in {"CUDA", "VULKAN", "METAL", "ROCM", "HIP", "SYCL", "CPU", "BLAS", "RPC"}:
-            devices.append(f"{match.group(1)}{match.group(2)}: {match.group(3).strip()}")
-    return tuple(devices)
-
-
-def backend_of(devices: tuple[str, ...], bin_dir: Path) -> str:
-    for name in ("CUDA", "Vulkan", "Metal", "ROCm", "HIP", "SYCL"):
-        if any(d.upper().startswith(name.upper()) for d in devices):
-            return name.lower()
-    if any(bin_dir.glob("libggml-cuda*")):
-        return "cuda"
-    return "cpu"
-
-
 def _capabilities_cache_file(loc: EngineLocation) -> Path:
     ident = []
     for tool in TOOLS:
@@ -219,7 +174,7 @@ def capabilities(loc: EngineLocation, use_cache: bool = True) -> Capabilities:
     if use_cache and cache_file.is_file():
         with contextlib.suppress(ValueError, KeyError, TypeError):
             raw = json.loads(cache_file.read_text())
-            return _caps_from_json(raw)
+            return Capabilities.from_json(raw)
     fix = "the binary may be broken: rebuild with `moe-tune engine install --force`"
     bench = loc.tool("llama-bench")
     out = runner.run_process(
@@ -246,16 +201,6 @@ def capabilities(loc: EngineLocation, use_cache: bool = True) -> Capabilities:
     return caps
 
 
-def _caps_from_json(raw: dict[str, Any]) -> Capabilities:
-    """A cached Capabilities; a KeyError for a cache written before a field existed (then it is read again)."""
-    fa = raw["fa_kernels"]
-    return Capabilities(
-        raw["version"], raw["build_number"], raw["commit"], raw["backend"], tuple(raw["devices"]),
-        {k: tuple(v) for k, v in raw["flags"].items()},
-        FaKernels(None if fa["pairs"] is None else tuple(fa["pairs"]), fa["source"], tuple(fa["missing"])),
-    )
-
-
 def _save_caps(cache_file: Path, caps: Capabilities) -> None:
     with contextlib.suppress(OSError):
         atomic_write(cache_file, json.dumps(asdict(caps)))
@@ -265,16 +210,16 @@ def system_info(loc: EngineLocation) -> str:
     """The system info line of the engine's build (``llama_print_system_info``: each backend's compiled
     features, a CUDA build's ``FA_QUANTS`` among them). ``common_params_print_info`` prints it at verbosity 4
     before any model is loaded, so a llama-server pointed at no model prints it and exits at once."""
-    missing = loc.bin_dir / "moe-tune-probe-no-model.gguf"
+    missing = LaunchConfig(model=loc.bin_dir / "moe-tune-probe-no-model.gguf")
     found: list[str] = []
 
     def keep(line: str) -> None:  # every line passes here: the tail alone may have lost it
         if "system_info:" in line:
             found.append(line)
 
-    res = runner.run_process([str(loc.tool("llama-server")), "-lv", "4", "-m", str(missing)], timeout_s=60,
-                             what="llama-server system info", fix="rebuild with `moe-tune engine install --force`",
-                             check=False, on_line=keep)
+    res = runner.run_process(server_argv(loc.tool("llama-server"), missing) + trace_argv(),
+                             timeout_s=60, what="llama-server system info", check=False, on_line=keep,
+                             fix="rebuild with `moe-tune engine install --force`")
     return found[0] if found else res.stdout
 
 

@@ -11,6 +11,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from tuner.core.errors import EngineNotFoundError
 
@@ -29,6 +30,58 @@ class EngineLocation:
     def has(self, name: str) -> bool:
         path = self.bin_dir / name
         return path.is_file() and os.access(path, os.X_OK)
+
+
+# ------------------------------------------------------------------- what a build's tools print about it
+
+# "version: 0.5.0-dev (build 1, commit <hash>)" now; "version: 6500 (<hash>)" in older builds.
+_VERSION_RE = re.compile(r"version:\s*(\S+)\s*\(build\s+(\d+),\s*commit\s+([0-9a-fA-F]+|unknown)\)")
+_OLD_VERSION_RE = re.compile(r"version:\s*(\d+)\s*\(([0-9a-fA-F]+|unknown)\)")
+_FLAG_RE = re.compile(r"(?<![\w-])(--?[A-Za-z][A-Za-z0-9-]*)")
+_DEVICE_RE = re.compile(r"^\s*([A-Za-z]+)(\d+):\s*(.+)$")
+
+
+def parse_version(text: str) -> tuple[str, str, str]:
+    """(version, build number, commit) from ``llama-bench --version``."""
+    match = _VERSION_RE.search(text)
+    if match:
+        return match.group(1), match.group(2), match.group(3)
+    old = _OLD_VERSION_RE.search(text)
+    if old:
+        return old.group(1), old.group(1), old.group(2)
+    return "unknown", "unknown", "unknown"
+
+
+def parse_help_flags(text: str) -> tuple[str, ...]:
+    """Flags a binary accepts, read from the option column of its --help."""
+    flags: set[str] = set()
+    for line in text.splitlines():
+        stripped = line.lstrip()
+        if not stripped.startswith("-"):
+            continue
+        # Aliases are separated by a comma and padding ("-fa,   --flash-attn"); the option column ends where
+        # two spaces start the description.
+        column = re.split(r"\s{2,}", re.sub(r",\s+", ", ", stripped), maxsplit=1)[0]
+        flags.update(_FLAG_RE.findall(column))
+    return tuple(sorted(flags))
+
+
+def parse_devices(text: str) -> tuple[str, ...]:
+    devices = []
+    for line in text.splitlines():
+        match = _DEVICE_RE.match(line)
+        if match and match.group(1).upper() in {"CUDA", "VULKAN", "METAL", "ROCM", "HIP", "SYCL", "CPU", "BLAS", "RPC"}:
+            devices.append(f"{match.group(1)}{match.group(2)}: {match.group(3).strip()}")
+    return tuple(devices)
+
+
+def backend_of(devices: tuple[str, ...], bin_dir: Path) -> str:
+    for name in ("CUDA", "Vulkan", "Metal", "ROCm", "HIP", "SYCL"):
+        if any(d.upper().startswith(name.upper()) for d in devices):
+            return name.lower()
+    if any(bin_dir.glob("libggml-cuda*")):
+        return "cuda"
+    return "cpu"
 
 
 # --------------------------------------------------------------------- flash-attention vector kernels (CUDA)
@@ -132,3 +185,11 @@ class Capabilities:
 
     def supports(self, tool: str, flag: str) -> bool:
         return flag in self.flags.get(tool, ())
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> Capabilities:
+        """Read back from ``asdict``'s JSON; a KeyError for one written before a field existed (read it again)."""
+        fa = raw["fa_kernels"]
+        return cls(raw["version"], raw["build_number"], raw["commit"], raw["backend"], tuple(raw["devices"]),
+                   {k: tuple(v) for k, v in raw["flags"].items()},
+                   FaKernels(None if fa["pairs"] is None else tuple(fa["pairs"]), fa["source"], tuple(fa["missing"])))
