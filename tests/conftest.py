@@ -29,6 +29,13 @@ def pytest_configure(config):
     os.environ[processes.SCOPE_ENV] = str(os.getpid())
 
 
+@pytest.fixture
+def unscoped(monkeypatch):
+    """Opt out of the suite's machine scope (set above) for one test: the CPU check then computes what a user's run
+    computes, the whole machine's CPU time minus our own tree, with other suites' load in it."""
+    monkeypatch.delenv(processes.SCOPE_ENV, raising=False)
+
+
 ENGINE_FIXTURES = {"engine_loc", "demo_models"}
 
 
