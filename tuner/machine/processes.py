@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import threading
 import time
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
@@ -268,23 +269,68 @@ class _GpuLook:
     free_bytes: int | None = None
 
 
+PROC_PID_INIT_INO = 0xEFFFFFFC  # the first PID namespace's inode number (linux/proc_ns.h)
+HOST_PROCESS = "host process"  # what a pid NVML reports from outside our PID namespace is called
+
+
+def in_pid_namespace() -> bool:
+    """This process runs in a PID namespace of its own (Docker without ``--pid=host``, ``unshare --pid``): NVML
+    reports the host's pids there, which are not ours to look up in /proc."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino != PROC_PID_INIT_INO
+    except OSError:
+        return False
+
+
+_ARRIVED: dict[int, float] = {}  # in a PID namespace: each pid on NVML's list, and when a look first saw it
+_ARRIVED_LOCK = threading.Lock()
+
+
+def _ours_by_arrival(on_gpu: set[int], view: _View) -> set[int]:
+    """In a PID namespace, which of NVML's (host) pids are our processes: those that came onto the GPU after our
+    oldest live child started, at most as many as we have children, the earliest first. A context that was there
+    before our children is someone else's; so is one beyond their number."""
+    now = time.time()
+    with _ARRIVED_LOCK:
+        for pid in [p for p in _ARRIVED if p not in on_gpu]:
+            del _ARRIVED[pid]  # gone from the GPU: its pid may come back as another process
+        for pid in on_gpu:
+            _ARRIVED.setdefault(pid, now)
+        arrived = dict(_ARRIVED)
+    born = []
+    for pid in view.ours - {view.me}:
+        with contextlib.suppress(psutil.Error):
+            born.append(psutil.Process(pid).create_time())
+    if not born:
+        return set()
+    since = min(born)
+    return {pid for _, pid in sorted((t, pid) for pid, t in arrived.items() if t >= since)[:len(born)]}
+
+
 def _gpu_look(view: _View, nvml: object, window_s: float) -> _GpuLook:
-    """Others' VRAM by pid, others' GPU work (described) and others' idle contexts."""
+    """Others' VRAM by pid, others' GPU work (described) and others' idle contexts. In a PID namespace NVML's pids
+    are the host's: ours are told by when they came (see :func:`_ours_by_arrival`), the rest are named as host
+    processes, and the suite's scope (our namespace's pids) does not hide them."""
     act = hardware.gpu_activity(nvml, since_s=window_s)
-    mine = view.ours
-    allowed = None if view.root is None else {p.pid for p in view.others}
+    holding = {g.pid for g in act.processes}
+    namespaced = in_pid_namespace()
+    mine = _ours_by_arrival(holding, view) if namespaced else view.ours
+    allowed = None if view.root is None or namespaced else {p.pid for p in view.others}
 
     def theirs(pid: int) -> bool:
         return pid not in mine and (allowed is None or pid in allowed)
 
-    vram = {g.pid: (g.name, g.used_bytes) for g in act.processes if theirs(g.pid)}
+    def name(local: str) -> str:
+        return HOST_PROCESS if namespaced else local
+
+    vram = {g.pid: (name(g.name), g.used_bytes) for g in act.processes if theirs(g.pid)}
     # Samples reach seconds back: one of a process that has ended since (our own last trial, say) is no rival now.
-    holding = {g.pid for g in act.processes}
-    live = {pid: sm for pid, sm in act.process_sm_pct.items() if pid in holding or psutil.pid_exists(pid)}
+    live = {pid: sm for pid, sm in act.process_sm_pct.items()
+            if pid in holding or (not namespaced and psutil.pid_exists(pid))}
     busy = {pid: sm for pid, sm in sorted(live.items()) if sm >= GPU_BUSY_PCT and theirs(pid)}
-    work = [f"{vram.get(pid, (hardware.process_name(pid), 0))[0]} pid {pid} uses the GPU ({sm} % SM)"
+    work = [f"{vram.get(pid, (name(hardware.process_name(pid)), 0))[0]} pid {pid} uses the GPU ({sm} % SM)"
             for pid, sm in busy.items()]
-    ours_on_gpu = any(g.pid in mine for g in act.processes)
+    ours_on_gpu = any(pid in mine for pid in holding)
     known = act.samples_known or (act.per_process_known,) * len(act.device_util_pct)
     if not ours_on_gpu:  # no samples on a card: its utilization says whether someone works there
         work += [f"GPU {i} is {u} % busy and none of it is ours" for i, (u, k) in
