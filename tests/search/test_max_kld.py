@@ -3,6 +3,8 @@ than the floor is never run, and the winner's quality cost is in the result."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import optuna
 import pytest
 
@@ -67,3 +69,22 @@ def test_a_floor_below_every_lossy_pair_leaves_f16(engine_loc, demo_models, tmp_
     measured = [r for r in recs if r.status == "measured"]
     assert measured and all((r.config["cache_type_k"], r.config["cache_type_v"]) == ("f16", "f16") for r in measured)
     assert res.result.to_dict()["winner"]["kld_mean"] == 0.0
+
+
+def test_the_default_floor_on_a_trained_model_runs_q8_0_and_refuses_q4_0(engine_loc, trained_model, tmp_path,
+                                                                          monkeypatch):
+    """The issue's symptom: with the floor set from random weights auto-tune refused every quantized pair of a
+    trained model (kld_over), q8_0/q8_0 included. Priced as auto-tune prices by default (512-token chunks)."""
+    monkeypatch.setenv("MOE_TUNE_CACHE", str(tmp_path / "cache"))
+    req = replace(_request(trained_model, tmp_path, kv_price.DEFAULT_MAX_KLD, trials=12),
+                  kld_ctx=kv_price.PRICE_CTX, kld_chunks=kv_price.PRICE_CHUNKS)
+    res = autotune.auto_tune(req, engine_loc, hardware.probe_hardware(host_bandwidth_s=0))
+    trials = optuna.load_study(study_name=res.study_name, storage=f"sqlite:///{tmp_path}/s.db").trials
+    status = {(t.user_attrs["config"]["cache_type_k"], t.user_attrs["config"]["cache_type_v"]): t.user_attrs["status"]
+              for t in trials if "kld" in t.user_attrs}
+    assert status[("q8_0", "q8_0")] == "measured" and status[("f16", "q8_0")] == "measured", status
+    assert status[("q4_0", "q4_0")] == "infeasible", status
+    for t in trials:
+        if "kld" in t.user_attrs:
+            assert (t.user_attrs["status"] == "infeasible") == (t.user_attrs["kld"] > kv_price.DEFAULT_MAX_KLD)
+    assert res.result.to_dict()["quality"]["max_kld"] == kv_price.DEFAULT_MAX_KLD
