@@ -56,7 +56,7 @@ def test_a_trained_models_perplexity_is_two_digit(engine_loc, trained_model, mon
     monkeypatch.setenv("MOE_TUNE_CACHE", str(tmp_path))
     r = perplexity.measure(engine_loc, trained_model, auto_reference=False, ctx=512, chunks=4)
     assert r.reference is None and r.kld_mean is None
-    assert 5.0 < r.ppl < 60.0, r.ppl  # random weights give ~1100 on the same corpus
+    assert 5.0 < r.ppl < 60.0, r.ppl  # random weights give thousands (the tiny demo: 4,437 at 4 chunks)
     assert 0 < r.ppl_error < r.ppl / 5
 
 
