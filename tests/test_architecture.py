@@ -35,10 +35,14 @@ ALLOWED = {
     "search": {"core", "machine", "engine", "models", "plan", "quality", "measure", "hub", "catalog"},
     "frontier": {"core", "machine", "engine", "models", "plan", "quality", "measure", "catalog", "search"},
     "quants": {"core", "machine", "engine", "models", "plan", "quality", "measure", "hub", "catalog", "search"},
+    "versus": {"core", "machine", "engine", "models", "plan", "quality", "measure", "hub", "catalog", "search"},
     "report": {"core", "machine", "engine", "models", "plan", "quality", "measure", "search", "frontier", "quants",
-               "catalog"},
+               "catalog", "versus"},
     "cli": {"core", "machine", "engine", "models", "plan", "quality", "measure", "search", "frontier", "quants",
-            "hub", "catalog", "report"},
+            "hub", "catalog", "report", "versus", "mcp_server"},  # mcp_server: `moe-tune mcp` opens its door
+    # The MCP server: a second front end beside cli, over the same library calls (it never imports cli).
+    "mcp_server": {"core", "machine", "engine", "models", "plan", "quality", "measure", "search", "frontier",
+                   "quants", "hub", "catalog", "report"},
 }
 PURE = ("core", "plan")  # no I/O, no clock, no environment, no third-party imports
 PURE_STDLIB = {"__future__", "dataclasses", "enum", "pathlib", "collections", "typing", "math", "re", "functools",
@@ -51,6 +55,7 @@ OWNERS = {
     "optuna": ("search/study.py", "search/space.py", "frontier/pareto.py"),
     "matplotlib": ("report/",),
     "huggingface_hub": ("hub/",), "httpx": ("hub/",), "httpx2": ("hub/",),
+    "mcp": ("mcp_server/",), "mcp_types": ("mcp_server/",),
 }
 # Strings that look like llama.cpp flags but are another program's arguments: pip's `-m pip download -d DIR`,
 # nvcc's `-o OUT` and `python -c CODE` for the VRAM ballast, nvcc's `-c` and pip's `-d` for the CUDA toolkit.

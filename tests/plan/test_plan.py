@@ -169,7 +169,7 @@ def test_cli_plan_of_a_dense_model_is_along_ngl(trained_model):
                   "--json")
     assert res.returncode == 0, res.stderr
     doc = json.loads(res.stdout)
-    assert doc["dense"] is True and doc["offload_flag"] == "-ngl"
+    assert doc["dense"] is True and doc["offload_flag"] == "--n-gpu-layers"
     rows = doc["rows"]
     assert [r["n_gpu_layers"] for r in rows] == list(range(31, -1, -1)) and "n_cpu_moe" not in rows[0]
     vram = [r["vram_bytes"] for r in rows]
@@ -177,9 +177,9 @@ def test_cli_plan_of_a_dense_model_is_along_ngl(trained_model):
     assert all(a > b for a, b in zip(vram, vram[1:], strict=False))  # each layer moved frees VRAM ...
     assert all(a <= b for a, b in zip(ram, ram[1:], strict=False))  # ... and takes host RAM
     first = doc["fit_intervals"][0]
-    assert first["flag"] == "-ngl" and first["summary"].startswith("fits with -ngl ")
+    assert first["setting"] == "n_gpu_layers" and first["summary"].startswith("fits with -ngl ")
     assert first["n_gpu_layers"] == first["flag_lo"] < 31  # the most layers that fit the 500 MiB left
     assert rows[31 - first["flag_lo"]]["verdict"] == "fits" and rows[30 - first["flag_lo"]]["verdict"] != "fits"
     text = run_cli("plan", str(trained_model), "--gpu", "RTX 3060 12GB", "-c", "8192")
-    assert text.returncode == 0 and "dense;" in text.stdout and "-ngl" in text.stdout
+    assert text.returncode == 0 and "dense;" in text.stdout and "--n-gpu-layers" in text.stdout
     assert "--n-cpu-moe moves nothing" in text.stdout

@@ -14,10 +14,13 @@ from tuner.cli import (  # noqa: F401 - registers the commands
     cmd_doctor,
     cmd_engine,
     cmd_hub,
+    cmd_mcp,
     cmd_plan,
     cmd_quality,
+    cmd_serve,
     cmd_shape,
     cmd_tune,
+    cmd_versus,
 )
 from tuner.cli.app import app, usage_error
 

@@ -15,6 +15,7 @@ from tuner.catalog import cards
 from tuner.cli.app import CacheTypeK, CacheTypeV, FlashAttnOpt, JsonFlag, UbatchOpt, app, err, friendly, out
 from tuner.core.config import CacheType, FlashAttn, LaunchConfig
 from tuner.core.errors import UsageError
+from tuner.engine import flags
 from tuner.machine import hardware
 from tuner.models import gguf_reader
 from tuner.plan.memory import Breakdown, HostBuffer
@@ -87,7 +88,7 @@ def _as_json(p: Plan, notes: list[str]) -> dict[str, Any]:
 
     return {
         "model": str(p.model.paths[0]), "hardware": hw.describe(), "n_configs": p.n_configs,
-        "dense": axis.dense, "offload_flag": axis.flag,
+        "dense": axis.dense, "offload_flag": flags.spelled(axis.setting),
         "vram_budget_bytes": hw.vram_budget_bytes, "vram_budget_source": hw.vram_budget_source,
         "ram_available_bytes": hw.ram_available_bytes,
         "host_bandwidth_bytes_s": hw.host_bandwidth_bytes_s, "host_bandwidth_source": hw.host_bandwidth_source,
@@ -127,7 +128,7 @@ def _notes(info: gguf_reader.ModelInfo, p: Plan, base: LaunchConfig) -> list[str
     est = next(r.estimate for r in p.rows if r.step == n)
     held = ", ".join(f"{_BUFFER_WORDS[name]} {b / 2**30:.1f} GiB" for name, b in est.host_buffers)
     if held:
-        notes.append(f"host weights at {axis.flag} {axis.value(n)}: {held}")
+        notes.append(f"host weights at {axis.span(n, n)}: {held}")
     if axis.dense:
         notes.append("a dense model has no routed experts, so --n-cpu-moe moves nothing: -ngl (layers on the GPU, "
                      "the last ones, the output head counted as one) is its offload")
@@ -243,8 +244,8 @@ def _print_plan(model: str, info: gguf_reader.ModelInfo, p: Plan, base: LaunchCo
          f"host bandwidth {hw.host_bandwidth_bytes_s / 1e9:.1f} GB/s ({hw.host_bandwidth_source})")
     # Fits 80 columns: no vertical rules, units in the headers.
     table = Table(box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False, collapse_padding=True)
-    for col in (axis.flag, "VRAM\nMiB", "RAM need\nMiB", "page cache\nMiB", "verdict", "tg max\ntok/s",
-                "pp max\ntok/s"):
+    for col in (flags.spelled(axis.setting), "VRAM\nMiB", "RAM need\nMiB", "page cache\nMiB", "verdict",
+                "tg max\ntok/s", "pp max\ntok/s"):
         table.add_column(col, justify="right", no_wrap=True)
     for r in p.rows:
         e = r.estimate
@@ -257,7 +258,7 @@ def _print_plan(model: str, info: gguf_reader.ModelInfo, p: Plan, base: LaunchCo
     for s in p.smallest_fits:
         _say(f"-c {s.ctx} -ctk {s.cache_type_k.value} -ctv {s.cache_type_v.value} {s.interval.describe()}")
     for lc in p.largest_ctx:
-        where = f"{lc.ctx} ({axis.flag} {axis.value(lc.n_cpu_moe)})" if lc.n_cpu_moe is not None else "none fits"
+        where = f"{lc.ctx} ({axis.span(lc.n_cpu_moe, lc.n_cpu_moe)})" if lc.n_cpu_moe is not None else "none fits"
         _say(f"largest ctx at -ctk {lc.cache_type_k.value} -ctv {lc.cache_type_v.value}: {where}")
     for note in notes:
         _say(note)

@@ -36,8 +36,9 @@ class Offload:
     n_layer: int
 
     @property
-    def flag(self) -> str:
-        return "-ngl" if self.dense else "--n-cpu-moe"
+    def setting(self) -> str:
+        """The LaunchConfig field the axis sets (``tuner.engine.flags`` spells it)."""
+        return "n_gpu_layers" if self.dense else "n_cpu_moe"
 
     @property
     def steps(self) -> int:
@@ -60,9 +61,10 @@ class Offload:
         return replace(cfg, n_cpu_moe=step)
 
     def span(self, lo: int, hi: int) -> str:
-        """Steps ``lo..hi`` as the flag's values, the fastest first: ``--n-cpu-moe 3..7`` or ``-ngl 40..36``."""
+        """Steps ``lo..hi`` in words, the fastest first: ``--n-cpu-moe 3..7`` or ``-ngl 40..36``."""
         a, b = self.value(lo), self.value(hi)
-        return f"{self.flag} {a}" + ("" if a == b else f"..{b}")
+        values = f"{a}" + ("" if a == b else f"..{b}")
+        return f"-ngl {values}" if self.dense else f"--n-cpu-moe {values}"
 
 
 def offload_of(model: ModelInfo) -> Offload:
@@ -119,8 +121,8 @@ class FitInterval:
         return "does not fit: needs " + (" or ".join(fixes) if fixes else "more VRAM and more RAM")
 
     def to_dict(self) -> dict[str, int | str | None]:
-        """``lo``/``hi`` are steps; ``flag_lo``/``flag_hi`` the same ends as the flag's values."""
-        ends = {"flag": self.offload.flag,
+        """``lo``/``hi`` are steps; ``flag_lo``/``flag_hi`` the same ends as values of the axis's ``setting``."""
+        ends = {"setting": self.offload.setting,
                 "flag_lo": None if self.lo is None else self.offload.value(self.lo),
                 "flag_hi": None if self.hi is None else self.offload.value(self.hi)}
         return {"lo": self.lo, "hi": self.hi, "ram_short_bytes": self.ram_short_bytes,

@@ -1,0 +1,91 @@
+"""compare-models: planned from headers (no engine), then tuned and judged head to head on the real engine: a dense
+trained model (SmolLM2-135M, from the package index) against the MoE demo."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli
+from tuner.catalog import cards
+from tuner.core.errors import UsageError
+from tuner.machine import hardware
+from tuner.measure import workload
+from tuner.search import decide
+from tuner.versus import compare
+from tuner.versus.plan import plan_model
+
+GIB = 2**30
+
+
+def test_plan_only_answers_from_headers_for_a_card_not_here(trained_model, tmp_path):
+    """A 30B MoE shape against a small dense model on a 12 GB card at 32K: the MoE needs its experts offloaded
+    (--n-cpu-moe), the dense one fits whole; nothing is downloaded or launched."""
+    res = run_cli("compare-models", "qwen3-30b-a3b:Q4_K_M", str(trained_model), "--plan-only", "--gpu",
+                  "RTX 3060 12GB", "-c", "32768", "--out", str(tmp_path / "cmp"), "--json")
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(res.stdout)
+    moe, dense = (r["plan"] for r in doc["rows"])
+    assert (moe["dense"], dense["dense"]) == (False, True)
+    assert moe["fits"] and moe["offload"].startswith("--n-cpu-moe ") and dense["offload"] == "all on the GPU"
+    # The MoE reads its active experts, the dense model every weight: per token, bytes read follow the file size
+    # only for the dense one.
+    assert moe["active_bytes_per_token"] < 0.2 * moe["file_bytes"]
+    assert dense["active_bytes_per_token"] > 0.9 * dense["file_bytes"] - 60 * 2**20  # the embedding is not read
+    assert moe["gen_ceiling_tok_s"] < dense["gen_ceiling_tok_s"]
+    assert doc["head_to_head"] is None and "not comparable by KL-divergence" in doc["notes"][0]
+    assert (tmp_path / "cmp" / "report.md").read_text().count("| ") > 4
+
+
+def test_bad_inputs_are_one_line(trained_model, tmp_path):
+    one = run_cli("compare-models", str(trained_model), "--plan-only", "--out", str(tmp_path / "a"))
+    assert one.returncode == 1 and "two or more models" in one.stderr and "Traceback" not in one.stderr
+    missing = run_cli("compare-models", str(trained_model), str(tmp_path / "nope.gguf"), "--plan-only")
+    assert missing.returncode == 1 and "nope.gguf not found" in missing.stderr
+    twice = run_cli("compare-models", str(trained_model), str(trained_model), "--plan-only")
+    assert twice.returncode == 1 and "named twice" in twice.stderr
+    card = run_cli("compare-models", str(trained_model), "qwen3-30b-a3b:Q4_K_M", "--gpu", "RTX 3060 12GB")
+    assert card.returncode == 1 and "--plan-only" in card.stderr.splitlines()[-1]
+
+
+def test_a_model_that_fits_nowhere_is_a_row_that_says_why(trained_model):
+    small = cards.machine("RTX 3060 12GB", ram_bytes=2**20)  # 1 MiB of RAM: room for nothing
+    from tuner.models.gguf_reader import inspect_model
+
+    p = plan_model("qwen", inspect_model(trained_model), "file", small, 8192)
+    assert not p.fits and p.offload.startswith("does not fit: needs") and p.kv is None
+
+
+@pytest.mark.slow
+def test_compare_models_tunes_each_and_judges_them_head_to_head(engine_loc, demo_models, trained_model, tmp_path):
+    moe = demo_models[("qwen3moe", "Q4_K_M")]
+    load = workload.preset(workload.WorkloadKind.CUSTOM, 64, 16)
+    req = compare.CompareModelsRequest(models=(str(moe), str(trained_model)), workload=load, ctx=1024, trials=2,
+                                       out_dir=tmp_path / "cmp", tune_rounds=decide.Rounds(min=1, max=1, select=1),
+                                       kld_ctx=256, kld_chunks=2)
+    hw = hardware.probe_hardware(host_bandwidth_s=0.1)
+    steps: list[str] = []
+    cmp = compare.compare_models(req, engine_loc, hw, resolve_header=compare.header_resolver(),
+                                 resolve_file=lambda name: Path(name), on_step=steps.append)
+    assert [r.plan.label for r in cmp.rows] == [moe.stem, trained_model.stem]
+    assert all(r.launch_line and r.launch_line.startswith("llama-server -m ") for r in cmp.rows), cmp.rows
+    assert cmp.versus is not None and [a.label for a in cmp.versus.arms] == [moe.stem, trained_model.stem]
+    assert all(3 <= len(a.rounds) <= 4 and all(r.score for r in a.rounds) for a in cmp.versus.arms)
+    best = cmp.versus.best
+    assert best is not None and len(cmp.versus.verdicts) == 1 and cmp.versus.verdicts[0].a == best.label
+    summary = cmp.versus.summary()
+    assert summary.startswith(f"{best.label} is faster") if cmp.versus.decided else summary.startswith("undecided")
+    # The tiny MoE (16 M params) against a 135 M dense model on the CPU: each request's generation speed shows it.
+    figures = {a.label: a.figures() for a in cmp.versus.arms}
+    assert figures[moe.stem]["gen_tok_s"] > figures[trained_model.stem]["gen_tok_s"]
+    doc = json.loads((tmp_path / "cmp" / "compare-models.json").read_text())
+    assert doc["head_to_head"]["best"] == best.label and doc["head_to_head"]["summary"] == summary
+    assert any(s.startswith("round 3: ") for s in steps)
+
+
+def test_one_model_named_is_refused_before_anything():
+    req = compare.CompareModelsRequest(models=("a.gguf",), workload=workload.preset(workload.WorkloadKind.CHAT))
+    with pytest.raises(UsageError, match="two or more models"):
+        compare.plan(req, cards.machine(None), compare.header_resolver())

@@ -1,0 +1,135 @@
+"""`moe-tune compare-models`: which model for this card and workload — the MoE with its experts offloaded, or a
+dense model that fits — planned from headers, tuned, and judged head to head."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich import box
+from rich.table import Table
+
+from tuner.catalog import cards
+from tuner.cli.app import (
+    AllowBusy,
+    BusyWait,
+    DeviceOpt,
+    JsonFlag,
+    LlamaDir,
+    app,
+    device_choice,
+    err,
+    friendly,
+    measuring,
+    out,
+)
+from tuner.core.errors import TunerError, UsageError
+from tuner.engine import build
+from tuner.machine import hardware
+from tuner.measure import workload
+from tuner.report import versus_report
+from tuner.versus import compare
+
+
+def _file(name: str) -> Path:
+    """A model's weights, fetched if it is a Hub quant; a catalog shape has none to measure."""
+    from tuner.hub.resolve import resolve_model
+
+    try:
+        return resolve_model(name).path
+    except UsageError:
+        if Path(name).suffix != ".gguf" and ":" in name and "/" not in name:
+            raise UsageError(f"{name} is a catalog shape, with no weights to measure: write one with `moe-tune "
+                             f"shape-model {name} --weights random` and pass the file, or use --plan-only") from None
+        raise
+
+
+@app.command("compare-models", short_help="Which model for this card: plan, tune and judge models head to head.")
+@friendly
+def compare_models_cmd(
+    models: Annotated[list[str], typer.Argument(
+        help="Two or more models: .gguf files, owner/name:QUANT on Hugging Face, or catalog shapes "
+             "(qwen3.6-35b-a3b:Q4_K_M; --plan-only for those).")],
+    workload_kind: Annotated[workload.WorkloadKind, typer.Option("--workload", help="chat, agent or batch.")]
+    = workload.WorkloadKind.CHAT,
+    n_prompt: Annotated[int | None, typer.Option("-p", "--n-prompt", help="Prompt tokens per request.")] = None,
+    n_gen: Annotated[int | None, typer.Option("-n", "--n-gen", help="Generated tokens per request.")] = None,
+    depth: Annotated[int | None, typer.Option("--depth", help="Context depth (tokens) of the workload.")] = None,
+    ctx: Annotated[int | None, typer.Option("--ctx", "-c", help="Context (total over the slots) every model is "
+                                            "planned and tuned for (default: the workload's).")] = None,
+    parallel: Annotated[int | None, typer.Option("-np", "--parallel", help="Slots (with --workload agent: agents "
+                                                 "at once).")] = None,
+    trials: Annotated[int, typer.Option("--trials", help="Auto-tune trials per model.")] = 6,
+    gpu: Annotated[str | None, typer.Option("--gpu", help="With --plan-only: plan for this card, e.g. "
+                                            "\"RTX 5080 16GB\" (default: the card here).")] = None,
+    plan_only: Annotated[bool, typer.Option("--plan-only", help="Answer from the headers alone: fit, offload, "
+                                            "ceilings, KV capacity. No download, no GPU, nothing launched.")]
+    = False,
+    out_dir: Annotated[Path | None, typer.Option("--out", help="Output folder (default results/compare-models-"
+                                                 "<names>).")] = None,
+    device: DeviceOpt = None,
+    allow_busy: AllowBusy = False,
+    busy_wait: BusyWait = "10m",
+    llama_cpp_dir: LlamaDir = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Which model for this card and workload: plan every model (fit, offload, speed ceilings, KV capacity), tune
+    each that fits (auto-tune, same card, context and slots), then judge the tuned lines head to head in
+    interleaved rounds on the workload's own metric (request time; session time for agents). A model is called
+    faster only when decided; undecided stays undecided.
+
+    Writes report.md, compare-models.json and scores.png to the output folder.
+
+    \b
+    Examples:
+      moe-tune compare-models qwen3.6-35b-a3b:Q4_K_M qwen3.5-9b:Q4_K_M \\
+        --gpu "RTX 5080 16GB" --ctx 65536 --plan-only
+      moe-tune compare-models unsloth/Qwen3.6-35B-A3B-GGUF:Q4_K_M \\
+        unsloth/Qwen3.5-9B-GGUF:Q4_K_M --workload agent --trials 8
+    """
+    if trials < 1:
+        raise UsageError(f"--trials {trials} tunes nothing: give 1 or more")
+    if gpu is not None and not plan_only:
+        raise UsageError("--gpu plans a card that is not here: add --plan-only (measuring uses the card here)")
+    load = workload.preset(workload_kind, n_prompt, n_gen, depth_tokens=depth, concurrency=parallel)
+    req = compare.CompareModelsRequest(models=tuple(models), workload=load, ctx=ctx, parallel=parallel, trials=trials,
+                                       out_dir=out_dir, device=device_choice(device), plan_only=plan_only)
+
+    def say(msg: str) -> None:
+        err.print(msg, highlight=False, markup=False, soft_wrap=True)
+
+    if plan_only:
+        hw = cards.machine(gpu, 0.3)
+        result = compare.compare_models(req, None, hw, resolve_header=compare.header_resolver(),
+                                        resolve_file=_file, on_step=say)
+    else:
+        loc = build.locate_engine(llama_cpp_dir)
+        # Plan first (headers only): a model that fits nowhere, or a bad name, stops before anything is measured.
+        compare.plan(req, cards.machine(None, 0.3), compare.header_resolver())
+        with measuring("compare-models", allow_busy=allow_busy, busy_wait=busy_wait, quiet_output=as_json,
+                       device=req.device):
+            hw = hardware.probe_hardware(host_bandwidth_s=0.3)
+            result = compare.compare_models(req, loc, hw, resolve_header=compare.header_resolver(),
+                                            resolve_file=_file, on_step=say)
+    written = versus_report.write(result)
+    if as_json:
+        out.print_json(json.dumps(result.to_dict()))
+    else:
+        table = Table(box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False, collapse_padding=True,
+                      caption=versus_report.CAPTION)
+        for col in versus_report.columns(result):
+            # The model column is cut to fit 80 columns; the lines below name each model in full.
+            table.add_column(col, justify="left" if col in ("model", "placement", "KV") else "right", no_wrap=True,
+                             overflow="ellipsis", max_width=26 if col == "model" else None)
+        for r in result.rows:
+            table.add_row(*versus_report.cells(result, r))
+        out.print(table)
+        for line in versus_report.after_table(result):
+            out.print(line, highlight=False, markup=False, soft_wrap=True)
+        out.print(f"written: {', '.join(str(p) for p in written)}, {result.out_dir / 'compare-models.json'}",
+                  highlight=False, soft_wrap=True)
+    if not plan_only and result.versus is None:
+        errors = [f"{r.plan.label}: {r.error}" for r in result.rows if r.error]
+        raise TunerError("compare-models measured no model" + (f" ({'; '.join(errors)})" if errors else ""))
