@@ -28,7 +28,7 @@ def tune_rows(state: dict[str, Any]) -> list[dict[str, Any]]:
     rows = []
     for name, step in state.get("steps", {}).items():
         res = step.get("result") or {}
-        if not name.startswith(("budget-", "long-")) or "tune" not in res:
+        if not name.startswith(("tune-", "budget-", "long-")) or "tune" not in res:
             continue
         tune = res["tune"]
         fin = tune.get("finish", {})
@@ -51,9 +51,11 @@ def tune_rows(state: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def memory_rows(state: dict[str, Any]) -> list[dict[str, Any]]:
+    """(a): the memory step's rows (``memory-<budget>g``), and any tune step's check of its own config."""
     rows = []
     for name, step in state.get("steps", {}).items():
-        for r in (step.get("result") or {}).get("memory", []):
+        res = step.get("result") or {}
+        for r in res.get("memory", []) if not name.startswith("memory-") else res.get("rows", []):
             rows.append({"run": name, **r})
     return rows
 
@@ -93,7 +95,7 @@ def render(state: dict[str, Any]) -> tuple[str, dict[str, Any]]:
                            "steps": {k: {"status": v.get("status"), "took_s": v.get("took_s"),
                                          "note": v.get("note")} for k, v in state.get("steps", {}).items()}}
     if doc["tune"]:
-        lines += ["## auto-tune vs llama.cpp default vs --fit (one run each, arms interleaved; --max-kld off)", "",
+        lines += ["## (b) auto-tune vs llama.cpp default vs --fit (one run each, arms interleaved; --max-kld off)", "",
                   "| run | free VRAM MiB | workload | ctx | tuned gen / prompt tok/s | default gen / prompt | "
                   "--fit gen / prompt | tuned/default | tuned/fit | roofline % | tok/J | VRAM peak MiB | spill |",
                   "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
@@ -109,18 +111,21 @@ def render(state: dict[str, Any]) -> tuple[str, dict[str, Any]]:
                 f"{_mib(r['vram_peak_bytes'])} | {r['spill'] or '-'} |")
         lines += ["", "Tuned launch lines:", ""] + [f"- {r['run']}: `{r['tuned']}`" for r in doc["tune"]] + [""]
     if doc["memory"]:
-        lines += ["## memory model vs llama.cpp's own breakdown (the tuned config, at exit)", "",
-                  "| run | device | component | model MiB | llama.cpp MiB | error MiB | error % |",
-                  "|---|---|---|---:|---:|---:|---:|"]
+        lines += ["## (a) memory model vs llama.cpp's own CUDA breakdown, component by component", "",
+                  "| run | llama.cpp's figure | device | component | model MiB | llama.cpp MiB | error MiB | error % | "
+                  "agrees |", "|---|---|---|---|---:|---:|---:|---:|---|"]
         for r in doc["memory"]:
             err = None if r.get("engine_mib") is None or r.get("model_mib") is None else \
                 r["model_mib"] - r["engine_mib"]
             pct = None if err is None or not r["engine_mib"] else 100 * err / r["engine_mib"]
-            lines.append(f"| {r['run']} | {r['device']} | {r['component']} | {_f(r.get('model_mib'), '{:,}')} | "
-                         f"{_f(r.get('engine_mib'), '{:,}')} | {_f(err, '{:+,}')} | {_f(pct, '{:+.1f}')} |")
+            agrees = "-" if r.get("agrees") is None else ("yes" if r["agrees"] else
+                                                          f"no (tolerance {r.get('tolerance_mib')} MiB)")
+            lines.append(f"| {r['run']} | {r.get('src', 'at exit')} | {r['device']} | {r['component']} | "
+                         f"{_f(r.get('model_mib'), '{:,}')} | {_f(r.get('engine_mib'), '{:,}')} | "
+                         f"{_f(err, '{:+,}')} | {_f(pct, '{:+.1f}')} | {agrees} |")
         lines.append("")
     if doc["spill"]:
-        lines += ["## induced spill: what the tool classified", "",
+        lines += ["## (c) induced spill: what the tool classified", "",
                   "| run | try | unified memory | free VRAM MiB | needs MiB (model) | classified | gen tok/s | "
                   "vs no spill | evidence |", "|---|---:|---|---:|---:|---|---:|---:|---|"]
         for r in doc["spill"]:
@@ -145,6 +150,23 @@ def render(state: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     return "\n".join(lines) + "\n", doc
 
 
+def card_slug(state: dict[str, Any]) -> str:
+    name = state.get("machine", {}).get("gpu_name") or "cpu"
+    return "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-")
+
+
+def write_back(state: dict[str, Any], dest: Path) -> list[Path]:
+    """``gpu-<card>.md`` and ``gpu-<card>.json`` (the table's document with the whole state inside, so a later
+    lease starts from it with ``--state``) in ``dest``: the files a lease brings back, kept as they came."""
+    md, doc = render(state)
+    dest.mkdir(parents=True, exist_ok=True)
+    paths = [dest / f"gpu-{card_slug(state)}.md", dest / f"gpu-{card_slug(state)}.json"]
+    paths[0].write_text(md)
+    paths[1].write_text(json.dumps({**doc, "build": state.get("engine_build"), "engine_back": state.get("engine_back"),
+                                    "state": state}, indent=2, default=str) + "\n")
+    return paths
+
+
 def write(state: dict[str, Any], out_dir: Path, bench_dir: Path | None) -> list[Path]:
     md, doc = render(state)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -152,8 +174,7 @@ def write(state: dict[str, Any], out_dir: Path, bench_dir: Path | None) -> list[
     written[0].write_text(md)
     written[1].write_text(json.dumps(doc, indent=2, default=str) + "\n")
     if bench_dir is not None:
-        slug = "".join(c if c.isalnum() else "-" for c in (state.get("machine", {}).get("gpu_name") or "cpu").lower())
-        path = bench_dir / f"gpu-{slug.strip('-')}.md"
+        path = bench_dir / f"gpu-{card_slug(state)}.md"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(md)
         written.append(path)

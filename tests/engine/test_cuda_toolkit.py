@@ -154,3 +154,20 @@ def test_cublas_fetched_once_is_not_fetched_or_announced_again(monkeypatch, tmp_
     assert [p for p in phases if "cuBLAS" in p] == [f"cuBLAS fetched earlier ({lib.parent}; the toolkit has none)"]
     assert f"-DCMAKE_EXE_LINKER_FLAGS=-Wl,-rpath-link,{lib}" in flags
     cuda_toolkit.find_toolkit.cache_clear()
+
+
+def test_cublas_installed_as_nvidias_wheel_is_used_without_fetching(tmp_path):
+    """A GPU image ships PyTorch with nvidia-cublas (``nvidia/cu13/{include,lib}`` in site-packages): an offline
+    machine builds against it instead of fetching the wheel. Only the toolkit's major release counts."""
+    tk = cuda_toolkit.Toolkit(Path("/usr/local/cuda/bin/nvcc"), "PATH", Path("/usr/local/cuda"), (13, 0), ())
+    site = tmp_path / "site-packages"
+    root = site / "nvidia" / "cu13"
+    (root / "lib").mkdir(parents=True)
+    (root / "include").mkdir()
+    assert cuda_toolkit.installed_cublas(tk, [site]) is None  # no library yet
+    (root / "lib" / "libcublas.so.13").write_bytes(b"")
+    assert cuda_toolkit.installed_cublas(tk, [site]) is None  # no headers: nothing to compile against
+    (root / "include" / "cublas_v2.h").write_text("")
+    assert cuda_toolkit.installed_cublas(tk, [tmp_path / "elsewhere", site]) == root
+    cu12 = cuda_toolkit.Toolkit(tk.nvcc, "PATH", tk.root, (12, 8), ())
+    assert cuda_toolkit.installed_cublas(cu12, [site]) is None  # libcublas.so.13 is not CUDA 12's

@@ -7,6 +7,8 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -84,14 +86,161 @@ def test_pack_refuses_what_is_not_the_sdist(tmp_path):
     assert res.returncode == 1 and "no vendor/llama.cpp tree" in res.stderr and "Traceback" not in res.stderr
 
 
-def test_dry_run_lists_the_gpu_steps_and_the_cpu_ones(tmp_path):
-    res = _run("--dry-run", "--budgets", "8,24", "--zero-weights", cache=tmp_path / "cache")
+def _dry_run_commands(stdout: str) -> list[dict[str, object]]:
+    """The dry run's first lease: per command its --time-limit, its steps (part, name, estimate), its total."""
+    commands: list[dict[str, object]] = []
+    for line in stdout.splitlines():
+        if m := re.match(r"command (\d): .* --time-limit (\d+) ", line):
+            commands.append({"limit": int(m.group(2)), "steps": [], "total": None})
+        elif commands and (m := re.match(r"  (\(([abc])\) |    )(\S+) +~ *(\d+) s +(\d+) s  ", line)):
+            commands[-1]["steps"].append((m.group(2) or "", m.group(3), int(m.group(4))))  # type: ignore[union-attr]
+        elif commands and (m := re.match(r"  = ~(\d+) s of its (\d+) s", line)):
+            commands[-1]["total"] = int(m.group(1))
+        elif line.startswith("later leases"):
+            break
+    return commands
+
+
+def test_dry_run_plans_the_first_lease_command_by_command_and_reaches_a_to_c(tmp_path):
+    res = _run("--dry-run", cache=tmp_path / "cache")
     assert res.returncode == 0, res.stderr
-    for step in ("gpu-info", "engine", "budget-8g", "budget-24g", "long-16g", "spill-oom", "spill-unified",
-                 "plan-budgets", "ballast"):
-        assert f"  {step} " in res.stdout, step
+    commands = _dry_run_commands(res.stdout)
+    assert len(commands) == 2  # two back-to-back commands
+    names = [[name for _, name, _ in c["steps"]] for c in commands]  # type: ignore[union-attr]
+    assert names[0][:4] == ["gpu-info", "wheels", "engine", "model"]  # what the answers need, first
+    parts = {part: name for c in commands for part, name, _ in c["steps"] if part}  # type: ignore[union-attr]
+    assert {"a", "b", "c"} <= set(parts) and parts["a"] == "memory-12g"
+    assert {"tune-12g-chat", "tune-12g-agent"} <= {n for c in names for n in c}  # (b): chat and agent, 12 GiB
+    # Ordered by what answers soonest: the memory check, then the spill, then the tunes.
+    order = [n for c in names for n in c]
+    assert order.index("memory-12g") < order.index("spill-oom") < order.index("tune-12g-chat")
+    lease = 0.0
+    for c in commands:
+        total = sum(est for _, _, est in c["steps"])  # type: ignore[union-attr]
+        assert total == c["total"] and total <= c["limit"] <= 540  # each command fits its own limit, <= 9 min
+        lease += total + 10  # its transfers
+    assert lease + 120 <= 900  # the machine's start (1-2 min) and both commands fit 15 minutes of device time
+    m = re.search(r"first lease on the estimates: ~(\d+) s of 900 s; reaches \(a\) .*\(b\) .*\(c\) ", res.stdout)
+    assert m and "NOT" not in res.stdout.split("first lease on the estimates")[1].splitlines()[0]
+    engine_est = next(est for c in commands for _, n, est in c["steps"] if n == "engine")  # type: ignore[union-attr]
+    assert engine_est == 420 and "an estimate, the first command measures it" in res.stdout
+    later = res.stdout.split("later leases")[1]
+    for step in ("spill-oom-more", "budget-8g", "budget-16g", "budget-24g", "long-16g", "spill-unified"):
+        assert f" {step} " in later, step
     assert "without a GPU (this machine: no NVIDIA GPU found" in res.stdout
-    assert "budget-12g" not in res.stdout
+    for step in ("model", "plan-budgets", "ballast"):
+        assert f"  {step} " in res.stdout.split("without a GPU")[1], step
+
+
+def test_a_measured_build_time_from_the_state_that_came_back_replans_the_lease(tmp_path):
+    """A later lease starts from the JSON the last one brought back: its done steps are not planned again and the
+    build time it measured replaces the estimate; a build too slow for one lease moves (b) to the next."""
+    import gpu_table
+
+    done = {"status": "done", "took_s": 1.0}
+    state = {"machine": {"gpu_name": "NVIDIA H100 80GB HBM3", "build": {"finished": True, "build_s": 610.0}},
+             "steps": {"gpu-info": {**done, "result": {"gpu_name": "NVIDIA H100 80GB HBM3", "cuda_arch": "90"}},
+                       "memory-12g": {**done, "result": {"rows": []}}}}
+    (back,) = [p for p in gpu_table.write_back(state, tmp_path / "back") if p.suffix == ".json"]
+    assert back.name == "gpu-nvidia-h100-80gb-hbm3.json"
+    res = _run("--dry-run", "--state", str(back), "--out", str(tmp_path / "fresh"), cache=tmp_path / "cache")
+    assert res.returncode == 0, res.stderr
+    commands = _dry_run_commands(res.stdout)
+    planned = [n for c in commands for _, n, _ in c["steps"]]  # type: ignore[union-attr]
+    assert "memory-12g" not in planned and "gpu-info" in planned  # gpu-info: the next machine is asked again
+    assert "CUDA build, measured 610 s on such a machine" in res.stdout
+    # The build spans both commands (ninja goes on where the first stopped); (b) no longer fits this lease.
+    assert [n for _, n, _ in commands[1]["steps"]][:2] == ["engine", "model"]  # type: ignore[index]
+    assert sum(est for c in commands for _, n, est in c["steps"] if n == "engine") == 610  # type: ignore[union-attr]
+    first = res.stdout.split("later leases")[0]
+    assert "reaches (a) memory model vs llama.cpp's CUDA breakdown (done earlier), (c) induced spill classified; " \
+        "NOT (b)" in first
+    assert " tune-12g-chat " in res.stdout.split("later leases")[1]
+
+
+def test_lease_plan_keeps_the_order_and_stops_at_the_first_step_that_does_not_fit():
+    import gpu_lease
+
+    steps = [gpu_lease.Planned("build", 500, "b"), gpu_lease.Planned("a", 30, "x", "a"),
+             gpu_lease.Planned("big", 220, "x", "b"), gpu_lease.Planned("c", 20, "x", "c")]
+    plan = gpu_lease.plan(steps)
+    assert [[s.name for s in c.steps] for c in plan.commands] == [["build", "a"], ["big"]]
+    assert [s.name for s in plan.later] == ["c"]  # 10 s short of the 230 s left
+    assert plan.commands[1].limit_s == 900 - 120 - 2 * 10 - 530 and plan.parts_first == ("a", "b")
+    text = gpu_lease.render(plan, "cmd")
+    assert "reaches (a) memory model vs llama.cpp's CUDA breakdown, (b) tuned vs --fit vs default; NOT (c)" in text
+
+
+def test_an_engine_comes_back_in_parts_and_is_restored_only_for_the_same_build(tmp_path, monkeypatch):
+    import gpu_engine
+
+    monkeypatch.setenv("MOE_TUNE_CUDA_ARCHS", "90")
+    built = tmp_path / "build" / "bin"
+    built.mkdir(parents=True)
+    for name in gpu_engine.CHECK_TOOLS:
+        (built / name).write_bytes(os.urandom(3000))
+    (built / "libllama.so.0.5.0").write_bytes(os.urandom(5000))
+    (built / "libllama.so.0").symlink_to("libllama.so.0.5.0")  # the loader's link: kept
+    (built / "libcublas.so.13").symlink_to(tmp_path / "toolkit-cublas")  # the toolkit's runtime: never packed
+    (built / "build.ninja.tmp").write_text("not an engine file")
+    meta = gpu_engine.identity("90")
+    assert meta["arch"] == "90" and "-DCMAKE_CUDA_ARCHITECTURES=90" in meta["cmake_flags"]
+    back = tmp_path / "OUT"
+    res = gpu_engine.pack(built, back, meta, part_bytes=4096)
+    assert res["packed"] and len(res["parts"]) >= 3  # ~14 KB of random bytes in 4 KiB parts
+    assert sorted(p.name for p in back.iterdir()) == sorted([*res["parts"], "engine.json"])
+    again = tmp_path / "next-lease" / "bin"
+    assert gpu_engine.restore(back, again, gpu_engine.identity("89")) is None  # another card's build
+    assert gpu_engine.restore(back, again, gpu_engine.identity("90")) is not None
+    assert sorted(p.name for p in again.iterdir()) == sorted([*gpu_engine.CHECK_TOOLS, "libllama.so.0",
+                                                              "libllama.so.0.5.0"])
+    assert (again / "llama-server").read_bytes() == (built / "llama-server").read_bytes()
+    assert os.readlink(again / "libllama.so.0") == "libllama.so.0.5.0"
+    too_big = gpu_engine.pack(built, tmp_path / "OUT2", meta, limit_bytes=1024)
+    assert not too_big["packed"] and "the next lease builds it again" in too_big["note"]
+    assert not (tmp_path / "OUT2").exists()
+    # The next lease's dry run restores it in seconds instead of building.
+    pack = tmp_path / "pack"
+    shutil.copytree(back, pack / "engine")
+    res2 = _run("--dry-run", "--from", str(pack), cache=tmp_path / "cache")
+    assert "restore the engine the last lease brought back" in res2.stdout
+    assert next(est for c in _dry_run_commands(res2.stdout) for _, n, est in c["steps"]  # type: ignore[union-attr]
+                if n == "engine") == 5
+
+
+def test_memory_model_against_a_cuda_breakdown_component_by_component(demo_models):
+    """(a)'s rows from a breakdown as llama.cpp prints it for a CUDA build (a CUDA0 device row and the host)."""
+    import gpu_memory
+    import gpu_table
+
+    from tuner.catalog.cards import find_card
+    from tuner.core.config import FlashAttn, LaunchConfig
+    from tuner.engine.breakdown import BufferRow, MemoryBreakdown
+    from tuner.models.gguf_reader import inspect_model
+    from tuner.plan import memory
+
+    info = inspect_model(demo_models[("qwen3moe", "Q4_K_M")])
+    hw = find_card("RTX 4060 Ti 16GB").hardware(64 * 2**30, 60 * 2**30, 50e9)
+    est = memory.estimate(info, LaunchConfig(model=info.paths[0], ctx=8192, parallel=1, flash_attn=FlashAttn.ON,
+                                             n_cpu_moe=4), hw)
+    mib = 2**20
+    truth = MemoryBreakdown((
+        BufferRow("device", "CUDA0", est.gpu.weights_bytes // mib, est.gpu.context_bytes // mib,
+                  est.gpu.compute_bytes // mib + 9, 16380, 15000),
+        BufferRow("host", "Host", est.engine_host_weights_bytes // mib, 0, est.host.compute_bytes // mib)))
+    rows = gpu_memory.compare(est, truth, info.tensor_bytes, "llama-server at exit")
+    assert [(r["device"], r["component"]) for r in rows] == [
+        ("GPU", "model"), ("GPU", "context"), ("GPU", "compute"), ("host", "model"), ("host", "context"),
+        ("host", "compute")]
+    by = {(r["device"], r["component"]): r for r in rows}
+    assert by[("GPU", "compute")]["agrees"] is False and by[("GPU", "compute")]["tolerance_mib"] == 4
+    assert all(r["agrees"] for k, r in by.items() if k != ("GPU", "compute"))
+    state = {"machine": {"gpu_name": "NVIDIA H100 80GB HBM3"},
+             "steps": {"memory-12g": {"status": "done", "result": {"rows": rows}}}}
+    md, doc = gpu_table.render(state)
+    assert "## (a) memory model vs llama.cpp's own CUDA breakdown, component by component" in md
+    assert "| memory-12g | llama-server at exit | GPU | compute |" in md and "no (tolerance 4 MiB)" in md
+    assert len(doc["memory"]) == 6
 
 
 @pytest.mark.skipif(os.path.exists("/dev/nvidiactl"), reason="a GPU is here: the GPU path runs instead")
@@ -103,9 +252,13 @@ def test_cpu_fallback_plans_each_budget_and_resumes(tmp_path):
     res = _run("--out", str(out), "--budgets", "16", "--long-ctx", "0", "--copy-to", str(tmp_path / "back"),
                cache=cache)
     assert res.returncode == 0, res.stderr
-    assert sorted(p.name for p in (tmp_path / "back").iterdir()) == ["state.json", "table.json", "table.md"]
+    assert sorted(p.name for p in (tmp_path / "back").iterdir()) == ["gpu-cpu.json", "gpu-cpu.md"]
     doc = json.loads((out / "table.json").read_text())
-    (row,) = doc["plan"]
+    assert json.loads((tmp_path / "back" / "gpu-cpu.json").read_text())["state"]["steps"].keys() == \
+        json.loads((out / "state.json").read_text())["steps"].keys()
+    (row,) = [r for r in doc["plan"] if r["budget_mib"] == 16384]
+    assert {(r["budget_mib"], r["workload"]) for r in doc["plan"]} == {(12288, "chat"), (12288, "agent"),
+                                                                       (16384, "chat")}
     assert row["budget_mib"] == 16384 and 0 < row["n_cpu_moe"] < 48  # 17 GiB of weights, 16 GiB free
     assert row["vram_bytes"] + 1024 * 2**20 <= 16384 * 2**20
     assert "needs an NVIDIA GPU" in doc["steps"]["ballast"]["note"]

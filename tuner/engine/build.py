@@ -469,13 +469,13 @@ def _cuda_parts(backend: Backend, phase: Callable[[str], None]) -> tuple[list[st
     toolkit = cuda_toolkit.find_toolkit()
     assert toolkit is not None  # _check_build_tools refused a CUDA build without one
     cublas_root = None
-    if toolkit.library("cublas") is None:
-        cublas_root = cuda_toolkit.cached_cublas(toolkit)
+    if toolkit.library("cublas") is None:  # NVIDIA's wheel: installed here already, fetched earlier, or now
+        cublas_root = cuda_toolkit.installed_cublas(toolkit) or cuda_toolkit.cached_cublas(toolkit)
         if cublas_root is None:
             phase(f"fetch cuBLAS ({cuda_toolkit.cublas_wheel(toolkit)}; the toolkit has none)")
             cublas_root = cuda_toolkit.fetch_cublas(toolkit)
         else:
-            phase(f"cuBLAS fetched earlier ({cublas_root}; the toolkit has none)")
+            phase(f"cuBLAS from {cublas_root} (the toolkit has none)")
     vmm = cuda_toolkit.driver_library(toolkit) is not None
     flags = cuda_toolkit.cmake_flags(toolkit, cuda_toolkit.architectures(), cublas_root, vmm)
     return flags, cuda_toolkit.runtime_libraries(toolkit, cublas_root)

@@ -6,11 +6,12 @@ asked of nvcc itself (``nvcc --dryrun`` prints ``TOP=``), so a wrapper script on
 
 The pinned ``ggml/src/ggml-cuda/CMakeLists.txt`` links ``CUDA::cublas`` (and ``CUDA::cuda_driver`` unless
 ``GGML_CUDA_NO_VMM``). A minimal toolkit (nvcc and cudart alone) has neither: cuBLAS then comes from NVIDIA's
-wheel on PyPI (``nvidia-cublas`` for CUDA 13, ``nvidia-cublas-cu12`` for 12), fetched with pip into the engine
-cache and copied beside the binaries (they load libraries from their own folder, ``RPATH=$ORIGIN``); without the
-driver library (``libcuda.so``, or the toolkit's stub of it) the build turns off VMM, which is the only part
-that links the driver directly. ``CMAKE_CUDA_ARCHITECTURES=native`` needs a GPU at configure time, so the
-architecture is the card's compute capability read through NVML (``MOE_TUNE_CUDA_ARCHS`` overrides it).
+wheel on PyPI (``nvidia-cublas`` for CUDA 13, ``nvidia-cublas-cu12`` for 12): the one installed in this Python
+(GPU images ship it with PyTorch), else fetched with pip into the engine cache; copied beside the binaries
+(they load libraries from their own folder, ``RPATH=$ORIGIN``); without the driver library (``libcuda.so``, or
+the toolkit's stub of it) the build turns off VMM, which is the only part that links the driver directly.
+``CMAKE_CUDA_ARCHITECTURES=native`` needs a GPU at configure time, so the architecture is the card's compute
+capability read through NVML (``MOE_TUNE_CUDA_ARCHS`` overrides it).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import shutil
 import sys
 import tempfile
 import zipfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -128,6 +130,19 @@ def cached_cublas(toolkit: Toolkit) -> Path | None:
     """The folder of cuBLAS fetched earlier for this toolkit release (``include/`` and ``lib/``), or None."""
     have = sorted(cublas_dir(toolkit).glob("**/lib/libcublas.so*"))
     return have[0].parent.parent if have else None
+
+
+def installed_cublas(toolkit: Toolkit, search: Sequence[Path] | None = None) -> Path | None:
+    """cuBLAS of the toolkit's major release from NVIDIA's wheel installed in this Python (``nvidia/cu13`` for CUDA
+    13, ``nvidia/cublas`` for 12; GPU images ship it with PyTorch): the folder with ``include/`` and ``lib/``, so a
+    machine with no network builds without fetching it. ``search``: folders to look in (default: ``sys.path``)."""
+    major = toolkit.version[0]
+    for base in search if search is not None else [Path(p) for p in sys.path if p]:
+        for sub in (f"nvidia/cu{major}", "nvidia/cublas"):
+            root = base / sub
+            if sorted(root.glob(f"lib/libcublas.so.{major}*")) and (root / "include" / "cublas_v2.h").is_file():
+                return root
+    return None
 
 
 def fetch_cublas(toolkit: Toolkit) -> Path:

@@ -1,0 +1,283 @@
+"""The steps of `scripts/gpu_check` (see its docstring) and their estimates, in the order they run: what each one
+measures on the GPU machine, and what runs without one."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tuner.core.errors import NoGpuError, UsageError
+from tuner.engine import build, runner
+from tuner.machine import ballast, paths
+
+if TYPE_CHECKING:
+    from gpu_check import Check
+
+REPO = Path(__file__).resolve().parent.parent
+
+FIRST_BUDGET_GIB = 12  # (a) and (b) of the first lease: a 12 GB card's worth of free VRAM
+LATER_BUDGETS_GIB = (8, 16, 24)  # (b) chat in later leases
+DEFAULT_MODEL = "qwen3-30b-a3b:Q4_K_M"
+CHAT_CTX = 8192
+AGENT_CTX = 32768
+AGENT_PROMPT = 4096  # an agent's first turn: long enough for -ub 4096 to be offered
+LONG_CTX = 65536
+LONG_BUDGET_GIB = 16
+SPILL_SHORT_MIB = 2048  # the spill ballast leaves this much less than the config needs
+ENGINE_CMDS = {"auto-tune", "bench"}  # moe-tune commands that take --llama-cpp-dir
+# Estimates on the GPU machine (16 cores), seconds. The build is the one unknown that matters: the 2-core box
+# took about 2 h 20 min of wall time for the whole CUDA build (results/benchmarks/cuda-build.md); 16 cores for the
+# three tools the check runs are estimated at 7 min. The first command measures it and the state keeps it.
+ENGINE_EST_S = 420.0
+RESTORE_EST_S = 5.0
+EST = {"gpu-info": 2, "wheels": 10, "model-zero": 10, "model-random": 90, "memory": 35, "spill": 30,
+       "tune-chat": 100, "tune-agent": 145, "long": 180, "spill-unified": 240}
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    name: str
+    needs_gpu: bool
+    est_s: float
+    run: Callable[[Check], dict[str, Any]]
+    what: str
+    part: str = ""  # "a", "b", "c" (the questions) or "" (what they need)
+    resumable: bool = False  # cut by a time limit, the next command goes on where it stopped (the build)
+
+
+def step_gpu_info(c: Check) -> dict[str, Any]:
+    res = runner.run_process(["nvidia-smi", "--query-gpu=name,compute_cap,memory.total,memory.free,driver_version",
+                              "--format=csv,noheader,nounits"], timeout_s=60, what="nvidia-smi",
+                             fix="check the NVIDIA driver")
+    return parse_smi(res.stdout)
+
+
+def parse_smi(text: str) -> dict[str, Any]:
+    """The first GPU of ``nvidia-smi --query-gpu=name,compute_cap,memory.total,memory.free,driver_version``."""
+    name, cap, total, free, driver = (v.strip() for v in text.strip().splitlines()[0].rsplit(",", 4))
+    return {"gpu_name": name, "compute_cap": cap, "cuda_arch": cap.replace(".", ""), "total_mib": int(total),
+            "free_mib": int(free), "driver": driver}
+
+
+def step_wheels(c: Check) -> dict[str, Any]:
+    wheels = sorted((c.args.from_dir / "wheels").glob("*.whl")) if c.args.from_dir else []
+    if not wheels:
+        return {"installed": [], "note": "no wheels in the pack: optuna/gguf must already be importable"}
+    runner.run_process([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                        "--upgrade", "--target", str(c.out / "site"), *map(str, wheels)], timeout_s=300,
+                       what="pip install (carried wheels)", fix="re-make the pack with scripts/gpu_check --pack")
+    use_site(c.out)
+    return {"installed": [w.name for w in wheels]}
+
+
+def use_site(out: Path) -> None:
+    """Make the carried wheels importable here and in every moe-tune child."""
+    site = out / "site"
+    if site.is_dir() and str(site) not in sys.path:
+        sys.path.insert(0, str(site))
+        os.environ["PYTHONPATH"] = os.pathsep.join([str(site), str(REPO), os.environ.get("PYTHONPATH", "")])
+
+
+def step_engine(c: Check) -> dict[str, Any]:
+    """The pinned engine with CUDA for this card's architecture only: restored from the carry when the last lease
+    brought it back, else built (ninja resumes a build a time limit cut); the build's seconds go to the state."""
+    if c.args.from_dir is None:
+        loc = build.locate_engine()
+        caps = build.capabilities(loc)
+        if caps.backend != "cuda":
+            raise UsageError(f"the engine at {loc.bin_dir} is a {caps.backend} build: pass --from PACK to build "
+                             "one with CUDA, or set LLAMA_CPP_DIR to a CUDA build")
+        return {"bin": str(loc.bin_dir), "commit": caps.commit, "backend": caps.backend, "built": False}
+    import gpu_engine
+    import gpu_pack
+
+    arch = c.result("gpu-info")["cuda_arch"]
+    bdir = c.out / "engine-build"
+    restored = gpu_engine.restore(c.args.from_dir / "engine", bdir / "bin", gpu_engine.identity(arch))
+    if restored is not None:
+        gpu_engine.link_runtime(bdir / "bin", gpu_engine.configure_argv(bdir, bdir, arch)[1])
+        how = {"restored": True, "built_in_lease_s": restored.get("build", {}).get("build_s")}
+    else:
+        src = c.out / "engine-src"
+        if not (src / "CMakeLists.txt").is_file():
+            gpu_pack.extract_tree(c.args.from_dir / gpu_pack.TREE_NAME, src)
+        times = c.state.setdefault("engine_build", {})
+        with (c.out / "engine-build.log").open("a") as fh:
+            def log(line: str) -> None:
+                fh.write(line + "\n")
+
+            try:
+                gpu_engine.compile_engine(src, bdir, arch, timeout_s=c.left_s(), times=times, log=log)
+            finally:
+                c.state["machine"]["build"] = dict(times)  # measured, kept even when the time limit cut it
+                c.save()
+        how = {"restored": False, "build": dict(times)}
+    loc = build.locate_engine(bdir / "bin")
+    caps = build.capabilities(loc, use_cache=False)
+    if not restored and c.args.copy_to is not None:  # bring it back for the next lease, beside the other steps
+        meta = {**gpu_engine.identity(arch), "build": c.state.get("engine_build", {})}
+        c.packing = threading.Thread(target=_pack_engine, args=(c, bdir / "bin", meta), daemon=True)
+        c.packing.start()
+    return {"bin": str(bdir / "bin"), "commit": caps.commit, "backend": caps.backend, "cuda_arch": arch,
+            "fa_kernels": caps.fa_kernels.source, **how}
+
+
+def _pack_engine(c: Check, bin_dir: Path, meta: dict[str, Any]) -> None:
+    import gpu_engine
+
+    try:
+        c.state["engine_back"] = gpu_engine.pack(bin_dir, c.args.copy_to, meta)
+    except (OSError, ValueError) as exc:
+        c.state["engine_back"] = {"packed": False, "note": str(exc)[:300]}
+
+
+def step_model(c: Check) -> dict[str, Any]:
+    """A real-scale model written here: zero-filled and sparse (seconds) unless --random-weights asks for valid
+    random weights (speed-true prompt processing, about 90 s)."""
+    target = c.args.model
+    random_ok = c.has_gpu and c.args.random_weights and not c.state.get("timeouts", {}).get("model") \
+        and random_weights_available()
+    weights = "random" if random_ok else "zero"
+    path = paths.cache_root() / "models" / "gpu-check" / f"{target.replace(':', '-')}-{weights}.gguf"
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        argv = [sys.executable, "-m", "tuner.cli", "shape-model", target, "--out", str(path)]
+        runner.run_process(argv + (["--weights", "random"] if random_ok else []), timeout_s=c.left_s(),
+                           what="moe-tune shape-model", fix="check disk space (df -h)", cwd=REPO)
+    label = "random weights (valid, speed-true)" if random_ok else \
+        "zero-filled weights (shape-true; the router ties, so prompt speed is optimistic)"
+    return {"target": target, "path": str(path), "weights": weights, "weights_label": label,
+            "logical_bytes": path.stat().st_size}
+
+
+def random_weights_available() -> bool:
+    """Can this checkout's shape-model write valid random weights (the speed-true models issue)?"""
+    helptext = runner.run_process([sys.executable, "-m", "tuner.cli", "shape-model", "--help"], timeout_s=60,
+                                  what="moe-tune shape-model --help", fix="check the checkout", cwd=REPO).stdout
+    return "--weights" in helptext
+
+
+def step_memory(c: Check) -> dict[str, Any]:
+    import gpu_memory
+
+    assert c.engine_dir is not None
+    return gpu_memory.memory_check(c.engine_dir, c.model_path, c.budget_mib, CHAT_CTX, c.out / "memory-logs")
+
+
+def _tune_step(budget_gib: int, kind: str, ctx: int, prompt: int | None) -> Callable[[Check], dict[str, Any]]:
+    def run(c: Check) -> dict[str, Any]:
+        import gpu_tune
+
+        assert c.engine_dir is not None
+        return gpu_tune.tune(c.engine_dir, c.model_path, budget_gib * 1024, kind, ctx, prompt,
+                             c.out / f"tune-{budget_gib}g-{kind}", c.log, trials=c.args.trials)
+    return run
+
+
+def _spill_step(tries: int, unified: bool = False) -> Callable[[Check], dict[str, Any]]:
+    def run(c: Check) -> dict[str, Any]:
+        import gpu_spill
+
+        if unified and not c.args.unified_spill:
+            return {"runs": [], "note": "skipped: pass --unified-spill (managed memory asked beyond the free VRAM "
+                                        "can hang a GPU; run it only on a machine you may reset)"}
+        need_mib = int(_plan(c, CHAT_CTX)["rows"][0]["vram_bytes"] / 2**20)
+        return gpu_spill.spill_run(c.model_path, c.engine_dir, c.out / "spill-logs", need_mib, unified=unified,
+                                   ctx=CHAT_CTX, tries=tries, short_mib=SPILL_SHORT_MIB)
+    return run
+
+
+def _plan(c: Check, ctx: int, *more: str, fa: str = "on", slots: int = 1) -> dict[str, Any]:
+    return c.cli("plan", str(c.model_path), "-c", str(ctx), "-np", str(slots), "-fa", fa, *more)
+
+
+def step_plan_budgets(c: Check) -> dict[str, Any]:
+    """Without a GPU: the memory model's smallest --n-cpu-moe per budget (planned, not measured)."""
+    rows = []
+    for budget, workload, ctx in runs_wanted(c):
+        plan = _plan(c, ctx, "--gpu", c.args.plan_card, "--vram-budget", str(budget * 1024))
+        fits = [r for r in plan["rows"] if r["verdict"] == "fits"]
+        best = fits[0] if fits else None
+        rows.append({"budget_mib": budget * 1024, "workload": workload, "ctx": ctx,
+                     "n_cpu_moe": best["n_cpu_moe"] if best else None,
+                     "vram_bytes": best["vram_bytes"] if best else None,
+                     "gen_tok_s_ceiling": best["gen_tok_s_ceiling"] if best else None})
+    c.state["plan_card"] = c.args.plan_card
+    return {"rows": rows}
+
+
+def step_ballast_cpu(c: Check) -> dict[str, Any]:
+    try:
+        with ballast.hold_vram(1024, runner):
+            pass
+    except NoGpuError as exc:
+        return {"note": str(exc)}
+    return {"note": "a GPU answered after all"}
+
+
+def runs_wanted(c: Check) -> list[tuple[int, str, int]]:
+    """(budget GiB, workload, ctx) of every tune: the first lease's budget, then the later ones."""
+    runs = [(FIRST_BUDGET_GIB, "chat", CHAT_CTX), (FIRST_BUDGET_GIB, "agent", AGENT_CTX)]
+    runs += [(b, "chat", CHAT_CTX) for b in c.args.budgets if b != FIRST_BUDGET_GIB]
+    if c.args.long_ctx:
+        runs.append((LONG_BUDGET_GIB, "agent", c.args.long_ctx))
+    return runs
+
+
+def engine_est_s(c: Check) -> tuple[float, str]:
+    """The engine step's estimate: a carried build restores in seconds; a build measured on such a machine
+    before (the state that came back) takes what it took; otherwise the estimate."""
+    carried = c.args.from_dir is not None and (c.args.from_dir / "engine" / "engine.json").is_file()
+    if carried:
+        return RESTORE_EST_S, "restore the engine the last lease brought back (carried in the pack)"
+    measured = (c.state.get("machine", {}).get("build") or {})
+    if measured.get("finished") and measured.get("build_s"):
+        return float(measured["build_s"]), f"CUDA build, measured {measured['build_s']:.0f} s on such a machine"
+    ran = (c.state.get("engine_build") or {}).get("compile_s", 0.0)
+    if ran and (c.out / "engine-build" / "build.ninja").is_file():  # cut by a time limit here: ninja goes on
+        return max(30.0, ENGINE_EST_S - ran), f"the rest of the CUDA build ({ran:.0f} s compiled so far)"
+    return ENGINE_EST_S, ("CUDA build of llama-server, llama-bench and llama-fit-params for this card's arch only "
+                          "(nvidia-smi's compute capability), every K/V pair's FA kernel; an estimate, the first "
+                          "command measures it")
+
+
+def steps_for(c: Check) -> list[Step]:
+    model_s = float(EST["model-random" if c.args.random_weights else "model-zero"])
+    if not c.has_gpu:
+        return [Step("model", False, 3.0, step_model, f"write {c.args.model} at real scale"),
+                Step("plan-budgets", False, 3.0 * len(runs_wanted(c)), step_plan_budgets,
+                     "memory model per budget (planned, not measured)"),
+                Step("ballast", False, 1.0, step_ballast_cpu, "VRAM ballast (reports that no GPU is here)")]
+    engine_s, engine_what = engine_est_s(c)
+    g = FIRST_BUDGET_GIB
+    steps = [Step("gpu-info", True, EST["gpu-info"], step_gpu_info, "card, compute capability, free VRAM (nvidia-smi)"),
+             Step("wheels", True, EST["wheels"], step_wheels, "install the carried wheels (optuna, gguf)"),
+             Step("engine", True, engine_s, step_engine, engine_what, resumable=True),
+             Step("model", True, model_s, step_model, f"write {c.args.model} at real scale "
+                  f"({'random' if c.args.random_weights else 'zero-filled, sparse'} weights)"),
+             Step(f"memory-{g}g", True, EST["memory"], step_memory, f"{g} GiB free: the model's pick at -c {CHAT_CTX}, "
+                  "projected (llama-fit-params) and loaded (llama-server at exit), CUDA0 and host, per component",
+                  "a"),
+             Step("spill-oom", True, EST["spill"], _spill_step(1), f"a ballast leaves {SPILL_SHORT_MIB} MiB less "
+                  "than every expert on the card needs: the OOM at load classified", "c"),
+             Step(f"tune-{g}g-chat", True, EST["tune-chat"], _tune_step(g, "chat", CHAT_CTX, None),
+                  f"{g} GiB free, chat -c {CHAT_CTX}: auto-tune ({c.args.trials} trials, 2 rounds) vs default vs "
+                  "--fit", "b"),
+             Step(f"tune-{g}g-agent", True, EST["tune-agent"], _tune_step(g, "agent", AGENT_CTX, AGENT_PROMPT),
+                  f"{g} GiB free, agent -c {AGENT_CTX} -p {AGENT_PROMPT}: the same (-ub 4096 offered)", "b"),
+             Step("spill-oom-more", True, 2 * EST["spill"], _spill_step(2), "the OOM spill twice more: every time?",
+                  "c")]
+    for budget, kind, ctx in runs_wanted(c)[2:]:
+        name = f"long-{budget}g" if kind == "agent" else f"budget-{budget}g"
+        steps.append(Step(name, True, EST["long" if kind == "agent" else "tune-chat"],
+                          _tune_step(budget, kind, ctx, None), f"{budget} GiB free, {kind} -c {ctx}: tuned vs "
+                          "default vs --fit", "b"))
+    steps.append(Step("spill-unified", True, EST["spill-unified"] if c.args.unified_spill else 1,
+                      _spill_step(1, unified=True), "GGML_CUDA_ENABLE_UNIFIED_MEMORY=1: spill and the tok/s collapse "
+                      "(opt-in: --unified-spill)", "c"))
+    return steps
