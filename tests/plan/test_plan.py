@@ -105,6 +105,20 @@ def test_cli_plan_catalog_shape_with_engine_check(tmp_path, engine_loc):
     assert res.returncode == 0 and "--engine-check" in res.stdout and "memory model" in res.stdout
 
 
+def test_cli_plan_of_the_dense_qwen35_shape_agrees_with_llama_cpp(tmp_path, engine_loc):
+    """Qwen3.5-9B (dense hybrid: 32 layers, KV on every 4th) planned along -ngl; llama-fit-params' projection of
+    the shape-true file is the expected figure for every component (context: 8 KV layers x 32,768 cells x
+    4 heads x 256 x 2 (K, V) x f16 = 1,024 MiB, plus the DeltaNet state)."""
+    env = {"MOE_TUNE_CACHE": str(tmp_path / "mt"), "LLAMA_CPP_DIR": str(engine_loc.bin_dir)}
+    res = run_cli("plan", "qwen3.5-9b:Q4_K_M", "--gpu", "RTX 3060 12GB", "--ram", "64", "-c", "32768",
+                  "--engine-check", "--json", env=env)
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert data["dense"] and len(data["rows"]) == 34 and data["rows"][0]["n_gpu_layers"] == 33
+    check = {c["component"]: c for c in data["engine_check"]}
+    assert check["context"]["engine_mib"] >= 1024 and all(c["agrees"] for c in data["engine_check"])
+
+
 def test_cli_plan_reads_a_hub_quant_header_only(demo_models, tmp_path):
     model = demo_models[("qwen35moe", "Q4_K_M")]
     with HubServer() as srv:

@@ -25,9 +25,9 @@ DEFAULT_ALIGNMENT = 32
 SPLIT_RE = re.compile(r"^(?P<stem>.*)-(?P<idx>\d{5})-of-(?P<n>\d{5})\.gguf$", re.IGNORECASE)
 # Architectures whose MTP head the pinned engine can draft with (--spec-type draft-mtp): src/models/*.cpp with
 # an LLM_GRAPH_TYPE_DECODER_MTP graph, among the supported ones.
-MTP_ARCHS = frozenset({"qwen35moe", "qwen3next", "glm4moe", "deepseek2"})
+MTP_ARCHS = frozenset({"qwen35moe", "qwen35", "qwen3next", "glm4moe", "deepseek2"})
 SUPPORTED_ARCHS = frozenset({
-    "qwen3moe", "qwen35moe", "qwen3next", "qwen2moe", "gpt-oss", "glm4moe", "deepseek2", "mixtral",
+    "qwen3moe", "qwen35moe", "qwen35", "qwen3next", "qwen2moe", "gpt-oss", "glm4moe", "deepseek2", "mixtral",
     "llama", "llama4", "olmoe", "granitemoe", "bailingmoe", "ernie4_5-moe", "hunyuan-moe", "dots1",
     "gemma3", "gemma3n", "qwen3", "qwen2", "phimoe", "smallthinker", "grovemoe", "minimax-m2",
 })
@@ -338,7 +338,7 @@ def _first(value: Any) -> int:
 
 
 def _is_recurrent(arch: str, layer: int, interval: int, ssm_state: int) -> bool:
-    if arch in ("qwen35moe", "qwen3next") and interval:
+    if arch in ("qwen35moe", "qwen35", "qwen3next") and interval:  # qwen35: the dense hybrid (Qwen3.5-9B/27B)
         return (layer + 1) % interval != 0
     return False
 
