@@ -315,7 +315,9 @@ def _summary(res: autotune.TuneResult) -> None:
 def launch_line_cmd(
     result: Annotated[Path, typer.Argument(help="results/<study>/result.json (or the folder).")],
     rank: Annotated[int, typer.Option("--rank", help="1 = the winner, 2 = the runner-up, ...")] = 1,
-    fmt: Annotated[str, typer.Option("--format", help="shell, llama-swap or json.")] = "shell",
+    fmt: Annotated[str, typer.Option(
+        "--format", help="shell, llama-swap, systemd (a user unit), compose (the llama.cpp server image) or json; "
+        "what a format cannot carry is written into it.")] = "shell",
     host: Annotated[str | None, typer.Option("--host")] = None,
     port: Annotated[int | None, typer.Option("--port")] = None,
     execute: Annotated[bool, typer.Option("--exec", help="Run the printed llama-server command.")] = False,
@@ -338,7 +340,7 @@ def launch_line_cmd(
         out.print(frontier_report.launch_line(data, ctx, slots, host=host, port=port), highlight=False,
                   soft_wrap=True, markup=False)
         return
-    line = study_report.launch_line(data, rank=rank, fmt=fmt, host=host, port=port)
+    line = study_report.launch_line(data, rank=rank, fmt=fmt, host=host, port=port, llama_cpp_dir=llama_cpp_dir)
     out.print(line, highlight=False, soft_wrap=True, markup=False)
     if execute:
         if fmt != "shell":

@@ -309,12 +309,13 @@ def serve(
     load_timeout_s: float = 300.0,
     env: Mapping[str, str] | None = None,
     log_jsonl: bool = False,
+    port: int | None = None,
 ) -> Iterator[ServerProcess]:
-    """Start llama-server on a free loopback port, wait for /health, and always stop it afterwards.
+    """Start llama-server on a free loopback port (or ``port``), wait for /health, and always stop it afterwards.
 
     ``log_jsonl`` makes the server log machine records (memory breakdown) next to its messages.
     """
-    port = free_port(host)
+    port = free_port(host) if port is None else port
     argv = [str(a) for a in argv_without_port] + flags.listen_argv(host, port, log_jsonl=log_jsonl)
     log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / f"llama-server-{port}.log"

@@ -5,15 +5,16 @@ typed and versioned) is :mod:`tuner.search.result`'s.
 
 from __future__ import annotations
 
-import json
-import shlex
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tuner.core.errors import UsageError
-from tuner.engine import flags
+from tuner.engine import build, flags
 from tuner.machine.fileio import atomic_write
+from tuner.report import deploy
 from tuner.search.finish import Finish, ServerMeasurement
 from tuner.search.result import StudyResult, load_result, write_result  # noqa: F401 - load_result re-exported
 from tuner.search.study import TrialRecord, config_from_dict, non_dominated
@@ -79,18 +80,23 @@ def launch_argv(result: StudyResult, *, rank: int = 1, host: str | None = None, 
 
 
 def launch_line(result: StudyResult, *, rank: int = 1, fmt: str = "shell", host: str | None = None,
-                port: int | None = None, binary: str = "llama-server") -> str:
+                port: int | None = None, binary: str = "llama-server", env: Mapping[str, str] | None = None,
+                llama_cpp_dir: Path | None = None) -> str:
+    """The ``rank``-th measured config as ``fmt`` (one of :data:`tuner.report.deploy.FORMATS`; what a format cannot
+    carry is written into it). A service (llama-swap, systemd, compose) does not inherit the shell's environment,
+    so by default it gets the variables here that choose the card (:func:`tuner.report.deploy.line_env`); a
+    systemd unit runs the engine found here (``llama_cpp_dir``, LLAMA_CPP_DIR, PATH, the managed one) by its
+    absolute path."""
+    if fmt not in deploy.FORMATS:
+        raise UsageError(f"unknown --format {fmt}: use {', '.join(deploy.FORMATS)}")
     cand = _pick_at(result, rank)
-    argv = _argv(cand, host, port, binary)
-    if fmt == "shell":
-        return shlex.join(argv)
-    if fmt == "json":
-        return json.dumps({"argv": argv, "config": cand.config, **cand.figures}, indent=2)
-    if fmt == "llama-swap":
-        name = Path(cand.config["model"]).stem
-        cmd = shlex.join([*argv, *([] if port is not None else flags.address_argv(port="${PORT}"))])
-        return f"models:\n  {json.dumps(name)}:\n    cmd: {json.dumps(cmd)}\n"
-    raise UsageError(f"unknown --format {fmt}: use shell, llama-swap or json")
+    if fmt == "systemd" and not Path(binary).is_absolute():
+        binary = str(build.locate_engine(llama_cpp_dir).tool("llama-server"))
+    if env is None:
+        env = deploy.line_env(os.environ) if fmt in deploy.SERVICE_FORMATS else {}
+    line = deploy.Line(config_from_dict(cand.config), cand.label, result.study, cand.config, cand.figures,
+                       result.engine)
+    return deploy.render(line, fmt, host=host, port=port, binary=binary, env=env).text
 
 
 # ------------------------------------------------------------------------------------------- files

@@ -1,0 +1,147 @@
+"""`launch-line --format`: every format carries the flags the line was measured with; the systemd unit passes
+`systemd-analyze verify`, the compose service the compose specification's own schema (check-jsonschema's vendored
+copy), and what a format cannot carry is written into it."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from ruamel.yaml import YAML
+
+from tests.conftest import run_cli
+from tests.demo_result import measured_flags, tune_demo, variant
+from tuner.report import study_report
+
+CHECK_JSONSCHEMA = Path(sys.executable).parent / "check-jsonschema"
+
+
+@pytest.fixture(scope="module")
+def tuned(engine_loc, tmp_path_factory) -> Path:
+    return tune_demo(engine_loc, tmp_path_factory.mktemp("tuned"))
+
+
+def yaml_doc(text: str):
+    return YAML(typ="safe").load(io.StringIO(text))
+
+
+def exec_start(unit: str) -> list[str]:
+    """ExecStart's words as systemd reads them: specifiers and variables undoubled, C-style quotes."""
+    [line] = [x for x in unit.splitlines() if x.startswith("ExecStart=")]
+    return shlex.split(line.removeprefix("ExecStart=").replace("%%", "%").replace("$$", "$"))
+
+
+def launch(result: Path, *args: str, env: dict[str, str] | None = None) -> str:
+    res = run_cli("launch-line", str(result), *args, env={"CUDA_VISIBLE_DEVICES": "", **(env or {})})
+    assert res.returncode == 0, res.stderr
+    return res.stdout
+
+
+@pytest.mark.parametrize("rank", [1, 2])
+def test_every_format_carries_the_measured_flags(tuned, engine_loc, rank):
+    pick = study_report.picks(study_report.load_result(tuned))[rank - 1]
+    flags = measured_flags(tuned, pick.label)
+    model = Path(pick.config["model"])
+    r = ["--rank", str(rank)]
+    assert shlex.split(launch(tuned, *r)) == ["llama-server", *flags]
+    assert json.loads(launch(tuned, *r, "--format", "json"))["argv"] == ["llama-server", *flags]
+    swap = yaml_doc(launch(tuned, *r, "--format", "llama-swap"))
+    assert shlex.split(swap["models"][model.stem]["cmd"]) == ["llama-server", *flags, "--port", "${PORT}"]
+    unit = launch(tuned, *r, "--format", "systemd")
+    assert exec_start(unit) == [str(engine_loc.tool("llama-server")), *flags]
+    compose = yaml_doc(launch(tuned, *r, "--format", "compose"))
+    [service] = compose["services"].values()
+    inside = [f"/models/{model.name}" if a == str(model) else a for a in flags]
+    assert service["command"] == [*inside, "--host", "0.0.0.0", "--port", "8080"]
+
+
+def test_systemd_unit_passes_systemd_analyze_verify(tuned, engine_loc, tmp_path):
+    """A model path with a space, a `%` and a `$` (systemd's specifier and variable signs) still reaches the
+    engine as one argument; the unit restarts on failure, starts with the user's session and names the card."""
+    if shutil.which("systemd-analyze") is None:
+        pytest.skip("systemd-analyze is not installed here (systemd's own check of the unit)")
+    odd = tmp_path / "my models 100% $HOME" / "demo.gguf"
+    odd.parent.mkdir()
+    odd.symlink_to(Path(json.loads(tuned.read_text())["model"]))
+    result = variant(tuned, tmp_path / "results" / "odd", model=odd)
+    unit = launch(result, "--format", "systemd", "--port", "8123", env={"CUDA_VISIBLE_DEVICES": "1"})
+    words = exec_start(unit)
+    assert words[0] == str(engine_loc.tool("llama-server")) and Path(words[0]).is_absolute()
+    label = study_report.picks(study_report.load_result(result))[0].label
+    assert words[1:] == [*measured_flags(result, label), "--port", "8123"]
+    assert str(odd) in words
+    lines = unit.splitlines()
+    assert {"Restart=on-failure", "WantedBy=default.target", "Environment=CUDA_VISIBLE_DEVICES=1"} <= set(lines)
+    file = tmp_path / "llama-server.service"
+    file.write_text(unit)
+    runtime = tmp_path / "xdg"
+    runtime.mkdir(mode=0o700)
+    check = subprocess.run(["systemd-analyze", "--user", "verify", str(file)], capture_output=True, text=True,
+                           env=os.environ | {"XDG_RUNTIME_DIR": str(runtime)}, timeout=60)
+    assert check.returncode == 0, check.stderr
+    file.write_text(unit.replace("ExecStart=", "ExecStrat="))  # the check can fail
+    broken = subprocess.run(["systemd-analyze", "--user", "verify", str(file)], capture_output=True, text=True,
+                            env=os.environ | {"XDG_RUNTIME_DIR": str(runtime)}, timeout=60)
+    assert broken.returncode != 0
+
+
+def compose_valid(text: str, where: Path) -> subprocess.CompletedProcess[str]:
+    where.write_text(text)
+    return subprocess.run([str(CHECK_JSONSCHEMA), "--builtin-schema", "vendor.compose-spec", str(where)],
+                          capture_output=True, text=True, timeout=120)
+
+
+def as_gpu_result(d: dict) -> None:
+    d["engine"] = {**d["engine"], "backend": "cuda"}
+    d["hardware"] = {**d["hardware"], "has_gpu": True, "gpu": "NVIDIA GeForce RTX 3060",
+                     "vram_total_bytes": 12 * 2**30, "vram_budget_bytes": 11 * 2**30}
+
+
+def test_compose_service_passes_the_compose_specification(tuned, tmp_path):
+    gpu = variant(tuned, tmp_path / "results" / "gpu", as_gpu_result)
+    text = launch(gpu, "--format", "compose", "--port", "9000", env={"CUDA_VISIBLE_DEVICES": "0"})
+    check = compose_valid(text, tmp_path / "compose.yaml")
+    assert check.returncode == 0, check.stdout + check.stderr
+    [service] = yaml_doc(text)["services"].values()
+    model = Path(json.loads(tuned.read_text())["model"])
+    assert service["image"] == "ghcr.io/ggml-org/llama.cpp:server-cuda"
+    assert service["volumes"] == [{"type": "bind", "source": str(model.parent), "target": "/models",
+                                   "read_only": True}]
+    assert service["ports"] == ["127.0.0.1:9000:8080"]
+    assert service["deploy"]["resources"]["reservations"]["devices"] == [
+        {"driver": "nvidia", "device_ids": ["0"], "capabilities": ["gpu"]}]
+    assert "# not carried: the measured engine: the image runs its own llama.cpp build, not llama.cpp" in text
+    # The validator is the compose specification's, not a rubber stamp: a misspelt key fails it.
+    bad = compose_valid(text.replace("    ports:", "    portz:"), tmp_path / "bad.yaml")
+    assert bad.returncode != 0 and "portz" in bad.stdout
+
+
+def test_a_cpu_result_gets_the_cpu_image_and_says_no_card_is_reserved(tuned, tmp_path):
+    text = launch(tuned, "--format", "compose", "--host", "0.0.0.0")
+    assert compose_valid(text, tmp_path / "compose.yaml").returncode == 0
+    [service] = yaml_doc(text)["services"].values()
+    assert service["image"] == "ghcr.io/ggml-org/llama.cpp:server" and "deploy" not in service
+    assert service["ports"] == ["0.0.0.0:8080:8080"]
+    assert "# not carried: a GPU: the line was measured on a CPU build" in text
+
+
+def test_services_get_the_card_the_shell_keeps_its_own(tuned):
+    """A service does not inherit the shell's environment: llama-swap carries CUDA_VISIBLE_DEVICES in its env
+    list; the shell line stays the printed line (the shell it is pasted into has its own environment)."""
+    swap = yaml_doc(launch(tuned, "--format", "llama-swap", env={"CUDA_VISIBLE_DEVICES": "1"}))
+    [entry] = swap["models"].values()
+    assert entry["env"] == ["CUDA_VISIBLE_DEVICES=1"]
+    assert launch(tuned, env={"CUDA_VISIBLE_DEVICES": "1"}).startswith("llama-server -m ")
+
+
+def test_an_unknown_format_is_one_line_naming_the_formats(tuned):
+    res = run_cli("launch-line", str(tuned), "--format", "ollama")
+    assert res.returncode == 1 and "Traceback" not in res.stderr
+    assert "shell, llama-swap, systemd, compose, json" in res.stderr and len(res.stderr.strip().splitlines()) == 1

@@ -1,0 +1,160 @@
+"""`moe-tune serve`: llama-server with a tuned result's measured line, in the foreground, checked to still hold."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from tuner.cli.app import LlamaDir, app, err, friendly, out
+from tuner.core.errors import UsageError
+from tuner.engine import build
+from tuner.engine import serve as served
+from tuner.report import line_check, study_report
+from tuner.search import interrupt
+from tuner.search.result import RESULT_FILE, StudyResult
+
+# Where llama-server listens is serve's own choice (--host, --port): the same flags passed through would split it.
+ADDRESS_FLAGS = ("--host", "--port")
+
+
+def _found(target: str | None, results_dir: Path) -> line_check.Found:
+    """A result folder or result.json as given; a model's newest result; or the newest result of all."""
+    if target is None:
+        return line_check.latest(results_dir)
+    path = Path(target).expanduser()
+    if path.is_dir() or path.suffix == ".json":
+        if path.is_dir() and not (path / RESULT_FILE).is_file():
+            raise UsageError(f"{path} holds no {RESULT_FILE}: pass results/<study>/ from auto-tune, or a model")
+        return line_check.found_at(path)
+    if path.is_file():
+        return line_check.latest(results_dir, path.absolute())
+    from tuner.hub.repos import HubOptions
+    from tuner.hub.resolve import resolve_model
+
+    # serve runs what is on this machine: a Hub name is looked up in the local cache, never downloaded.
+    return line_check.latest(results_dir, resolve_model(target, options=HubOptions(offline=True)).path)
+
+
+def retune_command(result: StudyResult) -> str:
+    """The auto-tune command that measures this result's line again, here and now (same workload and context)."""
+    w = result.workload or {}
+    sp = result.space or {}
+    goal = result.objective or {}
+    argv = ["moe-tune", "auto-tune", result.model or "MODEL"]
+    if w.get("kind") and w["kind"] != "custom":
+        argv += ["--workload", w["kind"]]
+    if w.get("prompt_tokens"):
+        argv += ["--n-prompt", str(w["prompt_tokens"])]
+    if w.get("gen_tokens"):
+        argv += ["--n-gen", str(w["gen_tokens"])]
+    if w.get("depth_tokens") and w.get("depth_tokens") != w.get("prompt_tokens"):
+        argv += ["--depth", str(w["depth_tokens"])]
+    if goal.get("goal") == "context":
+        argv += ["--goal", "context"]
+    elif sp.get("ctx"):
+        argv += ["--min-ctx", str(sp["ctx"])]
+    if "max_kld" in goal and goal.get("max_kld") != goal.get("max_kld_default"):
+        argv += ["--max-kld", "off" if goal["max_kld"] is None else f"{goal['max_kld']:g}"]
+    if goal.get("pareto"):
+        argv.append("--pareto")
+    if goal.get("min_tok_s"):
+        argv += ["--min-tok-s", f"{goal['min_tok_s']:g}"]
+    if sp.get("device") == "none":
+        argv += ["--device", "none"]
+    return shlex.join(argv)
+
+
+def _say(text: str) -> None:
+    err.print(text, highlight=False, markup=False, soft_wrap=True)
+
+
+def _passed_through(extra: list[str], measured: list[str]) -> None:
+    for flag in ADDRESS_FLAGS:
+        if flag in extra:
+            raise UsageError(f"{flag} after -- would move the server off the address serve waits on: use serve's "
+                             f"own {flag}")
+    overridden = sorted({t for t in extra if t.startswith("-") and t in measured})
+    also = f" (overriding the measured {', '.join(overridden)})" if overridden else ""
+    _say(f"not measured, passed through: {shlex.join(extra)}{also}")
+
+
+@app.command("serve", short_help="Run llama-server with a tuned result's line, in the foreground.")
+@friendly
+def serve_cmd(
+    target: Annotated[str | None, typer.Argument(
+        metavar="[MODEL|RESULT]",
+        help="A model (its newest result), a results/<study> folder or result.json; default: the newest result.",
+        show_default=False)] = None,
+    extra: Annotated[list[str] | None, typer.Argument(
+        metavar="[-- FLAGS]", help="More llama-server flags after --, passed through (named as not measured).",
+        show_default=False)] = None,
+    port: Annotated[int | None, typer.Option("--port", help="Port to listen on (default: a free one).")] = None,
+    host: Annotated[str, typer.Option(
+        "--host", help="Address to listen on; any but loopback lets the network in (add --api-key).")]
+    = "127.0.0.1",
+    api_key: Annotated[str | None, typer.Option(
+        "--api-key", envvar=served.API_KEY_ENV, show_envvar=True,
+        help="Key clients must send (Authorization: Bearer KEY).")] = None,
+    rank: Annotated[int, typer.Option("--rank", help="1 = the result's line, 2 = the runner-up, ...")] = 1,
+    results_dir: Annotated[Path, typer.Option("--results-dir", help="Where auto-tune wrote its results.")]
+    = Path("results"),
+    force: Annotated[bool, typer.Option(
+        "--force", help="Start even when the line no longer holds (engine, card, VRAM or model changed).")] = False,
+    load_timeout: Annotated[float, typer.Option("--load-timeout", help="Seconds the model may take to load.")]
+    = 600.0,
+    llama_cpp_dir: LlamaDir = None,
+) -> None:
+    """Start llama-server with the measured line of a tuned result and keep it in the foreground: the line is
+    checked first (same engine, same card with enough VRAM free, model file unchanged since the tune), the
+    OpenAI-compatible base URL is printed once the model is loaded, and Ctrl-C or SIGTERM stops it (no process
+    is left).
+
+    \b
+    Examples:
+      moe-tune serve unsloth/Qwen3-30B-A3B-GGUF:Q4_K_M
+      moe-tune serve results/<study> --port 8080 -- --jinja --alias qwen3
+    On the network (clients send the key):
+      moe-tune serve MODEL --host 0.0.0.0 --api-key "$(openssl rand -hex 16)"
+    """
+    if target is not None and target.startswith("-"):  # `serve -- FLAGS` with no target
+        extra, target = [target, *(extra or [])], None
+    found = _found(target, results_dir)
+    pick = study_report.picks(found.result)
+    if not 1 <= rank <= len(pick):
+        raise UsageError(f"--rank {rank} is out of range: this result has {len(pick)} measured configs")
+    chosen = pick[rank - 1]
+    loc = build.locate_engine(llama_cpp_dir)
+    argv = study_report.launch_argv(found.result, rank=rank, binary=str(loc.tool("llama-server")))
+    checked = line_check.check(found, chosen.config, chosen.label, line_check.probe_now(loc))
+    _say(f"{chosen.label} of {found.file}")
+    if checked.changes:
+        changed = "; ".join(checked.changes)
+        if not force:
+            raise UsageError(f"the line may no longer hold: {changed}. Re-tune with `{retune_command(found.result)}`,"
+                             " or add --force to start it as it is")
+        _say(f"warning (--force): the line may no longer hold: {changed}")
+    for note in checked.notes:
+        _say(f"note: {note}")
+    for what in checked.unchecked:
+        _say(f"not checked: {what}")
+    if extra:
+        _passed_through(extra, argv)
+    served.check_host(host)
+    if not served.is_loopback(host) and not api_key:
+        _say(f"warning: listening on {host} without --api-key: anyone who can reach this machine can use the "
+             "server")
+    env = {served.API_KEY_ENV: api_key} if api_key else None
+
+    def ready(s: served.Served) -> None:
+        _say(f"llama-server (pid {s.pid}) is ready on {s.host}:{s.port}; log: {s.log}; Ctrl-C stops it")
+        out.print(f"OpenAI-compatible base URL: {s.base_url}", highlight=False, soft_wrap=True)
+
+    with interrupt.sigterm_as_ctrl_c():
+        try:
+            served.run_foreground([*argv, *(extra or [])], host=host, port=port, log_dir=found.file.parent / "logs",
+                                  env=env, load_timeout_s=load_timeout, on_ready=ready)
+        except KeyboardInterrupt:
+            _say("llama-server stopped")

@@ -1,0 +1,150 @@
+"""What the MCP tools answer, as JSON-safe dicts built from the library calls the commands make: ``plan`` from
+:func:`tuner.plan.placement.make_plan` (the figures of ``moe-tune plan --json``), ``quants`` from the Hub listing
+and one quant's header (``moe-tune quants --json``), ``results`` from the results on disk and the check ``serve``
+makes before it starts, ``launch_line`` from :func:`tuner.report.study_report.launch_line`. Nothing here measures,
+starts a server or downloads model data.
+"""
+
+from __future__ import annotations
+
+import datetime
+from pathlib import Path
+from typing import Any
+
+from tuner.catalog import cards, families
+from tuner.core.config import LaunchConfig
+from tuner.core.errors import EngineNotFoundError, UnknownQuantError, UsageError
+from tuner.engine import build
+from tuner.models import gguf_reader
+from tuner.plan.memory import Breakdown, MemoryEstimate
+from tuner.plan.placement import KV_CHOICES, Plan, fit_verdict, make_plan, scaled
+from tuner.report import line_check, study_report
+
+HOST_BANDWIDTH_PROBE_S = 0.3  # as `moe-tune plan` measures this machine's RAM bandwidth
+FIGURES_FROM = "moe-tune's memory model (tuner.plan.memory)"
+
+
+def _parts(b: Breakdown) -> dict[str, int]:
+    return {"weights": b.weights_bytes, "kv": b.kv_bytes, "recurrent": b.recurrent_bytes,
+            "compute": b.compute_bytes, "overhead": b.overhead_bytes}
+
+
+def _row(n_cpu_moe: int | None, e: MemoryEstimate, gen: float, prompt: float | None) -> dict[str, Any]:
+    return {"n_cpu_moe": n_cpu_moe, "verdict": e.verdict.value, "vram_bytes": e.gpu.total_bytes,
+            "ram_bytes": e.host.total_bytes, "ram_need_bytes": e.host_need_bytes,
+            "ram_reclaimable_bytes": e.reclaimable_bytes, "load_mode": e.load_mode,
+            "gpu": _parts(e.gpu), "host": _parts(e.host), "gen_tok_s_ceiling": gen, "prompt_tok_s_ceiling": prompt}
+
+
+def plan_doc(p: Plan) -> dict[str, Any]:
+    hw = p.hardware
+    return {
+        "model": str(p.model.paths[0]), "hardware": hw.describe(), "n_configs": p.n_configs,
+        "vram_budget_bytes": hw.vram_budget_bytes, "vram_budget_source": hw.vram_budget_source,
+        "ram_available_bytes": hw.ram_available_bytes, "host_bandwidth_bytes_s": hw.host_bandwidth_bytes_s,
+        "host_bandwidth_source": hw.host_bandwidth_source,
+        "rows": [_row(r.n_cpu_moe, r.estimate, r.roofline.gen_tok_s, r.roofline.prompt_tok_s) for r in p.rows],
+        "fit_intervals": [{"ctx": s.ctx, "cache_type_k": s.cache_type_k.value, "cache_type_v": s.cache_type_v.value,
+                           "n_cpu_moe": s.n_cpu_moe, **s.interval.to_dict(), "summary": s.interval.describe()}
+                          for s in p.smallest_fits],
+        "largest_ctx": [{"cache_type_k": c.cache_type_k.value, "cache_type_v": c.cache_type_v.value,
+                         "n_cpu_moe": c.n_cpu_moe, "ctx": c.ctx} for c in p.largest_ctx],
+    }
+
+
+def plan(model: str, card: str | None = None, context: int | None = None, ram_gib: float | None = None,
+         host_bandwidth_gb_s: float | None = None) -> dict[str, Any]:
+    """VRAM, RAM, verdict and speed ceilings per --n-cpu-moe for ``model`` on ``card`` (this machine when None),
+    with the defaults of ``moe-tune plan`` (f16 KV, flash attention auto, mmap)."""
+    from tuner.hub.resolve import resolve_model
+
+    if context is not None and context < 1:
+        raise UsageError(f"context must be >= 1 token, got {context}")
+    if ram_gib is not None and ram_gib <= 0:
+        raise UsageError(f"ram_gib {ram_gib:g} leaves nothing to plan for: give the host RAM in GiB, e.g. 64")
+    resolved = resolve_model(model, header_only=True)
+    info = gguf_reader.inspect_model(resolved.path)
+    hw = cards.machine(card, HOST_BANDWIDTH_PROBE_S, int(ram_gib * 2**30) if ram_gib is not None else None,
+                       host_bandwidth_gb_s)
+    base = LaunchConfig(model=resolved.path, ctx=context)
+    doc = plan_doc(make_plan(info, base, hw, [context] if context else [], KV_CHOICES))
+    return doc | {"model_source": resolved.source, "figures_from": FIGURES_FROM}
+
+
+def quants(repo: str, card: str | None = None, context: int = 8192, revision: str = "main") -> dict[str, Any]:
+    """Every quant of a Hugging Face repo with its size, parts and fit verdict on ``card`` at ``context``; the
+    architecture from one quant's GGUF header (range requests, no tensor data)."""
+    from tuner.hub import remote_header, repos
+
+    ref = repos.parse_hub_ref(repo)
+    if ref is None:
+        raise UsageError(f"{repo} is not a Hugging Face repo name: use owner/name, e.g. unsloth/Qwen3-30B-A3B-GGUF")
+    listing = repos.list_quants(ref.repo_id, revision=revision)
+    if not listing.quants:
+        raise UsageError(f"{ref.repo_id} holds no GGUF files: pick a GGUF repo (names often end in -GGUF)")
+    try:
+        probe = listing.get(ref.quant or repos.DEFAULT_QUANT)
+    except UnknownQuantError:
+        if ref.quant:
+            raise
+        probe = listing.quants[0]
+    headers = remote_header.read_quant_headers(ref.repo_id, probe, commit=listing.commit or revision)
+    model = headers.model_info()
+    hw = cards.machine(card)
+    size = probe.total_bytes or 1
+    known = families.find_model(ref.repo_id)
+    return {
+        "repo": listing.repo_id, "revision": listing.revision, "commit": listing.commit, "ctx": context,
+        "hardware": hw.describe(), "header_of": probe.name, "architecture": model.arch,
+        "n_layer": model.n_layer, "n_expert": model.n_expert, "n_expert_used": model.n_expert_used,
+        "quants": [{"name": q.name, "n_parts": q.n_parts, "total_bytes": q.total_bytes,
+                    "fit": fit_verdict(scaled(model, (q.total_bytes or size) / size), context, hw),
+                    "published": [{"gpu": f.gpu, "ctx": f.ctx, "settings": f.settings, "figures": dict(f.figures),
+                                   "source": known.sources[f.source]} for f in known.figures_for(q.name)]
+                    if known else []}
+                   for q in listing.quants],
+    }
+
+
+def _when(seconds: float) -> str:
+    return datetime.datetime.fromtimestamp(seconds).isoformat(timespec="seconds")
+
+
+def results(results_dir: Path, llama_cpp_dir: Path | None = None) -> dict[str, Any]:
+    """The tuned results in ``results_dir``, newest first: each one's line, why it was chosen, its verdicts, and
+    whether it still holds here (the check ``moe-tune serve`` makes before it starts)."""
+    found = line_check.find_results(results_dir)
+    now: line_check.Now | None = None
+    why_unchecked = ""
+    if found:
+        try:
+            now = line_check.probe_now(build.locate_engine(llama_cpp_dir))
+        except EngineNotFoundError as exc:
+            why_unchecked = str(exc)
+    listed = []
+    for f in found:
+        entry: dict[str, Any] = {"result": str(f.file), "study": f.result.study, "model": f.result.model,
+                                 "written": _when(f.written_s), "engine": f.result.engine,
+                                 "machine": (f.result.hardware or {}).get("describe"),
+                                 "workload": f.result.workload}
+        picks = study_report.picks(f.result)
+        if not picks:
+            listed.append(entry | {"line": None, "why": "no config was measured to launch"})
+            continue
+        entry |= {"label": picks[0].label, "line": study_report.launch_line(f.result), "figures": picks[0].figures,
+                  "why": f.decision(), "verdicts": f.verdicts()}
+        if now is not None:
+            c = line_check.check(f, picks[0].config, picks[0].label, now)
+            entry["still_holds"] = {"holds": c.holds, "changes": list(c.changes), "notes": list(c.notes),
+                                    "not_checked": list(c.unchecked)}
+        else:
+            entry["still_holds"] = {"holds": None, "not_checked": [why_unchecked]}
+        listed.append(entry)
+    return {"results_dir": str(results_dir.absolute()), "results": listed}
+
+
+def launch_line(result: str, fmt: str = "shell", rank: int = 1, host: str | None = None, port: int | None = None,
+                llama_cpp_dir: Path | None = None) -> str:
+    """The measured line of a result as ``fmt``; what a format cannot carry is written into it."""
+    return study_report.launch_line(study_report.load_result(Path(result)), rank=rank, fmt=fmt, host=host, port=port,
+                                    llama_cpp_dir=llama_cpp_dir)

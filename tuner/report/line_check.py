@@ -1,0 +1,178 @@
+"""Tuned results on this machine, and whether a result's line still holds here now.
+
+A line is measured on one engine build, one card with so much VRAM free, and one model file. ``serve`` (and the
+MCP ``results`` tool) look before they launch: the engine's commit and backend against the result's ``engine``
+record, the card and its free VRAM against the ``hardware`` record and the line's measured VRAM peak, the model
+file against the time the result was written. What a result does not record well enough to check is said too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tuner.core.errors import TunerError, UsageError
+from tuner.engine import build
+from tuner.machine import hardware
+from tuner.search.result import RESULT_FILE, StudyResult, load_result
+from tuner.search.verdict import Verdict
+
+MIB = 2**20
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    """A result on disk: its file, its contents, and when it was written (the file's modification time)."""
+
+    file: Path
+    result: StudyResult
+    written_s: float
+
+    @property
+    def model(self) -> Path | None:
+        return Path(self.result.model) if self.result.model else None
+
+    def verdicts(self) -> list[str]:
+        return [Verdict.from_dict(v).describe() for v in self.result.finish.to_dict().get("verdicts", [])]
+
+    def decision(self) -> str | None:
+        return (self.result.finish.to_dict().get("decision") or {}).get("reason")
+
+
+def found_at(path: Path) -> Found:
+    """The result at ``path`` (a result.json or the folder holding one)."""
+    file = path / RESULT_FILE if path.is_dir() else path
+    result = load_result(file)
+    return Found(file, result, file.stat().st_mtime)
+
+
+def find_results(results_dir: Path) -> list[Found]:
+    """Every single-winner auto-tune result in ``results_dir``, newest first. Frontier results (a trade-off, not one
+    line) and files this version cannot read are left out."""
+    found = []
+    for file in results_dir.glob(f"*/{RESULT_FILE}"):
+        with contextlib.suppress(TunerError, OSError):
+            f = found_at(file)
+            if f.result.frontier is None:
+                found.append(f)
+    return sorted(found, key=lambda f: f.written_s, reverse=True)
+
+
+def latest(results_dir: Path, model: Path | None = None) -> Found:
+    """The newest result in ``results_dir`` (for ``model`` when given)."""
+    found = find_results(results_dir)
+    if model is not None:
+        want = model.resolve()
+        found = [f for f in found if f.model is not None and f.model.resolve() == want]
+    if not found:
+        what = f"for {model}" if model is not None else "at all"
+        raise UsageError(f"no tuned result {what} in {results_dir}/: run `moe-tune auto-tune"
+                         f"{'' if model is None else ' ' + str(model)}` first, or pass --results-dir or a result "
+                         "folder")
+    return found[0]
+
+
+@dataclass(frozen=True, slots=True)
+class Now:
+    """What the line would run on here and now."""
+
+    engine_commit: str
+    engine_backend: str
+    gpu_name: str  # "" without an NVIDIA GPU
+    vram_free_bytes: int
+
+
+def probe_now(loc: build.EngineLocation, nvml: Any = None) -> Now:
+    caps = build.capabilities(loc)
+    probe = hardware.probe_gpus(nvml)
+    gpu = probe.gpus[0] if probe.gpus else None
+    return Now(caps.commit, caps.backend, gpu.name if gpu else "", gpu.free_bytes if gpu else 0)
+
+
+@dataclass(frozen=True, slots=True)
+class LineCheck:
+    changes: tuple[str, ...]  # what is no longer as measured: the line may not hold
+    notes: tuple[str, ...]  # worth knowing; the line holds
+    unchecked: tuple[str, ...]  # what the result does not record well enough to check
+
+    @property
+    def holds(self) -> bool:
+        return not self.changes
+
+
+def _when(seconds: float) -> str:
+    return datetime.datetime.fromtimestamp(seconds).strftime("%Y-%m-%d %H:%M")
+
+
+def _model_changes(paths: Iterable[Path], written_s: float) -> list[str]:
+    changes = []
+    for path in paths:
+        try:
+            mtime = path.stat().st_mtime
+        except OSError:
+            changes.append(f"the model file {path} is gone")
+            continue
+        if mtime > written_s:
+            changes.append(f"the model file {path} was modified at {_when(mtime)}, after the tune ({_when(written_s)})")
+    return changes
+
+
+def _engine_changes(engine: dict[str, Any] | None, now: Now) -> tuple[list[str], list[str]]:
+    if not engine:
+        return [], ["the engine (the result records none)"]
+    then = f"llama.cpp {engine.get('commit')} ({engine.get('backend')})"
+    if (engine.get("commit"), engine.get("backend")) != (now.engine_commit, now.engine_backend):
+        return [f"the engine is llama.cpp {now.engine_commit} ({now.engine_backend}) now; the line was measured on "
+                f"{then}"], []
+    return [], []
+
+
+def _vram_changes(hw: dict[str, Any] | None, peak_bytes: int | None, now: Now, on_cpu: bool
+                  ) -> tuple[list[str], list[str]]:
+    """The card and its free VRAM against the budget the line was tuned for and the VRAM peak it measured."""
+    if not hw:
+        return [], []
+    if not hw.get("has_gpu"):
+        if now.gpu_name and now.engine_backend != "cpu" and not on_cpu:
+            return [f"the line was measured without a GPU; {now.gpu_name} is visible now and llama-server would "
+                    "offload to it"], []
+        return [], []
+    if not now.gpu_name:
+        return [f"the line was measured on {hw.get('gpu')}; no NVIDIA GPU is visible now"], []
+    if now.gpu_name != hw.get("gpu"):
+        return [f"the card is {now.gpu_name} now; the line was measured on {hw.get('gpu')}"], []
+    budget = int(hw.get("vram_budget_bytes") or 0)
+    free = f"{now.vram_free_bytes / MIB:,.0f} MiB of VRAM is free now"
+    tuned = f"tuned with a budget of {budget / MIB:,.0f} MiB"
+    if peak_bytes is None:
+        if now.vram_free_bytes < budget:
+            return [f"{free}, {tuned} (the line's own peak was not measured): close what holds VRAM"], []
+        return [], []
+    if now.vram_free_bytes < peak_bytes:
+        return [f"{free}, the line measured a peak of {peak_bytes / MIB:,.0f} MiB ({tuned}): close what holds VRAM"], []
+    if now.vram_free_bytes < budget:
+        return [], [f"{free}, below the budget it was tuned for ({budget / MIB:,.0f} MiB); the line's measured peak "
+                    f"of {peak_bytes / MIB:,.0f} MiB fits"]
+    return [], []
+
+
+def check(found: Found, config: dict[str, Any], label: str, now: Now) -> LineCheck:
+    """Whether the line of ``config`` (the pick labelled ``label``) still holds on ``now``."""
+    res = found.result
+    models = [Path(config["model"])] + ([Path(config["draft_model"])] if config.get("draft_model") else [])
+    changes = _model_changes(models, found.written_s)
+    unchecked = ["the model file's contents (the result records no size or hash: a file replaced without a newer "
+                 "modification time would pass)"]
+    engine_changes, engine_unchecked = _engine_changes(res.engine, now)
+    measured = next((m for m in (*res.finish.candidates, *res.finish.baselines, *res.finish.confirmation)
+                     if m.label == label and m.vram_peak_bytes), None)
+    if not res.hardware:
+        unchecked.append("the card and its free VRAM (the result records no hardware)")
+    vram_changes, vram_notes = _vram_changes(res.hardware, measured.vram_peak_bytes if measured else None, now,
+                                             config.get("device") == "none")
+    return LineCheck(tuple(changes + engine_changes + vram_changes), tuple(vram_notes),
+                     tuple(unchecked + engine_unchecked))
