@@ -26,6 +26,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # tests/trained.py fetches the model
 
+import harness  # noqa: E402
+
 from tests import trained  # noqa: E402
 from tuner.core.config import CacheType, FlashAttn, LaunchConfig  # noqa: E402
 from tuner.engine import build, flags, runner  # noqa: E402
@@ -59,6 +61,7 @@ def attention_noise(loc: build.EngineLocation, model: Path, reference_logits: Pa
     return kld.parse_kld(res.stdout + "\n" + res.stderr_tail, want_chunks=chunks)
 
 
+@harness.bench("bench_kv_trained")
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, default=None, help="a GGUF (default: the trained test model)")

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from tuner.core.errors import MachineBusyError
 from tuner.engine import runner
 from tuner.machine import quiet
 from tuner.machine.processes import Interference
@@ -145,17 +146,20 @@ def machine(command: str, say: Callable[[str], None] = print, wait_s: float = LO
         with _held(LoadRecord(locked=True), say, " (the lock held by each moe-tune command it ran)") as rec:
             yield rec
         return
-    start = time.monotonic()
-    while True:
-        with quiet.claim_machine(f"benchmark {command}", allow_busy=True, own=ours) as claim:
-            if claim.locked or time.monotonic() - start >= wait_s:
-                if claim.noise:
-                    say(f"machine at start: {claim.noise}")
-                with _held(LoadRecord(locked=claim.locked, start_noise=claim.noise), say) as rec:
-                    yield rec
-                return
-        progress(f"waiting for another measuring run to let go of the machine ({time.monotonic() - start:.0f} s)")
-        time.sleep(LOCK_POLL_S)
+    def waiting(what: str, waited_s: float) -> None:
+        progress(f"{what} ({waited_s:.0f} s of {wait_s:.0f} s)")
+
+    with contextlib.ExitStack() as stack:
+        try:
+            claim: quiet.Claim | None = stack.enter_context(quiet.claim_machine(
+                f"benchmark {command}", allow_busy=True, own=ours, wait_s=wait_s, on_wait=waiting))
+            noise = claim.noise if claim is not None else None
+        except MachineBusyError as exc:  # another measuring run held it all along: go ahead, saying who
+            claim, noise = None, str(exc)
+        if noise:
+            say(f"machine at start: {noise}")
+        with _held(LoadRecord(locked=claim is not None and claim.locked, start_noise=noise), say) as rec:
+            yield rec
 
 
 def watched(fn: Callable[[], T], rec: LoadRecord | None = None) -> tuple[T, str | None]:
