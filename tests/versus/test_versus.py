@@ -48,6 +48,8 @@ def test_bad_inputs_are_one_line(trained_model, tmp_path):
     assert twice.returncode == 1 and "named twice" in twice.stderr
     card = run_cli("compare-models", str(trained_model), "qwen3-30b-a3b:Q4_K_M", "--gpu", "RTX 3060 12GB")
     assert card.returncode == 1 and "--plan-only" in card.stderr.splitlines()[-1]
+    ram = run_cli("compare-models", str(trained_model), "qwen3-30b-a3b:Q4_K_M", "--ram", "64")
+    assert ram.returncode == 1 and "--plan-only" in ram.stderr.splitlines()[-1]
 
 
 def test_a_model_that_fits_nowhere_is_a_row_that_says_why(trained_model):

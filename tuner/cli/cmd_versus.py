@@ -64,6 +64,11 @@ def compare_models_cmd(
     trials: Annotated[int, typer.Option("--trials", help="Auto-tune trials per model.")] = 6,
     gpu: Annotated[str | None, typer.Option("--gpu", help="With --plan-only: plan for this card, e.g. "
                                             "\"RTX 5080 16GB\" (default: the card here).")] = None,
+    ram: Annotated[float | None, typer.Option("--ram", help="With --plan-only: plan for this much host RAM, in "
+                                              "GiB.")] = None,
+    host_bandwidth: Annotated[float | None, typer.Option("--host-bandwidth", help="With --plan-only: host RAM "
+                                                         "bandwidth in GB/s for the ceilings (default with --gpu: "
+                                                         "dual-channel DDR5-5600, 89.6).")] = None,
     plan_only: Annotated[bool, typer.Option("--plan-only", help="Answer from the headers alone: fit, offload, "
                                             "ceilings, KV capacity. No download, no GPU, nothing launched.")]
     = False,
@@ -91,8 +96,11 @@ def compare_models_cmd(
     """
     if trials < 1:
         raise UsageError(f"--trials {trials} tunes nothing: give 1 or more")
-    if gpu is not None and not plan_only:
-        raise UsageError("--gpu plans a card that is not here: add --plan-only (measuring uses the card here)")
+    if (gpu is not None or ram is not None or host_bandwidth is not None) and not plan_only:
+        raise UsageError("--gpu, --ram and --host-bandwidth plan a machine that is not here: add --plan-only "
+                         "(measuring uses this machine)")
+    if ram is not None and ram <= 0:
+        raise UsageError(f"--ram {ram:g} GiB leaves nothing to plan for: give the host RAM in GiB, e.g. --ram 64")
     load = workload.preset(workload_kind, n_prompt, n_gen, depth_tokens=depth, concurrency=parallel)
     req = compare.CompareModelsRequest(models=tuple(models), workload=load, ctx=ctx, parallel=parallel, trials=trials,
                                        out_dir=out_dir, device=device_choice(device), plan_only=plan_only)
@@ -101,7 +109,7 @@ def compare_models_cmd(
         err.print(msg, highlight=False, markup=False, soft_wrap=True)
 
     if plan_only:
-        hw = cards.machine(gpu, 0.3)
+        hw = cards.machine(gpu, 0.3, int(ram * 2**30) if ram is not None else None, host_bandwidth)
         result = compare.compare_models(req, None, hw, resolve_header=compare.header_resolver(),
                                         resolve_file=_file, on_step=say)
     else:

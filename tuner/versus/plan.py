@@ -56,7 +56,7 @@ def _published(info: ModelInfo, name: str) -> str | None:
     quant = name.rsplit(":", 1)[1] if ":" in name else Path(name).stem.rsplit("-", 1)[-1]
     figs = known.figures_for(quant)
     if not figs:
-        return f"{known.name} (catalog): no published figures for this quant"
+        return None
     f = figs[0]
     shown = ", ".join(f"{k} {v:g}" for k, v in f.figures.items())
     return f"{known.name} {f.quant}: {shown} ({f.gpu or '?'}; {known.sources.get(f.source, f.source)})"
