@@ -470,12 +470,14 @@ def _cuda_parts(backend: Backend, phase: Callable[[str], None]) -> tuple[list[st
     assert toolkit is not None  # _check_build_tools refused a CUDA build without one
     cublas_root = None
     if toolkit.library("cublas") is None:  # NVIDIA's wheel: installed here already, fetched earlier, or now
-        cublas_root = cuda_toolkit.installed_cublas(toolkit) or cuda_toolkit.cached_cublas(toolkit)
+        installed = cuda_toolkit.installed_cublas(toolkit)
+        cublas_root = installed or cuda_toolkit.cached_cublas(toolkit)
         if cublas_root is None:
             phase(f"fetch cuBLAS ({cuda_toolkit.cublas_wheel(toolkit)}; the toolkit has none)")
             cublas_root = cuda_toolkit.fetch_cublas(toolkit)
         else:
-            phase(f"cuBLAS from {cublas_root} (the toolkit has none)")
+            how = "installed here" if installed else "fetched earlier"
+            phase(f"cuBLAS {how} ({cublas_root}; the toolkit has none)")
     vmm = cuda_toolkit.driver_library(toolkit) is not None
     flags = cuda_toolkit.cmake_flags(toolkit, cuda_toolkit.architectures(), cublas_root, vmm)
     return flags, cuda_toolkit.runtime_libraries(toolkit, cublas_root)
