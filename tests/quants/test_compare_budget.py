@@ -100,3 +100,19 @@ def test_the_budget_holds_over_everything_kept_and_every_shard_counts(hub):
 def _parts(first: str) -> list[Path]:
     p = Path(first)
     return sorted(p.parent.glob(p.name.replace("00001-of", "*-of")))
+
+
+def test_made_quants_over_the_budget_are_refused_before_the_source_is_fetched(hub):
+    """Room for the F16 source but not for it and the smallest quant made from it: the made quant is sized from the
+    source's header (llama-quantize's own bits per weight for Q8_0), so the refusal comes before any byte of the
+    source is downloaded and before any importance matrix is computed (issue 34: it used to come after both)."""
+    srv, env, sizes, folders = hub
+    budget = (sizes["F16"] + 4 * MiB + 3 * MiB) / 2**30  # the source and the work reserve, not a Q8_0 of it
+    made = run_cli("compare-quants", "--make", "Q8_0", "--from", REPO, "--imatrix", "--out", str(folders[2]),
+                   "--disk-budget", f"{budget:.4f}", "-c", "128", "--chunks", "2", env=env)
+    assert made.returncode == 1
+    lines = made.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in made.stderr, made.stderr
+    assert "with the smallest quant (" in lines[-1] and "raise it to at least" in lines[-1], lines[-1]
+    assert srv.body_bytes(".gguf") <= 3 * 256 * 2**10  # headers only
+    assert not list(folders[0].rglob("blobs/*")) and not list(folders[1].rglob("*imatrix*"))

@@ -21,10 +21,11 @@ from pathlib import Path
 import gguf
 
 from tuner.core.errors import ProcessFailedError, QuantizeError, UsageError
+from tuner.core.model import ModelInfo, TensorClass
 from tuner.engine import flags, runner
 from tuner.engine.build import EngineLocation
 from tuner.machine.fileio import atomic_write
-from tuner.models import gguf_reader
+from tuner.models import gguf_reader, recipes
 
 # Regexes searched in tensor names (llama_tensor_get_type in src/llama-quant.cpp, std::regex_search, ECMAScript):
 # what a MoE mix keeps at the higher type besides the embeddings and output (their own options). One pattern,
@@ -153,6 +154,37 @@ def estimate_bytes(loc: EngineLocation, source: Path, recipe: Recipe, imatrix: P
     header = gguf_reader.local_header_bytes(source)
     # The dry run rounds to 0.01 MiB; the margin covers that and the header's growth (quantization metadata).
     return tensor_bytes + header + _TENSOR_PAD_BYTES * len(info.tensors) + 2**16
+
+
+def header_estimate_bytes(loc: EngineLocation, source: ModelInfo, recipe: Recipe) -> int | None:
+    """The made file's size from the source's header alone (nothing fetched): every weight llama-quantize touches
+    at the bits per weight its ``--help`` gives the type (the non-expert weights of a MoE mix at the ``rest`` type),
+    the rest as the source holds it. An approximation (the type's mix on the engine's reference model), taken 5 %
+    low so that a refusal on it is never wrong; :func:`estimate_bytes` (a dry run on the fetched source) is the
+    exact figure. None when the engine does not size the type."""
+    bpw = _help_bpw(str(loc.tool(flags.QUANTIZE))).get(recipe.ftype.upper())
+    if bpw is None:
+        return None
+    total = 0.0
+    for t in source.tensors:
+        if not recipes.quantized_name(t.name, t.shape):
+            total += t.n_bytes
+            continue
+        n = 1
+        for d in t.shape:
+            n *= d
+        if recipe.rest and t.klass is not TensorClass.ROUTED_EXPERTS:
+            total += recipes.n_bytes(t.shape, gguf.GGMLQuantizationType[recipe.rest.upper()])
+        else:
+            total += n * bpw / 8
+    return int(0.95 * total)
+
+
+@functools.cache
+def _help_bpw(binary: str) -> dict[str, float]:
+    res = runner.run_process(flags.help_argv(Path(binary)), timeout_s=60, what="llama-quantize --help",
+                             fix="reinstall the engine: moe-tune engine install --force", check=False)
+    return flags.parse_quant_bpw(res.stdout + "\n" + res.stderr_tail)
 
 
 def make(loc: EngineLocation, source: Path, out_dir: Path, recipe: Recipe, *, imatrix: Path | None = None,

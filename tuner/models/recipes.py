@@ -57,6 +57,11 @@ def _layer(name: str) -> int:
     return int(name.split(".", 2)[1]) if name.startswith("blk.") else 0
 
 
+def quantized_name(name: str, ne: Sequence[int]) -> bool:
+    """Whether llama-quantize quantizes a tensor of this name and shape (:func:`_quantized`)."""
+    return _quantized(TensorShape(name, tuple(ne)))
+
+
 def _quantized(t: TensorShape) -> bool:
     """llama-quantize touches only 2-D/3-D weights; norms, the router and the short conv stay as written."""
     n = t.name

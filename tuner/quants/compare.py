@@ -271,7 +271,10 @@ def _fixed_part(plan: plan_sources.Plan, req: CompareRequest, loc: build.EngineL
     if not todo:
         return kv_logits
     _check_fixed(ledger, [], kv_logits)
-    _check_fixed(ledger, [t.estimate_bytes() for t in todo if t.sized_now], kv_logits)
+    # Made quants are sized from the source's header (no byte of the source fetched yet): a budget that cannot hold
+    # the source and the smallest of them is refused now, not after the download and the importance matrix.
+    early = [t.estimate_bytes() if t.sized_now else t.header_estimate() for t in todo]
+    _check_fixed(ledger, [b for b in early if b is not None], kv_logits)
     for f in dict.fromkeys(x for x in (plan.reference, plan.source) if x is not None):
         paths = f.fetch()
         if f.counted_bytes:

@@ -97,6 +97,8 @@ class Target:
     fetch: Callable[[], Fetched]
     sized_now: bool = True  # estimate_bytes needs nothing fetched (False: a made quant's dry run needs the source)
     n_parts: int = 1
+    # A made quant's size from the source's header alone (approximate, taken low); None: not sized before fetching.
+    header_estimate: Callable[[], int | None] = lambda: None
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,7 +155,12 @@ def _made(loc: build.EngineLocation, source: FixedFile, recipe: quantize.Recipe,
         dest = quantize.made_path(source.path, out_dir, recipe, imat())
         return 0 if quantize.made_command(dest) and dest.is_file() else quantize.estimate_bytes(
             loc, source.path, recipe, imat())
-    return Target(recipe.name, MADE, estimate, fetch, sized_now=False)
+    def from_header() -> int | None:
+        dest = quantize.made_path(source.path, out_dir, recipe, None) if source.fetched else None
+        if dest is not None and quantize.made_command(dest) and dest.is_file():
+            return 0
+        return quantize.header_estimate_bytes(loc, source.info(), recipe)
+    return Target(recipe.name, MADE, estimate, fetch, sized_now=False, header_estimate=from_header)
 
 
 def normalize(req_sources: tuple[str, ...], quants: tuple[str, ...], make: tuple[str, ...], make_from: str | None,

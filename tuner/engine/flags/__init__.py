@@ -13,6 +13,7 @@ from tuner.engine.flags.quantize import (
     QUANTIZE,
     help_argv,
     imatrix_argv,
+    parse_quant_bpw,
     parse_quant_size_bytes,
     parse_quant_types,
     quantize_argv,
@@ -48,6 +49,7 @@ __all__ = [
     "launch_line", "listen_argv", "parse_command", "parse_fit_line", "parse_spec_types", "perplexity_argv",
     "server_accepts", "server_argv", "server_logs_jsonl", "spelled", "trace_argv", "validate", "with_fit_target",
     "with_overrides", "without_reuse",
-    "IMATRIX", "QUANTIZE", "imatrix_argv", "parse_quant_size_bytes", "parse_quant_types", "quantize_argv",
+    "IMATRIX", "QUANTIZE", "imatrix_argv", "parse_quant_bpw", "parse_quant_size_bytes", "parse_quant_types",
+    "quantize_argv",
     "help_argv",
 ]

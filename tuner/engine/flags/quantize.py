@@ -20,6 +20,11 @@ IMATRIX = "llama-imatrix"
 _TYPE_LINE = re.compile(r"^\s*\d+\s+or\s+([A-Z0-9_]+)\s*:", re.MULTILINE)
 # llama_model_quantize_impl: `quant size  =    12.34 MiB (4.89 BPW)`
 _QUANT_SIZE = re.compile(r"quant size\s*=\s*([0-9.]+)\s*MiB")
+# llama-quantize's usage (tools/quantize/quantize.cpp QUANT_OPTIONS) sizes each type either as "4.58G, +0.1754 ppl @
+# Llama-3-8B" (GiB of the whole 8B model) or as "4.25 bpw"; the models' parameter counts (Meta's Llama-3-8B card:
+# 8.03 B; Mistral's 7B paper: 7.24 B) turn the first kind into bits per weight.
+_SIZE_LINE = re.compile(r"^\s*\d+\s+or\s+([A-Z0-9_]+)\s*:\s*([0-9.]+)(G,.*@\s*(\S+)|\s*bpw)", re.MULTILINE)
+_REFERENCE_PARAMS = {"Llama-3-8B": 8.03e9, "Mistral-7B": 7.24e9}
 
 
 def quantize_argv(
@@ -68,6 +73,18 @@ def help_argv(binary: Path) -> list[str]:
 def parse_quant_types(help_text: str) -> tuple[str, ...]:
     """The quant types llama-quantize's ``--help`` lists (COPY, which quantizes nothing, left out)."""
     return tuple(dict.fromkeys(m.group(1) for m in _TYPE_LINE.finditer(help_text)))
+
+
+def parse_quant_bpw(help_text: str) -> dict[str, float]:
+    """Bits per weight of each quant type llama-quantize's ``--help`` sizes (a type it does not size is absent)."""
+    out: dict[str, float] = {}
+    for m in _SIZE_LINE.finditer(help_text):
+        name, figure, gib_tail, model = m.group(1), float(m.group(2)), m.group(3), m.group(4)
+        if gib_tail.strip() == "bpw":
+            out[name] = figure
+        elif model in _REFERENCE_PARAMS:
+            out[name] = figure * 2**30 * 8 / _REFERENCE_PARAMS[model]
+    return out
 
 
 def parse_quant_size_bytes(output: str) -> int | None:
