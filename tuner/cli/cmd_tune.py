@@ -275,6 +275,8 @@ def _summary(res: autotune.TuneResult) -> None:
     fin = r["finish"]
 
     def num(v: float | None, spec: str = ",.1f") -> str:
+        if v is not None and spec == ",.1f" and v >= 1000:
+            spec = ",.0f"  # five digits and a decimal would fold the column at 80
         return "" if v is None else format(v, spec)
 
     confirmed = fin.get("confirmation") or []
@@ -282,7 +284,7 @@ def _summary(res: autotune.TuneResult) -> None:
         table.title = f"{table.title}: selection rounds (they decide nothing)"
     rows = [*fin["baselines"], *fin["candidates"]]
     for m in rows + confirmed:
-        gen = "failed" if m["gen_tok_s"] is None else f"{m['gen_tok_s']:,.1f}"
+        gen = "failed" if m["gen_tok_s"] is None else num(m["gen_tok_s"])
         if confirmed and m is confirmed[0]:
             table.add_section()
             table.add_row("confirmation", *[""] * 8)  # the rounds below decide; the ones above chose
