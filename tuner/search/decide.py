@@ -45,6 +45,11 @@ class Phases:
     confirmation: dict[str, list[Obs]] = field(default_factory=dict)
 
 
+def observations(scores: Sequence[float | None], interference: Sequence[str | None]) -> list[Obs]:
+    """Per-round scores beside what disturbed each round (a round past the end of ``interference``: quiet)."""
+    return [(s, interference[i] if i < len(interference) else None) for i, s in enumerate(scores)]
+
+
 def quiet_median(obs: Sequence[Obs]) -> float | None:
     """The median score over the quiet rounds, or over every measured round when none was quiet (selection only
     ranks; a busy machine slows every arm alike, and the confirmation will not decide on busy rounds)."""

@@ -232,8 +232,7 @@ class Finish:
         if m.gen_tok_s is None:
             return None
         if m.scores:
-            busy = [*m.interference, *[None] * (len(m.scores) - len(m.interference))]
-            return decide.quiet_median(list(zip(m.scores, busy, strict=False)))
+            return decide.quiet_median(decide.observations(m.scores, m.interference))
         return self.score(m)
 
     @property
@@ -468,15 +467,12 @@ def two_phase_finish(labels: Sequence[str], measure: Callable[[str, int, str], d
     alternative to a lossy one) in fresh rounds until :attr:`Finish.verdicts` are decided or the rounds run out."""
     n_select = rounds.select if sum(x.startswith("candidate") for x in labels) >= 2 else 0
 
-    def chosen() -> str | None:
-        best = table(SELECT).select() if n_select else None
-        return best.label if best else None
-
     def assembled() -> Finish:
         if not n_select:
             return table(CONFIRM)
-        conf = table(CONFIRM)
-        return replace(table(SELECT), selected=chosen(), confirmation=(*conf.baselines, *conf.candidates))
+        sel, conf = table(SELECT), table(CONFIRM)
+        best = sel.select()
+        return replace(sel, selected=best.label if best else None, confirmation=(*conf.baselines, *conf.candidates))
 
     decide.two_phase(labels, [x for x in labels if x.startswith("candidate")],
                      lambda label, r: measure(label, r, SELECT if r <= n_select else CONFIRM),

@@ -209,7 +209,7 @@ def measure(loc: EngineLocation, arms: Sequence[tuple[str, LaunchConfig]], req: 
 
 def select(arms: Sequence[ArmSessions]) -> str | None:
     """The reuse arm with the shortest session over its quiet rounds (selection decides nothing)."""
-    table = {a.label: list(zip(a.scores, [*a.interference, *[None] * len(a.scores)], strict=False)) for a in arms}
+    table = {a.label: decide.observations(a.scores, a.interference) for a in arms}
     return decide.best(table, reuse_labels([a.label for a in arms]))
 
 
