@@ -114,12 +114,13 @@ def compare_models_cmd(
                                         resolve_file=_file, on_step=say)
     else:
         loc = build.locate_engine(llama_cpp_dir)
+        headers = compare.header_resolver()
         # Plan first (headers only): a model that fits nowhere, or a bad name, stops before anything is measured.
-        compare.plan(req, cards.machine(None, 0.3), compare.header_resolver())
+        compare.plan(req, cards.machine(None, 0.3), headers)
         with measuring("compare-models", allow_busy=allow_busy, busy_wait=busy_wait, quiet_output=as_json,
                        device=req.device):
             hw = hardware.probe_hardware(host_bandwidth_s=0.3)
-            result = compare.compare_models(req, loc, hw, resolve_header=compare.header_resolver(),
+            result = compare.compare_models(req, loc, hw, resolve_header=headers,
                                             resolve_file=_file, on_step=say)
     written = versus_report.write(result)
     if as_json:

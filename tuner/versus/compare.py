@@ -6,6 +6,7 @@ is against itself); the table shows the catalog's published figures where it has
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -181,9 +182,11 @@ def _written(cmp: ModelComparison) -> ModelComparison:
 
 
 def header_resolver(header_only: bool = True) -> Callable[[str], tuple[ModelInfo, str]]:
-    """A name's header through the hub's resolver (files, Hub quants by range requests, catalog shapes)."""
+    """A name's header through the hub's resolver (files, Hub quants by range requests, catalog shapes), read once
+    per name however often the comparison plans (the CLI plans before holding the machine, then again inside)."""
     from tuner.hub.resolve import resolve_model
 
+    @functools.cache
     def resolve(name: str) -> tuple[ModelInfo, str]:
         got = resolve_model(name, header_only=header_only)
         return inspect_model(got.path), got.source
