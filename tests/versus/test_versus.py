@@ -91,3 +91,17 @@ def test_one_model_named_is_refused_before_anything():
     req = compare.CompareModelsRequest(models=("a.gguf",), workload=workload.preset(workload.WorkloadKind.CHAT))
     with pytest.raises(UsageError, match="two or more models"):
         compare.plan(req, cards.machine(None), compare.header_resolver())
+
+
+def test_a_model_is_called_faster_only_when_decided():
+    from tuner.versus.judge import Arm, HeadToHead, Round, verdicts_of
+
+    def arm(label: str, scores: tuple[float, ...]) -> Arm:
+        return Arm(label, f"llama-server # {label}", tuple(Round(s) for s in scores))
+
+    close = [arm("moe", (1.0, 1.1, 0.9)), arm("dense", (1.0, 0.95, 1.05))]
+    h = HeadToHead(tuple(close), "m", verdicts_of(close))
+    assert not h.decided and h.summary().startswith("undecided: moe had the best median, but was not shown faster")
+    far = [arm("moe", (3.0, 3.1, 2.95)), arm("dense", (1.0, 0.98, 1.02))]
+    h = HeadToHead(tuple(far), "m", verdicts_of(far))
+    assert h.decided and h.summary() == "moe is faster than every other model here (by m)"
