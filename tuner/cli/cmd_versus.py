@@ -29,6 +29,7 @@ from tuner.core.errors import TunerError, UsageError
 from tuner.engine import build
 from tuner.machine import hardware
 from tuner.measure import workload
+from tuner.quality import kv_price
 from tuner.report import versus_report
 from tuner.versus import compare
 
@@ -62,6 +63,12 @@ def compare_models_cmd(
     parallel: Annotated[int | None, typer.Option("-np", "--parallel", help="Slots (with --workload agent: agents "
                                                  "at once).")] = None,
     trials: Annotated[int, typer.Option("--trials", help="Auto-tune trials per model.")] = 6,
+    max_kld: Annotated[str | None, typer.Option(
+        "--max-kld", help=f"Quality floor for every model's KV cache, as auto-tune's (default "
+        f"{kv_price.DEFAULT_MAX_KLD}; off: none, and no KV pair is priced).")] = None,
+    session_rounds: Annotated[int, typer.Option(
+        "--session-rounds", help="Agent workload: auto-tune's confirmation sessions per arm when it tunes prompt "
+        "reuse for each model; 0: no session stage (the head to head still replays sessions).")] = 3,
     gpu: Annotated[str | None, typer.Option("--gpu", help="With --plan-only: plan for this card, e.g. "
                                             "\"RTX 5080 16GB\" (default: the card here).")] = None,
     ram: Annotated[float | None, typer.Option("--ram", help="With --plan-only: plan for this much host RAM, in "
@@ -101,9 +108,12 @@ def compare_models_cmd(
                          "(measuring uses this machine)")
     if ram is not None and ram <= 0:
         raise UsageError(f"--ram {ram:g} GiB leaves nothing to plan for: give the host RAM in GiB, e.g. --ram 64")
+    if session_rounds < 0:
+        raise UsageError(f"--session-rounds {session_rounds}: give 0 (no session stage) or more")
     load = workload.preset(workload_kind, n_prompt, n_gen, depth_tokens=depth, concurrency=parallel)
     req = compare.CompareModelsRequest(models=tuple(models), workload=load, ctx=ctx, parallel=parallel, trials=trials,
-                                       out_dir=out_dir, device=device_choice(device), plan_only=plan_only)
+                                       out_dir=out_dir, device=device_choice(device), plan_only=plan_only,
+                                       max_kld=kv_price.parse_max_kld(max_kld), session_rounds=session_rounds)
 
     def say(msg: str) -> None:
         err.print(msg, highlight=False, markup=False, soft_wrap=True)

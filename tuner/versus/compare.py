@@ -20,6 +20,7 @@ from tuner.engine import build, flags
 from tuner.machine.fileio import atomic_write
 from tuner.measure.workload import Workload, WorkloadKind
 from tuner.models.gguf_reader import ModelInfo, inspect_model
+from tuner.quality import kv_price
 from tuner.search import autotune, decide, session_stage, study
 from tuner.search.study import config_from_dict
 from tuner.versus import judge
@@ -43,6 +44,7 @@ class CompareModelsRequest:
     plan_only: bool = False
     rounds: decide.Rounds = judge.ROUNDS
     tune_rounds: decide.Rounds = decide.Rounds()
+    max_kld: float | None = kv_price.DEFAULT_MAX_KLD  # the quality floor every model's KV cache is held to
     kld_ctx: int | None = None  # KV pricing per model (None: auto-tune's defaults)
     kld_chunks: int | None = None
     session_rounds: int = session_stage.DEFAULT_ROUNDS
@@ -171,7 +173,7 @@ def _tune_request(req: CompareModelsRequest, path: Path, ctx: int, parallel: int
                                                 gen_tokens=req.workload.gen_tokens, rounds=req.session_rounds,
                                                 agents=parallel)
     return autotune.TuneRequest(model=path, workload=req.workload, min_ctx=ctx, parallel=parallel,
-                                budget=study.Budget(trials=req.trials), rounds=req.tune_rounds,
+                                budget=study.Budget(trials=req.trials), rounds=req.tune_rounds, max_kld=req.max_kld,
                                 results_dir=out_dir / "tune", device=req.device, session=sessions, **extra)
 
 
