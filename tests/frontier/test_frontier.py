@@ -258,3 +258,25 @@ def test_a_small_space_is_covered_in_as_many_trials_as_it_has_configs(model, tmp
         first = st.trials[t.user_attrs["duplicate_of"]]
         assert t.state == TrialState.FAIL and t.params == first.params
         assert t.user_attrs[study.CONSTRAINTS_ATTR] == first.user_attrs[study.CONSTRAINTS_ATTR]
+
+
+def test_a_dense_frontier_spans_ngl_over_every_context(trained_model):
+    """SmolLM2-135M (dense, 30 layers) on a card whose budget holds about half of it: the frontier's offload axis is
+    -ngl, spanning the union of every context's fitting range (fewer layers fit at 8K than at 1K), and its points
+    name the -ngl they ran with."""
+    from tuner.report import frontier_report
+    from tuner.search import space
+
+    info = inspect_model(trained_model)
+    card = Hardware("RTX test", 12 * GIB, 12 * GIB, 360e9, 25e9, 16 * GIB, 12 * GIB, 0, 50e9, 8, source="catalog",
+                    vram_budget_override_bytes=1524 * 2**20)
+    load = preset(WorkloadKind.CHAT, 128, 32)
+    per_ctx = [space.build_space(trained_model, info, card, ctx=c, parallel=1, prompt_tokens=128)
+               for c in (1024, 8192)]
+    short, long = (s.n_gpu_layers for s in per_ctx)
+    assert short is not None and long is not None and long[0] < short[0]  # a longer cache leaves room for fewer
+    fs = pareto.build_frontier_space(trained_model, info, card, load, (1024, 8192))
+    assert fs.base.n_cpu_moe is None and fs.base.n_gpu_layers == (long[0], max(short[1], long[1]))
+    assert {c.n_gpu_layers for c in pareto.iter_configs(fs)} == set(range(long[0], short[1] + 1))
+    point = {"cache_type_k": "f16", "cache_type_v": "f16", "flash_attn": "on", "n_gpu_layers": long[0]}
+    assert frontier_report.config_label(point) == f"f16/f16 fa on ngl {long[0]}"

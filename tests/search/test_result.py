@@ -58,3 +58,26 @@ def test_report_md_has_no_python_reprs_and_no_none():
     assert "- workload: chat: 512-token prompts, 128-token replies generated at depth 512, one request at a time" \
         in text
     assert "| default | q8_0/q8_0 | on | default | default |" in text and "| 5e-05 |" in text
+
+
+def test_report_trials_name_the_offload_flag_of_each_model(tmp_path):
+    """A dense model's trials carry -ngl (layers on the GPU), a MoE's --n-cpu-moe: the trials table names which,
+    and the offload plot is drawn along the dense model's -ngl."""
+    from tuner.report import study_report
+
+    def trial(n: int, **offload: int) -> TrialRecord:
+        return TrialRecord(n, "measured", {"model": "/m.gguf", "ctx": 4096, "cache_type_k": "f16",
+                                           "cache_type_v": "f16", "flash_attn": "on", **offload},
+                           gen_tok_s=10.0 + n, prompt_tok_s=100.0 + n, request_s=2.0)
+
+    load = {"kind": "chat", "prompt_tokens": 512, "gen_tokens": 128, "depth_tokens": 512, "concurrency": 1}
+    dense = study_result.StudyResult(study="d", model="/m.gguf", finish=Finish((), ()),
+                                     trials=(trial(0, n_gpu_layers=28), trial(1, n_gpu_layers=25)), workload=load)
+    text = study_report.markdown(dense)
+    assert "| # | status | seed | offload |" in text
+    assert "| 0 | measured |  | ngl 28 |" in text and "| 1 | measured |  | ngl 25 |" in text
+    moe = study_result.StudyResult(study="m", model="/m.gguf", finish=Finish((), ()),
+                                   trials=(trial(0, n_cpu_moe=4), trial(1)), workload=load)
+    text = study_report.markdown(moe)
+    assert "| 0 | measured |  | ncmoe 4 |" in text and "| 1 | measured |  | default |" in text
+    assert [p.name for p in study_report.plots(dense, tmp_path)][0] == "tok_s_vs_n_gpu_layers.png"

@@ -90,15 +90,17 @@ def build_frontier_space(model: Path, info: ModelInfo, hw: Hardware, load: Workl
                          slots: Sequence[int] = (1,), vram_margin_mib: float | None = None,
                          kv_pairs: Sequence[tuple[Any, Any]] = space.KV_PAIRS,
                          threads: Sequence[int | None] | None = None, device: str | None = None) -> FrontierSpace:
-    """Today's space at every (context, slots); ``--n-cpu-moe`` spans the union of their fitting ranges (a value
-    that does not fit at one context is a constraint violation there, not a gap in the space)."""
+    """Today's space at every (context, slots); ``--n-cpu-moe`` (``-ngl`` for a dense model) spans the union of their
+    fitting ranges (a value that does not fit at one context is a constraint violation there, not a gap in the
+    space)."""
     spaces = [space.build_space(model, info, hw, ctx=c, parallel=n, prompt_tokens=load.prompt_tokens,
                                 kv_pairs=kv_pairs, vram_margin_mib=vram_margin_mib, device=device)
               for c, n in product(contexts, slots)]
     base = spaces[0]
-    ranges = [s.n_cpu_moe for s in spaces if s.n_cpu_moe]
-    if ranges:
-        base = replace(base, n_cpu_moe=(min(r[0] for r in ranges), max(r[1] for r in ranges)))
+    for axis in ("n_cpu_moe", "n_gpu_layers"):  # a MoE's expert offload, or a dense model's layers on the GPU
+        ranges = [getattr(s, axis) for s in spaces if getattr(s, axis)]
+        if ranges:
+            base = replace(base, **{axis: (min(r[0] for r in ranges), max(r[1] for r in ranges))})
     if threads is not None:
         base = replace(base, threads=tuple(threads))
     return FrontierSpace(base, tuple(sorted(set(contexts))), tuple(sorted(set(slots))),

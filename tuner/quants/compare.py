@@ -173,6 +173,8 @@ def _measure_one(row: QuantRow, path: Path, req: CompareRequest, reference: Path
         raise  # the engine is not on the GPU: every row would be a CPU figure, so the comparison stops
     except TunerError as exc:
         return replace(row, error=str(exc))
+    if res.search.interrupted:  # Ctrl-C or SIGTERM stops the comparison (rows kept resume), not this quant only
+        raise KeyboardInterrupt(f"{row.quant}: auto-tune interrupted")
     w = res.result.to_dict().get("winner") or {}
     if w.get("gen_tok_s") is None:
         return replace(row, study=res.study_name, error="no config measured with llama-server")

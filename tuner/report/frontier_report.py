@@ -34,7 +34,7 @@ def frontier_of(result: StudyResult) -> Frontier | None:
 def config_label(c: dict[str, Any]) -> str:
     """Compact, in llama-server's own short flags: ``q8_0/q8_0 fa on ncmoe 4 t 2 ub 1024``."""
     parts = [f"{c.get('cache_type_k')}/{c.get('cache_type_v')}", f"fa {c.get('flash_attn')}"]
-    for key, flag in (("n_cpu_moe", "ncmoe"), ("threads", "t"), ("ubatch", "ub")):
+    for key, flag in (("n_cpu_moe", "ncmoe"), ("n_gpu_layers", "ngl"), ("threads", "t"), ("ubatch", "ub")):
         if c.get(key) is not None:
             parts.append(f"{flag} {c[key]}")
     return " ".join(parts)

@@ -106,6 +106,14 @@ def _fmt(v: float | None, spec: str = ",.1f") -> str:
     return "n/a" if v is None else format(v, spec)
 
 
+def offload_cell(c: dict[str, Any]) -> str:
+    """What a trial kept off the GPU, in llama-server's short flags: ``ngl 28`` (a dense model's layers on the GPU)
+    or ``ncmoe 4`` (a MoE's layers whose experts stay in host RAM); "default" where neither was set."""
+    if c.get("n_gpu_layers") is not None:
+        return f"ngl {c['n_gpu_layers']}"
+    return "default" if c.get("n_cpu_moe") is None else f"ncmoe {c['n_cpu_moe']}"
+
+
 def _cell(v: object) -> str:
     """A config value as a person reads it: "default" where the engine's own default applies."""
     return "default" if v is None else str(v)
@@ -221,7 +229,7 @@ def markdown(study_result: StudyResult) -> str:
                      f"{_fmt(s.get('end_to_end_gen_tok_s'))} | {_fmt(s.get('kld_mean'), '.3g')} | {rounds} | "
                      f"`{s['launch_line']}` |")
     lines += ["", "## Trials", "",
-              "| # | status | seed | n-cpu-moe | K/V | fa | threads | ubatch | depth | reps | gen tok/s | "
+              "| # | status | seed | offload | K/V | fa | threads | ubatch | depth | reps | gen tok/s | "
               "prompt tok/s | s/request | KLD | note |",
               "|---:|---|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for t in trials:
@@ -231,7 +239,7 @@ def markdown(study_result: StudyResult) -> str:
             note = ", ".join(f"{k}={v:+.4g}" for k, v in t.constraints.items() if v > 0)
         elif t.failure:
             note = f"{t.failure.get('kind')}: {str(t.failure.get('reason'))[:60]}"
-        lines.append(f"| {t.number} | {t.status} | {t.seed or ''} | {_cell(c.get('n_cpu_moe'))} | "
+        lines.append(f"| {t.number} | {t.status} | {t.seed or ''} | {offload_cell(c)} | "
                      f"{c.get('cache_type_k')}/{c.get('cache_type_v')} | {_cell(c.get('flash_attn'))} | "
                      f"{_cell(c.get('threads'))} | {_cell(c.get('ubatch'))} | "
                      f"{'' if t.gen_depth is None else t.gen_depth} | {t.repetitions or ''} | {_fmt(t.gen_tok_s)} | "
@@ -240,9 +248,10 @@ def markdown(study_result: StudyResult) -> str:
 
 
 def plots(study_result: StudyResult, out_dir: Path) -> list[Path]:
+    """Only plots that carry information: tok/s vs the offload axis (--n-cpu-moe, or -ngl for a dense model) per KV
+    pair when it took several values, and generation vs prompt tok/s with the Pareto front when two or more trials
+    were measured."""
     result = study_result.to_dict()
-    """Only plots that carry information: tok/s vs --n-cpu-moe per KV pair when --n-cpu-moe took several
-    values, and generation vs prompt tok/s with the Pareto front when two or more trials were measured."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -250,22 +259,27 @@ def plots(study_result: StudyResult, out_dir: Path) -> list[Path]:
 
     measured = [t for t in result["trials"] if t["status"] == "measured" and t.get("gen_tok_s")]
     written: list[Path] = []
-    if len({t["config"].get("n_cpu_moe") for t in measured} - {None}) >= 2:
+    # The offload axis: -ngl for a dense model (layers on the GPU), --n-cpu-moe for a MoE (layers whose experts
+    # stay in RAM).
+    dense = any(t["config"].get("n_gpu_layers") is not None for t in measured)
+    key, flag, meaning = (("n_gpu_layers", "-ngl", "layers on the GPU") if dense else
+                          ("n_cpu_moe", "--n-cpu-moe", "layers whose experts stay in RAM"))
+    if len({t["config"].get(key) for t in measured} - {None}) >= 2:
         fig, ax = plt.subplots(figsize=(7, 4.5))
         by_kv: dict[str, list[tuple[int, float]]] = {}
         for t in measured:
             c = t["config"]
             by_kv.setdefault(f"K {c['cache_type_k']} / V {c['cache_type_v']}", []).append(
-                (c.get("n_cpu_moe") or 0, t["gen_tok_s"]))
+                (c.get(key) or 0, t["gen_tok_s"]))
         for label, pts in sorted(by_kv.items()):
             pts.sort()
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", linestyle="-" if len(pts) > 1 else "",
                     label=label)
-        ax.set_xlabel("--n-cpu-moe (layers whose experts stay in RAM)")
+        ax.set_xlabel(f"{flag} ({meaning})")
         ax.set_ylabel("generation tok/s at the workload's depth (llama-bench)")
-        ax.set_title("Generation speed vs --n-cpu-moe per KV cache pair")
+        ax.set_title(f"Generation speed vs {flag} per KV cache pair")
         ax.legend(fontsize="small")
-        written.append(save_png(fig, out_dir / "tok_s_vs_n_cpu_moe.png"))
+        written.append(save_png(fig, out_dir / f"tok_s_vs_{key}.png"))
     if len(measured) >= 2:
         fig, ax = plt.subplots(figsize=(7, 4.5))
         front = set(result.get("pareto") or [])

@@ -132,6 +132,8 @@ def compare_models(req: CompareModelsRequest, loc: build.EngineLocation | None, 
         except TunerError as exc:
             rows.append(ModelRow(p, error=str(exc)))
             continue
+        if res.search.interrupted:  # Ctrl-C or SIGTERM stops the comparison, not only this model's search
+            raise KeyboardInterrupt(f"{p.label}: auto-tune interrupted; its study resumes when run again")
         cfg, decision = printed(res)
         if cfg is None:
             rows.append(ModelRow(p, study=res.study_name, error="auto-tune measured no config"))
