@@ -16,7 +16,7 @@ from tuner.core.errors import UsageError
 from tuner.core.machine_spec import Hardware
 from tuner.core.model import TensorClass, TensorInfo
 from tuner.engine import flags
-from tuner.measure.workload import Workload, WorkloadKind
+from tuner.measure.workload import Workload, WorkloadKind, preset
 from tuner.models.gguf_reader import has_mtp_head, inspect_model
 from tuner.plan import memory
 from tuner.search import speculation
@@ -163,3 +163,29 @@ def test_a_speculation_arm_is_printed_only_when_its_fresh_rounds_decide_it():
     assert fin.winner is default and fin.verdicts[-1].outcome == "undecided"
     # A confirmation measured on another line than the printed one never swaps it.
     assert replace(base, speculation=(replace(none, config={"model": "other.gguf"}), fast)).winner is default
+
+
+def test_a_speculation_round_on_a_busy_machine_decides_nothing():
+    """Speculation's confirmation rounds are watched as the finish's are: a 1.4x arm whose every winning round was
+    measured beside other work is not printed (it was, before the rounds were watched)."""
+    from tuner.measure.speculation import Arm, ArmResult, SpecRequest
+    from tuner.search.speculation import as_measurement
+
+    load = preset(WorkloadKind.CUSTOM, 32, 48)
+    cfg = LaunchConfig(model=Path("m.gguf"))
+
+    def result(label: str, secs: float, noise: dict[int, str]) -> ArmResult:
+        reqs = tuple(SpecRequest(r, 0, secs, 0.1, 32, 48, 320.0 / secs, 48 / secs, 0, 0) for r in range(2, 6))
+        return ArmResult(Arm(label, cfg), reqs, round_noise=tuple((r, noise.get(r)) for r in range(2, 6)))
+
+    none = as_measurement(result("none", 1.0, {}), load)
+    quiet_fast = as_measurement(result("ngram-mod", 1.0 / 1.4, {}), load)
+    busy = {r: "2 other processes used 1.9 cores" for r in range(2, 6)}
+    busy_fast = as_measurement(result("ngram-mod", 1.0 / 1.4, busy), load)
+    assert busy_fast.interference == [busy[r] for r in range(2, 6)] and busy_fast.quiet_scores() == [None] * 4
+    assert none.interference == [None] * 4 and none.quiet_scores() == none.scores
+    default = replace(none, label="default")
+    base = Finish((), (default,), 32, 48)
+    assert replace(base, speculation=(none, quiet_fast)).winner is quiet_fast
+    fin = replace(base, speculation=(none, busy_fast))
+    assert fin.winner is default and fin.verdicts[-1].outcome != "better"

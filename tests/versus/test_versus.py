@@ -4,6 +4,11 @@ trained model (SmolLM2-135M, from the package index) against the MoE demo."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -85,6 +90,8 @@ def test_compare_models_tunes_each_and_judges_them_head_to_head(engine_loc, demo
     doc = json.loads((tmp_path / "cmp" / "compare-models.json").read_text())
     assert doc["head_to_head"]["best"] == best.label and doc["head_to_head"]["summary"] == summary
     assert any(s.startswith("round 3: ") for s in steps)
+    # Each model's search says where it is, trial by trial (compare-models has no bar of its own).
+    assert any(s.startswith(f"{moe.stem}: trial 2/2 measured: ") for s in steps), steps
 
 
 def test_one_model_named_is_refused_before_anything():
@@ -105,3 +112,43 @@ def test_a_model_is_called_faster_only_when_decided():
     far = [arm("moe", (3.0, 3.1, 2.95)), arm("dense", (1.0, 0.98, 1.02))]
     h = HeadToHead(tuple(far), "m", verdicts_of(far))
     assert h.decided and h.summary() == "moe is faster than every other model here (by m)"
+
+
+@pytest.mark.slow
+def test_sigterm_stops_the_whole_comparison(demo_models, trained_model, tmp_path):
+    """Ctrl-C or SIGTERM while the first model is searched stops compare-models (exit 130, its study kept to
+    resume); it once went on to tune the next model with the first one half searched, as if it had finished."""
+    import optuna
+    from optuna.trial import TrialState
+
+    from tuner.search import study
+
+    moe = demo_models[("qwen3moe", "Q4_K_M")]
+    out = tmp_path / "cmp"
+    url = study.default_storage(out / "tune")
+    argv = [str(Path(sys.executable).parent / "moe-tune"), "compare-models", str(moe), str(trained_model),
+            "--workload", "custom", "-p", "16", "-n", "8", "-c", "512", "--trials", "20", "--max-kld", "off",
+            "--out", str(out)]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, COLUMNS="200"))
+    try:
+        deadline = time.monotonic() + 180
+        running: list = []
+        while not running and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+            try:
+                st = optuna.load_study(study_name=optuna.get_all_study_summaries(url)[0].study_name, storage=url)
+                running = st.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+            except (IndexError, KeyError, ValueError, RuntimeError):  # not created yet
+                pass
+        assert running and proc.poll() is None, "the first model's search never reached a measurement"
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert "interrupted" in err.splitlines()[-1] and "Traceback" not in err
+    assert f"{moe.stem}: auto-tune" in err and f"{trained_model.stem}: auto-tune" not in err
+    assert len(optuna.get_all_study_summaries(url)) == 1  # the second model's study was never created

@@ -24,6 +24,7 @@ from tuner.core.errors import TunerError, UsageError
 from tuner.core.stats import cv_pct
 from tuner.engine import flags, runner
 from tuner.engine.build import Capabilities, EngineLocation
+from tuner.machine import quiet
 from tuner.measure import failures, workload
 from tuner.measure.workload import Workload
 from tuner.models.gguf_reader import ModelInfo
@@ -103,10 +104,15 @@ class ArmResult:
     requests: tuple[SpecRequest, ...] = ()
     argv: tuple[str, ...] = ()
     failure: dict[str, Any] | None = None
+    # (round, what disturbed the machine while this arm was measured in it; None: quiet), one per round measured.
+    round_noise: tuple[tuple[int, str | None], ...] = ()
 
     @property
     def ok(self) -> bool:
         return self.failure is None and bool(self.requests)
+
+    def noise_of(self, round_index: int) -> str | None:
+        return next((n for r, n in self.round_noise if r == round_index), None)
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -199,11 +205,17 @@ def measure_arms(loc: EngineLocation, arms: Sequence[Arm], load: Workload, *, ro
                 continue
             if on_step:
                 on_step(f"speculation round {rnd + 1}/{first_round + rounds}: {arm.label}")
-            res = measure_arm(loc, arm, load, round_index=rnd, requests=requests, texts=texts,
-                              log_dir=log_dir, caps=caps)
+            # Watched as the finish's rounds are (tuner.search.watched_round): a disturbed round decides nothing.
+            with quiet.watch_for([arm.config], runner.own_pids) as watch:
+                res = measure_arm(loc, arm, load, round_index=rnd, requests=requests, texts=texts,
+                                  log_dir=log_dir, caps=caps)
+            if watch.noise and on_step:
+                on_step(f"speculation round {rnd + 1}: {arm.label} was measured on a busy machine ({watch.noise}): "
+                        "it decides nothing")
             prev = merged[arm.label]
             merged[arm.label] = replace(prev, requests=prev.requests + res.requests,
-                                        argv=res.argv or prev.argv, failure=res.failure)
+                                        argv=res.argv or prev.argv, failure=res.failure,
+                                        round_noise=(*prev.round_noise, (rnd, watch.noise)))
     return [merged[a.label] for a in arms]
 
 

@@ -168,7 +168,8 @@ def _measure_one(row: QuantRow, path: Path, req: CompareRequest, reference: Path
                                 measure=study.Measure.for_workload(load),
                                 results_dir=out_dir / "tune", device=req.device)
     try:
-        res = autotune.auto_tune(tune, loc, tune_hw, on_step=on_step)
+        res = autotune.auto_tune(tune, loc, tune_hw, on_step=on_step,
+                                 on_progress=lambda pr: on_step(f"{row.quant}: {pr.describe()}"))
     except CpuFallbackError:
         raise  # the engine is not on the GPU: every row would be a CPU figure, so the comparison stops
     except TunerError as exc:

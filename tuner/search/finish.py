@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from tuner.core.config import FlashAttn, LaunchConfig
-from tuner.core.errors import TrialFailedError, TunerError
+from tuner.core.errors import TunerError
 from tuner.core.stats import cv_pct
 from tuner.engine import flags, runner
 from tuner.engine.build import Capabilities, EngineLocation
-from tuner.machine import hardware, quiet
+from tuner.machine import hardware
 from tuner.machine.hardware import Hardware
 from tuner.measure import bench, failures
 from tuner.measure.workload import LevelResult, Workload
@@ -26,6 +26,7 @@ from tuner.models.gguf_reader import ModelInfo
 from tuner.quality.kv_price import KvPrice
 from tuner.search import decide, space
 from tuner.search.verdict import BETTER, UNDECIDED, WORSE, Verdict, compare, compare_quiet
+from tuner.search.watched_round import watched_round
 
 FIT_MARGIN_MIB = 1024  # llama.cpp's default -fitt
 
@@ -431,18 +432,14 @@ def finish(loc: EngineLocation, candidates: Sequence[tuple[int, LaunchConfig]],
         cfg = by_label[label][0]
         if on_step:
             on_step(f"round {r} ({phase}): llama-server {label} ({flags.launch_line(cfg)})")
-        with quiet.watch_for([cfg], runner.own_pids) as watch:
-            try:
-                run: bench.ServerTrial | failures.Failure = bench.run_server_trial(
-                    loc, cfg, replace(sent, concurrency=cfg.parallel or 1), log_dir=log_dir, caps=caps,
-                    roofline_tok_s=roofline_of(cfg) if roofline_of else None, vram_budget_bytes=vram_budget_bytes)
-            except TrialFailedError as exc:
-                run = exc.failure
+        got = watched_round(cfg, label, f"round {r}", lambda: bench.run_server_trial(
+            loc, cfg, replace(sent, concurrency=cfg.parallel or 1), log_dir=log_dir, caps=caps,
+            roofline_tok_s=roofline_of(cfg) if roofline_of else None, vram_budget_bytes=vram_budget_bytes), on_step)
+        run = got.value if got.value is not None else got.failure
+        assert run is not None  # a round either measured or failed
         runs[phase].setdefault(label, []).append(run)
-        noise[phase].setdefault(label, []).append(watch.noise)
-        if watch.noise and on_step:
-            on_step(f"round {r}: {label} was measured on a busy machine ({watch.noise}): it decides nothing")
-        return (round_score(run.levels, load) if isinstance(run, bench.ServerTrial) else None), watch.noise
+        noise[phase].setdefault(label, []).append(got.noise)
+        return (round_score(got.value.levels, load) if got.value is not None else None), got.noise
 
     def table(phase: str) -> Finish:
         done = [summarize(label, cfg, runs[phase][label], load, roofline_tok_s=roofline_of(cfg) if roofline_of

@@ -21,11 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from tuner.core.config import LaunchConfig
-from tuner.core.errors import TrialFailedError
 from tuner.core.machine_spec import Hardware
-from tuner.engine import flags, runner
+from tuner.engine import flags
 from tuner.engine.build import Capabilities, EngineLocation
-from tuner.machine import quiet
 from tuner.measure import session as session_mod
 from tuner.measure import session_run
 from tuner.measure.session_run import Finding, SessionResult
@@ -33,6 +31,7 @@ from tuner.models.gguf_reader import ModelInfo
 from tuner.search import decide, space
 from tuner.search.trials import config_to_dict
 from tuner.search.verdict import BETTER, WORSE, Verdict, compare_quiet
+from tuner.search.watched_round import watched_round
 
 DEFAULT_ROUNDS = 3
 SELECT_ROUNDS = 2  # sessions per arm that choose among several reuse arms (they decide nothing)
@@ -168,19 +167,13 @@ def measure(loc: EngineLocation, arms: Sequence[tuple[str, LaunchConfig]], req: 
             on_step(f"session round {r} ({phase}): {label}")
         # Watched as the finish's rounds are: a session measured while other work used the machine is kept
         # and shown, but decides nothing (ArmSessions.quiet_scores).
-        with quiet.watch_for([configs[label]], runner.own_pids) as watch:
-            try:
-                trial = session_run.run_session_trial(loc, configs[label], makers, req.gen_tokens,
-                                                      log_dir=log_dir / f"round{r}", caps=caps)
-                result: SessionResult | None = trial.result
-            except TrialFailedError as exc:
-                failed[label] = exc.failure.summary()
-                result = None
-        results[selecting].setdefault(label, []).append(result)
-        noise[selecting].setdefault(label, []).append(watch.noise)
-        if watch.noise and on_step:
-            on_step(f"session round {r}: {label} was measured on a busy machine ({watch.noise}): it decides nothing")
-        return (result.score() if result is not None else None), watch.noise
+        got = watched_round(configs[label], label, f"session round {r}", lambda: session_run.run_session_trial(
+            loc, configs[label], makers, req.gen_tokens, log_dir=log_dir / f"round{r}", caps=caps).result, on_step)
+        if got.failure is not None:
+            failed[label] = got.failure.summary()
+        results[selecting].setdefault(label, []).append(got.value)
+        noise[selecting].setdefault(label, []).append(got.noise)
+        return (got.value.score() if got.value is not None else None), got.noise
 
     def arms_of(selecting: bool) -> list[ArmSessions]:
         return [ArmSessions(x, configs[x], tuple(results[selecting][x]), failed.get(x), None,

@@ -39,7 +39,7 @@ from tuner.measure.workload import Workload
 from tuner.models.gguf_reader import ModelInfo, has_mtp_head, inspect_model
 from tuner.plan import memory
 from tuner.search.finish import Finish, ServerMeasurement
-from tuner.search.verdict import MIN_ROUNDS, UNDECIDED, compare
+from tuner.search.verdict import MIN_ROUNDS, UNDECIDED, compare_quiet
 
 NGRAM_TYPES = (SpecType.NGRAM_SIMPLE, SpecType.NGRAM_MAP_K, SpecType.NGRAM_MOD)
 # (--spec-draft-n-max, --spec-draft-p-min) per draft kind; None: the engine's default (3 tokens, p-min 0).
@@ -149,11 +149,13 @@ def as_measurement(r: ArmResult, load: Workload) -> ServerMeasurement:
         label=label, config=config_to_dict(r.arm.config),
         launch_line=flags.launch_line(r.arm.config), argv=list(r.argv), gen_tok_s=r.gen_tok_s,
         gen_samples_tok_s=[q.gen_tok_s for q in r.requests], gen_cv_pct=r.gen_cv_pct, prompt_tok_s=r.prompt_tok_s,
-        ttft_s=r.ttft_s, aggregate_gen_tok_s=r.gen_tok_s, scores=round_scores(r, load))
+        ttft_s=r.ttft_s, aggregate_gen_tok_s=r.gen_tok_s, scores=round_scores(r, load),
+        interference=[r.noise_of(rnd) for rnd in sorted({q.round for q in r.requests})])
 
 
 def _merged(a: ArmResult, b: ArmResult) -> ArmResult:
-    return replace(a, requests=a.requests + b.requests, argv=b.argv or a.argv, failure=b.failure or a.failure)
+    return replace(a, requests=a.requests + b.requests, argv=b.argv or a.argv, failure=b.failure or a.failure,
+                   round_noise=a.round_noise + b.round_noise)
 
 
 def confirm(loc: EngineLocation, base: ArmResult, chosen: ArmResult, load: Workload, req: SpeculationRequest, *,
@@ -165,7 +167,8 @@ def confirm(loc: EngineLocation, base: ArmResult, chosen: ArmResult, load: Workl
     first = req.rounds
     got = measure_arms(loc, arms, load, rounds=req.confirm_rounds, requests=req.requests, texts=texts,
                        log_dir=log_dir, caps=caps, on_step=on_step, first_round=first)
-    v = compare("a", "b", round_scores(got[1], load), round_scores(got[0], load))
+    none, spec = (as_measurement(r, load) for r in got)
+    v = compare_quiet("a", "b", spec.scores, none.scores, spec.quiet_scores(), none.quiet_scores())
     if v.outcome == UNDECIDED and all(r.ok for r in got):
         more = measure_arms(loc, arms, load, rounds=1, requests=req.requests, texts=texts, log_dir=log_dir,
                             caps=caps, on_step=on_step, first_round=first + req.confirm_rounds)

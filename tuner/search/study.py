@@ -309,6 +309,15 @@ class Progress:
     last: TrialRecord
     best_request_s: float | None = None  # one workload request at the best trial's speeds
 
+    def describe(self) -> str:
+        """One line per trial, for the commands that tune several models in turn (no bar of their own)."""
+        of = f"/{self.total}" if self.total else ""
+        last = self.last
+        got = (f": {last.request_s:,.2f} s/request (gen {last.gen_tok_s:,.1f}, prompt {last.prompt_tok_s:,.1f} tok/s)"
+               if last.status == "measured" and last.request_s and last.gen_tok_s and last.prompt_tok_s else "")
+        best = "" if self.best_request_s is None else f"; best {self.best_request_s:,.2f} s/request"
+        return f"trial {self.done}{of} {last.status}{got}{best}"
+
 
 @dataclass(frozen=True, slots=True)
 class SearchOutcome:

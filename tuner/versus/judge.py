@@ -14,16 +14,15 @@ from pathlib import Path
 from typing import Any
 
 from tuner.core.config import LaunchConfig
-from tuner.core.errors import TrialFailedError
-from tuner.engine import flags, runner
+from tuner.engine import flags
 from tuner.engine.build import Capabilities, EngineLocation
-from tuner.machine import quiet
 from tuner.measure import bench, session_run
 from tuner.measure import session as session_mod
 from tuner.measure.workload import Workload
 from tuner.search import decide
 from tuner.search.finish import round_score, server_load
 from tuner.search.verdict import BETTER, UNDECIDED, Verdict, compare_quiet
+from tuner.search.watched_round import watched_round
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,16 +142,12 @@ def head_to_head(loc: EngineLocation, lines: Sequence[tuple[str, LaunchConfig]],
         cfg = configs[label]
         if on_step:
             on_step(f"round {r}: {label} ({flags.launch_line(cfg)})")
-        with quiet.watch_for([cfg], runner.own_pids) as watch:
-            try:
-                got = _one(loc, cfg, sent, load, makers, session, log_dir / f"round{r}", caps)
-            except TrialFailedError as exc:
-                failed[label] = exc.failure.summary()
-                got = Round(None)
-        got = replace(got, noise=watch.noise)
+        w = watched_round(cfg, label, f"round {r}",
+                          lambda: _one(loc, cfg, sent, load, makers, session, log_dir / f"round{r}", caps), on_step)
+        if w.failure is not None:
+            failed[label] = w.failure.summary()
+        got = replace(w.value or Round(None), noise=w.noise)
         runs[label].append(got)
-        if watch.noise and on_step:
-            on_step(f"round {r}: {label} was measured on a busy machine ({watch.noise}): it decides nothing")
         return got.score, got.noise
 
     def arms() -> list[Arm]:

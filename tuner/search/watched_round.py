@@ -1,0 +1,39 @@
+"""One arm's one round under the watch: the run, its failure (a :class:`TrialFailedError`'s, kept as data) and
+what disturbed the machine meanwhile (:func:`tuner.machine.quiet.watch_for`, this run's own llama.cpp processes
+left out). The finish, the session stage and compare-models measure every round this way; a round measured on a
+busy machine is kept and shown, and decides nothing (:func:`tuner.search.decide.quiet_median`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from tuner.core.config import LaunchConfig
+from tuner.core.errors import TrialFailedError
+from tuner.engine import runner
+from tuner.machine import quiet
+from tuner.measure.failures import Failure
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Watched(Generic[T]):
+    value: T | None  # None: the round failed
+    failure: Failure | None
+    noise: str | None  # what disturbed the machine (None: quiet)
+
+
+def watched_round(cfg: LaunchConfig, label: str, what: str, run: Callable[[], T],
+                  on_step: Callable[[str], None] | None = None) -> Watched[T]:
+    """``run()`` (one measurement of ``cfg``) under the watch; ``what`` names the round in messages ("round 3")."""
+    failure = None
+    with quiet.watch_for([cfg], runner.own_pids) as watch:
+        try:
+            value: T | None = run()
+        except TrialFailedError as exc:
+            value, failure = None, exc.failure
+    if watch.noise and on_step:
+        on_step(f"{what}: {label} was measured on a busy machine ({watch.noise}): it decides nothing")
+    return Watched(value, failure, watch.noise)
