@@ -60,8 +60,9 @@ FlashAttnOpt = Annotated[FlashAttn | None, typer.Option("-fa", "--flash-attn", h
 UbatchOpt = Annotated[int | None, typer.Option("-ub", "--ubatch-size", help="Physical batch size.")]
 # Every measuring command (auto-tune, bench, compare-quants) waits for a quiet machine: see measuring().
 AllowBusy = Annotated[bool, typer.Option(
-    "--allow-busy", help="Measure even while another moe-tune run, a llama.cpp process or CPU load "
-    "is busy here (what was seen is reported; disturbed rounds decide no verdict).")]
+    "--allow-busy", help="Measure even while other programs (a llama.cpp process, CPU or GPU load) are busy "
+    "here: what was seen is reported and disturbed rounds decide no verdict. Another moe-tune run is still waited "
+    "for (--busy-wait): it holds the machine's lock.")]
 BusyWait = Annotated[str, typer.Option(
     "--busy-wait", help="How long to wait for a busy machine before giving up, e.g. 10m, 30s, 0.")]
 DeviceOpt = Annotated[str | None, typer.Option(
