@@ -157,9 +157,9 @@ def main() -> None:
     if args.out:
         say.write(args.out, f"Frontier benchmark: {model.name}, {args.workload}",
                   "The grid is measured once under the machine lock and the watch and cached; the searches replay "
-                  "it. The machine (2 cores) is shared with other agents' builds, tests and benchmarks: the load "
-                  "line says what it carried while the grid was measured, and each config keeps its fastest pass "
-                  "among those whose repetitions agree within the CV gate.")
+                  "it. The load line says what the machine (2 cores) carried while the grid was measured; each "
+                  "config keeps the median of its passes whose repetitions agree within the CV gate "
+                  "(scripts/harness.py).")
 
 
 def replay_report(say: harness.Log, args: argparse.Namespace, fs: pareto.FrontierSpace, axes: pareto.Axes,

@@ -5,7 +5,7 @@ The grid (every config of auto-tune's search space for MODEL on this machine, ``
 with llama-bench the way auto-tune's trials are: the prompt at the workload's length, generation at the
 workload's depth, scored by one request's end-to-end time (median of the repetitions), under the machine lock and
 the watch, a config measured again (up to ``--passes``) while its repetitions spread wider than the CV gate, the
-fastest agreeing pass kept (scripts/harness.py: a burst from another process only ever slows a run down). It is
+median of its agreeing passes kept (scripts/harness.py: the fastest would keep the luckiest of noisy passes). It is
 cached in results/benchmarks/ (the grid cache bench_frontier.py uses too). The searches are then simulated against
 it (each trial is a lookup of the measured score, not a new measurement), so every method sees the same
 numbers. auto-tune's sampler starts from the same seeds auto-tune enqueues (llama.cpp's defaults, its ``--fit``
