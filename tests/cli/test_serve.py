@@ -135,14 +135,24 @@ def test_a_busy_port_is_one_line_and_the_open_network_is_warned(tuned):
 def test_a_changed_model_file_or_engine_is_named_before_starting(tuned, tmp_path):
     model = tmp_path / "copy" / "demo.gguf"
     model.parent.mkdir()
-    model.write_bytes(Path(json.loads(tuned.read_text())["model"]).read_bytes())
+    data = bytearray(Path(json.loads(tuned.read_text())["model"]).read_bytes())
+    model.write_bytes(data)
     moved = variant(tuned, tmp_path / "results" / "moved", model=model)
+    # The same bytes written again later (a copy, a re-download): the line holds, and serve says why.
     later = moved.stat().st_mtime + 120
     os.utime(model, (later, later))
     with busy_port() as port:
+        same = run_cli("serve", str(moved.parent), "--port", str(port))
+    assert "is in use" in same.stderr and "its contents are the tuned file's" in same.stderr, same.stderr
+    # Other weights under an older modification time: the time alone would have passed it.
+    data[-64] ^= 0xFF
+    model.write_bytes(data)
+    earlier = moved.stat().st_mtime - 120
+    os.utime(model, (earlier, earlier))
+    with busy_port() as port:
         res = run_cli("serve", str(moved.parent), "--port", str(port))
     assert res.returncode == 1 and "Traceback" not in res.stderr and "is in use" not in res.stderr
-    assert f"the model file {model} was modified at " in res.stderr and "after the tune" in res.stderr
+    assert f"the model file {model} is not the file that was tuned: its last tensor data differs" in res.stderr
     retune = re.search(r"Re-tune with `([^`]+)`", res.stderr)
     assert retune and shlex.split(retune.group(1))[:3] == ["moe-tune", "auto-tune", str(model)]
     assert "llama-server (pid" not in res.stderr and "--force" in res.stderr

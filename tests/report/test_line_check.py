@@ -51,7 +51,7 @@ def judge(f: line_check.Found, n: line_check.Now) -> line_check.LineCheck:
 def test_a_line_on_the_same_engine_card_and_model_holds(tmp_path):
     c = judge(found(tmp_path), now(11000))
     assert c.holds and c.notes == ()
-    assert any("no size or hash" in u for u in c.unchecked)  # said, not hidden
+    assert any("records no fingerprint" in u for u in c.unchecked)  # said, not hidden
 
 
 def test_too_little_vram_for_the_measured_peak_is_named(tmp_path):
@@ -126,3 +126,36 @@ def test_the_newest_result_for_a_model_is_picked(tmp_path):
     (results / "broken").mkdir()
     (results / "broken" / "result.json").write_text("{")
     assert len(line_check.find_results(results)) == 3  # an unreadable result is left out, not fatal
+
+
+def test_the_model_file_is_checked_by_its_contents_when_the_result_has_its_fingerprint(tmp_path):
+    """A result records the tuned file's size and sampled hashes: an identical copy with a newer modification time
+    (re-downloaded, copied) holds, with a note; a different file of the same size and an older time is named (the
+    modification time alone let it pass)."""
+    import dataclasses
+
+    from tuner.models import fingerprint
+
+    model = tmp_path / "m.gguf"
+    data = bytearray(os.urandom(10 * MIB))
+    model.write_bytes(data)
+    os.utime(model, (1_000_000, 1_000_000))
+    f = found(tmp_path, model=model)
+    f = dataclasses.replace(f, result=dataclasses.replace(f.result, model_fingerprint=fingerprint.fingerprint(model)))
+    assert judge(f, now(11000)).unchecked == ()
+    later = f.written_s + 120
+    os.utime(model, (later, later))  # the same bytes, written again
+    c = judge(f, now(11000))
+    assert c.holds and "its contents are the tuned file's" in c.notes[0]
+    for offset, words in ((100, "its header (or first tensors) differs"), (len(data) - 100, "its last tensor data differs")):
+        changed = bytearray(data)
+        changed[offset] ^= 0xFF
+        model.write_bytes(changed)
+        os.utime(model, (1_000_000, 1_000_000))  # older than the result: the time alone says nothing changed
+        c = judge(f, now(11000))
+        assert not c.holds and c.changes == (f"the model file {model} is not the file that was tuned: {words}"
+                                             " from the tuned file's",)
+    model.write_bytes(data[:-1])
+    c = judge(f, now(11000))
+    assert c.changes == (f"the model file {model} is not the file that was tuned: its size is {len(data) - 1:,} "
+                         f"bytes, the tuned file's was {len(data):,}",)

@@ -18,6 +18,7 @@ from typing import Any
 from tuner.core.errors import TunerError, UsageError
 from tuner.engine import build
 from tuner.machine import hardware
+from tuner.models import fingerprint
 from tuner.search.result import RESULT_FILE, StudyResult, load_result
 from tuner.search.verdict import Verdict
 
@@ -108,17 +109,29 @@ def _when(seconds: float) -> str:
     return datetime.datetime.fromtimestamp(seconds).strftime("%Y-%m-%d %H:%M")
 
 
-def _model_changes(paths: Iterable[Path], written_s: float) -> list[str]:
-    changes = []
-    for path in paths:
+def _model_changes(paths: Iterable[Path], written_s: float, recorded: dict[str, Any] | None = None
+                   ) -> tuple[list[str], list[str]]:
+    """What changed about the model files, and notes. The first file (the model) is checked by its fingerprint
+    when the result recorded one (tuner.models.fingerprint): a copied or re-downloaded identical file holds
+    whatever its modification time; otherwise, and for a draft model, by modification time."""
+    changes: list[str] = []
+    notes: list[str] = []
+    for i, path in enumerate(paths):
         try:
             mtime = path.stat().st_mtime
         except OSError:
             changes.append(f"the model file {path} is gone")
             continue
-        if mtime > written_s:
+        if i == 0 and recorded:
+            why = fingerprint.differs(recorded, path)
+            if why:
+                changes.append(f"the model file {path} is not the file that was tuned: {why}")
+            elif mtime > written_s:
+                notes.append(f"the model file {path} was modified at {_when(mtime)}, after the tune; its contents "
+                             "are the tuned file's (size and sampled hashes)")
+        elif mtime > written_s:
             changes.append(f"the model file {path} was modified at {_when(mtime)}, after the tune ({_when(written_s)})")
-    return changes
+    return changes, notes
 
 
 def _engine_changes(engine: dict[str, Any] | None, now: Now) -> tuple[list[str], list[str]]:
@@ -164,9 +177,10 @@ def check(found: Found, config: dict[str, Any], label: str, now: Now) -> LineChe
     """Whether the line of ``config`` (the pick labelled ``label``) still holds on ``now``."""
     res = found.result
     models = [Path(config["model"])] + ([Path(config["draft_model"])] if config.get("draft_model") else [])
-    changes = _model_changes(models, found.written_s)
-    unchecked = ["the model file's contents (the result records no size or hash: a file replaced without a newer "
-                 "modification time would pass)"]
+    changes, model_notes = _model_changes(models, found.written_s, res.model_fingerprint)
+    unchecked = [] if res.model_fingerprint else [
+        "the model file's contents (this result records no fingerprint: a file replaced without a newer "
+        "modification time would pass; a new auto-tune records one)"]
     engine_changes, engine_unchecked = _engine_changes(res.engine, now)
     measured = next((m for m in (*res.finish.candidates, *res.finish.baselines, *res.finish.confirmation)
                      if m.label == label and m.vram_peak_bytes), None)
@@ -174,5 +188,5 @@ def check(found: Found, config: dict[str, Any], label: str, now: Now) -> LineChe
         unchecked.append("the card and its free VRAM (the result records no hardware)")
     vram_changes, vram_notes = _vram_changes(res.hardware, measured.vram_peak_bytes if measured else None, now,
                                              config.get("device") == "none")
-    return LineCheck(tuple(changes + engine_changes + vram_changes), tuple(vram_notes),
+    return LineCheck(tuple(changes + engine_changes + vram_changes), tuple(model_notes + vram_notes),
                      tuple(unchecked + engine_unchecked))

@@ -16,6 +16,7 @@ from tuner.engine import build
 from tuner.machine.hardware import Hardware
 from tuner.measure import gpu_use
 from tuner.measure.workload import Workload
+from tuner.models import fingerprint
 from tuner.models.gguf_reader import ModelInfo, inspect_model
 from tuner.plan.memory import effective_config
 from tuner.plan.placement import largest_fitting_ctx
@@ -142,6 +143,7 @@ def auto_tune(req: TuneRequest, loc: build.EngineLocation, hw: Hardware, *,
     if created:
         study.enqueue_seeds(st, sp, seeds)
     st.set_user_attr("model", str(req.model))
+    st.set_user_attr("model_fingerprint", fingerprint.fingerprint(req.model))  # what `serve` checks the file by
     st.set_user_attr("hardware", {"describe": hw.describe(), "gpu": hw.gpu_name, "has_gpu": hw.has_gpu,
                                   "vram_total_bytes": hw.vram_total_bytes, "ram_total_bytes": hw.ram_total_bytes,
                                   "vram_budget_bytes": hw.vram_budget_bytes, "physical_cores": hw.physical_cores,

@@ -57,6 +57,8 @@ class StudyResult:
     # The agent workload's session stage (tuner.search.session_stage.SessionStage.to_dict()): its winner, not the
     # finish's, is the config to launch.
     session: dict[str, Any] | None = None
+    # The tuned file's size and sampled hashes (tuner.models.fingerprint); None in results written before it.
+    model_fingerprint: dict[str, Any] | None = None
 
     @property
     def winner(self) -> ServerMeasurement | None:
@@ -76,6 +78,7 @@ class StudyResult:
             "speedup": self.speedup, "measure": self.measure, "quality": self.quality.to_dict(),
             **({"frontier": self.frontier} if self.frontier is not None else {}),
             **({"session": self.session} if self.session is not None else {}),
+            **({"model_fingerprint": self.model_fingerprint} if self.model_fingerprint is not None else {}),
         }
 
     @classmethod
@@ -88,7 +91,7 @@ class StudyResult:
             hardware=d.get("hardware"), engine=d.get("engine"), workload=d.get("workload"),
             objective=d.get("objective"), space=d.get("space"), measure=d.get("measure"),
             quality=QualitySummary.from_dict(d.get("quality") or {}), frontier=d.get("frontier"),
-            session=d.get("session"),
+            session=d.get("session"), model_fingerprint=d.get("model_fingerprint"),
         )
 
 
@@ -106,6 +109,7 @@ def result_from_study(st: Any) -> StudyResult:
                                winner.kld_mean if winner else None, winner.same_top_pct if winner else None,
                                tuple(attrs.get("kv_prices", []))),
         frontier=attrs.get("frontier"), session=attrs.get("session"),
+        model_fingerprint=attrs.get("model_fingerprint"),
     )
 
 
