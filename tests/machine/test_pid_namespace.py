@@ -30,6 +30,7 @@ from pathlib import Path
 from tuner.core.config import LaunchConfig
 from tuner.engine import build, flags, runner
 from tuner.machine import processes, quiet
+from tuner.machine.sampler import Sampler
 
 def say(what):
     print(json.dumps(what), flush=True)
@@ -46,12 +47,16 @@ say({"gpu": list(seen.gpu)})
 sys.stdin.readline()  # the trainer has stopped
 argv = flags.server_argv(build.locate_engine().tool("llama-server"), LaunchConfig(model=Path(sys.argv[1]), ctx=256,
                          threads=1))
+sampler = Sampler(interval_s=0.2)
+sampler.start()
 with runner.serve(argv, log_dir=Path(sys.argv[2])) as server:
+    sampler.attach(server.proc.pid)
     say({"server": server.proc.pid})
     sys.stdin.readline()  # NVML lists our server, by its host pid, computing
     say(watched(2.0))
     sys.stdin.readline()  # the trainer computes again, beside our server
     say(watched(2.0))
+say({"proc_vram_peak": sampler.stop().proc_vram_peak_bytes})
 """
 
 
@@ -116,6 +121,9 @@ def test_our_server_in_a_pid_namespace_is_ours_and_a_host_trainer_is_busy(demo_m
         host.show({server.pid: 90, trainer.pid: 95})
         beside = step()
         assert beside["gpu"] == [f"host process pid {trainer.pid} uses the GPU (95 % SM)"], beside
+        # The trial's own VRAM peak is our server's 2 GiB, found by its arrival: not the trainer's beside it, and
+        # not unknown (NVML's pids are the host's; it was missing before).
+        assert step() == {"proc_vram_peak": 2 * GIB}
         inside.stdin.close()
         assert inside.wait(timeout=60) == 0
     finally:

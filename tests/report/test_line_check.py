@@ -147,7 +147,8 @@ def test_the_model_file_is_checked_by_its_contents_when_the_result_has_its_finge
     os.utime(model, (later, later))  # the same bytes, written again
     c = judge(f, now(11000))
     assert c.holds and "its contents are the tuned file's" in c.notes[0]
-    for offset, words in ((100, "its header (or first tensors) differs"), (len(data) - 100, "its last tensor data differs")):
+    for offset, words in ((100, "its header (or first tensors) differs"),
+                          (len(data) - 100, "its last tensor data differs")):
         changed = bytearray(data)
         changed[offset] ^= 0xFF
         model.write_bytes(changed)

@@ -20,7 +20,7 @@ import psutil
 
 from tuner.core.errors import NvmlUnavailableError
 from tuner.core.units import MIB
-from tuner.machine import hardware
+from tuner.machine import hardware, processes
 
 DEFAULT_INTERVAL_S = 0.2
 # VRAM this close to the card's total counts as "at capacity" (drivers keep a little for themselves).
@@ -109,6 +109,9 @@ class Sampler:
         self._nvml = nvml
         self._handle: Any = None
         self._pid: int | None = None
+        self._before: set[int] = set()  # NVML's compute pids when sampling started (before our process)
+        self._arrived: dict[int, float] = {}  # in a PID namespace: NVML pids that came later, first seen when
+        self._namespaced = processes.in_pid_namespace()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -131,6 +134,9 @@ class Sampler:
 
     def start(self) -> None:
         self._open_nvml()
+        if self._namespaced and self._handle is not None:
+            with contextlib.suppress(Exception):
+                self._before = {int(p.pid) for p in self._nvml.nvmlDeviceGetComputeRunningProcesses(self._handle)}
         self.samples.append(self.read_once())
         self._thread = threading.Thread(target=self._loop, name="moe-tune-sampler", daemon=True)
         self._thread.start()
@@ -205,6 +211,16 @@ class Sampler:
             return None
         # usedGpuMemory is None where the driver cannot attribute memory (Windows WDDM).
         mine = [int(p.usedGpuMemory) for p in running if p.pid in pids and p.usedGpuMemory is not None]
+        if not mine and self._namespaced:
+            # In a PID namespace NVML reports the host's pids, none of them ours to match: ours are the contexts
+            # that came after sampling started, the earliest first, as many as our processes (as
+            # tuner.machine.processes._ours_by_arrival tells ours from theirs; the watch names a later newcomer).
+            now = self.clock()
+            for p in running:
+                if int(p.pid) not in self._before:
+                    self._arrived.setdefault(int(p.pid), now)
+            ours = set(sorted(self._arrived, key=lambda pid: self._arrived[pid])[:len(pids)])
+            mine = [int(p.usedGpuMemory) for p in running if p.pid in ours and p.usedGpuMemory is not None]
         return sum(mine) if mine else None
 
 
