@@ -152,3 +152,14 @@ def test_sigterm_stops_the_whole_comparison(demo_models, trained_model, tmp_path
     assert "interrupted" in err.splitlines()[-1] and "Traceback" not in err
     assert f"{moe.stem}: auto-tune" in err and f"{trained_model.stem}: auto-tune" not in err
     assert len(optuna.get_all_study_summaries(url)) == 1  # the second model's study was never created
+
+
+def test_when_no_model_could_be_measured_the_summary_says_why():
+    """A real-shape run once ended "no model could be measured" after 45 minutes of tuning, the reason (the agent
+    session did not fit --depth) only in the JSON: the summary, the report and the CLI's error now carry it."""
+    from tuner.versus.judge import Arm, HeadToHead, Round
+
+    why = "rejected config: --depth 512 leaves no room for a turn after the system prompt: raise --depth"
+    arms = (Arm("dense", "llama-server # dense", (Round(None),), why), Arm("moe", "llama-server # moe", (Round(None),),
+                                                                          why))
+    assert HeadToHead(arms, "m").summary() == f"no model could be measured (dense: {why}; moe: {why})"

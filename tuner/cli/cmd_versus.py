@@ -149,6 +149,8 @@ def compare_models_cmd(
             out.print(line, highlight=False, markup=False, soft_wrap=True)
         out.print(f"written: {', '.join(str(p) for p in written)}, {result.out_dir / 'compare-models.json'}",
                   highlight=False, soft_wrap=True)
+    if not plan_only and result.versus is not None and result.versus.best is None:
+        raise TunerError(f"compare-models: {result.versus.summary()}")
     if not plan_only and result.versus is None:
         errors = [f"{r.plan.label}: {r.error}" for r in result.rows if r.error]
         raise TunerError("compare-models measured no model" + (f" ({'; '.join(errors)})" if errors else ""))

@@ -90,7 +90,8 @@ class HeadToHead:
     def summary(self) -> str:
         best = self.best
         if best is None:
-            return "no model could be measured"
+            why = "; ".join(f"{a.label}: {a.failure}" for a in self.arms if a.failure)
+            return "no model could be measured" + (f" ({why})" if why else "")
         if len(self.arms) < 2 or not self.verdicts:
             return f"{best.label} was the only model measured"
         if self.decided:
