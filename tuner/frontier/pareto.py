@@ -45,7 +45,7 @@ from tuner.measure import failures
 from tuner.measure.workload import Workload
 from tuner.models.gguf_reader import ModelInfo
 from tuner.quality.kv_price import KvPrice
-from tuner.search import dedup, space, study
+from tuner.search import dedup, interrupt, space, study
 from tuner.search.interrupt import deferred, sigterm_as_ctrl_c
 
 LADDER_STEPS = 4  # contexts on the ladder from --min-ctx to the model's trained context
@@ -291,6 +291,7 @@ def run_frontier(st: optuna.Study, fs: FrontierSpace, info: ModelInfo, hw: Hardw
 
     try:
         while (budget.trials is None or done < budget.trials) and (budget.time_s is None or left_s() > 0):
+            interrupt.check()  # a SIGTERM lost in a hook (tuner.search.interrupt) stops the search here
             want = batch_trials if budget.trials is None else min(batch_trials, budget.trials - done)
             if budget.time_s is not None and not pace.ops:
                 want = 1  # learn the pace on one trial (the seeds come smallest context first) before batching
@@ -352,6 +353,7 @@ def run_frontier(st: optuna.Study, fs: FrontierSpace, info: ModelInfo, hw: Hardw
                         pending.remove((trial, plan))
                     told(trial)
     except KeyboardInterrupt:
+        interrupt.handled()
         return study.SearchOutcome(st.study_name, done, True, time.monotonic() - start, dict(kept))
     finally:
         for trial, _ in pending:

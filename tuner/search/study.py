@@ -41,7 +41,9 @@ from tuner.quality.kv_price import KvPrice
 from tuner.search import dedup, space
 from tuner.search.anchor import ANCHOR_EVERY, Anchor, AnchorReading
 from tuner.search.budget import Budget, parse_duration  # noqa: F401 - the study's public names since the start
+from tuner.search.interrupt import check as check_interrupt
 from tuner.search.interrupt import deferred, sigterm_as_ctrl_c
+from tuner.search.interrupt import handled as interrupt_handled
 from tuner.search.trials import (  # noqa: F401 - the study's public names since the start
     CONSTRAINTS_ATTR,
     TrialRecord,
@@ -408,6 +410,7 @@ def run_search(
     try:
         while ((n_left := left()) is None or n_left > 0) and not seen.exhausted and (
                 budget.time_s is None or time.monotonic() - start < budget.time_s):
+            check_interrupt()  # a SIGTERM lost in a hook (tuner.search.interrupt) stops the search here
             want = batch_trials if left() is None else min(batch_trials, left() or 0)
             if anchor.due:
                 _read_anchor(study, anchor, loc, measure, caps, start)
@@ -458,6 +461,7 @@ def run_search(
                         pending.remove((trial, cfg))
                     report(trial)
     except KeyboardInterrupt:
+        interrupt_handled()
         interrupted = True
     finally:
         # Ctrl-C while asking or gating: nothing may stay RUNNING in the storage.
