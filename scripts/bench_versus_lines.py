@@ -1,7 +1,7 @@
 """The head-to-head of compare-models, on launch lines a compare-models run already tuned: its own judge
-(:func:`tuner.versus.judge.head_to_head`, interleaved rounds, the watch, the verdicts) replaying the bundled agent
-session at ``--depth``, under the machine lock. For when the tuning is done and the judging is to be measured
-(again) at another depth.
+(:func:`tuner.versus.judge.head_to_head`: interleaved rounds, the watch, the verdicts) replaying the bundled agent
+session at ``--depth``, under the machine lock and the watch (scripts/harness.py). For when the tuning is done and
+the judging is to be measured (again) at another depth.
 
     .venv/bin/python scripts/bench_versus_lines.py results/compare-models-x/compare-models.json --depth 2048 \
         --gen 32 --out results/compare-models-x/versus-2048.json
@@ -15,12 +15,14 @@ import sys
 import time
 from pathlib import Path
 
-from tuner.engine import build, flags, runner
-from tuner.machine import quiet
+import harness
+
+from tuner.engine import build, flags
 from tuner.measure import workload
 from tuner.versus import judge
 
 
+@harness.bench("bench_versus_lines")
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("comparison", type=Path)
@@ -38,10 +40,8 @@ def main() -> int:
         print(f"{time.strftime('%H:%M:%S')} {msg}", file=sys.stderr, flush=True)
 
     start = time.time()
-    with quiet.claim_machine("bench_versus_lines", own=runner.own_pids, on_wait=lambda w, s: say(w)) as claim:
-        say(f"holding the machine: {claim}")
-        h2h = judge.head_to_head(loc, lines, load, log_dir=args.out.parent / "logs" / f"versus-{args.depth}",
-                                 caps=build.capabilities(loc), session=(None, args.depth, args.gen, 1), on_step=say)
+    h2h = judge.head_to_head(loc, lines, load, log_dir=args.out.parent / "logs" / f"versus-{args.depth}",
+                             caps=build.capabilities(loc), session=(None, args.depth, args.gen, 1), on_step=say)
     out = {"comparison": str(args.comparison), "depth": args.depth, "gen": args.gen,
            "elapsed_s": round(time.time() - start, 1), "head_to_head": h2h.to_dict()}
     args.out.write_text(json.dumps(out, indent=2) + "\n")

@@ -157,4 +157,5 @@ def serve_cmd(
             served.run_foreground([*argv, *(extra or [])], host=host, port=port, log_dir=found.file.parent / "logs",
                                   env=env, load_timeout_s=load_timeout, on_ready=ready)
         except KeyboardInterrupt:
+            interrupt.handled()  # stopping is what Ctrl-C asks of serve: the run ends well
             _say("llama-server stopped")

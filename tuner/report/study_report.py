@@ -262,8 +262,8 @@ def plots(study_result: StudyResult, out_dir: Path) -> list[Path]:
     # The offload axis: -ngl for a dense model (layers on the GPU), --n-cpu-moe for a MoE (layers whose experts
     # stay in RAM).
     dense = any(t["config"].get("n_gpu_layers") is not None for t in measured)
-    key, flag, meaning = (("n_gpu_layers", "-ngl", "layers on the GPU") if dense else
-                          ("n_cpu_moe", "--n-cpu-moe", "layers whose experts stay in RAM"))
+    key, axis = (("n_gpu_layers", "layers on the GPU") if dense else
+                 ("n_cpu_moe", "layers whose experts stay in RAM"))
     if len({t["config"].get(key) for t in measured} - {None}) >= 2:
         fig, ax = plt.subplots(figsize=(7, 4.5))
         by_kv: dict[str, list[tuple[int, float]]] = {}
@@ -275,9 +275,9 @@ def plots(study_result: StudyResult, out_dir: Path) -> list[Path]:
             pts.sort()
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", linestyle="-" if len(pts) > 1 else "",
                     label=label)
-        ax.set_xlabel(f"{flag} ({meaning})")
+        ax.set_xlabel(axis)
         ax.set_ylabel("generation tok/s at the workload's depth (llama-bench)")
-        ax.set_title(f"Generation speed vs {flag} per KV cache pair")
+        ax.set_title(f"Generation speed vs {axis} per KV cache pair")
         ax.legend(fontsize="small")
         written.append(save_png(fig, out_dir / f"tok_s_vs_{key}.png"))
     if len(measured) >= 2:
