@@ -23,7 +23,7 @@ TIMEOUT_MARGIN_S = 40.0  # the device call's timeout_s above the command's own -
 
 # What each question is, as the dry run and the table name it.
 PARTS = {"a": "memory model vs llama.cpp's CUDA breakdown", "b": "tuned vs --fit vs default",
-         "c": "induced spill classified"}
+         "c": "induced spill classified", "d": "op offload on vs off on an agent turn"}
 
 
 @dataclass(frozen=True, slots=True)

@@ -96,6 +96,9 @@ def trim_sdist(sdist: Path, dest: Path) -> tuple[int, int]:
                 dropped += member.size
                 continue
             member.name = rel
+            # A long name travels in the member's PAX header ("path"), which tarfile writes back over .name:
+            # without this, every path over 100 characters kept the sdist's prefix and landed outside the tree.
+            member.pax_headers = {k: v for k, v in member.pax_headers.items() if k != "path"}
             kept += member.size
             out.addfile(member, src.extractfile(member) if member.isfile() else None)
     if not kept:

@@ -30,13 +30,13 @@ LONG_CTX = 65536
 LONG_BUDGET_GIB = 16
 SPILL_SHORT_MIB = 2048  # the spill ballast leaves this much less than the config needs
 ENGINE_CMDS = {"auto-tune", "bench"}  # moe-tune commands that take --llama-cpp-dir
-# Estimates on the GPU machine (16 cores), seconds. The build is the one unknown that matters: the 2-core box
-# took about 2 h 20 min of wall time for the whole CUDA build (results/benchmarks/cuda-build.md); 16 cores for the
-# three tools the check runs are estimated at 7 min. The first command measures it and the state keeps it.
-ENGINE_EST_S = 420.0
+# Estimates on the GPU machine (16 cores), seconds. The build was measured in the first lease: 262.6 s for the
+# three tools with 16 jobs on an H100 machine, arch 90 only (results/benchmarks/gpu-lease-1/cmd1-engine.json); a
+# lease that carries the engine back restores it in seconds instead.
+ENGINE_EST_S = 270.0
 RESTORE_EST_S = 5.0
 EST = {"gpu-info": 2, "wheels": 10, "model-zero": 10, "model-random": 90, "memory": 35, "spill": 30,
-       "tune-chat": 100, "tune-agent": 145, "long": 180, "spill-unified": 240}
+       "tune-chat": 100, "tune-agent": 145, "opoff": 90, "long": 180, "spill-unified": 240}
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,6 +179,14 @@ def _tune_step(budget_gib: int, kind: str, ctx: int, prompt: int | None) -> Call
     return run
 
 
+def step_opoff(c: Check) -> dict[str, Any]:
+    import gpu_opoff
+
+    assert c.engine_dir is not None
+    return gpu_opoff.opoff_run(c.engine_dir, c.result(f"tune-{FIRST_BUDGET_GIB}g-agent"), c.budget_mib,
+                               c.out / "opoff-logs")
+
+
 def _spill_step(tries: int, unified: bool = False) -> Callable[[Check], dict[str, Any]]:
     def run(c: Check) -> dict[str, Any]:
         import gpu_spill
@@ -242,8 +250,8 @@ def engine_est_s(c: Check) -> tuple[float, str]:
     if ran and (c.out / "engine-build" / "build.ninja").is_file():  # cut by a time limit here: ninja goes on
         return max(30.0, ENGINE_EST_S - ran), f"the rest of the CUDA build ({ran:.0f} s compiled so far)"
     return ENGINE_EST_S, ("CUDA build of llama-server, llama-bench and llama-fit-params for this card's arch only "
-                          "(nvidia-smi's compute capability), every K/V pair's FA kernel; an estimate, the first "
-                          "command measures it")
+                          "(nvidia-smi's compute capability), every K/V pair's FA kernel; 263 s on an H100 "
+                          "machine's 16 cores, the command measures it again")
 
 
 def steps_for(c: Check) -> list[Step]:
@@ -265,11 +273,13 @@ def steps_for(c: Check) -> list[Step]:
                   "a"),
              Step("spill-oom", True, EST["spill"], _spill_step(1), f"a ballast leaves {SPILL_SHORT_MIB} MiB less "
                   "than every expert on the card needs: the OOM at load classified", "c"),
-             Step(f"tune-{g}g-chat", True, EST["tune-chat"], _tune_step(g, "chat", CHAT_CTX, None),
-                  f"{g} GiB free, chat -c {CHAT_CTX}: auto-tune ({c.args.trials} trials, 2 rounds) vs default vs "
-                  "--fit", "b"),
              Step(f"tune-{g}g-agent", True, EST["tune-agent"], _tune_step(g, "agent", AGENT_CTX, AGENT_PROMPT),
-                  f"{g} GiB free, agent -c {AGENT_CTX} -p {AGENT_PROMPT}: the same (-ub 4096 offered)", "b"),
+                  f"{g} GiB free, agent -c {AGENT_CTX} -p {AGENT_PROMPT}: auto-tune ({c.args.trials} trials, "
+                  "2 rounds) vs default vs --fit (-ub 4096 offered)", "b"),
+             Step(f"opoff-{g}g-agent", True, EST["opoff"], step_opoff, f"{g} GiB free: the agent's tuned and --fit "
+                  "lines with op offload on and off, an agent turn and a long prompt each", "d"),
+             Step(f"tune-{g}g-chat", True, EST["tune-chat"], _tune_step(g, "chat", CHAT_CTX, None),
+                  f"{g} GiB free, chat -c {CHAT_CTX}: the same", "b"),
              Step("spill-oom-more", True, 2 * EST["spill"], _spill_step(2), "the OOM spill twice more: every time?",
                   "c")]
     for budget, kind, ctx in runs_wanted(c)[2:]:

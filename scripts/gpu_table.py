@@ -68,6 +68,15 @@ def spill_rows(state: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def opoff_rows(state: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = []
+    for name, step in state.get("steps", {}).items():
+        if name.startswith("opoff-"):
+            res = step.get("result") or {}
+            rows += [{"run": name, "free_mib": res.get("free_mib"), **r} for r in res.get("rows", [])]
+    return rows
+
+
 def plan_rows(state: dict[str, Any]) -> list[dict[str, Any]]:
     step = state.get("steps", {}).get("plan-budgets") or {}
     return list((step.get("result") or {}).get("rows", []))
@@ -91,7 +100,7 @@ def render(state: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         "",
     ]
     doc: dict[str, Any] = {"machine": info, "model": model, "tune": tune_rows(state), "memory": memory_rows(state),
-                           "spill": spill_rows(state), "plan": plan_rows(state),
+                           "spill": spill_rows(state), "opoff": opoff_rows(state), "plan": plan_rows(state),
                            "steps": {k: {"status": v.get("status"), "took_s": v.get("took_s"),
                                          "note": v.get("note")} for k, v in state.get("steps", {}).items()}}
     if doc["tune"]:
@@ -133,6 +142,23 @@ def render(state: dict[str, Any]) -> tuple[str, dict[str, Any]]:
                          f"{_f(r.get('free_mib'), '{:,}')} | {_f(r.get('need_mib'), '{:,}')} | {r.get('verdict')} | "
                          f"{_f(r.get('gen_tok_s'))} | {_f(r.get('vs_reference'), '{:.2f}x')} | "
                          f"{str(r.get('evidence', ''))[:160]} |")
+        lines.append("")
+    if doc["opoff"]:
+        lines += ["## (d) op offload on vs off (GGML_OP_OFFLOAD_MIN_BATCH above every ubatch = --no-op-offload)", "",
+                  "| run | line | --n-cpu-moe | -ub | op offload | turn prompt tok/s | turn TTFT s | long prompt tok/s | "
+                  "long TTFT s | gen tok/s | off/on turn | off/on long | spill |",
+                  "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+        for r in doc["opoff"]:
+            if r.get("failed"):
+                lines.append(f"| {r['run']} | {r['line']} | {r.get('n_cpu_moe')} | {r.get('ubatch')} | "
+                             f"{r['op_offload']} | failed: {r['failed'][:120]} |  |  |  |  |  |  |  |")
+                continue
+            lines.append(f"| {r['run']} | {r['line']} | {r.get('n_cpu_moe')} | {r.get('ubatch') or 'default'} | "
+                         f"{r['op_offload']} | {_f(r.get('turn_prompt_tok_s'), '{:,.0f}')} | "
+                         f"{_f(r.get('turn_ttft_s'), '{:.2f}')} | {_f(r.get('long_prompt_tok_s'), '{:,.0f}')} | "
+                         f"{_f(r.get('long_ttft_s'), '{:.2f}')} | {_f(r.get('gen_tok_s'))} | "
+                         f"{_f(r.get('turn_prompt_tok_s_off_vs_on'), '{:.2f}x')} | "
+                         f"{_f(r.get('long_prompt_tok_s_off_vs_on'), '{:.2f}x')} | {r.get('spill', '-')} |")
         lines.append("")
     if doc["plan"]:
         lines += ["## planned, not measured (memory model only; no GPU on this machine)", "",

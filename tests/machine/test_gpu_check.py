@@ -92,7 +92,7 @@ def _dry_run_commands(stdout: str) -> list[dict[str, object]]:
     for line in stdout.splitlines():
         if m := re.match(r"command (\d): .* --time-limit (\d+) ", line):
             commands.append({"limit": int(m.group(2)), "steps": [], "total": None})
-        elif commands and (m := re.match(r"  (\(([abc])\) |    )(\S+) +~ *(\d+) s +(\d+) s  ", line)):
+        elif commands and (m := re.match(r"  (\(([abcd])\) |    )(\S+) +~ *(\d+) s +(\d+) s  ", line)):
             commands[-1]["steps"].append((m.group(2) or "", m.group(3), int(m.group(4))))  # type: ignore[union-attr]
         elif commands and (m := re.match(r"  = ~(\d+) s of its (\d+) s", line)):
             commands[-1]["total"] = int(m.group(1))
@@ -101,7 +101,7 @@ def _dry_run_commands(stdout: str) -> list[dict[str, object]]:
     return commands
 
 
-def test_dry_run_plans_the_first_lease_command_by_command_and_reaches_a_to_c(tmp_path):
+def test_dry_run_plans_the_first_lease_command_by_command_and_reaches_a_to_d(tmp_path):
     res = _run("--dry-run", cache=tmp_path / "cache")
     assert res.returncode == 0, res.stderr
     commands = _dry_run_commands(res.stdout)
@@ -109,23 +109,25 @@ def test_dry_run_plans_the_first_lease_command_by_command_and_reaches_a_to_c(tmp
     names = [[name for _, name, _ in c["steps"]] for c in commands]  # type: ignore[union-attr]
     assert names[0][:4] == ["gpu-info", "wheels", "engine", "model"]  # what the answers need, first
     parts = {part: name for c in commands for part, name, _ in c["steps"] if part}  # type: ignore[union-attr]
-    assert {"a", "b", "c"} <= set(parts) and parts["a"] == "memory-12g"
+    assert {"a", "b", "c", "d"} <= set(parts) and parts["a"] == "memory-12g" and parts["d"] == "opoff-12g-agent"
     assert {"tune-12g-chat", "tune-12g-agent"} <= {n for c in names for n in c}  # (b): chat and agent, 12 GiB
-    # Ordered by what answers soonest: the memory check, then the spill, then the tunes.
+    # Ordered by what answers soonest: the memory check, the spill, the agent tune and its lines with op offload
+    # on and off (issue 43: the first lease answers whether that lever matters), then the chat tune.
     order = [n for c in names for n in c]
-    assert order.index("memory-12g") < order.index("spill-oom") < order.index("tune-12g-chat")
+    assert order.index("memory-12g") < order.index("spill-oom") < order.index("tune-12g-agent") \
+        < order.index("opoff-12g-agent") < order.index("tune-12g-chat")
     lease = 0.0
     for c in commands:
         total = sum(est for _, _, est in c["steps"])  # type: ignore[union-attr]
         assert total == c["total"] and total <= c["limit"] <= 540  # each command fits its own limit, <= 9 min
         lease += total + 10  # its transfers
     assert lease + 120 <= 900  # the machine's start (1-2 min) and both commands fit 15 minutes of device time
-    m = re.search(r"first lease on the estimates: ~(\d+) s of 900 s; reaches \(a\) .*\(b\) .*\(c\) ", res.stdout)
+    m = re.search(r"first lease on the estimates: ~(\d+) s of 900 s; reaches \(a\) .*\(b\) .*\(c\) .*\(d\) ", res.stdout)
     assert m and "NOT" not in res.stdout.split("first lease on the estimates")[1].splitlines()[0]
     engine_est = next(est for c in commands for _, n, est in c["steps"] if n == "engine")  # type: ignore[union-attr]
-    assert engine_est == 420 and "an estimate, the first command measures it" in res.stdout
+    assert engine_est == 270 and "263 s on an H100 machine's 16 cores" in res.stdout  # measured, first lease
     later = res.stdout.split("later leases")[1]
-    for step in ("spill-oom-more", "budget-8g", "budget-16g", "budget-24g", "long-16g", "spill-unified"):
+    for step in ("budget-8g", "budget-16g", "budget-24g", "long-16g", "spill-unified"):
         assert f" {step} " in later, step
     assert "without a GPU (this machine: no NVIDIA GPU found" in res.stdout
     for step in ("model", "plan-budgets", "ballast"):
