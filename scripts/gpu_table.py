@@ -145,8 +145,8 @@ def render(state: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         lines.append("")
     if doc["opoff"]:
         lines += ["## (d) op offload on vs off (GGML_OP_OFFLOAD_MIN_BATCH above every ubatch = --no-op-offload)", "",
-                  "| run | line | --n-cpu-moe | -ub | op offload | turn prompt tok/s | turn TTFT s | long prompt tok/s | "
-                  "long TTFT s | gen tok/s | off/on turn | off/on long | spill |",
+                  "| run | line | --n-cpu-moe | -ub | op offload | turn prompt tok/s | turn TTFT s | "
+                  "long prompt tok/s | long TTFT s | gen tok/s | off/on turn | off/on long | spill |",
                   "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---|"]
         for r in doc["opoff"]:
             if r.get("failed"):

@@ -175,3 +175,32 @@ def test_prompt_reuse_settings_are_server_only_and_spelled_as_the_engine_takes_t
 def test_out_of_range_reuse_settings_are_refused(field, value):
     with pytest.raises(UsageError, match="must be >= 0|--cache-ram takes"):
         flags.validate(LaunchConfig(model=MODEL, **{field: value}))
+
+
+def test_a_line_that_puts_every_expert_on_the_card_turns_fit_off():
+    """llama.cpp's --fit (on by default) gives up on a placement the user set (-ngl, a tensor split, tensor
+    overrides: common/fit.cpp, common_params_fit_impl) but --n-cpu-moe 0 sets no override (common/arg.cpp), so
+    on a tight card fit moved experts to the host and the server ran another placement than the line (an H100
+    lease, results/benchmarks/gpu-lease-1/README.md). Such a line carries --fit off; others stay as they were."""
+    all_on_card = LaunchConfig(model=MODEL, ctx=8192, n_cpu_moe=0, flash_attn=FlashAttn.ON)
+    argv = flags.server_argv(Path("llama-server"), all_on_card)
+    assert argv[argv.index("--fit") + 1] == "off"
+    batched = flags.batched_bench_argv(Path("llama-batched-bench"), all_on_card, n_prompt=8, n_gen=8, n_parallel=[1])
+    assert batched[batched.index("--fit") + 1] == "off"
+    for placed in (LaunchConfig(model=MODEL, n_cpu_moe=4), LaunchConfig(model=MODEL, n_gpu_layers=20),
+                   LaunchConfig(model=MODEL, n_cpu_moe=0, n_gpu_layers=999), LaunchConfig(model=MODEL)):
+        assert "--fit" not in flags.server_argv(Path("llama-server"), placed), placed
+    # llama-fit-params with -fitp prints the config as given and never fits: no --fit there.
+    assert "--fit" not in flags.fit_params_argv(Path("llama-fit-params"), all_on_card)
+    # Read back: the line is a fixed point; a pasted --fit on is the default; --fit off alone means every layer.
+    assert flags.parse_command(flags.launch_line(all_on_card)).config == all_on_card
+    assert flags.parse_command("llama-server -m x.gguf --fit on -ncmoe 3").config.n_cpu_moe == 3
+    assert flags.parse_command("llama-server -m x.gguf -fit off").config.n_gpu_layers == 999
+    with pytest.raises(UsageError, match="--fit takes on or off"):
+        flags.parse_command("llama-server -m x.gguf --fit maybe")
+
+
+def test_the_real_server_accepts_fit_off(engine_loc):
+    caps = build.capabilities(engine_loc)
+    argv = flags.server_argv(Path("llama-server"), LaunchConfig(model=MODEL, n_cpu_moe=0), caps)
+    assert "--fit" in argv or "-fit" in argv

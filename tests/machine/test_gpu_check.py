@@ -122,7 +122,8 @@ def test_dry_run_plans_the_first_lease_command_by_command_and_reaches_a_to_d(tmp
         assert total == c["total"] and total <= c["limit"] <= 540  # each command fits its own limit, <= 9 min
         lease += total + 10  # its transfers
     assert lease + 120 <= 900  # the machine's start (1-2 min) and both commands fit 15 minutes of device time
-    m = re.search(r"first lease on the estimates: ~(\d+) s of 900 s; reaches \(a\) .*\(b\) .*\(c\) .*\(d\) ", res.stdout)
+    m = re.search(r"first lease on the estimates: ~(\d+) s of 900 s; reaches \(a\) .*\(b\) .*\(c\) .*\(d\) ",
+                  res.stdout)
     assert m and "NOT" not in res.stdout.split("first lease on the estimates")[1].splitlines()[0]
     engine_est = next(est for c in commands for _, n, est in c["steps"] if n == "engine")  # type: ignore[union-attr]
     assert engine_est == 270 and "263 s on an H100 machine's 16 cores" in res.stdout  # measured, first lease

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +17,8 @@ from tuner.core.errors import CpuFallbackError
 from tuner.engine import build
 from tuner.measure import bench, gpu_use
 from tuner.measure.workload import Workload, WorkloadKind
+
+REPO = Path(__file__).resolve().parents[2]
 
 CPU_BUILD = "is a CPU build and this machine has an NVIDIA GeForce RTX 3090"
 QUICK = ("--no-server", "-r", "1", "-p", "8", "-n", "8")
@@ -117,3 +120,21 @@ def test_a_cuda_build_with_no_usable_device_is_named_with_its_cause(demo_models,
         on_purpose = run_cli("bench", str(model), *QUICK, "--llama-cpp-dir", str(cuda_bin), "--device", "none",
                              env=d.env)
         assert on_purpose.returncode == 0, on_purpose.stderr
+
+
+def test_a_cuda_servers_jsonl_log_counts_as_on_the_gpu():
+    """llama-server on an H100 (the pinned engine, CUDA, --log-jsonl at its default verbosity: the first GPU
+    lease) wrote no ``CUDA0 ... buffer size`` line, only ``fit_memory_breakdown`` records whose CUDA0 row holds
+    14,261 MiB of weights; it generated at 108 tok/s on the card. Reading only the buffer lines refused it (and
+    every GPU trial) as "nothing on the GPU"."""
+    log = (REPO / "results/benchmarks/gpu-lease-1/tune-agent-default-arm-llama-server.log").read_text()
+    assert "buffer size" not in log and '"name":"CUDA0"' in log
+    cfg = LaunchConfig(model=REPO / "m.gguf", ctx=32768, parallel=1)
+    gpu_use.expect(gpu_use.Expectation("NVIDIA H100 80GB HBM3"))
+    try:
+        gpu_use.check_server(log, cfg)  # no CpuFallbackError
+        host_only = "\n".join(line for line in log.splitlines() if '"name":"CUDA0"' not in line)
+        with pytest.raises(CpuFallbackError, match="llama-server put nothing on the GPU"):
+            gpu_use.check_server(host_only, cfg)
+    finally:
+        gpu_use.expect(gpu_use.Expectation(None))

@@ -7,8 +7,11 @@ initialize CUDA: <reason>`` in ``ggml_cuda_init`` and goes on with the CPU backe
 (``--device none``, llama.cpp's own spelling), each of these stops the run in one line with its cause and fix.
 
 What the engine used is read from its own output: llama-bench's JSON ``gpu_info`` (``get_gpu_info`` lists the
-GPU devices the backend registry holds; empty when there are none) and llama-server's load log (a ``CUDA0 ...
-buffer size`` line for each buffer placed on the card, from ``llama_model::load_tensors`` and the KV cache).
+GPU devices the backend registry holds; empty when there are none) and llama-server's load log: a ``CUDA0 ...
+buffer size`` line for each buffer placed on the card (``llama_model::load_tensors`` and the KV cache), or the
+device rows of its ``fit_memory_breakdown`` records, which it writes with ``--log-jsonl``. On an H100, llama-server
+with ``--log-jsonl`` at its default verbosity wrote the records and no buffer line at all
+(results/benchmarks/gpu-lease-1/), so the buffer lines alone refused every GPU trial.
 """
 
 from __future__ import annotations
@@ -20,12 +23,13 @@ from dataclasses import dataclass
 from tuner.core.config import LaunchConfig
 from tuner.core.errors import CpuFallbackError
 from tuner.core.machine_spec import Hardware
-from tuner.engine import build, runner
+from tuner.engine import breakdown, build, runner
 from tuner.machine import hardware
 
 CPU_DEVICE = "none"  # --device none: the CPU on purpose
 _CUDA_INIT = re.compile(r"failed to initialize CUDA:\s*(.+)")
 _GPU_BUFFER = re.compile(r"\b(?:CUDA|ROCm|Vulkan|Metal|SYCL)\d+\b[^\n\"]*buffer size")
+_GPU_DEVICE = re.compile(r"^(?:CUDA|ROCm|Vulkan|Metal|SYCL)\d+$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,8 +121,17 @@ def check_server(log: str, cfg: LaunchConfig) -> None:
     exp = _current
     if exp.gpu_name is None or cfg.device == CPU_DEVICE or cfg.n_gpu_layers == 0:
         return
-    if _GPU_BUFFER.search(log):
+    if placed_on_gpu(log):
         return
     cause, fix = _cause_of(log)
     raise CpuFallbackError(f"llama-server put nothing on the GPU although an {exp.gpu_name} is expected ({cause})",
                            fix)
+
+
+def placed_on_gpu(log: str) -> bool:
+    """Did this llama-server log place anything on a GPU: a GPU buffer line, or a GPU device row holding memory in
+    its last ``fit_memory_breakdown`` record (the one at exit; a killed server's last projection)?"""
+    if _GPU_BUFFER.search(log):
+        return True
+    found = breakdown.parse_log_jsonl(log)
+    return bool(found) and any(_GPU_DEVICE.match(r.name) and r.self_mib > 0 for r in found[-1].devices)

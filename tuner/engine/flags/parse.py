@@ -64,6 +64,9 @@ def parse_command(text: str) -> ParsedCommand:
             ignored.append(f"{flag} {value()}")
             continue
         name = _ALIASES.get(flag)
+        if flag in ("--fit", "-fit"):
+            values["fit"] = value()
+            continue
         if name is None or name == "fit":
             raise UsageError(
                 f"{flag} in the pasted command is not something moe-tune measures: remove it and paste again"
@@ -84,6 +87,13 @@ def parse_command(text: str) -> ParsedCommand:
 def _config_from(values: dict[str, object]) -> LaunchConfig:
     if "model" not in values:
         raise UsageError("the pasted command has no -m MODEL: add the model path")
+    fit = str(values.pop("fit", "on")).lower()
+    if fit not in ("on", "off", "1", "0", "true", "false", "enabled", "disabled"):
+        raise UsageError(f"--fit takes on or off, got {fit!r}: fix it in the pasted command")
+    if fit in ("off", "0", "false", "disabled") and "n_gpu_layers" not in values and "n_cpu_moe" not in values:
+        # --fit off with no placement: llama.cpp's default -ngl -1 then means every layer on the GPU
+        # (llama_model::n_gpu_layers), which -ngl all states and renders without --fit.
+        values["n_gpu_layers"] = "all"
     kwargs: dict[str, object] = {"model": Path(str(values["model"]))}
     for name in _INT_FIELDS & values.keys():
         raw = str(values[name])

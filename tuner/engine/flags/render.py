@@ -50,6 +50,7 @@ _SPELL: dict[str, tuple[str, ...]] = {
     "no_repack": ("--no-repack", "-nr"),
     "no_host": ("--no-host",),
     "device": ("-dev", "--device"),
+    "fit": ("--fit", "-fit"),
     "fit_print": ("-fitp", "--fit-print"),
     "fit_target": ("-fitt", "--fit-target"),
     "log_jsonl": ("--log-jsonl",),
@@ -319,10 +320,26 @@ def batched_bench_argv(binary: Path, cfg: LaunchConfig, *, n_prompt: int, n_gen:
     if cfg.ctx is not None:
         a.add("ctx", str(cfg.ctx))
     _common(a, cfg)
+    _fit_flags(a, cfg)
     _context_flags(a, cfg)
     a.argv += ["-npp", str(n_prompt), "-ntg", str(n_gen), "-npl", ",".join(str(n) for n in n_parallel),
                "--output-format", "jsonl"]
     return a.argv
+
+
+def fit_would_move(cfg: LaunchConfig) -> bool:
+    """Would llama.cpp's ``--fit`` (on by default) move this config's layers? It gives up on any placement the
+    user set — ``-ngl``, a tensor split or a tensor override (common/fit.cpp, ``common_params_fit_impl``: "already
+    set by user, abort") — and ``--n-cpu-moe N`` is N overrides (common/arg.cpp), so ``--n-cpu-moe 0`` sets none:
+    fit then moves experts to the host whenever the card is tight, and the server runs another placement than
+    the line says (seen on an H100, results/benchmarks/gpu-lease-1/README.md)."""
+    return cfg.n_cpu_moe == 0 and cfg.n_gpu_layers is None
+
+
+def _fit_flags(a: _Argv, cfg: LaunchConfig) -> None:
+    """``--fit off`` where fit would otherwise rewrite the placement this config states."""
+    if fit_would_move(cfg):
+        a.add("fit", "off")
 
 
 def server_argv(binary: Path, cfg: LaunchConfig, caps: Capabilities | None = None) -> list[str]:
@@ -334,6 +351,7 @@ def server_argv(binary: Path, cfg: LaunchConfig, caps: Capabilities | None = Non
     if cfg.parallel is not None:
         a.add("parallel", str(cfg.parallel))
     _common(a, cfg)
+    _fit_flags(a, cfg)
     _context_flags(a, cfg)
     _reuse_flags(a, cfg)
     _spec_flags(a, cfg)
@@ -405,7 +423,12 @@ def fit_params_argv(binary: Path, cfg: LaunchConfig, caps: Capabilities | None =
         )
     # Prompt reuse costs host RAM at run time only (checkpoints, prompt cache): nothing llama-fit-params projects,
     # and it does not accept those flags.
+    # With -fitp on it prints the estimate of the config as given and never fits (tools/fit-params), so the
+    # server's --fit off is left out.
     argv = server_argv(binary, without_reuse(cfg), caps)
+    if fit_would_move(cfg):
+        i = next(i for i, f in enumerate(argv) if f in _SPELL["fit"])
+        del argv[i:i + 2]
     a = _Argv(binary, FIT_PARAMS, caps)
     a.add("fit_print", "on")
     a.add("log_jsonl")
