@@ -197,3 +197,74 @@ def test_cli_plan_of_a_dense_model_is_along_ngl(trained_model):
     text = run_cli("plan", str(trained_model), "--gpu", "RTX 3060 12GB", "-c", "8192")
     assert text.returncode == 0 and "dense;" in text.stdout and "--n-gpu-layers" in text.stdout
     assert "--n-cpu-moe moves nothing" in text.stdout
+
+
+def _plan_json(*argv: str) -> dict:
+    res = run_cli("plan", *argv, "--json")
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+def test_the_ram_side_shows_headroom_tight_rows_and_the_prompt_cache_that_fits():
+    """Issue 41: with --ram 24, Qwen3.6-35B-A3B Q4_K_M on an 8 GB card was called "fits" at the first --n-cpu-moe
+    that fits VRAM with well under a GiB to spare. Each row now shows what is left beside it, with llama-server's
+    prompt cache at the size it can reach (--cache-ram 8192 MiB by default, common_params::cache_ram_mib), and
+    a row under the 2 GiB margin is tight; the cache that fits is what the line sets."""
+    doc = _plan_json("qwen3.6-35b-a3b:Q4_K_M", "--gpu", "RTX 4060 8GB", "--ram", "24", "-c", "32768")
+    avail, margin, mib = doc["ram_available_bytes"], doc["ram_tight_margin_bytes"], 2**20
+    assert avail == 24 * 2**30 and margin == 2 * 2**30
+    for r in doc["rows"]:
+        cache = r["cache_ram_fit_mib"] * mib if r["cache_ram_fit_mib"] is not None else 8192 * mib
+        assert r["ram_headroom_bytes"] == avail - r["ram_need_bytes"] - cache
+        if r["cache_ram_fit_mib"] is not None:  # the default cache would leave less than the margin
+            assert avail - r["ram_need_bytes"] - 8192 * mib < margin
+            assert r["cache_ram_fit_mib"] % 256 == 0 and r["ram_headroom_bytes"] >= margin or \
+                r["cache_ram_fit_mib"] == 0
+        assert r["ram_tight"] == (r["ram_need_bytes"] <= avail and r["ram_headroom_bytes"] < margin)
+    first = next(r for r in doc["rows"] if r["verdict"] == "fits")
+    assert first["ram_tight"] and first["cache_ram_fit_mib"] == 0  # no room left for any prompt cache
+    assert first["ram_headroom_bytes"] < margin
+    assert any("launch it with --cache-ram 0" in n for n in doc["notes"])
+    roomy = _plan_json("qwen3.6-35b-a3b:Q4_K_M", "--gpu", "RTX 4060 8GB", "--ram", "64", "-c", "32768")
+    first = next(r for r in roomy["rows"] if r["verdict"] == "fits")
+    assert not first["ram_tight"] and first["cache_ram_fit_mib"] is None
+    assert first["ram_headroom_bytes"] == 64 * 2**30 - first["ram_need_bytes"] - 8192 * mib
+    table = run_cli("plan", "qwen3.6-35b-a3b:Q4_K_M", "--gpu", "RTX 4060 8GB", "--ram", "24", "-c", "32768")
+    assert " tight " in table.stdout and "RAM left" in table.stdout
+    rule = next(line for line in table.stdout.splitlines() if "───" in line)
+    assert len(rule.rstrip()) <= 80  # the table fits 80 columns
+
+
+def test_ram_holders_name_a_real_process_holding_ram():
+    """What holds the rest of RAM is named from the machine itself: a real process holding 512 MiB (touched)."""
+    import subprocess
+    import sys
+
+    from tuner.plan.ram import ram_holders
+
+    code = "import sys,time; b = bytearray(512 * 2**20); b[::4096] = b'x' * len(b[::4096]); print(1, flush=True); " \
+           "time.sleep(60)"
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == b"1"
+        held = dict(ram_holders(limit=50))
+        python = {name: rss for name, rss in held.items() if name.startswith("python")}
+        assert python and max(python.values()) >= 512 * 2**20
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_bench_is_warned_before_measuring_a_config_the_plan_says_exceeds_or_fills_ram(demo_models):
+    """A config whose host side exceeds RAM measures the disk, not the config (issue 41: 4.3 vs 18.3 tok/s beside
+    a balloon, "spill: none"): bench says so before measuring. The demo model's whole host need is tens of MiB."""
+    from tuner.plan.ram import before_measuring
+
+    model = demo_models[("qwen3moe", "Q4_K_M")]
+    cfg = LaunchConfig(model=model, ctx=2048, parallel=1, cache_ram_mib=0)
+    hw = cards.machine(None)
+    assert before_measuring(cfg, replace(hw, ram_available_bytes=8 * 2**30)) is None
+    tight = before_measuring(cfg, replace(hw, ram_available_bytes=1 * 2**30))
+    assert tight is not None and "tight" in tight and "it may measure the disk" in tight
+    over = before_measuring(cfg, replace(hw, ram_available_bytes=4 * 2**20))
+    assert over is not None and "exceeds RAM by" in over

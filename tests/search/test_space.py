@@ -173,3 +173,27 @@ def test_the_memory_model_prices_the_big_ubatch_and_leaves_out_one_that_never_fi
     cfg = space.make_config(sp, {"ubatch": 4096, "n_cpu_moe": by_ub[4096], "kv": "q8_0/q8_0"})
     assert space.check(big, cfg, card).feasible
     assert space.check(big, replace(cfg, n_cpu_moe=by_ub[4096] - 1), card).vram_over_mib > 0
+
+
+def test_a_space_whose_host_weights_leave_no_room_for_the_prompt_cache_sets_cache_ram():
+    """Issue 41: llama-server's prompt cache may grow to --cache-ram 8192 MiB (common_params::cache_ram_mib) on top
+    of the host experts. On an 8 GB card with 24 GiB of RAM, four slots of Qwen3.6-35B-A3B Q4_K_M at 32K leave
+    under 2 GiB beside the fewest host experts that fit (plan --ram 24 -c 32768: --n-cpu-moe 31-32), so every
+    config the search measures, and so the printed line, carries the --cache-ram that fits (0), said in the
+    space's notes; one slot leaves room for part of the cache; with 64 GiB nothing changes."""
+    from tuner.engine import flags
+    from tuner.hub.resolve import resolve_model
+
+    shape = resolve_model("qwen3.6-35b-a3b:Q4_K_M", header_only=True).path
+    card = find_card("RTX 4060 8GB")
+    for ram_gib, slots, want in ((24, 4, 0), (24, 1, "part"), (64, 4, None)):
+        hw = card.hardware(ram_gib * GIB, ram_gib * GIB, 89.6e9, 8, 0)
+        sp = space.build_space(shape, inspect_model(shape), hw, ctx=32768, parallel=slots, prompt_tokens=512)
+        if want == "part":  # some of the 8192 MiB fits, in 256 MiB steps
+            assert sp.cache_ram_mib is not None and 0 < sp.cache_ram_mib < 8192 and sp.cache_ram_mib % 256 == 0
+            continue
+        assert sp.cache_ram_mib == want, ram_gib
+        cfg = space.make_config(sp, {"n_cpu_moe": sp.n_cpu_moe[0] if sp.n_cpu_moe else 0})
+        line = flags.launch_line(cfg)
+        assert line.endswith(" -cram 0") == (want == 0)  # llama-server's short spelling
+        assert any("--cache-ram 0 on every config" in n for n in sp.left_out) == (want == 0)

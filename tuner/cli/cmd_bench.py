@@ -32,9 +32,11 @@ from tuner.cli.app import (
 from tuner.core.config import LaunchConfig
 from tuner.core.errors import TunerError, UsageError
 from tuner.engine import build, flags
+from tuner.machine import hardware
 from tuner.measure import one_config, session, session_run, workload
 from tuner.measure.bench import ServerTrial
 from tuner.models import demo
+from tuner.plan import ram
 
 
 @app.command("bench", short_help="Measure one config end to end: speed, memory, spill.")
@@ -157,6 +159,9 @@ def bench_cmd(
     with measuring("bench", allow_busy=allow_busy, busy_wait=busy_wait, quiet_output=as_json, device=cfg.device):
         if cfg.model == DEMO_PLACEHOLDER:
             cfg = replace(cfg, model=demo.default_model(loc, on_step=lambda msg: err.print(msg, highlight=False)))
+        ram_warning = ram.before_measuring(cfg, hardware.probe_hardware(host_bandwidth_s=0))
+        if ram_warning:
+            err.print(ram_warning, highlight=False, markup=False, soft_wrap=True)
         with err.status(f"measuring {cfg.model.name}") as status:
             report = one_config.bench_config(loc, cfg, load, depth=depth, repetitions=repetitions,
                                              server=not no_server, vram_budget_mib=vram_budget,

@@ -20,6 +20,7 @@ from tuner.machine import hardware
 from tuner.models import gguf_reader
 from tuner.plan.memory import Breakdown, HostBuffer
 from tuner.plan.placement import KV_CHOICES, EngineCheckRow, Plan, PlanRow, load_mode_note, make_plan, offload_of
+from tuner.plan.ram import TIGHT_MARGIN_BYTES, RamSide, holders_line, ram_holders, ram_side
 
 MODEL_SOURCE = "moe-tune's memory model (tuner.plan.memory)"
 
@@ -60,13 +61,20 @@ def _parts(b: Breakdown) -> dict[str, int]:
             "compute": b.compute_bytes, "overhead": b.overhead_bytes}
 
 
-def _row_json(row: PlanRow) -> dict[str, Any]:
+def _ram(row: PlanRow, p: Plan, base: LaunchConfig) -> RamSide:
+    return ram_side(row.estimate, base, p.hardware)
+
+
+def _row_json(row: PlanRow, ram: RamSide) -> dict[str, Any]:
     e, gen, prompt = row.estimate, row.roofline.gen_tok_s, row.roofline.prompt_tok_s
     where = {"n_gpu_layers": row.n_gpu_layers} if row.offload.dense else {"n_cpu_moe": row.n_cpu_moe}
     return {
         **where, "verdict": e.verdict.value,
         "vram_bytes": e.gpu.total_bytes, "ram_bytes": e.host.total_bytes,
         "ram_need_bytes": e.host_need_bytes, "ram_reclaimable_bytes": e.reclaimable_bytes,
+        # RAM left beside the config, its prompt cache counted at the size it can reach (the fitted one if set).
+        "ram_headroom_bytes": ram.headroom_bytes, "ram_tight": ram.tight,
+        "prompt_cache_reach_bytes": ram.cache_reach_bytes, "cache_ram_fit_mib": ram.cache_ram_fit_mib,
         "load_mode": e.load_mode,
         # Every host buffer is needed resident; a mapped one is file-backed (the kernel could evict it, at the
         # price of reading the file again every token).
@@ -78,7 +86,7 @@ def _row_json(row: PlanRow) -> dict[str, Any]:
     }
 
 
-def _as_json(p: Plan, notes: list[str]) -> dict[str, Any]:
+def _as_json(p: Plan, notes: list[str], base: LaunchConfig) -> dict[str, Any]:
     hw = p.hardware
     axis = offload_of(p.model)
 
@@ -92,7 +100,8 @@ def _as_json(p: Plan, notes: list[str]) -> dict[str, Any]:
         "vram_budget_bytes": hw.vram_budget_bytes, "vram_budget_source": hw.vram_budget_source,
         "ram_available_bytes": hw.ram_available_bytes,
         "host_bandwidth_bytes_s": hw.host_bandwidth_bytes_s, "host_bandwidth_source": hw.host_bandwidth_source,
-        "rows": [_row_json(r) for r in p.rows],
+        "ram_tight_margin_bytes": TIGHT_MARGIN_BYTES,
+        "rows": [_row_json(r, _ram(r, p, base)) for r in p.rows],
         "fit_intervals": [{"ctx": s.ctx, "cache_type_k": s.cache_type_k.value, "cache_type_v": s.cache_type_v.value,
                            **at(s.n_cpu_moe), **s.interval.to_dict(), "summary": s.interval.describe()}
                           for s in p.smallest_fits],
@@ -119,7 +128,7 @@ def _check_json(rows: tuple[EngineCheckRow, ...]) -> list[dict[str, Any]]:
              "error_mib": r.error_mib, "agrees": r.agrees} for r in rows]
 
 
-def _notes(info: gguf_reader.ModelInfo, p: Plan, base: LaunchConfig) -> list[str]:
+def _notes(info: gguf_reader.ModelInfo, p: Plan, base: LaunchConfig, own_machine: bool = False) -> list[str]:
     """What a reader needs beside the table: how the host side is held, and when the load mode matters."""
     notes = []
     axis = offload_of(info)
@@ -140,6 +149,19 @@ def _notes(info: gguf_reader.ModelInfo, p: Plan, base: LaunchConfig) -> list[str
         note = load_mode_note(info, base, p.hardware, first)
         if note:
             notes.append(note)
+    row = next(r for r in p.rows if r.step == n)
+    ram = _ram(row, p, base)
+    if ram.cache_ram_fit_mib is not None and not ram.exceeds:
+        notes.append(f"llama-server's prompt cache may grow to --cache-ram {base.cache_ram_mib or 8192} MiB, which "
+                     f"does not fit beside {axis.span(n, n)} in {ram.available_bytes / 2**30:.1f} GiB of RAM: "
+                     f"launch it with --cache-ram {ram.cache_ram_fit_mib} (auto-tune's line carries it)")
+    if ram.tight:
+        notes.append(f"{axis.span(n, n)}: {ram.describe()}; another program's growth would make the kernel read "
+                     "experts back from disk every token (fewer host experts, a smaller quant, or close something)")
+    if own_machine:
+        line = holders_line(ram_holders(), p.hardware)
+        if line and (ram.tight or ram.exceeds or row.estimate.verdict.value != "fits"):
+            notes.append(line)
     return notes
 
 
@@ -207,10 +229,10 @@ def plan_cmd(
                         flash_attn=flash_attn, parallel=parallel, ubatch=ubatch, ctx=ctxs[0] if ctxs else None,
                         mmap=load_mode == "mmap", no_host=no_host, repack=not no_repack)
     p = make_plan(info, base, hw, ctxs, KV_CHOICES)
-    notes = _notes(info, p, base)
+    notes = _notes(info, p, base, own_machine=ram is None)
     check = _engine_check(info, base, hw) if engine_check else ()
     if as_json:
-        doc = _as_json(p, notes)
+        doc = _as_json(p, notes, base)
         doc.update({"model_source": resolved.source, "figures_from": MODEL_SOURCE})
         if engine_check:
             doc["engine_check"] = _check_json(check)
@@ -225,6 +247,10 @@ def plan_cmd(
     if not hw.has_gpu:
         err.print("no GPU: planned for the CPU backend; pass --gpu NAME to plan for a card", highlight=False,
                   markup=False)
+
+
+# Verdicts as the 80-column table spells them (the JSON keeps the full words).
+_SHORT = {"needs spill": "spill", "exceeds RAM": "over RAM"}
 
 
 def _say(text: str) -> None:
@@ -244,17 +270,20 @@ def _print_plan(model: str, info: gguf_reader.ModelInfo, p: Plan, base: LaunchCo
          f"host bandwidth {hw.host_bandwidth_bytes_s / 1e9:.1f} GB/s ({hw.host_bandwidth_source})")
     # Fits 80 columns: no vertical rules, units in the headers.
     table = Table(box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False, collapse_padding=True)
-    for col in (flags.spelled(axis.setting), "VRAM\nMiB", "RAM need\nMiB", "page cache\nMiB", "verdict",
-                "tg max\ntok/s", "pp max\ntok/s"):
+    for col in (flags.spelled(axis.setting), "VRAM\nMiB", "RAM need\nMiB", "RAM left\nMiB", "page\ncache",
+                "verdict", "tg max\ntok/s", "pp max\ntok/s"):
         table.add_column(col, justify="right", no_wrap=True)
     for r in p.rows:
-        e = r.estimate
+        e, ram = r.estimate, _ram(r, p, base)
+        verdict = "tight" if ram.tight and e.verdict.value == "fits" else _SHORT.get(e.verdict.value, e.verdict.value)
         table.add_row(str(axis.value(r.step)), _mib(e.gpu.total_bytes), _mib(e.host_need_bytes),
-                      _mib(e.reclaimable_bytes), e.verdict.value, _rate(r.roofline.gen_tok_s),
+                      _mib(ram.headroom_bytes), _mib(e.reclaimable_bytes), verdict, _rate(r.roofline.gen_tok_s),
                       _rate(r.roofline.prompt_tok_s))
     out.print(table)
-    _say("RAM need: pinned, repacked or anonymous buffers and the mapped weights read every token; page "
-         "cache: file pages read at load, reclaimable")
+    _say("RAM need: pinned, repacked or anonymous buffers and the mapped weights read every token; RAM left: "
+         "what stays beside it with llama-server's prompt cache at the size it can reach; tight: under "
+         f"{TIGHT_MARGIN_BYTES / 2**30:.0f} GiB left; spill: more VRAM than the budget; page cache (MiB): file "
+         "pages read at load, reclaimable")
     for s in p.smallest_fits:
         _say(f"-c {s.ctx} -ctk {s.cache_type_k.value} -ctv {s.cache_type_v.value} {s.interval.describe()}")
     for lc in p.largest_ctx:

@@ -100,7 +100,8 @@ def build_frontier_space(model: Path, info: ModelInfo, hw: Hardware, load: Workl
     for axis in ("n_cpu_moe", "n_gpu_layers"):  # a MoE's expert offload, or a dense model's layers on the GPU
         ranges = [getattr(s, axis) for s in spaces if getattr(s, axis)]
         if ranges:
-            base = replace(base, **{axis: (min(r[0] for r in ranges), max(r[1] for r in ranges))})
+            span = (min(r[0] for r in ranges), max(r[1] for r in ranges))
+            base = replace(base, n_cpu_moe=span) if axis == "n_cpu_moe" else replace(base, n_gpu_layers=span)
     if threads is not None:
         base = replace(base, threads=tuple(threads))
     return FrontierSpace(base, tuple(sorted(set(contexts))), tuple(sorted(set(slots))),

@@ -81,6 +81,9 @@ class SearchSpace:
     # What the space leaves out and why (K/V pairs the engine has no kernel for, ubatches that cannot fit); not
     # part of the study's identity.
     left_out: tuple[str, ...] = ()
+    # --cache-ram of every config, set where llama-server's default prompt cache would not fit beside the host
+    # weights (tuner.plan.ram); None: the engine's default.
+    cache_ram_mib: int | None = None
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -91,6 +94,7 @@ class SearchSpace:
             "ubatch": list(self.ubatch), "slots": list(self.slots),
             **({"device": self.device} if self.device is not None else {}),
             **({"n_gpu_layers": list(self.n_gpu_layers)} if self.n_gpu_layers else {}),
+            **({"cache_ram_mib": self.cache_ram_mib} if self.cache_ram_mib is not None else {}),
         }
 
     @property
@@ -175,12 +179,30 @@ def build_space(model_path: Path, info: ModelInfo, hw: Hardware, *, ctx: int, pa
     ngl: tuple[int, int] | None = None
     if offload and not info.n_expert:
         ngl, why = _gpu_layers(info, hw, model_path, ctx, parallel, pairs, ubatch, vram_margin_mib)
+    cache_ram, note = _cache_ram(info, hw, ubatch_config(model_path, *pairs[0], ctx, parallel, None), moe, ngl)
     return SearchSpace(
         model=model_path, ctx=ctx, parallel=parallel, n_cpu_moe=moe, kv_pairs=pairs,
         flash_attn=(FlashAttn.ON, FlashAttn.OFF), threads=_physical_threads(max(1, hw.physical_cores)),
         ubatch=ubatch, slots=slot_counts(concurrency), n_cpu_moe_why=why, device=device, n_gpu_layers=ngl,
-        left_out=left_out,
+        left_out=left_out + note, cache_ram_mib=cache_ram,
     )
+
+
+def _cache_ram(info: ModelInfo, hw: Hardware, cfg: LaunchConfig, moe: tuple[int, int] | None,
+               ngl: tuple[int, int] | None) -> tuple[int | None, tuple[str, ...]]:
+    """The --cache-ram every trial carries where llama-server's default prompt cache (8192 MiB) would not fit
+    beside the fewest host weights the space tries (its likeliest winner), and the note that says so."""
+    from tuner.plan.memory import DEFAULT_CACHE_RAM_MIB, estimate
+    from tuner.plan.ram import ram_side
+
+    at = replace(cfg, n_cpu_moe=moe[0] if moe else None, n_gpu_layers=ngl[1] if ngl else None)
+    side = ram_side(estimate(info, at, hw), at, hw)
+    if side.cache_ram_fit_mib is None or side.exceeds:
+        return None, ()
+    return side.cache_ram_fit_mib, (
+        f"--cache-ram {side.cache_ram_fit_mib} on every config: llama-server's default prompt cache "
+        f"({DEFAULT_CACHE_RAM_MIB} MiB) does not fit beside {side.need_bytes / 2**30:.1f} GiB of host need in "
+        f"{side.available_bytes / 2**30:.1f} GiB of RAM (2 GiB kept free)",)
 
 
 def ubatch_choices(prompt_tokens: int, ctx: int) -> tuple[int | None, ...]:
@@ -264,7 +286,7 @@ def make_config(space: SearchSpace, params: dict[str, Any]) -> LaunchConfig:
         n_gpu_layers=params.get("n_gpu_layers") if space.n_gpu_layers else None,
         cache_type_k=ctk, cache_type_v=ctv, flash_attn=fa, ctx=space.ctx, parallel=space.parallel,
         threads=params.get("threads", space.threads[-1]), ubatch=ubatch, batch=batch_for(ubatch),
-        device=space.device,
+        device=space.device, cache_ram_mib=space.cache_ram_mib,
     )
 
 

@@ -1,0 +1,128 @@
+"""The host-RAM side of a plan: what a config leaves of RAM, when that is too little to be safe, what llama-server's
+prompt cache can still take, and who holds the rest of the machine's memory.
+
+A MoE with most experts in RAM leaves a few GiB of a 32 GB desktop for everything else; below that the kernel
+pages the mapped experts back in from disk on every token, silently (issue 41). The memory model's host need
+(:attr:`MemoryEstimate.host_need_bytes`) is what must stay resident; two things come on top of it:
+
+- llama-server's host prompt cache (``server_prompt_cache``: idle prompts' states, evicted oldest first above
+  ``--cache-ram`` MiB, 8192 by default in ``common_params::cache_ram_mib``). It fills with distinct conversations,
+  so a plan counts it at the size it can reach; where that would not fit, the line sets ``--cache-ram`` to what
+  does.
+- a margin for what the rest of the desktop grows by while the model runs (a browser tab, an IDE's indexer):
+  a config that leaves less than :data:`TIGHT_MARGIN_BYTES` is "tight".
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from tuner.core.config import LaunchConfig
+from tuner.core.machine_spec import Hardware
+from tuner.plan.memory import DEFAULT_CACHE_RAM_MIB, MemoryEstimate
+
+MIB = 2**20
+GIB = 2**30
+TIGHT_MARGIN_BYTES = 2 * GIB  # what is left beside the model, below which a row is "tight"
+CACHE_RAM_STEP_MIB = 256  # a fitted --cache-ram is rounded down to this
+
+
+@dataclass(frozen=True, slots=True)
+class RamSide:
+    available_bytes: int  # RAM the plan is for (MemAvailable here, or --ram)
+    need_bytes: int  # resident host need of the config (the memory model)
+    cache_reach_bytes: int | None  # what the prompt cache can still add (None: --cache-ram -1, no limit)
+    cache_ram_fit_mib: int | None  # the --cache-ram that fits, where the default would not (None: no change)
+
+    @property
+    def headroom_bytes(self) -> int:
+        """RAM left beside the config with its prompt cache at the size it can reach (the fitted one if set)."""
+        cache = (self.cache_ram_fit_mib * MIB if self.cache_ram_fit_mib is not None
+                 else self.cache_reach_bytes or 0)
+        return self.available_bytes - self.need_bytes - cache
+
+    @property
+    def exceeds(self) -> bool:
+        return self.need_bytes > self.available_bytes
+
+    @property
+    def tight(self) -> bool:
+        return not self.exceeds and self.headroom_bytes < TIGHT_MARGIN_BYTES
+
+    def describe(self) -> str:
+        left = self.headroom_bytes / GIB
+        if self.exceeds:
+            return f"exceeds RAM by {-(self.available_bytes - self.need_bytes) / GIB:.1f} GiB"
+        text = f"{left:.1f} GiB of RAM left"
+        if self.cache_ram_fit_mib is not None:
+            text += (f" with --cache-ram {self.cache_ram_fit_mib} (the default {DEFAULT_CACHE_RAM_MIB} MiB prompt "
+                     "cache would not fit)")
+        if self.tight:
+            text += f": tight (under the {TIGHT_MARGIN_BYTES / GIB:.0f} GiB margin)"
+        return text
+
+
+def prompt_cache_reach_bytes(cfg: LaunchConfig) -> int | None:
+    """What llama-server's prompt cache can add beyond the memory model's need: the default limit when none is
+    set; nothing when one is set (the memory model counts a set limit, ``prompt_cache_bytes``) or the cache is
+    off; None for ``--cache-ram -1`` (no limit: it cannot be counted)."""
+    if cfg.cache_ram_mib is None:
+        return DEFAULT_CACHE_RAM_MIB * MIB
+    return None if cfg.cache_ram_mib < 0 else 0
+
+
+def ram_side(est: MemoryEstimate, cfg: LaunchConfig, hw: Hardware) -> RamSide:
+    """The RAM side of ``cfg`` as estimated: headroom, and the ``--cache-ram`` that fits where the default
+    prompt cache would push the machine under the margin (0 turns the cache off when nothing is left)."""
+    avail, need = hw.ram_available_bytes, est.host_need_bytes
+    reach = prompt_cache_reach_bytes(cfg)
+    fit: int | None = None
+    if cfg.cache_ram_mib is None and reach is not None and avail - need - reach < TIGHT_MARGIN_BYTES:
+        room_mib = max(0, (avail - need - TIGHT_MARGIN_BYTES) // MIB)
+        fit = int(room_mib // CACHE_RAM_STEP_MIB * CACHE_RAM_STEP_MIB)
+    return RamSide(avail, need, reach, fit)
+
+
+def ram_holders(limit: int = 3, exclude: frozenset[int] = frozenset()) -> tuple[tuple[str, int], ...]:
+    """The processes holding the most RAM on this machine (name, resident bytes, summed per name), this one and
+    ``exclude`` left out: what holds the rest of RAM, as the VRAM side names its residents."""
+    import psutil
+
+    own = {os.getpid(), *exclude}
+    held: dict[str, int] = {}
+    for p in psutil.process_iter(["pid", "name", "memory_info"]):
+        info = p.info
+        if info["pid"] in own or info.get("memory_info") is None:
+            continue
+        name = info.get("name") or f"pid {info['pid']}"
+        held[name] = held.get(name, 0) + int(info["memory_info"].rss)
+    return tuple(sorted(held.items(), key=lambda kv: -kv[1])[:limit])
+
+
+def holders_line(holders: tuple[tuple[str, int], ...], hw: Hardware) -> str | None:
+    """One line naming what holds the RAM the plan does not have; None when nothing sizeable does."""
+    shown = [f"{name} {rss / GIB:.1f} GiB" for name, rss in holders if rss >= 256 * MIB]
+    if not shown:
+        return None
+    used = (hw.ram_total_bytes - hw.ram_available_bytes) / GIB
+    return (f"RAM in use by others: {used:.1f} GiB of {hw.ram_total_bytes / GIB:.1f} GiB, the most by "
+            + ", ".join(shown))
+
+
+def before_measuring(cfg: LaunchConfig, hw: Hardware) -> str | None:
+    """A warning for a config the memory model says exceeds RAM or leaves it tight, said before it is measured:
+    its figures would be those of the kernel paging experts in from disk, not of the config."""
+    from tuner.models.gguf_reader import inspect_model
+    from tuner.plan.memory import estimate
+
+    side = ram_side(estimate(inspect_model(cfg.model), cfg, hw), cfg, hw)
+    if not (side.exceeds or side.tight):
+        return None
+    fix = "fewer host experts (a lower --n-cpu-moe), a smaller quant, or close what holds RAM"
+    if side.cache_ram_fit_mib is not None:
+        fix = f"--cache-ram {side.cache_ram_fit_mib}, " + fix
+    holders = holders_line(ram_holders(), hw) or ""
+    return (f"warning: the memory model says this config {side.describe()} ({side.need_bytes / GIB:.1f} GiB "
+            f"needed of {side.available_bytes / GIB:.1f} GiB available): it may measure the disk, not the config; "
+            f"{fix}" + (f". {holders}" if holders else ""))
