@@ -99,3 +99,24 @@ def test_the_probe_reads_the_real_engine_system_info(engine_loc, tmp_path, monke
     learnt = build.note_engine_log(engine_loc, NO_KERNEL_LINE)
     assert learnt.fa_kernels.missing == ("f16-q8_0",)
     assert build.capabilities(engine_loc).fa_kernels.missing == ("f16-q8_0",)  # kept with the cached capabilities
+
+
+def test_a_pair_the_engine_said_it_lacks_is_refused_for_the_rest_of_the_run(engine_loc, model, tmp_path, monkeypatch):
+    """Issue 43: bench and the search's trials feed the engine's own output to what it knows of its kernels. Once
+    a log said a pair has no vector kernel (the CUDA warning, as ggml-cuda/fattn.cu prints it), every later trial
+    of that pair is refused before it runs, with the flag that adds it; the other pairs are measured."""
+    from tuner.core.config import FlashAttn, LaunchConfig
+    from tuner.core.errors import TrialFailedError
+    from tuner.measure import bench, failures
+
+    monkeypatch.setenv("MOE_TUNE_CACHE", str(tmp_path / "cache"))  # the learnt pair stays in this test's cache
+    mixed = LaunchConfig(model=model, ctx=512, threads=2, flash_attn=FlashAttn.ON, cache_type_v=Q8)
+    plain = LaunchConfig(model=model, ctx=512, threads=2, flash_attn=FlashAttn.ON)
+    bench.check_fa_kernels(engine_loc, [mixed, plain])  # nothing known yet: both may run
+    with pytest.raises(TrialFailedError, match="K/V f16/q8_0 left out.*its log said so.*GGML_CUDA_FA_QUANTS"):
+        bench.check_fa_kernels(engine_loc, [plain, mixed], "srv load_model\n" + NO_KERNEL_LINE + "\n")
+    got = bench.run_bench_many(engine_loc, [mixed, plain], n_prompt=8, n_gen=4, repetitions=1)
+    assert isinstance(got[0], failures.Failure) and got[0].kind is failures.FailureKind.REJECTED_CONFIG
+    assert "f16/q8_0" in got[0].reason and not isinstance(got[1], failures.Failure) and got[1].rows
+    off = LaunchConfig(model=model, ctx=512, threads=2, flash_attn=FlashAttn.OFF, cache_type_k=Q8)
+    bench.check_fa_kernels(engine_loc, [off])  # no flash attention, no vector kernel asked for

@@ -19,7 +19,7 @@ from typing import Any
 from tuner.core.config import FlashAttn, LaunchConfig
 from tuner.core.errors import EngineNotFoundError, ProcessFailedError, TrialFailedError, TunerError, UsageError
 from tuner.core.stats import cv_pct
-from tuner.engine import breakdown, flags, runner
+from tuner.engine import breakdown, build, flags, runner
 from tuner.engine.breakdown import MemoryBreakdown
 from tuner.engine.build import Capabilities, EngineLocation
 from tuner.machine.sampler import MemoryReport, Sampler, SpillVerdict, spill_verdict
@@ -213,9 +213,29 @@ def _tests(n_prompt: int, n_gen: int, depths: Sequence[int], gen_depth: int | No
     return [(n_prompt, 0, tuple(depths)), (0, n_gen, (gen_depth,))]
 
 
+_NO_FA_KERNEL = "no FlashAttention vector kernel compiled"
+
+
+def check_fa_kernels(engine: EngineLocation, cfgs: Sequence[LaunchConfig], log_text: str = "") -> None:
+    """Refuse configs whose K/V pair this engine has no flash-attention vector kernel for: a CUDA build converts
+    their whole cache to f16 at every token (``ggml_cuda_flash_attn_ext_vec`` warns "no FlashAttention vector
+    kernel compiled for K/V types …"), so a figure would measure the conversion, not the pair. What the engine
+    said in ``log_text`` is kept with its capabilities (:func:`tuner.engine.build.note_engine_log`), so a pair seen
+    falling back once is refused before it runs for the rest of the run, with the flag that adds it."""
+    if not any(c.flash_attn is not FlashAttn.OFF for c in cfgs):
+        return
+    caps = build.note_engine_log(engine, log_text) if _NO_FA_KERNEL in log_text else build.capabilities(engine)
+    fa = caps.fa_kernels
+    for c in cfgs:
+        if c.flash_attn is not FlashAttn.OFF and not fa.has(c.cache_type_k.value, c.cache_type_v.value):
+            raise TrialFailedError("llama.cpp", failures.Failure(failures.FailureKind.REJECTED_CONFIG, fa.why_missing(
+                c.cache_type_k.value, c.cache_type_v.value)))
+
+
 def _bench_once(engine: EngineLocation, cfgs: Sequence[LaunchConfig], *, tests: Sequence[_Test],
                 repetitions: int, timeout_s: float, caps: Capabilities | None,
                 sampler: Sampler | None) -> tuple[tuple[str, ...], tuple[BenchRow, ...], float]:
+    check_fa_kernels(engine, cfgs)
     argvs: list[str] = []
     rows: tuple[BenchRow, ...] = ()
     elapsed = 0.0
@@ -231,6 +251,7 @@ def _bench_once(engine: EngineLocation, cfgs: Sequence[LaunchConfig], *, tests: 
             raise TrialFailedError("llama-bench", failures.from_error(exc)) from None
         got = parse_jsonl(result.stdout)
         gpu_use.check_bench(got[0].gpu_info if got else None, result.stderr_tail, cfgs[0])
+        check_fa_kernels(engine, cfgs, result.stderr_tail)
         expected = ((n_prompt > 0) + (n_gen > 0)) * len(depths) * len(cfgs)
         if len(got) < expected:
             # llama-bench can stop part-way through a sweep and still exit 0.
@@ -389,6 +410,7 @@ def run_server_trial(
             f"{load.prompt_tokens}+{load.gen_tokens} tokens do not fit the {per_slot}-token slot context: "
             "raise -c, use --kv-unified, or lower -p/-n"
         )
+    check_fa_kernels(engine, [cfg])
     argv = flags.server_argv(_tool(engine, "llama-server"), cfg, caps)
     log_jsonl = flags.server_logs_jsonl(caps)
     sampler = Sampler(nvml)
@@ -414,6 +436,7 @@ def run_server_trial(
     records = tuple(server.log_records())
     log_text = server.log.read_text(errors="replace")
     gpu_use.check_server(log_text, cfg)
+    check_fa_kernels(engine, [cfg], log_text)
     found = breakdown.parse_log_jsonl(log_text) if log_jsonl else []
     return ServerTrial(tuple(server.argv), cfg, load, levels, memory, verdict, server.log, records,
                        memory_breakdown=found[-1] if found else None, roofline_tok_s=roofline_tok_s)
