@@ -57,7 +57,8 @@ def test_out_of_range_values_are_refused(field, value):
 FULL = LaunchConfig(model=MODEL, n_cpu_moe=20, n_gpu_layers=99, cache_type_k=CacheType.Q8_0,
                     cache_type_v=CacheType.Q4_0, flash_attn=FlashAttn.ON, ctx=32768, parallel=2, threads=8,
                     threads_batch=16, batch=2048, ubatch=512, kv_unified=True, swa_full=True, mmap=False,
-                    repack=False, cache_reuse=256, ctx_checkpoints=8, checkpoint_min_step=1024, cache_ram_mib=2048)
+                    repack=False, cache_reuse=256, ctx_checkpoints=8, checkpoint_min_step=1024, cache_ram_mib=2048,
+                    op_offload=False)
 
 
 def _caps(server_flags: tuple[str, ...]) -> build.Capabilities:
@@ -83,8 +84,9 @@ def test_every_setting_renders_with_flags_the_real_engine_accepts(engine_loc):
     bench = flags.bench_argv(Path("llama-bench"), FULL, n_prompt=8, n_gen=8, repetitions=1, depth=[0, 512],
                              caps=caps)
     assert bench[bench.index("-d") + 1] == "0,512" and bench[bench.index("--repack") + 1] == "0"
+    assert bench[bench.index("-nopo") + 1] == "1"  # llama-bench's spelling of --no-op-offload
     ppl = flags.perplexity_argv(Path("llama-perplexity"), FULL, text_file=Path("t.txt"), ctx=512, caps=caps)
-    assert "--kv-unified" in ppl and "-lm" in ppl
+    assert "--kv-unified" in ppl and "-lm" in ppl and "--no-op-offload" in ppl
 
 
 def test_pasted_command_round_trips_to_the_same_argv():

@@ -18,7 +18,7 @@ from ruamel.yaml import YAML
 
 from tests.conftest import run_cli
 from tests.demo_result import measured_flags, tune_demo, variant
-from tuner.report import study_report
+from tuner.report import deploy, study_report
 
 CHECK_JSONSCHEMA = Path(sys.executable).parent / "check-jsonschema"
 
@@ -145,3 +145,13 @@ def test_an_unknown_format_is_one_line_naming_the_formats(tuned):
     res = run_cli("launch-line", str(tuned), "--format", "ollama")
     assert res.returncode == 1 and "Traceback" not in res.stderr
     assert "shell, llama-swap, systemd, compose, json" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("fmt", deploy.FORMATS)
+def test_the_prompt_side_levers_travel_in_every_format(fmt):
+    """Op offload off and --no-host are part of the measured line: every output format carries them (issue 43)."""
+    from tuner.core.config import LaunchConfig
+
+    cfg = LaunchConfig(model=Path("/models/m.gguf"), ctx=8192, n_cpu_moe=20, op_offload=False, no_host=True)
+    text = deploy.render(deploy.Line(cfg, "tuned", "study"), fmt, port=8080, binary="/opt/llama/llama-server").text
+    assert "--no-op-offload" in text and "--no-host" in text, fmt

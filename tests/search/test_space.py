@@ -165,7 +165,8 @@ def test_the_memory_model_prices_the_big_ubatch_and_leaves_out_one_that_never_fi
     card = find_card("RTX 4060 Ti 8GB").hardware(64 * GIB, 60 * GIB, 50e9)
     sp = space.build_space(path, big, card, ctx=16384, parallel=1, prompt_tokens=8192)
     assert sp.ubatch == (None, 1024, 2048, 4096)
-    assert sp.left_out == ("-ub 8192 left out: its compute buffer fits at no --n-cpu-moe on this card at -c 16384",)
+    assert sp.left_out[0] == "-ub 8192 left out: its compute buffer fits at no --n-cpu-moe on this card at -c 16384"
+    assert not any("-ub" in n and "left out" in n for n in sp.left_out[1:])
     by_ub = {u: space.fitting_boundary(big, space.ubatch_config(path, CacheType.Q8_0, CacheType.Q8_0, 16384, 1, u),
                                        card) for u in (None, 4096, 8192)}
     assert by_ub[8192] is None and by_ub[4096] is not None and by_ub[None] is not None
@@ -197,3 +198,55 @@ def test_a_space_whose_host_weights_leave_no_room_for_the_prompt_cache_sets_cach
         line = flags.launch_line(cfg)
         assert line.endswith(" -cram 0") == (want == 0)  # llama-server's short spelling
         assert any("--cache-ram 0 on every config" in n for n in sp.left_out) == (want == 0)
+
+
+def test_a_cuda_rig_with_host_experts_searches_op_offload_and_the_host_buffer():
+    """Issue 43: where experts live in RAM and a GPU is there, op offload (on/off) and the host buffer (default or
+    --no-host) are axes, each rendered as the llama-server and llama-bench flags the pinned engine takes; a CPU
+    run, or a card that holds every expert, searches neither."""
+    from tuner.engine import flags
+    from tuner.hub.resolve import resolve_model
+
+    shape = resolve_model("qwen3.6-35b-a3b:Q4_K_M", header_only=True).path
+    info = inspect_model(shape)
+    hw = find_card("RTX 4060 Ti 16GB").hardware(64 * GIB, 64 * GIB, 89.6e9, 8, 0)
+    sp = space.build_space(shape, info, hw, ctx=32768, parallel=1, prompt_tokens=4096)
+    assert sp.n_cpu_moe is not None and sp.n_cpu_moe[1] > 0
+    assert sp.op_offload == (True, False) and sp.no_host == (False, True)
+    assert sp.describe()["op_offload"] == [True, False] and any("op offload (on/off)" in n for n in sp.left_out)
+    configs = list(space.iter_configs(sp))
+    assert {(c.op_offload, c.no_host) for c in configs} == {(True, False), (False, False), (True, True),
+                                                             (False, True)}
+    off = next(c for c in configs if not c.op_offload and c.no_host)
+    assert space.make_config(sp, space.params_of(sp, off)) == off  # seeds map back onto the space
+    line = flags.launch_line(off)
+    assert "--no-op-offload" in line.split() and "--no-host" in line.split()
+    assert flags.parse_command(line).config == off
+    bench = flags.bench_group_argv(Path("llama-bench"), [off], n_prompt=8, n_gen=8, repetitions=1)
+    assert bench[bench.index("-nopo") + 1] == "1" and bench[bench.index("--no-host") + 1] == "1"
+    study = optuna.create_study()
+    suggested = {(c.op_offload, c.no_host) for c in (space.suggest(study.ask(), sp) for _ in range(40))}
+    assert len(suggested) == 4
+    for cpu in (space.build_space(shape, info, CPU_ONLY, ctx=32768, parallel=1, prompt_tokens=4096),
+                space.build_space(shape, info, hw, ctx=32768, parallel=1, prompt_tokens=4096, device="none")):
+        assert cpu.op_offload == (True,) and cpu.no_host == (False,) and "op_offload" not in cpu.describe()
+    big = find_card("RTX 5090").hardware(64 * GIB, 64 * GIB, 89.6e9, 8, 0)
+    whole = space.build_space(shape, info, big, ctx=8192, parallel=1, prompt_tokens=512)
+    assert whole.n_cpu_moe is not None and whole.n_cpu_moe[0] == 0 and whole.op_offload == (True,)
+
+
+def test_op_offload_off_has_no_gpu_copy_and_no_pcie_ceiling():
+    """With op offload, the GPU's compute buffer must hold the largest host weight copied up for a >= 32-token
+    ubatch (where that is more than the graph's own) and the prompt is bounded by PCIe
+    (ggml_backend_cuda_device_offload_op); --no-op-offload has neither."""
+    from tuner.hub.resolve import resolve_model
+    from tuner.plan import memory, roofline
+
+    shape = resolve_model("qwen3.6-35b-a3b:Q4_K_M", header_only=True).path
+    info = inspect_model(shape)
+    hw = find_card("RTX 4060 Ti 16GB").hardware(64 * GIB, 64 * GIB, 89.6e9, 8, 0)
+    on = LaunchConfig(model=shape, ctx=8192, parallel=1, n_cpu_moe=30, flash_attn=FlashAttn.ON)
+    off = replace(on, op_offload=False)
+    e_on, e_off = memory.estimate(info, on, hw), memory.estimate(info, off, hw)
+    assert e_off.gpu_offload_copy_bytes == 0 and e_off.gpu.compute_bytes <= e_on.gpu.compute_bytes
+    assert roofline.roofline(info, on, hw).prompt_tok_s and roofline.roofline(info, off, hw).prompt_tok_s is None

@@ -83,6 +83,8 @@ def _row_json(row: PlanRow, ram: RamSide) -> dict[str, Any]:
         "mapped_span_bytes": e.mapped_span_bytes, "gpu_offload_copy_bytes": e.gpu_offload_copy_bytes,
         "gpu": _parts(e.gpu), "host": _parts(e.host),
         "gen_tok_s_ceiling": gen, "prompt_tok_s_ceiling": prompt,
+        # Op offload: every ubatch of a prompt copies the host weights to the GPU over PCIe (None: nothing to copy).
+        "op_offload_copy_s_per_ubatch": e.n_ubatch / prompt if prompt else None,
     }
 
 
@@ -109,6 +111,18 @@ def _as_json(p: Plan, notes: list[str], base: LaunchConfig) -> dict[str, Any]:
                          **at(c.n_cpu_moe), "ctx": c.ctx} for c in p.largest_ctx],
         "notes": notes,
     }
+
+
+def _copy_note(row: PlanRow, hw: hardware.Hardware) -> str | None:
+    """What op offload costs per ubatch of a prompt for a config with host weights on a GPU rig."""
+    prompt, e = row.roofline.prompt_tok_s, row.estimate
+    if not prompt or not hw.has_gpu or hw.pcie_bandwidth_bytes_s <= 0:
+        return None
+    copy_s = e.n_ubatch / prompt
+    return (f"op offload: each ubatch of a prompt (-ub {e.n_ubatch}) copies "
+            f"{copy_s * hw.pcie_bandwidth_bytes_s / 2**30:.1f} GiB of host weights to the GPU, "
+            f"{1000 * copy_s:,.0f} ms at {hw.pcie_bandwidth_bytes_s / 1e9:.1f} GB/s PCIe: at most {prompt:,.0f} "
+            "prompt tok/s; a larger -ub copies as often for more tokens, --no-op-offload computes them on the CPU")
 
 
 def _engine_check(info: gguf_reader.ModelInfo, base: LaunchConfig, hw: hardware.Hardware) -> tuple[EngineCheckRow, ...]:
@@ -150,6 +164,9 @@ def _notes(info: gguf_reader.ModelInfo, p: Plan, base: LaunchConfig, own_machine
         if note:
             notes.append(note)
     row = next(r for r in p.rows if r.step == n)
+    copy = _copy_note(row, p.hardware)
+    if copy:
+        notes.append(copy)
     ram = _ram(row, p, base)
     if ram.cache_ram_fit_mib is not None and not ram.exceeds:
         notes.append(f"llama-server's prompt cache may grow to --cache-ram {base.cache_ram_mib or 8192} MiB, which "

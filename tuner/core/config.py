@@ -86,6 +86,9 @@ class LaunchConfig:
     repack: bool = True
     # With a GPU, host-resident weights go to the GPU's pinned host buffer unless ``--no-host`` (then as on CPU).
     no_host: bool = False
+    # With a GPU, an op on a host weight whose batch reaches 32 tokens runs on the GPU, the weight copied over PCIe
+    # once per ubatch (ggml-cuda's ``ggml_backend_cuda_device_offload_op``); ``--no-op-offload`` keeps it on the CPU.
+    op_offload: bool = True
     # ``-dev``: the devices to offload to; "none" runs on the CPU on purpose (None: every GPU, the default).
     device: str | None = None
     # Speculative decoding (llama-server only). Empty: none, the engine default.

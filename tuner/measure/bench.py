@@ -152,7 +152,7 @@ def rows_for(cfg: LaunchConfig, rows: Sequence[BenchRow]) -> tuple[BenchRow, ...
     return tuple(r for r in rows if all(dict(r.params).get(k, v) == v for k, v in want.items()))
 
 
-_LOAD_FIELDS = ("model", "mmap", "repack", "no_host", "device", "n_gpu_layers", "n_cpu_moe")
+_LOAD_FIELDS = ("model", "mmap", "repack", "no_host", "op_offload", "device", "n_gpu_layers", "n_cpu_moe")
 _SWEPT_FIELDS = ("cache_type_k", "cache_type_v", "flash_attn", "threads", "batch", "ubatch")
 
 

@@ -318,7 +318,9 @@ def estimate(model: ModelInfo, cfg: LaunchConfig, hw: Hardware, draft: ModelInfo
         else:
             host_kv, host_rec = host_kv + kv, host_rec + rec
     graph = compute_bytes(model, r)
-    copy = offload_copy_bytes(model, r, loaded, where) if backend == "cuda" else 0
+    # --no-op-offload: host weights' ops stay on the CPU, nothing is copied up (llama_context passes
+    # cparams.op_offload to ggml_backend_sched_new).
+    copy = offload_copy_bytes(model, r, loaded, where) if backend == "cuda" and cfg.op_offload else 0
     # Logits of every slot are copied back to a host output buffer.
     host_overhead = r.n_seq * model.n_vocab * 4
     if backend == "cuda":

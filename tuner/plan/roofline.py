@@ -22,7 +22,7 @@ class Roofline:
     gpu_bytes_per_token: int
     host_bytes_per_token: int
     gen_tok_s: float  # ceiling; 0.0 when a bandwidth is unknown
-    prompt_tok_s: float | None  # PCIe bound for host weights; None: every weight on the GPU
+    prompt_tok_s: float | None  # PCIe bound for host weights; None: every weight on the GPU, or no op offload
 
     def percent_of_ceiling(self, measured_gen_tok_s: float) -> float | None:
         return 100.0 * measured_gen_tok_s / self.gen_tok_s if self.gen_tok_s else None
@@ -59,6 +59,6 @@ def roofline(model: ModelInfo, cfg: LaunchConfig, hw: Hardware, depth_tokens: in
                 seconds += n_bytes / bw
     gen = 1.0 / seconds if known and seconds > 0 else 0.0
     prompt = None
-    if backend == "cuda" and offloaded and hw.pcie_bandwidth_bytes_s > 0:
+    if backend == "cuda" and offloaded and cfg.op_offload and hw.pcie_bandwidth_bytes_s > 0:
         prompt = r.n_ubatch / (offloaded / hw.pcie_bandwidth_bytes_s)
     return Roofline(int(gpu), int(host), gen, prompt)

@@ -84,6 +84,10 @@ class SearchSpace:
     # --cache-ram of every config, set where llama-server's default prompt cache would not fit beside the host
     # weights (tuner.plan.ram); None: the engine's default.
     cache_ram_mib: int | None = None
+    # The prompt-side levers of a CUDA rig with experts in RAM (:func:`host_levers`): op offload on/off and the
+    # host buffer (llama.cpp's default or --no-host); a single value is fixed, not searched.
+    op_offload: tuple[bool, ...] = (True,)
+    no_host: tuple[bool, ...] = (False,)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -95,6 +99,8 @@ class SearchSpace:
             **({"device": self.device} if self.device is not None else {}),
             **({"n_gpu_layers": list(self.n_gpu_layers)} if self.n_gpu_layers else {}),
             **({"cache_ram_mib": self.cache_ram_mib} if self.cache_ram_mib is not None else {}),
+            **({"op_offload": list(self.op_offload)} if len(self.op_offload) > 1 else {}),
+            **({"no_host": list(self.no_host)} if len(self.no_host) > 1 else {}),
         }
 
     @property
@@ -180,12 +186,29 @@ def build_space(model_path: Path, info: ModelInfo, hw: Hardware, *, ctx: int, pa
     if offload and not info.n_expert:
         ngl, why = _gpu_layers(info, hw, model_path, ctx, parallel, pairs, ubatch, vram_margin_mib)
     cache_ram, note = _cache_ram(info, hw, ubatch_config(model_path, *pairs[0], ctx, parallel, None), moe, ngl)
+    levers = host_levers(hw, device, moe if with_moe else None)
     return SearchSpace(
         model=model_path, ctx=ctx, parallel=parallel, n_cpu_moe=moe, kv_pairs=pairs,
         flash_attn=(FlashAttn.ON, FlashAttn.OFF), threads=_physical_threads(max(1, hw.physical_cores)),
         ubatch=ubatch, slots=slot_counts(concurrency), n_cpu_moe_why=why, device=device, n_gpu_layers=ngl,
-        left_out=left_out + note, cache_ram_mib=cache_ram,
+        left_out=left_out + note + (LEVERS_NOTE if levers else ()), cache_ram_mib=cache_ram,
+        op_offload=(True, False) if levers else (True,), no_host=(False, True) if levers else (False,),
     )
+
+
+LEVERS_NOTE = (
+    "op offload (on/off) and the host buffer (llama.cpp's default or --no-host) searched: with experts in RAM, "
+    "each ubatch of a prompt copies them to the GPU (op offload) or runs them on the CPU, where --no-host lets "
+    "the CPU backend repack them (make_cpu_buft_list); --no-repack is not searched (with the default mmap load, "
+    "--no-host --no-repack maps the experts as the default does), nor GGML_OP_OFFLOAD_MIN_BATCH (on/off first)",)
+
+
+def host_levers(hw: Hardware, device: str | None, moe: tuple[int, int] | None) -> bool:
+    """Are the prompt-side levers of host experts worth searching: a GPU is used and every config of the space
+    keeps experts in RAM (where the card holds them all, the likeliest winner has none on the host and the
+    levers would only spend trials). A CPU-only run has neither op offload (no device to offload to) nor a host
+    buffer choice (every weight is the CPU's)."""
+    return hw.has_gpu and device != "none" and moe is not None and moe[0] > 0
 
 
 def _cache_ram(info: ModelInfo, hw: Hardware, cfg: LaunchConfig, moe: tuple[int, int] | None,
@@ -287,6 +310,7 @@ def make_config(space: SearchSpace, params: dict[str, Any]) -> LaunchConfig:
         cache_type_k=ctk, cache_type_v=ctv, flash_attn=fa, ctx=space.ctx, parallel=space.parallel,
         threads=params.get("threads", space.threads[-1]), ubatch=ubatch, batch=batch_for(ubatch),
         device=space.device, cache_ram_mib=space.cache_ram_mib,
+        op_offload=params.get("op_offload", space.op_offload[0]), no_host=params.get("no_host", space.no_host[0]),
     )
 
 
@@ -312,6 +336,10 @@ def params_of(space: SearchSpace, cfg: LaunchConfig) -> dict[str, Any]:
         params["threads"] = cfg.threads if cfg.threads in space.threads else space.threads[-1]
     if len(space.ubatch) > 1:
         params["ubatch"] = cfg.ubatch if cfg.ubatch in space.ubatch else None
+    if len(space.op_offload) > 1:
+        params["op_offload"] = cfg.op_offload
+    if len(space.no_host) > 1:
+        params["no_host"] = cfg.no_host
     return params
 
 
@@ -331,6 +359,10 @@ def suggest(trial: Any, space: SearchSpace) -> LaunchConfig:
         params["threads"] = trial.suggest_categorical("threads", list(space.threads))
     if len(space.ubatch) > 1:
         params["ubatch"] = trial.suggest_categorical("ubatch", list(space.ubatch))
+    if len(space.op_offload) > 1:
+        params["op_offload"] = trial.suggest_categorical("op_offload", list(space.op_offload))
+    if len(space.no_host) > 1:
+        params["no_host"] = trial.suggest_categorical("no_host", list(space.no_host))
     return make_config(space, params)
 
 
@@ -340,9 +372,10 @@ def iter_configs(space: SearchSpace) -> Iterator[LaunchConfig]:
     ngl: Sequence[int | None] = range(space.n_gpu_layers[1], space.n_gpu_layers[0] - 1, -1) \
         if space.n_gpu_layers else [None]
     seen: set[LaunchConfig] = set()
-    for n, g, kv, fa, t, u in product(moe, ngl, space.kv_pairs, space.flash_attn, space.threads, space.ubatch):
+    for n, g, kv, fa, t, u, po, nh in product(moe, ngl, space.kv_pairs, space.flash_attn, space.threads,
+                                              space.ubatch, space.op_offload, space.no_host):
         params: dict[str, Any] = {"n_cpu_moe": n, "n_gpu_layers": g, "kv": kv_label(*kv), "flash_attn": fa.value,
-                                  "threads": t, "ubatch": u}
+                                  "threads": t, "ubatch": u, "op_offload": po, "no_host": nh}
         cfg = make_config(space, params)
         if cfg not in seen:
             seen.add(cfg)

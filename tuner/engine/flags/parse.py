@@ -24,10 +24,11 @@ class ParsedCommand:
 _ALIASES = {s: name for name, spellings in _SPELL.items() for s in spellings}
 _ALIASES.update({"--n-cpu-moe": "n_cpu_moe", "-ncmoe": "n_cpu_moe", "--no-mmap": "no_mmap", "--mmap": "mmap",
                  "--repack": "repack", "-fitt": "fit", "--fit": "fit",
-                 "--no-host": "no_host"})
+                 "--no-host": "no_host", "--no-op-offload": "no_op_offload", "--op-offload": "op_offload"})
 _INT_FIELDS = {"ctx", "parallel", "n_gpu_layers", "n_cpu_moe", "threads", "threads_batch", "batch", "ubatch",
                "cache_reuse", "ctx_checkpoints", "checkpoint_min_step", "cache_ram_mib"}
-_BARE = {"kv_unified", "no_kv_unified", "swa_full", "no_repack", "repack", "no_mmap", "mmap", "no_host"}
+_BARE = {"kv_unified", "no_kv_unified", "swa_full", "no_repack", "repack", "no_mmap", "mmap", "no_host",
+         "no_op_offload", "op_offload"}
 
 
 def parse_command(text: str) -> ParsedCommand:
@@ -130,6 +131,7 @@ def _config_from(values: dict[str, object]) -> LaunchConfig:
         raise UsageError(f"-lm {values['load_mode']} is not measured by moe-tune: use -lm none or mmap")
     kwargs["repack"] = not values.get("no_repack", False)
     kwargs["no_host"] = bool(values.get("no_host", False))
+    kwargs["op_offload"] = not values.get("no_op_offload", False)
     if "device" in values:
         kwargs["device"] = str(values["device"])
     kwargs.update(_spec_from(values))

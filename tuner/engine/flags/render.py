@@ -49,6 +49,7 @@ _SPELL: dict[str, tuple[str, ...]] = {
     "load_mode": ("-lm", "--load-mode"),
     "no_repack": ("--no-repack", "-nr"),
     "no_host": ("--no-host",),
+    "no_op_offload": ("--no-op-offload",),
     "device": ("-dev", "--device"),
     "fit": ("--fit", "-fit"),
     "fit_print": ("-fitp", "--fit-print"),
@@ -63,7 +64,8 @@ _SPELL: dict[str, tuple[str, ...]] = {
     "spec_synth_rates": ("--spec-synth-rates",),
 }
 _SPEC_NUMBERS = ("spec_draft_n_max", "spec_draft_n_min", "spec_draft_p_min", "spec_synth_len")
-_BENCH_SPELL = {"n_cpu_moe": ("-ncmoe", "--n-cpu-moe"), "repack": ("--repack",), "depth": ("-d", "--n-depth")}
+_BENCH_SPELL = {"n_cpu_moe": ("-ncmoe", "--n-cpu-moe"), "repack": ("--repack",), "depth": ("-d", "--n-depth"),
+                "no_op_offload": ("-nopo", "--no-op-offload")}
 
 # Flags a pasted command may carry that do not change speed or memory: dropped, and reported as dropped.
 _IGNORED_WITH_VALUE = {
@@ -240,6 +242,8 @@ def _context_flags(a: _Argv, cfg: LaunchConfig) -> None:
         a.add("no_repack")
     if cfg.no_host:
         a.add("no_host")
+    if not cfg.op_offload:
+        a.add("no_op_offload")
 
 
 def bench_argv(binary: Path, cfg: LaunchConfig, **options: Any) -> list[str]:
@@ -268,7 +272,7 @@ def bench_group_argv(
         raise UsageError("no configs to benchmark: pass at least one")
     for cfg in cfgs:
         validate(cfg)
-    if len({(c.model, c.mmap, c.repack, c.no_host, c.device) for c in cfgs}) != 1:
+    if len({(c.model, c.mmap, c.repack, c.no_host, c.op_offload, c.device) for c in cfgs}) != 1:
         raise UsageError("configs in one llama-bench run must share the model file, load mode and device")
     depths = [depth] if isinstance(depth, int) else list(depth)
     a = _Argv(binary, BENCH, caps)
@@ -304,6 +308,8 @@ def bench_group_argv(
         a.add("repack", "0")
     if first.no_host:
         a.add("no_host", "1")
+    if not first.op_offload:
+        a.add("no_op_offload", "1")
     return a.argv + ["-o", "jsonl"]
 
 
