@@ -3,8 +3,8 @@
 With a CUDA device, llama.cpp runs every op on a host-resident weight whose batch reaches
 ``GGML_OP_OFFLOAD_MIN_BATCH`` tokens (default 32; read once per device in ``ggml-cuda.cu``,
 ``ggml_backend_cuda_reg_get_device``, compared in ``ggml_backend_cuda_device_offload_op``) on the GPU, copying the
-host experts over PCIe for each ubatch. ``--no-op-offload`` (common/arg.cpp) turns it off for the whole context; a
-threshold above every ubatch does the same per device, and is what this step sets in llama-server's environment.
+host experts over PCIe for each ubatch. ``--no-op-offload`` (common/arg.cpp) turns it off for the whole context:
+the flag auto-tune searches and prints, and what this step measures.
 
 The lines are the ones (b) measured on the agent workload: the tuned line and llama.cpp's ``--fit`` choice, each
 loaded once with op offload as llama.cpp ships it and once with it off, interleaved, at the same free VRAM. Each
@@ -13,7 +13,7 @@ load serves an agent turn (a tool result of ``TURN_TOKENS`` new tokens) and a lo
 
 from __future__ import annotations
 
-import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +23,6 @@ from tuner.machine import ballast
 from tuner.measure import bench, workload
 from tuner.search.trials import config_from_dict
 
-OFFLOAD_ENV = "GGML_OP_OFFLOAD_MIN_BATCH"
-NEVER = "1000000"  # above every ubatch (-ub is at most 8192 in the search): no op is offloaded
 TURN_TOKENS = 512
 LONG_TOKENS = 4096
 GEN_TOKENS = 32
@@ -51,14 +49,11 @@ def _one(loc: build.EngineLocation, cfg: Any, log_dir: Path, off: bool) -> dict[
     def turn_first(server: runner.ServerProcess) -> None:
         seen["turn"] = workload.run_workload(server, turn, 1)[0]
 
-    if off:
-        os.environ[OFFLOAD_ENV] = NEVER
     try:
-        trial = bench.run_server_trial(loc, cfg, long, log_dir=log_dir, on_ready=turn_first)
+        trial = bench.run_server_trial(loc, replace(cfg, op_offload=not off), long, log_dir=log_dir,
+                                       on_ready=turn_first)
     except TrialFailedError as exc:
         return {"failed": f"{exc.failure.kind.value}: {exc.failure.reason}"[:300]}
-    finally:
-        os.environ.pop(OFFLOAD_ENV, None)
     lvl = trial.levels[0]
     t = seen["turn"]
     return {"turn_prompt_tok_s": t.per_request_prompt_tok_s, "turn_ttft_s": t.ttft_s,
@@ -75,7 +70,7 @@ def opoff_run(engine_dir: Path, tune_result: dict[str, Any], budget_mib: int, lo
         for label, cdict in arms_of(tune_result):
             cfg = config_from_dict(cdict)
             for off in (False, True):
-                row = {"line": label, "op_offload": "off" if off else "on (min batch 32)",
+                row = {"line": label, "op_offload": "off" if off else "on (min batch 32)", "no_host": cfg.no_host,
                        "n_cpu_moe": cfg.n_cpu_moe, "ubatch": cfg.ubatch, **_one(loc, cfg, log_dir, off)}
                 rows.append(row)
     for label in {r["line"] for r in rows}:
@@ -84,5 +79,5 @@ def opoff_run(engine_dir: Path, tune_result: dict[str, Any], budget_mib: int, lo
         for key in ("turn_prompt_tok_s", "long_prompt_tok_s", "gen_tok_s"):
             if on.get(key) and off.get(key):
                 off[f"{key}_off_vs_on"] = off[key] / on[key]
-    return {"free_mib": b.free_mib, "ballast_mib": b.held_mib, "env": OFFLOAD_ENV, "off_value": NEVER,
+    return {"free_mib": b.free_mib, "ballast_mib": b.held_mib, "off_flag": "--no-op-offload",
             "turn_tokens": TURN_TOKENS, "long_tokens": LONG_TOKENS, "rows": rows}

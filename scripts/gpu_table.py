@@ -144,7 +144,7 @@ def render(state: dict[str, Any]) -> tuple[str, dict[str, Any]]:
                          f"{str(r.get('evidence', ''))[:160]} |")
         lines.append("")
     if doc["opoff"]:
-        lines += ["## (d) op offload on vs off (GGML_OP_OFFLOAD_MIN_BATCH above every ubatch = --no-op-offload)", "",
+        lines += ["## (d) op offload on vs off (--no-op-offload), each line as tuned otherwise", "",
                   "| run | line | --n-cpu-moe | -ub | op offload | turn prompt tok/s | turn TTFT s | "
                   "long prompt tok/s | long TTFT s | gen tok/s | off/on turn | off/on long | spill |",
                   "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---|"]

@@ -322,3 +322,53 @@ def test_card_and_architecture_from_nvidia_smi():
     assert info == {"gpu_name": "NVIDIA H100 80GB HBM3", "compute_cap": "9.0", "cuda_arch": "90",
                     "total_mib": 81559, "free_mib": 81004, "driver": "580.159.04"}
     assert gpu_check.parse_smi("NVIDIA GeForce RTX 4060 Ti, 8.9, 16380, 15000, 570.86.10")["cuda_arch"] == "89"
+
+
+def test_the_op_offload_step_takes_the_agent_lines_and_its_table_says_off_vs_on():
+    """(d): the tuned line and llama.cpp's --fit choice of the agent tune, each with op offload on and off; the
+    table shows each line's off/on ratio for the agent turn and the long prompt, a failed load as failed."""
+    import gpu_opoff
+    import gpu_table
+
+    tuned = {"model": "/m.gguf", "n_cpu_moe": 24, "ubatch": 4096, "batch": 4096}
+    result = {"tune": {"winner": {"config": tuned, "launch_line": "a"},
+                       "finish": {"baselines": [{"label": "default", "config": {"model": "/m.gguf"}},
+                                                {"label": "fit", "config": {"model": "/m.gguf", "n_cpu_moe": 26},
+                                                 "launch_line": "b"}]}}}
+    assert [label for label, _ in gpu_opoff.arms_of(result)] == ["tuned", "fit"]
+    same = {"tune": {**result["tune"], "finish": {"baselines": [{"label": "fit", "config": tuned,
+                                                                 "launch_line": "a"}]}}}
+    assert [label for label, _ in gpu_opoff.arms_of(same)] == ["tuned"]  # one line is measured once
+    with pytest.raises(ValueError, match="no line to compare"):
+        gpu_opoff.arms_of({"tune": {}})
+    rows = [{"line": "tuned", "op_offload": "on (min batch 32)", "n_cpu_moe": 24, "ubatch": 4096,
+             "turn_prompt_tok_s": 400.0, "long_prompt_tok_s": 2400.0, "gen_tok_s": 30.0, "spill": "none"},
+            {"line": "tuned", "op_offload": "off", "n_cpu_moe": 24, "ubatch": 4096, "turn_prompt_tok_s": 600.0,
+             "long_prompt_tok_s": 800.0, "gen_tok_s": 30.0, "spill": "none", "turn_prompt_tok_s_off_vs_on": 1.5,
+             "long_prompt_tok_s_off_vs_on": 1 / 3},
+            {"line": "fit", "op_offload": "on (min batch 32)", "n_cpu_moe": 26, "ubatch": None,
+             "failed": "out_of_memory: cudaMalloc failed"}]
+    md, doc = gpu_table.render({"steps": {"opoff-12g-agent": {"status": "done", "result": {"rows": rows}}}})
+    assert "## (d) op offload on vs off (--no-op-offload)" in md and "| 1.50x | 0.33x |" in md
+    assert "failed: out_of_memory: cudaMalloc failed" in md and len(doc["opoff"]) == 3
+
+
+def test_the_pack_keeps_paths_longer_than_100_characters_inside_the_tree(tmp_path):
+    """The sdist is a PAX archive: a member's long name travels in its PAX "path" header, which tarfile wrote back
+    over the trimmed name, so every CUDA template instance kept the sdist's prefix and the first lease's
+    configure failed ("FlashAttention template instance … does not exist")."""
+    import gpu_pack
+
+    rel = "ggml/src/ggml-cuda/template-instances/fattn-vec-instance-f16-f16.cu"
+    prefix = "llama_cpp_python-0.3.36/vendor/llama.cpp/"
+    assert len(prefix + rel) > 100
+    sdist = tmp_path / "sdist.tar.gz"
+    with tarfile.open(sdist, "w:gz", format=tarfile.PAX_FORMAT) as tar:
+        for name in (prefix + "CMakeLists.txt", prefix + rel):
+            data = b"// instance\n"
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    gpu_pack.trim_sdist(sdist, tmp_path / "tree.tar.gz")
+    with tarfile.open(tmp_path / "tree.tar.gz") as tar:
+        assert sorted(tar.getnames()) == ["CMakeLists.txt", rel]
