@@ -19,7 +19,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "gpu_check"
 sys.path.insert(0, str(REPO / "scripts"))
-import gpu_pack  # noqa: E402
+from gpucheck import pack as gpu_pack  # noqa: E402
 
 TOP = "llama_cpp_python-0.3.36"
 TREE = {  # path in the llama.cpp tree -> kept by the trim?
@@ -138,7 +138,7 @@ def test_dry_run_plans_the_first_lease_command_by_command_and_reaches_a_to_d(tmp
 def test_a_measured_build_time_from_the_state_that_came_back_replans_the_lease(tmp_path):
     """A later lease starts from the JSON the last one brought back: its done steps are not planned again and the
     build time it measured replaces the estimate; a build too slow for one lease moves (b) to the next."""
-    import gpu_table
+    from gpucheck import table as gpu_table
 
     done = {"status": "done", "took_s": 1.0}
     state = {"machine": {"gpu_name": "NVIDIA H100 80GB HBM3", "build": {"finished": True, "build_s": 610.0}},
@@ -162,7 +162,7 @@ def test_a_measured_build_time_from_the_state_that_came_back_replans_the_lease(t
 
 
 def test_lease_plan_keeps_the_order_and_stops_at_the_first_step_that_does_not_fit():
-    import gpu_lease
+    from gpucheck import lease as gpu_lease
 
     steps = [gpu_lease.Planned("build", 500, "b"), gpu_lease.Planned("a", 30, "x", "a"),
              gpu_lease.Planned("big", 220, "x", "b"), gpu_lease.Planned("c", 20, "x", "c")]
@@ -175,7 +175,7 @@ def test_lease_plan_keeps_the_order_and_stops_at_the_first_step_that_does_not_fi
 
 
 def test_an_engine_comes_back_in_parts_and_is_restored_only_for_the_same_build(tmp_path, monkeypatch):
-    import gpu_engine
+    from gpucheck import engine as gpu_engine
 
     monkeypatch.setenv("MOE_TUNE_CUDA_ARCHS", "90")
     built = tmp_path / "build" / "bin"
@@ -213,8 +213,8 @@ def test_an_engine_comes_back_in_parts_and_is_restored_only_for_the_same_build(t
 
 def test_memory_model_against_a_cuda_breakdown_component_by_component(demo_models):
     """(a)'s rows from a breakdown as llama.cpp prints it for a CUDA build (a CUDA0 device row and the host)."""
-    import gpu_memory
-    import gpu_table
+    from gpucheck import memory as gpu_memory
+    from gpucheck import table as gpu_table
 
     from tuner.catalog.cards import find_card
     from tuner.core.config import FlashAttn, LaunchConfig
@@ -274,7 +274,7 @@ def test_cpu_fallback_plans_each_budget_and_resumes(tmp_path):
 
 
 def test_a_state_from_another_machine_redoes_engine_and_model_only(tmp_path):
-    import gpu_check
+    from gpucheck import check as gpu_check
 
     out = tmp_path / "out"
     out.mkdir()
@@ -291,8 +291,8 @@ def test_a_state_from_another_machine_redoes_engine_and_model_only(tmp_path):
 
 
 def test_leftovers_of_a_killed_run_are_ended_and_live_ones_are_not(tmp_path):
-    import gpu_procs
     import psutil
+    from gpucheck import procs as gpu_procs
 
     out = tmp_path / "out"
     marker = str(out / "engine-build" / "ninja")
@@ -315,7 +315,7 @@ def test_leftovers_of_a_killed_run_are_ended_and_live_ones_are_not(tmp_path):
 
 
 def test_card_and_architecture_from_nvidia_smi():
-    import gpu_check
+    from gpucheck import check as gpu_check
 
     info = gpu_check.parse_smi("NVIDIA H100 80GB HBM3, 9.0, 81559, 81004, 580.159.04\n"
                                "NVIDIA H100 80GB HBM3, 9.0, 81559, 81559, 580.159.04\n")
@@ -327,8 +327,8 @@ def test_card_and_architecture_from_nvidia_smi():
 def test_the_op_offload_step_takes_the_agent_lines_and_its_table_says_off_vs_on():
     """(d): the tuned line and llama.cpp's --fit choice of the agent tune, each with op offload on and off; the
     table shows each line's off/on ratio for the agent turn and the long prompt, a failed load as failed."""
-    import gpu_opoff
-    import gpu_table
+    from gpucheck import opoff as gpu_opoff
+    from gpucheck import table as gpu_table
 
     tuned = {"model": "/m.gguf", "n_cpu_moe": 24, "ubatch": 4096, "batch": 4096}
     result = {"tune": {"winner": {"config": tuned, "launch_line": "a"},
@@ -357,7 +357,7 @@ def test_the_pack_keeps_paths_longer_than_100_characters_inside_the_tree(tmp_pat
     """The sdist is a PAX archive: a member's long name travels in its PAX "path" header, which tarfile wrote back
     over the trimmed name, so every CUDA template instance kept the sdist's prefix and the first lease's
     configure failed ("FlashAttention template instance … does not exist")."""
-    import gpu_pack
+    from gpucheck import pack as gpu_pack
 
     rel = "ggml/src/ggml-cuda/template-instances/fattn-vec-instance-f16-f16.cu"
     prefix = "llama_cpp_python-0.3.36/vendor/llama.cpp/"

@@ -30,11 +30,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO), str(Path(__file__).resolve().parent)]
+REPO = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(REPO), str(REPO / "scripts")]
 
-import gpu_lease  # noqa: E402
-from gpu_steps import (  # noqa: E402, F401 - parse_smi: the check's public name
+from gpucheck import lease as gpu_lease  # noqa: E402
+from gpucheck.steps import (  # noqa: E402, F401 - parse_smi: the check's public name
     DEFAULT_MODEL,
     ENGINE_CMDS,
     FIRST_BUDGET_GIB,
@@ -44,7 +44,6 @@ from gpu_steps import (  # noqa: E402, F401 - parse_smi: the check's public name
     steps_for,
     use_site,
 )
-
 from tuner.core.errors import ProcessTimeoutError, TunerError  # noqa: E402
 from tuner.engine import build, runner  # noqa: E402
 from tuner.machine import ballast, hardware  # noqa: E402
@@ -150,7 +149,7 @@ def _with_gpu(c: Check, gpu: bool) -> Check:
 
 
 def run_steps(c: Check) -> int:
-    import gpu_procs
+    from gpucheck import procs as gpu_procs
 
     use_site(c.out)
     for ended in gpu_procs.end_leftovers(c.out, c.engine_dir) if c.has_gpu else ():
@@ -204,7 +203,7 @@ def finish_command(c: Check) -> None:
 def copy_out(c: Check, bench_dir: Path | None = None) -> list[Path]:
     """The state and the table in OUT; with ``--copy-to`` (a device call's $OUT) the table and its JSON (the state
     inside) as ``gpu-<card>.md`` and ``gpu-<card>.json``: what results/benchmarks keeps, as it came back."""
-    import gpu_table
+    from gpucheck import table as gpu_table
 
     written = gpu_table.write(c.state, c.out, bench_dir)
     if c.args.copy_to is not None:
@@ -252,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
         if args.pack is not None:
-            import gpu_pack
+            from gpucheck import pack as gpu_pack
 
             res = gpu_pack.make_pack(args.pack, sdist=args.sdist, wheels=not args.no_wheels,
                                      wheel_dir=args.wheels_from)

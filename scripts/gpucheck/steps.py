@@ -16,9 +16,9 @@ from tuner.engine import build, runner
 from tuner.machine import ballast, paths
 
 if TYPE_CHECKING:
-    from gpu_check import Check
+    from gpucheck.check import Check
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 FIRST_BUDGET_GIB = 12  # (a) and (b) of the first lease: a 12 GB card's worth of free VRAM
 LATER_BUDGETS_GIB = (8, 16, 24)  # (b) chat in later leases
@@ -93,8 +93,8 @@ def step_engine(c: Check) -> dict[str, Any]:
             raise UsageError(f"the engine at {loc.bin_dir} is a {caps.backend} build: pass --from PACK to build "
                              "one with CUDA, or set LLAMA_CPP_DIR to a CUDA build")
         return {"bin": str(loc.bin_dir), "commit": caps.commit, "backend": caps.backend, "built": False}
-    import gpu_engine
-    import gpu_pack
+    from gpucheck import engine as gpu_engine
+    from gpucheck import pack as gpu_pack
 
     arch = c.result("gpu-info")["cuda_arch"]
     bdir = c.out / "engine-build"
@@ -128,7 +128,7 @@ def step_engine(c: Check) -> dict[str, Any]:
 
 
 def _pack_engine(c: Check, bin_dir: Path, meta: dict[str, Any]) -> None:
-    import gpu_engine
+    from gpucheck import engine as gpu_engine
 
     try:
         c.state["engine_back"] = gpu_engine.pack(bin_dir, c.args.copy_to, meta)
@@ -163,7 +163,7 @@ def random_weights_available() -> bool:
 
 
 def step_memory(c: Check) -> dict[str, Any]:
-    import gpu_memory
+    from gpucheck import memory as gpu_memory
 
     assert c.engine_dir is not None
     return gpu_memory.memory_check(c.engine_dir, c.model_path, c.budget_mib, CHAT_CTX, c.out / "memory-logs")
@@ -171,7 +171,7 @@ def step_memory(c: Check) -> dict[str, Any]:
 
 def _tune_step(budget_gib: int, kind: str, ctx: int, prompt: int | None) -> Callable[[Check], dict[str, Any]]:
     def run(c: Check) -> dict[str, Any]:
-        import gpu_tune
+        from gpucheck import tune as gpu_tune
 
         assert c.engine_dir is not None
         return gpu_tune.tune(c.engine_dir, c.model_path, budget_gib * 1024, kind, ctx, prompt,
@@ -180,7 +180,7 @@ def _tune_step(budget_gib: int, kind: str, ctx: int, prompt: int | None) -> Call
 
 
 def step_opoff(c: Check) -> dict[str, Any]:
-    import gpu_opoff
+    from gpucheck import opoff as gpu_opoff
 
     assert c.engine_dir is not None
     return gpu_opoff.opoff_run(c.engine_dir, c.result(f"tune-{FIRST_BUDGET_GIB}g-agent"), c.budget_mib,
@@ -189,7 +189,7 @@ def step_opoff(c: Check) -> dict[str, Any]:
 
 def _spill_step(tries: int, unified: bool = False) -> Callable[[Check], dict[str, Any]]:
     def run(c: Check) -> dict[str, Any]:
-        import gpu_spill
+        from gpucheck import spill as gpu_spill
 
         if unified and not c.args.unified_spill:
             return {"runs": [], "note": "skipped: pass --unified-spill (managed memory asked beyond the free VRAM "
