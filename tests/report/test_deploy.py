@@ -154,4 +154,53 @@ def test_the_prompt_side_levers_travel_in_every_format(fmt):
 
     cfg = LaunchConfig(model=Path("/models/m.gguf"), ctx=8192, n_cpu_moe=20, op_offload=False, no_host=True)
     text = deploy.render(deploy.Line(cfg, "tuned", "study"), fmt, port=8080, binary="/opt/llama/llama-server").text
-    assert "--no-op-offload" in text and "--no-host" in text, fmt
+    if fmt == "preset":  # an INI key per flag, dashes dropped (common/preset.cpp)
+        assert "\nno-op-offload = true\n" in text and "\nno-host = true\n" in text
+    else:
+        assert "--no-op-offload" in text and "--no-host" in text, fmt
+
+
+def test_a_preset_is_loaded_by_the_pinned_llama_servers_router(engine_loc, demo_models, tmp_path):
+    """launch-line --format preset writes a section llama-server's router reads (--models-preset, common/preset.cpp
+    load_from_ini): the router lists the model and the arguments it would start it with are the measured line's."""
+    import socket
+    import time
+    import urllib.request
+
+    from tuner.core.config import FlashAttn, LaunchConfig
+    from tuner.engine import flags
+
+    model = demo_models[("qwen3moe", "Q4_K_M")]
+    cfg = LaunchConfig(model=model, ctx=2048, parallel=1, n_cpu_moe=0, flash_attn=FlashAttn.ON, op_offload=False,
+                       no_host=True, cache_ram_mib=0)
+    ini = tmp_path / "presets.ini"
+    ini.write_text(deploy.render(deploy.Line(cfg, "tuned", "study"), "preset").text)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    router = subprocess.Popen([str(engine_loc.tool("llama-server")), "--models-preset", str(ini), "--host",
+                               "127.0.0.1", "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        listed = None
+        for _ in range(100):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/models", timeout=2) as r:
+                    listed = json.load(r)
+                break
+            except OSError:
+                time.sleep(0.1)
+        assert listed is not None, "the router did not answer"
+        (entry,) = listed["data"]
+        assert entry["id"] == model.stem and entry["source"] == "preset"
+        args = entry["status"]["args"]
+        words, i = [], 1
+        while i < len(args):  # the router's own --host/--port/--alias: where it runs, not what
+            if args[i] in ("--host", "--port", "--alias"):
+                i += 2
+                continue
+            words.append(args[i])
+            i += 1
+        assert flags.parse_command(shlex.join(["llama-server", *words])).config == cfg
+    finally:
+        router.terminate()
+        router.wait(timeout=10)

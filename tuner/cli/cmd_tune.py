@@ -318,7 +318,8 @@ def launch_line_cmd(
     result: Annotated[Path, typer.Argument(help="results/<study>/result.json (or the folder).")],
     rank: Annotated[int, typer.Option("--rank", help="1 = the winner, 2 = the runner-up, ...")] = 1,
     fmt: Annotated[str, typer.Option(
-        "--format", help="shell, llama-swap, systemd (a user unit), compose (the llama.cpp server image) or json; "
+        "--format", help="shell, llama-swap, systemd (a user unit), compose (the llama.cpp server image), preset "
+        "(an INI section for llama-server's router, --models-preset) or json; "
         "what a format cannot carry is written into it.")] = "shell",
     host: Annotated[str | None, typer.Option("--host")] = None,
     port: Annotated[int | None, typer.Option("--port")] = None,

@@ -21,8 +21,9 @@ from tuner.core.config import LaunchConfig
 from tuner.core.errors import UsageError
 from tuner.engine import flags
 
-FORMATS = ("shell", "llama-swap", "systemd", "compose", "json")
-SERVICE_FORMATS = ("llama-swap", "systemd", "compose")  # started by another program, not from the user's shell
+FORMATS = ("shell", "llama-swap", "systemd", "compose", "preset", "json")
+# Started by another program, not from the user's shell.
+SERVICE_FORMATS = ("llama-swap", "systemd", "compose", "preset")
 # The variables that choose which card the line runs on: a service started elsewhere needs them as they are here.
 LINE_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
 IMAGE_CUDA = "ghcr.io/ggml-org/llama.cpp:server-cuda"
@@ -70,6 +71,8 @@ def render(line: Line, fmt: str, *, host: str | None = None, port: int | None = 
         return _systemd(line, argv, env)
     if fmt == "compose":
         return _compose(line, host, port, env)
+    if fmt == "preset":
+        return _preset(line, flags.server_argv(Path(binary), line.config), env)
     raise UsageError(f"unknown --format {fmt}: use {', '.join(FORMATS)}")
 
 
@@ -202,3 +205,28 @@ def _compose(line: Line, host: str | None, port: int | None, env: dict[str, str]
               *(f"# not carried: {n}" for n in not_carried)]
     body = _yaml({"services": {_service_name(cfg.model): service}})
     return Rendered("\n".join([*header, *body]) + "\n", tuple(not_carried))
+
+
+# ------------------------------------------------------------------------------------- llama-server preset
+
+
+def _preset(line: Line, argv: list[str], env: dict[str, str]) -> Rendered:
+    """A model preset for llama-server's router (``--models-preset FILE``, common/preset.cpp ``load_from_ini``):
+    one section named after the model, each flag a key without its dashes (the router accepts the spellings
+    the command line does), a bare flag as ``true``. Host and port are the router's own; the card it runs on
+    is the router's environment, which a preset cannot set."""
+    out = ["version = 1", "", f"; measured by moe-tune ({line.label} of {line.study}) on {_measured_on(line)}",
+           f"[{line.config.model.stem}]"]
+    words = argv[1:]
+    i = 0
+    while i < len(words):
+        flag = words[i]
+        if flags.takes_value(flag) and i + 1 < len(words):
+            value, i = words[i + 1], i + 2
+        else:
+            value, i = "true", i + 1
+        out.append(f"{flag.lstrip('-')} = {value}")
+    not_carried = tuple(f"{k}={v}" for k, v in env.items())
+    if not_carried:
+        out.append(f"; set in the router's environment: {' '.join(not_carried)}")
+    return Rendered("\n".join(out) + "\n", not_carried)

@@ -364,6 +364,15 @@ def server_argv(binary: Path, cfg: LaunchConfig, caps: Capabilities | None = Non
     return a.argv
 
 
+# Settings llama-server takes as bare flags (no value): the rest take the next word as their value.
+_BARE_SETTINGS = ("kv_unified", "no_kv_unified", "swa_full", "no_repack", "no_host", "no_op_offload", "log_jsonl")
+
+
+def takes_value(flag: str) -> bool:
+    """Does this llama-server flag, as :func:`server_argv` spells it, take the next word as its value?"""
+    return not any(flag in _SPELL[s] for s in _BARE_SETTINGS)
+
+
 def address_argv(host: str | None = None, port: int | str | None = None) -> list[str]:
     """Where llama-server listens; each part only when given (``port`` may be a template like ``${PORT}``)."""
     return [*(["--host", host] if host is not None else []), *(["--port", str(port)] if port is not None else [])]
