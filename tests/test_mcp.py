@@ -15,7 +15,7 @@ from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
 from tests.conftest import run_cli
-from tests.demo_result import tune_demo
+from tests.demo_result import tune_demo, variant
 from tests.hub_server import HubServer, root_layout
 
 EXE = str(Path(sys.executable).parent / "moe-tune")
@@ -78,6 +78,24 @@ def test_results_and_launch_lines_of_this_machine(tuned):
     assert entry["still_holds"]["not_checked"] == []
     assert line.content[0].text.rstrip("\n") == compose.stdout.rstrip("\n")
     assert wrong.is_error and "use shell, llama-swap, systemd, compose, json" in wrong.content[0].text
+
+
+def test_a_result_whose_model_cannot_be_read_is_its_own_entry(tuned, tmp_path):
+    """A directory where the model was (root reads through chmod 000, so a directory is what stops every user): that
+    result's entry names it; the other result is answered as before."""
+    results = tmp_path / "results"
+    folder = tmp_path / "demo.gguf"
+    folder.mkdir()
+    variant(tuned, results / "gone-dir", model=folder)
+    variant(tuned, results / "intact")
+    _, [listed] = ask([("results", {})], results_dir=results, env={"CUDA_VISIBLE_DEVICES": ""})
+    assert not listed.is_error, listed.content
+    by_study = {Path(e["result"]).parent.name: e for e in listed.structured_content["results"]}
+    assert sorted(by_study) == ["gone-dir", "intact"]
+    bad = by_study["gone-dir"]["still_holds"]
+    assert bad["holds"] is False
+    assert bad["changes"] == [f"the model file {folder} is a directory now, not the tuned GGUF file"]
+    assert by_study["intact"]["still_holds"]["holds"] is True
 
 
 def test_quants_with_the_figures_of_quants_json(demo_models, tmp_path):

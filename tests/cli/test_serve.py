@@ -233,3 +233,23 @@ def test_the_retune_command_is_a_real_auto_tune_line(tuned):
                     "--min-ctx", "512", "--max-kld", "off"]
     options = set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", help_text("auto-tune")))
     assert {a for a in argv if a.startswith("--")} <= options
+
+
+def test_a_model_path_that_cannot_be_read_is_one_line(tuned, tmp_path):
+    """A directory where the tuned model was, and (for a user other than root, whom chmod 000 does not stop) a
+    file nobody may read: each is one line naming the file, before anything starts."""
+    folder = tmp_path / "demo.gguf"
+    folder.mkdir()
+    cases = {variant(tuned, tmp_path / "results" / "dir", model=folder): f"the model file {folder} is a directory now"}
+    if os.geteuid() != 0:
+        locked = tmp_path / "locked.gguf"
+        locked.write_bytes(Path(json.loads(tuned.read_text())["model"]).read_bytes())
+        locked.chmod(0)
+        cases[variant(tuned, tmp_path / "results" / "locked", model=locked)] = (
+            f"the model file {locked} cannot be read (Permission denied)")
+    for result, said in cases.items():
+        res = run_cli("serve", str(result.parent))
+        assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
+        [error] = [x for x in res.stderr.splitlines() if x.startswith("error:")]
+        assert error.startswith(f"error: the line may no longer hold: {said}"), error
+        assert "llama-server (pid" not in res.stderr

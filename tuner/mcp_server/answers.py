@@ -13,7 +13,7 @@ from typing import Any
 
 from tuner.catalog import cards, families
 from tuner.core.config import LaunchConfig
-from tuner.core.errors import EngineNotFoundError, UnknownQuantError, UsageError
+from tuner.core.errors import EngineNotFoundError, TunerError, UnknownQuantError, UsageError
 from tuner.engine import build
 from tuner.models import gguf_reader
 from tuner.plan.memory import Breakdown, MemoryEstimate
@@ -110,6 +110,19 @@ def _when(seconds: float) -> str:
     return datetime.datetime.fromtimestamp(seconds).isoformat(timespec="seconds")
 
 
+def _line_entry(f: line_check.Found, now: line_check.Now | None, why_unchecked: str) -> dict[str, Any]:
+    picks = study_report.picks(f.result)
+    if not picks:
+        return {"line": None, "why": "no config was measured to launch"}
+    entry: dict[str, Any] = {"label": picks[0].label, "line": study_report.launch_line(f.result),
+                             "figures": picks[0].figures, "why": f.decision(), "verdicts": f.verdicts()}
+    if now is None:
+        return entry | {"still_holds": {"holds": None, "not_checked": [why_unchecked]}}
+    c = line_check.check(f, picks[0].config, picks[0].label, now)
+    return entry | {"still_holds": {"holds": c.holds, "changes": list(c.changes), "notes": list(c.notes),
+                                    "not_checked": list(c.unchecked)}}
+
+
 def results(results_dir: Path, llama_cpp_dir: Path | None = None) -> dict[str, Any]:
     """The tuned results in ``results_dir``, newest first: each one's line, why it was chosen, its verdicts, and
     whether it still holds here (the check ``moe-tune serve`` makes before it starts)."""
@@ -127,19 +140,10 @@ def results(results_dir: Path, llama_cpp_dir: Path | None = None) -> dict[str, A
                                  "written": _when(f.written_s), "engine": f.result.engine,
                                  "machine": (f.result.hardware or {}).get("describe"),
                                  "workload": f.result.workload}
-        picks = study_report.picks(f.result)
-        if not picks:
-            listed.append(entry | {"line": None, "why": "no config was measured to launch"})
-            continue
-        entry |= {"label": picks[0].label, "line": study_report.launch_line(f.result), "figures": picks[0].figures,
-                  "why": f.decision(), "verdicts": f.verdicts()}
-        if now is not None:
-            c = line_check.check(f, picks[0].config, picks[0].label, now)
-            entry["still_holds"] = {"holds": c.holds, "changes": list(c.changes), "notes": list(c.notes),
-                                    "not_checked": list(c.unchecked)}
-        else:
-            entry["still_holds"] = {"holds": None, "not_checked": [why_unchecked]}
-        listed.append(entry)
+        try:
+            listed.append(entry | _line_entry(f, now, why_unchecked))
+        except (TunerError, OSError) as exc:  # one result's trouble is its own entry, not the whole answer's
+            listed.append(entry | {"line": None, "error": str(exc)})
     return {"results_dir": str(results_dir.absolute()), "results": listed}
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import os
+import stat
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,6 +111,26 @@ def _when(seconds: float) -> str:
     return datetime.datetime.fromtimestamp(seconds).strftime("%Y-%m-%d %H:%M")
 
 
+def _unreadable(path: Path) -> str | None:
+    """Why the model file at ``path`` cannot be what llama-server loads, in one line naming it; None when it is a
+    regular file this user can open for reading (opened non-blocking: a FIFO there is named, not waited on)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return f"the model file {path} is gone"
+    except OSError as exc:
+        return f"the model file {path} cannot be read ({exc.strerror or exc}): make it readable for this user"
+    try:
+        mode = os.fstat(fd).st_mode
+    finally:
+        os.close(fd)
+    if stat.S_ISDIR(mode):
+        return f"the model file {path} is a directory now, not the tuned GGUF file"
+    if not stat.S_ISREG(mode):
+        return f"the model file {path} is not a regular file now, not the tuned GGUF file"
+    return None
+
+
 def _model_changes(paths: Iterable[Path], written_s: float, recorded: dict[str, Any] | None = None
                    ) -> tuple[list[str], list[str]]:
     """What changed about the model files, and notes. The first file (the model) is checked by its fingerprint
@@ -117,13 +139,17 @@ def _model_changes(paths: Iterable[Path], written_s: float, recorded: dict[str, 
     changes: list[str] = []
     notes: list[str] = []
     for i, path in enumerate(paths):
-        try:
-            mtime = path.stat().st_mtime
-        except OSError:
-            changes.append(f"the model file {path} is gone")
+        unreadable = _unreadable(path)
+        if unreadable:
+            changes.append(unreadable)
             continue
+        mtime = path.stat().st_mtime
         if i == 0 and recorded:
-            why = fingerprint.differs(recorded, path)
+            try:
+                why = fingerprint.differs(recorded, path)
+            except OSError as exc:  # changed between the look and the read
+                changes.append(f"the model file {path} cannot be read ({exc.strerror or exc})")
+                continue
             if why:
                 changes.append(f"the model file {path} is not the file that was tuned: {why}")
             elif mtime > written_s:
