@@ -19,6 +19,7 @@ from tuner.search.result import RESULT_FILE, StudyResult
 
 # Where llama-server listens is serve's own choice (--host, --port): the same flags passed through would split it.
 ADDRESS_FLAGS = ("--host", "--port")
+KEY_FLAG = "--api-key"  # a key spelled on a command line: every local user reads /proc/PID/cmdline
 
 
 def _found(target: str | None, results_dir: Path) -> line_check.Found:
@@ -82,7 +83,7 @@ def _passed_through(extra: list[str], measured: list[str]) -> None:
         if flag in extra:
             raise UsageError(f"{flag} after -- would move the server off the address serve waits on: use serve's "
                              f"own {flag}")
-    if any(t in served.KEY_IN_ARGV or t.startswith("--api-key=") for t in extra):
+    if any(t == KEY_FLAG or t.startswith(f"{KEY_FLAG}=") for t in extra):
         raise _key_in_argv()
     overridden = sorted({t for t in extra if t.startswith("-") and t in measured})
     also = f" (overriding the measured {', '.join(overridden)})" if overridden else ""

@@ -23,7 +23,6 @@ from tuner.engine import runner
 # `--api-key-file` set_env("LLAMA_ARG_API_KEY_FILE")), so neither the key nor its file is in any process's argv.
 API_KEY_ENV = "LLAMA_API_KEY"
 API_KEY_FILE_ENV = "LLAMA_ARG_API_KEY_FILE"
-KEY_IN_ARGV = ("--api-key",)  # a key spelled on a command line: every local user reads /proc/PID/cmdline
 KEY_FIX = f"export {API_KEY_ENV}, or give --api-key-file FILE (made with a new key when it does not exist)"
 POLL_S = 0.2
 

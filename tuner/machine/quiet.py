@@ -38,7 +38,7 @@ from typing import IO
 import psutil
 
 from tuner.core.config import LaunchConfig
-from tuner.core.errors import MachineBusyError
+from tuner.core.errors import MachineBusyError, NotRegularFileError
 from tuner.machine.processes import Interference, cpu_limit_cores, observe, scope_root
 
 POLL_S = 0.5
@@ -62,20 +62,16 @@ def user_lock_path() -> Path:
     return folder / lock_path().name
 
 
-class NotRegularFile(OSError):
-    """Something at the lock path that is not a regular file (a FIFO, a symbolic link, …): never opened as a lock."""
-
-
 _KINDS = ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a directory"),
           (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device"))
 
 
-def _not_regular(path: Path, st: os.stat_result) -> NotRegularFile:
+def _not_regular(path: Path, st: os.stat_result) -> NotRegularFileError:
     kind = next((name for test, name in _KINDS if test(st.st_mode)), "not a regular file")
     owner = str(st.st_uid)
     with contextlib.suppress(KeyError):
         owner = pwd.getpwuid(st.st_uid).pw_name
-    return NotRegularFile(errno.EINVAL, f"{kind}, not a regular file, owned by user {owner}", str(path))
+    return NotRegularFileError(errno.EINVAL, f"{kind}, not a regular file, owned by user {owner}", str(path))
 
 
 def _open_shared(path: Path) -> IO[str]:
@@ -112,7 +108,7 @@ def _open_lock() -> tuple[IO[str] | None, Path, str | None]:
     shared = lock_path()
     try:
         return _open_shared(shared), shared, None
-    except NotRegularFile as exc:
+    except NotRegularFileError as exc:
         why = f"{shared} is {exc.strerror}"
         fix = f"remove it (rm {shared}) so every user's runs wait for each other"
     except OSError as exc:
