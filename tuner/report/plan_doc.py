@@ -1,0 +1,92 @@
+"""A plan (:func:`tuner.plan.placement.make_plan`) as JSON, and the notes a reader needs beside it: what
+``moe-tune plan --json`` prints and the MCP ``plan`` tool answers, one builder for both (a dense model's rows carry
+``n_gpu_layers``, a MoE's ``n_cpu_moe``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tuner.core.config import LaunchConfig
+from tuner.engine import flags
+from tuner.models import gguf_reader
+from tuner.plan.memory import Breakdown, HostBuffer
+from tuner.plan.placement import Plan, PlanRow, load_mode_note, offload_of
+
+# What each host buffer is, in the words the table's notes use.
+_BUFFER_WORDS = {
+    HostBuffer.PINNED.value: "pinned (CUDA_Host), one copy",
+    HostBuffer.REPACK.value: "repacked (CPU_REPACK)",
+    HostBuffer.MAPPED.value: "mapped from the file, read every token",
+    HostBuffer.PLAIN.value: "plain RAM (CPU)",
+}
+
+
+def _parts(b: Breakdown) -> dict[str, int]:
+    return {"weights": b.weights_bytes, "kv": b.kv_bytes, "recurrent": b.recurrent_bytes,
+            "compute": b.compute_bytes, "overhead": b.overhead_bytes}
+
+
+def _row_json(row: PlanRow) -> dict[str, Any]:
+    e, gen, prompt = row.estimate, row.roofline.gen_tok_s, row.roofline.prompt_tok_s
+    where = {"n_gpu_layers": row.n_gpu_layers} if row.offload.dense else {"n_cpu_moe": row.n_cpu_moe}
+    return {
+        **where, "verdict": e.verdict.value,
+        "vram_bytes": e.gpu.total_bytes, "ram_bytes": e.host.total_bytes,
+        "ram_need_bytes": e.host_need_bytes, "ram_reclaimable_bytes": e.reclaimable_bytes,
+        "load_mode": e.load_mode,
+        # Every host buffer is needed resident; a mapped one is file-backed (the kernel could evict it, at the
+        # price of reading the file again every token).
+        "host_buffers": [{"buffer": name, "bytes": n, "file_backed": name == HostBuffer.MAPPED.value}
+                         for name, n in e.host_buffers],
+        "mapped_span_bytes": e.mapped_span_bytes, "gpu_offload_copy_bytes": e.gpu_offload_copy_bytes,
+        "gpu": _parts(e.gpu), "host": _parts(e.host),
+        "gen_tok_s_ceiling": gen, "prompt_tok_s_ceiling": prompt,
+    }
+
+
+def plan_json(p: Plan, notes: list[str]) -> dict[str, Any]:
+    hw = p.hardware
+    axis = offload_of(p.model)
+
+    def at(step: int | None) -> dict[str, int | None]:
+        value = None if step is None else axis.value(step)
+        return {"n_gpu_layers": value} if axis.dense else {"n_cpu_moe": value}
+
+    return {
+        "model": str(p.model.paths[0]), "hardware": hw.describe(), "n_configs": p.n_configs,
+        "dense": axis.dense, "offload_flag": flags.spelled(axis.setting),
+        "vram_budget_bytes": hw.vram_budget_bytes, "vram_budget_source": hw.vram_budget_source,
+        "ram_available_bytes": hw.ram_available_bytes,
+        "host_bandwidth_bytes_s": hw.host_bandwidth_bytes_s, "host_bandwidth_source": hw.host_bandwidth_source,
+        "rows": [_row_json(r) for r in p.rows],
+        "fit_intervals": [{"ctx": s.ctx, "cache_type_k": s.cache_type_k.value, "cache_type_v": s.cache_type_v.value,
+                           **at(s.n_cpu_moe), **s.interval.to_dict(), "summary": s.interval.describe()}
+                          for s in p.smallest_fits],
+        "largest_ctx": [{"cache_type_k": c.cache_type_k.value, "cache_type_v": c.cache_type_v.value,
+                         **at(c.n_cpu_moe), "ctx": c.ctx} for c in p.largest_ctx],
+        "notes": notes,
+    }
+
+
+def plan_notes(info: gguf_reader.ModelInfo, p: Plan, base: LaunchConfig) -> list[str]:
+    """What a reader needs beside the table: how the host side is held, and when the load mode matters."""
+    notes = []
+    axis = offload_of(info)
+    first = p.smallest_fits[0] if p.smallest_fits else None
+    n = first.n_cpu_moe if first and first.n_cpu_moe is not None else axis.steps - 1
+    est = next(r.estimate for r in p.rows if r.step == n)
+    held = ", ".join(f"{_BUFFER_WORDS[name]} {b / 2**30:.1f} GiB" for name, b in est.host_buffers)
+    if held:
+        notes.append(f"host weights at {axis.span(n, n)}: {held}")
+    if axis.dense:
+        notes.append("a dense model has no routed experts, so --n-cpu-moe moves nothing: -ngl (layers on the GPU, "
+                     "the last ones, the output head counted as one) is its offload")
+    if p.hardware.has_gpu and base.mmap and not base.no_host and n > 0 and not axis.dense:
+        # llama_model_loader warns the same: overrides to CPU with mmap → consider --load-mode none.
+        notes.append("--load-mode none holds them as one pinned copy instead (same RAM): prompts copy experts to "
+                     "the GPU faster from pinned memory; llama.cpp suggests it when experts stay on the host")
+    if first is not None:
+        note = load_mode_note(info, base, p.hardware, first)
+        if note:
+            notes.append(note)
+    return notes
