@@ -15,7 +15,7 @@ from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
 from tests.conftest import run_cli
-from tests.demo_result import tune_demo
+from tests.demo_result import tune_demo, variant
 from tests.hub_server import HubServer, root_layout
 
 EXE = str(Path(sys.executable).parent / "moe-tune")
@@ -49,19 +49,25 @@ def cli_json(*args: str, env: dict[str, str] | None = None) -> dict[str, Any]:
     return doc
 
 
-def test_the_tools_and_a_plan_with_the_figures_of_plan_json(demo_models):
+def test_the_tools_and_a_plan_equal_to_plan_json_for_moe_and_dense(demo_models):
+    """A MoE (rows by --n-cpu-moe) and a dense catalog model (rows by -ngl, which used to come back as
+    ``n_cpu_moe: null`` on every row): the tool's answer is `moe-tune plan --json`'s document, row for row."""
     model = str(demo_models[("qwen3moe", "Q4_K_M")])
-    tools, [plan, missing] = ask([("plan", {"model": model, "card": CARD, "context": 4096, "ram_gib": 32}),
-                                  ("plan", {"model": "/nowhere/none.gguf"})])
+    dense = "qwen3.5-9b:Q4_K_M"
+    tools, [plan, plan_dense, missing] = ask([
+        ("plan", {"model": model, "card": CARD, "context": 4096, "ram_gib": 32}),
+        ("plan", {"model": dense, "card": CARD, "context": 4096, "ram_gib": 32}),
+        ("plan", {"model": "/nowhere/none.gguf"})])
     assert sorted(tools) == ["launch_line", "plan", "quants", "results"]
-    assert not plan.is_error, plan.content
-    got = plan.structured_content
-    want = cli_json("plan", model, "--gpu", CARD, "-c", "4096", "--ram", "32")
-    assert got["rows"] == [{k: r[k] for k in got["rows"][0]} for r in want["rows"]]
-    assert len(got["rows"]) > 1 and got["rows"][0]["vram_bytes"] > got["rows"][-1]["vram_bytes"]
-    for key in ("model", "hardware", "n_configs", "vram_budget_bytes", "ram_available_bytes", "host_bandwidth_bytes_s",
-                "fit_intervals", "largest_ctx", "model_source", "figures_from"):
-        assert got[key] == want[key], key
+    for got, name in ((plan, model), (plan_dense, dense)):
+        assert not got.is_error, got.content
+        want = cli_json("plan", name, "--gpu", CARD, "-c", "4096", "--ram", "32")
+        assert got.structured_content == want, name
+    moe_rows, dense_rows = plan.structured_content["rows"], plan_dense.structured_content["rows"]
+    assert len(moe_rows) > 1 and moe_rows[0]["vram_bytes"] > moe_rows[-1]["vram_bytes"]
+    # Qwen3.5-9B: 32 layers and the output head, so -ngl 33 (all on the GPU) down to 0, each row told apart.
+    assert [r["n_gpu_layers"] for r in dense_rows] == list(range(33, -1, -1))
+    assert all("n_cpu_moe" not in r for r in dense_rows) and plan_dense.structured_content["dense"] is True
     assert missing.is_error and "model /nowhere/none.gguf not found: give a .gguf path" in missing.content[0].text
 
 
@@ -78,6 +84,24 @@ def test_results_and_launch_lines_of_this_machine(tuned):
     assert entry["still_holds"]["not_checked"] == []
     assert line.content[0].text.rstrip("\n") == compose.stdout.rstrip("\n")
     assert wrong.is_error and "use shell, llama-swap, systemd, compose, json" in wrong.content[0].text
+
+
+def test_a_result_whose_model_cannot_be_read_is_its_own_entry(tuned, tmp_path):
+    """A directory where the model was (root reads through chmod 000, so a directory is what stops every user): that
+    result's entry names it; the other result is answered as before."""
+    results = tmp_path / "results"
+    folder = tmp_path / "demo.gguf"
+    folder.mkdir()
+    variant(tuned, results / "gone-dir", model=folder)
+    variant(tuned, results / "intact")
+    _, [listed] = ask([("results", {})], results_dir=results, env={"CUDA_VISIBLE_DEVICES": ""})
+    assert not listed.is_error, listed.content
+    by_study = {Path(e["result"]).parent.name: e for e in listed.structured_content["results"]}
+    assert sorted(by_study) == ["gone-dir", "intact"]
+    bad = by_study["gone-dir"]["still_holds"]
+    assert bad["holds"] is False
+    assert bad["changes"] == [f"the model file {folder} is a directory now, not the tuned GGUF file"]
+    assert by_study["intact"]["still_holds"]["holds"] is True
 
 
 def test_quants_with_the_figures_of_quants_json(demo_models, tmp_path):

@@ -36,9 +36,9 @@ def tuned(engine_loc, tmp_path_factory) -> Path:
     return tune_demo(engine_loc, tmp_path_factory.mktemp("tuned"))
 
 
-def start(*args: str) -> subprocess.Popen[str]:
+def start(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     return subprocess.Popen([str(EXE), "serve", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=os.environ | {"COLUMNS": "200"})
+                            env=os.environ | {"COLUMNS": "200"} | (env or {}))
 
 
 def ready(proc: subprocess.Popen[str]) -> tuple[str, int, str]:
@@ -99,21 +99,69 @@ def test_serve_answers_chat_completions_and_stops_cleanly(tuned, stop):
     assert gone(pid)
 
 
-def test_on_the_network_the_key_is_required(tuned):
-    proc = start(str(tuned), "--host", "0.0.0.0", "--api-key", "sesame")
+def argv_holding(secret: str) -> list[str]:
+    """Every process on this machine whose command line holds ``secret`` (what any local user reads in /proc)."""
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        words = proc.info["cmdline"] or []
+        if any(secret in w for w in words):
+            found.append(f"{proc.info['pid']}: {shlex.join(words)}")
+    return found
+
+
+def test_on_the_network_the_key_is_required_and_in_no_argv(tuned, tmp_path):
+    key_file = tmp_path / "keys" / "api-key"
+    key_file.parent.mkdir()
+    proc = start(str(tuned), "--host", "0.0.0.0", "--api-key-file", str(key_file),
+                 env={"LLAMA_API_KEY": "sesame-from-the-shell"})
     try:
         url, pid, said = ready(proc)
-        assert "sesame" not in " ".join(psutil.Process(pid).cmdline())  # by environment, out of `ps`
+        key = key_file.read_text().strip()  # serve made it: a new random key, the user's alone
+        assert re.fullmatch(r"[0-9a-f]{32}", key) and key_file.stat().st_mode & 0o777 == 0o600
+        assert f"a new key was written to {key_file}: clients send `Authorization: Bearer KEY`" in said
+        assert argv_holding(key) == []  # neither serve's nor llama-server's nor any other command line
+        assert str(key_file) not in " ".join(psutil.Process(pid).cmdline())  # the file goes by environment too
         assert url.startswith("http://127.0.0.1:")  # a wildcard address is reached on loopback from here
         ask = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
         with pytest.raises(urllib.error.HTTPError) as refused:
             post(f"{url}/chat/completions", ask)
         assert refused.value.code == 401
-        assert post(f"{url}/chat/completions", ask, key="sesame")["choices"]
+        with pytest.raises(urllib.error.HTTPError) as exported:  # an exported key is not a second key beside it
+            post(f"{url}/chat/completions", ask, key="sesame-from-the-shell")
+        assert exported.value.code == 401
+        assert post(f"{url}/chat/completions", ask, key=key)["choices"]
     finally:
         proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=30)
-    assert "without --api-key" not in said and gone(pid)
+    assert "without a key" not in said and gone(pid)
+
+
+def test_a_key_from_the_environment_stays_out_of_every_argv(tuned):
+    secret = "sesame-" + os.urandom(8).hex()
+    proc = start(str(tuned), "--host", "0.0.0.0", env={"LLAMA_API_KEY": secret})
+    try:
+        url, pid, said = ready(proc)
+        assert argv_holding(secret) == []
+        assert "the key is in $LLAMA_API_KEY" in said
+        assert post(f"{url}/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4},
+                    key=secret)["choices"]
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=30)
+    assert gone(pid)
+
+
+def test_a_key_on_the_command_line_is_refused_in_one_line(tuned, tmp_path):
+    for args in (["--api-key", "sesame"], ["--", "--api-key", "sesame"], ["--", "--api-key=sesame"]):
+        res = run_cli("serve", str(tuned), *args)
+        assert res.returncode == 1 and "Traceback" not in res.stderr and "llama-server (pid" not in res.stderr
+        assert res.stderr.strip().splitlines()[-1] == (
+            "error: a key on the command line is readable by every local user (/proc/PID/cmdline): export "
+            "LLAMA_API_KEY, or give --api-key-file FILE (made with a new key when it does not exist)")
+    empty = tmp_path / "empty-key"
+    empty.write_text("# no key yet\n")
+    res = run_cli("serve", str(tuned), "--api-key-file", str(empty))
+    assert res.returncode == 1 and f"error: --api-key-file {empty} holds no key" in res.stderr
 
 
 def test_a_busy_port_is_one_line_and_the_open_network_is_warned(tuned):
@@ -126,8 +174,8 @@ def test_a_busy_port_is_one_line_and_the_open_network_is_warned(tuned):
         assert res.stderr.strip().endswith(error)
         wide = run_cli("serve", str(tuned), "--host", "0.0.0.0", "--port", str(port), env={"LLAMA_API_KEY": ""})
     assert wide.returncode == 1 and "is in use" in wide.stderr  # (a wildcard address cannot take it either)
-    assert "warning: listening on 0.0.0.0 without --api-key: anyone who can reach this machine can use the server" \
-        in wide.stderr
+    assert ("warning: listening on 0.0.0.0 without a key (--api-key-file or LLAMA_API_KEY): anyone who can reach "
+            "this machine can use the server") in wide.stderr
     taken_flag = run_cli("serve", str(tuned), "--", "--port", "9")
     assert taken_flag.returncode == 1 and "--port after -- would move the server" in taken_flag.stderr
 
@@ -185,3 +233,23 @@ def test_the_retune_command_is_a_real_auto_tune_line(tuned):
                     "--min-ctx", "512", "--max-kld", "off"]
     options = set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", help_text("auto-tune")))
     assert {a for a in argv if a.startswith("--")} <= options
+
+
+def test_a_model_path_that_cannot_be_read_is_one_line(tuned, tmp_path):
+    """A directory where the tuned model was, and (for a user other than root, whom chmod 000 does not stop) a
+    file nobody may read: each is one line naming the file, before anything starts."""
+    folder = tmp_path / "demo.gguf"
+    folder.mkdir()
+    cases = {variant(tuned, tmp_path / "results" / "dir", model=folder): f"the model file {folder} is a directory now"}
+    if os.geteuid() != 0:
+        locked = tmp_path / "locked.gguf"
+        locked.write_bytes(Path(json.loads(tuned.read_text())["model"]).read_bytes())
+        locked.chmod(0)
+        cases[variant(tuned, tmp_path / "results" / "locked", model=locked)] = (
+            f"the model file {locked} cannot be read (Permission denied)")
+    for result, said in cases.items():
+        res = run_cli("serve", str(result.parent))
+        assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
+        [error] = [x for x in res.stderr.splitlines() if x.startswith("error:")]
+        assert error.startswith(f"error: the line may no longer hold: {said}"), error
+        assert "llama-server (pid" not in res.stderr

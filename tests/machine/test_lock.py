@@ -12,6 +12,7 @@ import contextlib
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -180,6 +181,53 @@ def test_bench_runs_as_root_on_a_lock_file_another_user_made(lock_file, demo_mod
         res = run_cli("bench", str(model), "--no-server", "-r", "1", "-p", "8", "-n", "8", "--busy-wait", "30s")
     assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
     assert "cannot be opened" not in res.stderr, res.stderr  # the machine's lock, not a fallback
+
+
+def _claim_elsewhere(home: Path) -> subprocess.CompletedProcess[str]:
+    """A run of another user (root's tests) or of this one claiming the machine, let go at once; killed after 30 s,
+    so a claim that waits on what sits at the lock path fails the test instead of hanging it."""
+    as_user = (["runuser", "-u", _second_user().pw_name, "--"] if os.geteuid() == 0 else [])
+    shutil.chown(home, *((_second_user().pw_uid, _second_user().pw_gid) if as_user else (os.getuid(), os.getgid())))
+    python = _python_for(_second_user().pw_name) if as_user else sys.executable
+    argv = [*as_user, "env", f"HOME={home}", "XDG_RUNTIME_DIR=", python, "-c", HOLD, "bench", "0"]
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=_user_env(), start_new_session=True)
+    try:
+        out, err = proc.communicate(input="\n", timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the whole group: runuser's child too, or it waits in open() forever
+        proc.communicate()
+        raise AssertionError("the claim hung on what sits at the lock path") from None
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
+def test_a_fifo_at_the_lock_path_is_one_line_never_a_hang(lock_file):
+    """Another user's FIFO where the lock goes: a claim that may only read it (not root, which opens it
+    read-write) would wait in open() for a writer, forever, before saying anything."""
+    os.mkfifo(lock_file, 0o444)
+    home = Path(tempfile.mkdtemp(prefix="moe-tune-2nd-home-", dir="/tmp"))
+    try:
+        ran = _claim_elsewhere(home)
+        owner = pwd.getpwuid(os.getuid()).pw_name
+        assert ran.returncode == 0 and ran.stdout.strip() == (
+            f"held True {lock_file} is a FIFO, not a regular file, owned by user {owner}: this run waits only for "
+            f"your own runs, not other users'; remove it (rm {lock_file}) so every user's runs wait for each other")
+        with quiet.claim_machine("bench", wait_s=0) as ours:  # root too refuses it, in the same words
+            assert ours.locked and ours.note is not None and ours.note.startswith(f"{lock_file} is a FIFO, not a "
+                                                                                  "regular file")
+    finally:
+        shutil.rmtree(home)
+
+
+def test_a_symlink_at_the_lock_path_is_refused_in_one_line(lock_file, tmp_path):
+    target = tmp_path / "elsewhere.lock"
+    target.write_text("")
+    lock_file.symlink_to(target)  # e.g. to a file of someone else's that flock would then hold
+    with quiet.claim_machine("bench", wait_s=0) as ours:
+        assert ours.locked and ours.note is not None
+        assert ours.note.startswith(f"{lock_file} is a symbolic link, not a regular file, owned by user "), ours.note
+        assert "\n" not in ours.note and f"remove it (rm {lock_file})" in ours.note
+    assert target.read_text() == ""  # nothing was written through it
 
 
 def _hold_in_another_process(hold_s: float) -> subprocess.Popen[str]:

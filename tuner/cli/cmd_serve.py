@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 from pathlib import Path
 from typing import Annotated
@@ -18,6 +19,7 @@ from tuner.search.result import RESULT_FILE, StudyResult
 
 # Where llama-server listens is serve's own choice (--host, --port): the same flags passed through would split it.
 ADDRESS_FLAGS = ("--host", "--port")
+KEY_FLAG = "--api-key"  # a key spelled on a command line: every local user reads /proc/PID/cmdline
 
 
 def _found(target: str | None, results_dir: Path) -> line_check.Found:
@@ -71,11 +73,18 @@ def _say(text: str) -> None:
     err.print(text, highlight=False, markup=False, soft_wrap=True)
 
 
+def _key_in_argv() -> UsageError:
+    return UsageError(f"a key on the command line is readable by every local user (/proc/PID/cmdline): "
+                      f"{served.KEY_FIX}")
+
+
 def _passed_through(extra: list[str], measured: list[str]) -> None:
     for flag in ADDRESS_FLAGS:
         if flag in extra:
             raise UsageError(f"{flag} after -- would move the server off the address serve waits on: use serve's "
                              f"own {flag}")
+    if any(t == KEY_FLAG or t.startswith(f"{KEY_FLAG}=") for t in extra):
+        raise _key_in_argv()
     overridden = sorted({t for t in extra if t.startswith("-") and t in measured})
     also = f" (overriding the measured {', '.join(overridden)})" if overridden else ""
     _say(f"not measured, passed through: {shlex.join(extra)}{also}")
@@ -95,9 +104,11 @@ def serve_cmd(
     host: Annotated[str, typer.Option(
         "--host", help="Address to listen on; any but loopback lets the network in (add --api-key).")]
     = "127.0.0.1",
-    api_key: Annotated[str | None, typer.Option(
-        "--api-key", envvar=served.API_KEY_ENV, show_envvar=True,
-        help="Key clients must send (Authorization: Bearer KEY).")] = None,
+    api_key_file: Annotated[Path | None, typer.Option(
+        "--api-key-file", metavar="FILE",
+        help=f"File holding the key clients must send (Authorization: Bearer KEY); made with a new random key "
+             f"(mode 600) when it does not exist. Or export {served.API_KEY_ENV}.", show_default=False)] = None,
+    api_key_in_argv: Annotated[str | None, typer.Option("--api-key", hidden=True)] = None,
     rank: Annotated[int, typer.Option("--rank", help="1 = the result's line, 2 = the runner-up, ...")] = 1,
     results_dir: Annotated[Path, typer.Option("--results-dir", help="Where auto-tune wrote its results.")]
     = Path("results"),
@@ -117,8 +128,13 @@ def serve_cmd(
       moe-tune serve unsloth/Qwen3-30B-A3B-GGUF:Q4_K_M
       moe-tune serve results/<study> --port 8080 -- --jinja --alias qwen3
     On the network (clients send the key):
-      moe-tune serve MODEL --host 0.0.0.0 --api-key "$(openssl rand -hex 16)"
+      moe-tune serve MODEL --host 0.0.0.0 --api-key-file ~/.moe-tune-key
+    The key never goes on a command line (every local user reads those): it
+    comes from the file or from LLAMA_API_KEY, and llama-server gets it by
+    environment.
     """
+    if api_key_in_argv is not None:
+        raise _key_in_argv()
     if target is not None and target.startswith("-"):  # `serve -- FLAGS` with no target
         extra, target = [target, *(extra or [])], None
     found = _found(target, results_dir)
@@ -143,10 +159,14 @@ def serve_cmd(
     if extra:
         _passed_through(extra, argv)
     served.check_host(host)
-    if not served.is_loopback(host) and not api_key:
-        _say(f"warning: listening on {host} without --api-key: anyone who can reach this machine can use the "
-             "server")
-    env = {served.API_KEY_ENV: api_key} if api_key else None
+    key = served.api_key(os.environ, api_key_file)
+    if key is None and not served.is_loopback(host):
+        _say(f"warning: listening on {host} without a key (--api-key-file or {served.API_KEY_ENV}): anyone who "
+             "can reach this machine can use the server")
+    elif key is not None:
+        _say(f"{'a new key was written to' if key.made else 'the key is in'} {key.where}: clients send "
+             "`Authorization: Bearer KEY` (OpenAI clients: api_key=KEY)")
+    env = key.env if key is not None else None
 
     def ready(s: served.Served) -> None:
         _say(f"llama-server (pid {s.pid}) is ready on {s.host}:{s.port}; log: {s.log}; Ctrl-C stops it")

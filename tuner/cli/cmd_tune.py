@@ -316,7 +316,8 @@ def _summary(res: autotune.TuneResult) -> None:
 @friendly
 def launch_line_cmd(
     result: Annotated[Path, typer.Argument(help="results/<study>/result.json (or the folder).")],
-    rank: Annotated[int, typer.Option("--rank", help="1 = the winner, 2 = the runner-up, ...")] = 1,
+    rank: Annotated[int, typer.Option(
+        "--rank", help="1 = the printed line, 2 = the next distinct line by the finish's score, ...")] = 1,
     fmt: Annotated[str, typer.Option(
         "--format", help="shell, llama-swap, systemd (a user unit), compose (the llama.cpp server image), preset "
         "(an INI section for llama-server's router, --models-preset) or json; "

@@ -89,6 +89,11 @@ class GGUFFormatError(TunerError, ValueError):
         super().__init__(f"{path} is not a usable GGUF file ({reason}): check the path or download it again")
 
 
+class NotRegularFileError(TunerError, OSError):
+    """Something that is not a regular file (a FIFO, a symbolic link, a directory) where a file is opened: refused,
+    never opened (a FIFO's open waits for a writer)."""
+
+
 class HardwareError(TunerError):
     pass
 

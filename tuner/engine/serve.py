@@ -9,6 +9,8 @@ process behind. What it runs (the measured line, checked to still hold) is the c
 from __future__ import annotations
 
 import ipaddress
+import os
+import secrets
 import socket
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -17,8 +19,11 @@ from pathlib import Path
 from tuner.core.errors import ProcessFailedError, UsageError
 from tuner.engine import runner
 
-# llama-server reads --api-key from this variable (common/arg.cpp: set_env), so the key stays out of `ps`.
+# llama-server reads its keys from these variables (common/arg.cpp: `--api-key` set_env("LLAMA_API_KEY"),
+# `--api-key-file` set_env("LLAMA_ARG_API_KEY_FILE")), so neither the key nor its file is in any process's argv.
 API_KEY_ENV = "LLAMA_API_KEY"
+API_KEY_FILE_ENV = "LLAMA_ARG_API_KEY_FILE"
+KEY_FIX = f"export {API_KEY_ENV}, or give --api-key-file FILE (made with a new key when it does not exist)"
 POLL_S = 0.2
 
 
@@ -54,6 +59,55 @@ def check_host(host: str) -> None:
     if ":" in host:
         raise UsageError(f"--host {host}: IPv6 addresses are not served yet; use 127.0.0.1, 0.0.0.0 or an IPv4 "
                          "address of this machine")
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKey:
+    """Where the server's key comes from, as llama-server is handed it (an environment variable, never argv)."""
+
+    env: dict[str, str]
+    where: str  # where a client finds it, in the user's words
+    made: bool = False  # a new key was written to the file just now
+
+
+def _keys_in(path: Path) -> list[str]:
+    """The keys of a key file as llama-server reads it (common/arg.cpp `--api-key-file`: one per line, lines
+    starting with '#' skipped)."""
+    return [k for k in path.read_text().splitlines() if k and not k.startswith("#")]
+
+
+def api_key(environ: Mapping[str, str], key_file: Path | None) -> ApiKey | None:
+    """The server's key: from ``key_file`` (a new random key written there, mode 600, when it does not exist), else
+    from ``LLAMA_API_KEY``; None when neither is given. An unreadable or empty file is one line naming it."""
+    if key_file is None:
+        return ApiKey({}, f"${API_KEY_ENV}") if environ.get(API_KEY_ENV) else None
+    path = key_file.expanduser().absolute()
+    made = False
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise UsageError(f"--api-key-file {path}: cannot write a new key there ({exc.strerror or exc}): give a "
+                         "file you can write, or one that holds a key") from None
+    else:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(secrets.token_hex(16) + "\n")
+        made = True
+    try:
+        keys = _keys_in(path)
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise UsageError(f"--api-key-file {path} cannot be read ({why}): give a readable file with one key per "
+                         "line") from None
+    if not keys:
+        raise UsageError(f"--api-key-file {path} holds no key: write one per line (`openssl rand -hex 16 > "
+                         f"{path}`), or remove it and serve writes a new one")
+    # The key file goes to llama-server by name in its environment, so the keys it reads are exactly the file's.
+    env = {API_KEY_FILE_ENV: str(path)}
+    if environ.get(API_KEY_ENV):
+        env[API_KEY_ENV] = ""  # the file is the one source: an exported key would be accepted beside it
+    return ApiKey(env, str(path), made)
 
 
 def port_busy(host: str, port: int) -> bool:

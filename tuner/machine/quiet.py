@@ -22,8 +22,10 @@ it goes ahead (another thread of the process waits, as another process would).
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
+import pwd
 import stat
 import sys
 import threading
@@ -36,7 +38,7 @@ from typing import IO
 import psutil
 
 from tuner.core.config import LaunchConfig
-from tuner.core.errors import MachineBusyError
+from tuner.core.errors import MachineBusyError, NotRegularFileError
 from tuner.machine.processes import Interference, cpu_limit_cores, observe, scope_root
 
 POLL_S = 0.5
@@ -60,11 +62,28 @@ def user_lock_path() -> Path:
     return folder / lock_path().name
 
 
+_KINDS = ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a directory"),
+          (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device"))
+
+
+def _not_regular(path: Path, st: os.stat_result) -> NotRegularFileError:
+    kind = next((name for test, name in _KINDS if test(st.st_mode)), "not a regular file")
+    owner = str(st.st_uid)
+    with contextlib.suppress(KeyError):
+        owner = pwd.getpwuid(st.st_uid).pw_name
+    return NotRegularFileError(errno.EINVAL, f"{kind}, not a regular file, owned by user {owner}", str(path))
+
+
 def _open_shared(path: Path) -> IO[str]:
     """The machine's lock file: opened as it is when it exists (no ``O_CREAT``), else made writable by every user
-    (the umask would make it the first user's alone); read-only where this user may not write it. Never through
-    a symbolic link, and only a regular file. Raises OSError when it cannot be used."""
-    flags = os.O_NOFOLLOW | os.O_CLOEXEC
+    (the umask would make it the first user's alone); read-only where this user may not write it. Only a regular
+    file: what is there is looked at first (``lstat``), and opened non-blocking, so a FIFO another user put in its
+    place (an open of a FIFO for reading waits for a writer) or swapped in after the look is refused at once,
+    never waited on; never through a symbolic link. Raises OSError when it cannot be used."""
+    with contextlib.suppress(FileNotFoundError):
+        if not stat.S_ISREG((st := os.lstat(path)).st_mode):
+            raise _not_regular(path, st)
+    flags = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
     while True:
         try:
             fd = os.open(path, os.O_RDWR | flags)
@@ -78,9 +97,9 @@ def _open_shared(path: Path) -> IO[str]:
         except PermissionError:
             fd = os.open(path, os.O_RDONLY | flags)
         break
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+    if not stat.S_ISREG((st := os.fstat(fd)).st_mode):
         os.close(fd)
-        raise IsADirectoryError(f"{path} is not a regular file")
+        raise _not_regular(path, st)
     return os.fdopen(fd, "r+" if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_RDWR else "r")
 
 
@@ -89,10 +108,13 @@ def _open_lock() -> tuple[IO[str] | None, Path, str | None]:
     shared = lock_path()
     try:
         return _open_shared(shared), shared, None
+    except NotRegularFileError as exc:
+        why = f"{shared} is {exc.strerror}"
+        fix = f"remove it (rm {shared}) so every user's runs wait for each other"
     except OSError as exc:
         why = f"{shared} cannot be opened ({exc.strerror or exc})"
+        fix = f"remove it or make it readable (chmod 666 {shared}) so every user's runs wait for each other"
     own = user_lock_path()
-    fix = f"remove it or make it readable (chmod 666 {shared}) so every user's runs wait for each other"
     try:
         own.parent.mkdir(parents=True, exist_ok=True)
         return _open_shared(own), own, f"{why}: this run waits only for your own runs, not other users'; {fix}"

@@ -1,8 +1,8 @@
 """What the MCP tools answer, as JSON-safe dicts built from the library calls the commands make: ``plan`` from
-:func:`tuner.plan.placement.make_plan` (the figures of ``moe-tune plan --json``), ``quants`` from the Hub listing
-and one quant's header (``moe-tune quants --json``), ``results`` from the results on disk and the check ``serve``
-makes before it starts, ``launch_line`` from :func:`tuner.report.study_report.launch_line`. Nothing here measures,
-starts a server or downloads model data.
+:func:`tuner.plan.placement.make_plan` as ``moe-tune plan --json`` writes it (:mod:`tuner.report.plan_doc`), ``quants``
+from the Hub listing and one quant's header (``moe-tune quants --json``), ``results`` from the results on disk and
+the check ``serve`` makes before it starts, ``launch_line`` from :func:`tuner.report.study_report.launch_line`.
+Nothing here measures, starts a server or downloads model data.
 """
 
 from __future__ import annotations
@@ -13,43 +13,14 @@ from typing import Any
 
 from tuner.catalog import cards, families
 from tuner.core.config import LaunchConfig
-from tuner.core.errors import EngineNotFoundError, UnknownQuantError, UsageError
+from tuner.core.errors import EngineNotFoundError, TunerError, UnknownQuantError, UsageError
 from tuner.engine import build
 from tuner.models import gguf_reader
-from tuner.plan.memory import Breakdown, MemoryEstimate
-from tuner.plan.placement import KV_CHOICES, Plan, fit_verdict, make_plan, scaled
-from tuner.report import line_check, study_report
+from tuner.plan.placement import KV_CHOICES, fit_verdict, make_plan, scaled
+from tuner.report import line_check, plan_doc, study_report
 
 HOST_BANDWIDTH_PROBE_S = 0.3  # as `moe-tune plan` measures this machine's RAM bandwidth
 FIGURES_FROM = "moe-tune's memory model (tuner.plan.memory)"
-
-
-def _parts(b: Breakdown) -> dict[str, int]:
-    return {"weights": b.weights_bytes, "kv": b.kv_bytes, "recurrent": b.recurrent_bytes,
-            "compute": b.compute_bytes, "overhead": b.overhead_bytes}
-
-
-def _row(n_cpu_moe: int | None, e: MemoryEstimate, gen: float, prompt: float | None) -> dict[str, Any]:
-    return {"n_cpu_moe": n_cpu_moe, "verdict": e.verdict.value, "vram_bytes": e.gpu.total_bytes,
-            "ram_bytes": e.host.total_bytes, "ram_need_bytes": e.host_need_bytes,
-            "ram_reclaimable_bytes": e.reclaimable_bytes, "load_mode": e.load_mode,
-            "gpu": _parts(e.gpu), "host": _parts(e.host), "gen_tok_s_ceiling": gen, "prompt_tok_s_ceiling": prompt}
-
-
-def plan_doc(p: Plan) -> dict[str, Any]:
-    hw = p.hardware
-    return {
-        "model": str(p.model.paths[0]), "hardware": hw.describe(), "n_configs": p.n_configs,
-        "vram_budget_bytes": hw.vram_budget_bytes, "vram_budget_source": hw.vram_budget_source,
-        "ram_available_bytes": hw.ram_available_bytes, "host_bandwidth_bytes_s": hw.host_bandwidth_bytes_s,
-        "host_bandwidth_source": hw.host_bandwidth_source,
-        "rows": [_row(r.n_cpu_moe, r.estimate, r.roofline.gen_tok_s, r.roofline.prompt_tok_s) for r in p.rows],
-        "fit_intervals": [{"ctx": s.ctx, "cache_type_k": s.cache_type_k.value, "cache_type_v": s.cache_type_v.value,
-                           "n_cpu_moe": s.n_cpu_moe, **s.interval.to_dict(), "summary": s.interval.describe()}
-                          for s in p.smallest_fits],
-        "largest_ctx": [{"cache_type_k": c.cache_type_k.value, "cache_type_v": c.cache_type_v.value,
-                         "n_cpu_moe": c.n_cpu_moe, "ctx": c.ctx} for c in p.largest_ctx],
-    }
 
 
 def plan(model: str, card: str | None = None, context: int | None = None, ram_gib: float | None = None,
@@ -67,8 +38,9 @@ def plan(model: str, card: str | None = None, context: int | None = None, ram_gi
     hw = cards.machine(card, HOST_BANDWIDTH_PROBE_S, int(ram_gib * 2**30) if ram_gib is not None else None,
                        host_bandwidth_gb_s)
     base = LaunchConfig(model=resolved.path, ctx=context)
-    doc = plan_doc(make_plan(info, base, hw, [context] if context else [], KV_CHOICES))
-    return doc | {"model_source": resolved.source, "figures_from": FIGURES_FROM}
+    p = make_plan(info, base, hw, [context] if context else [], KV_CHOICES)
+    return plan_doc.plan_json(p, plan_doc.plan_notes(info, p, base), base) | {"model_source": resolved.source,
+                                                                         "figures_from": FIGURES_FROM}
 
 
 def quants(repo: str, card: str | None = None, context: int = 8192, revision: str = "main") -> dict[str, Any]:
@@ -110,6 +82,19 @@ def _when(seconds: float) -> str:
     return datetime.datetime.fromtimestamp(seconds).isoformat(timespec="seconds")
 
 
+def _line_entry(f: line_check.Found, now: line_check.Now | None, why_unchecked: str) -> dict[str, Any]:
+    picks = study_report.picks(f.result)
+    if not picks:
+        return {"line": None, "why": "no config was measured to launch"}
+    entry: dict[str, Any] = {"label": picks[0].label, "line": study_report.launch_line(f.result),
+                             "figures": picks[0].figures, "why": f.decision(), "verdicts": f.verdicts()}
+    if now is None:
+        return entry | {"still_holds": {"holds": None, "not_checked": [why_unchecked]}}
+    c = line_check.check(f, picks[0].config, picks[0].label, now)
+    return entry | {"still_holds": {"holds": c.holds, "changes": list(c.changes), "notes": list(c.notes),
+                                    "not_checked": list(c.unchecked)}}
+
+
 def results(results_dir: Path, llama_cpp_dir: Path | None = None) -> dict[str, Any]:
     """The tuned results in ``results_dir``, newest first: each one's line, why it was chosen, its verdicts, and
     whether it still holds here (the check ``moe-tune serve`` makes before it starts)."""
@@ -127,19 +112,10 @@ def results(results_dir: Path, llama_cpp_dir: Path | None = None) -> dict[str, A
                                  "written": _when(f.written_s), "engine": f.result.engine,
                                  "machine": (f.result.hardware or {}).get("describe"),
                                  "workload": f.result.workload}
-        picks = study_report.picks(f.result)
-        if not picks:
-            listed.append(entry | {"line": None, "why": "no config was measured to launch"})
-            continue
-        entry |= {"label": picks[0].label, "line": study_report.launch_line(f.result), "figures": picks[0].figures,
-                  "why": f.decision(), "verdicts": f.verdicts()}
-        if now is not None:
-            c = line_check.check(f, picks[0].config, picks[0].label, now)
-            entry["still_holds"] = {"holds": c.holds, "changes": list(c.changes), "notes": list(c.notes),
-                                    "not_checked": list(c.unchecked)}
-        else:
-            entry["still_holds"] = {"holds": None, "not_checked": [why_unchecked]}
-        listed.append(entry)
+        try:
+            listed.append(entry | _line_entry(f, now, why_unchecked))
+        except (TunerError, OSError) as exc:  # one result's trouble is its own entry, not the whole answer's
+            listed.append(entry | {"line": None, "error": str(exc)})
     return {"results_dir": str(results_dir.absolute()), "results": listed}
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import os
+import stat
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +21,7 @@ from tuner.core.errors import TunerError, UsageError
 from tuner.engine import build
 from tuner.machine import hardware
 from tuner.models import fingerprint
+from tuner.search.finish import ServerMeasurement
 from tuner.search.result import RESULT_FILE, StudyResult, load_result
 from tuner.search.verdict import Verdict
 
@@ -109,6 +112,26 @@ def _when(seconds: float) -> str:
     return datetime.datetime.fromtimestamp(seconds).strftime("%Y-%m-%d %H:%M")
 
 
+def _unreadable(path: Path) -> str | None:
+    """Why the model file at ``path`` cannot be what llama-server loads, in one line naming it; None when it is a
+    regular file this user can open for reading (opened non-blocking: a FIFO there is named, not waited on)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return f"the model file {path} is gone"
+    except OSError as exc:
+        return f"the model file {path} cannot be read ({exc.strerror or exc}): make it readable for this user"
+    try:
+        mode = os.fstat(fd).st_mode
+    finally:
+        os.close(fd)
+    if stat.S_ISDIR(mode):
+        return f"the model file {path} is a directory now, not the tuned GGUF file"
+    if not stat.S_ISREG(mode):
+        return f"the model file {path} is not a regular file now, not the tuned GGUF file"
+    return None
+
+
 def _model_changes(paths: Iterable[Path], written_s: float, recorded: dict[str, Any] | None = None
                    ) -> tuple[list[str], list[str]]:
     """What changed about the model files, and notes. The first file (the model) is checked by its fingerprint
@@ -117,13 +140,17 @@ def _model_changes(paths: Iterable[Path], written_s: float, recorded: dict[str, 
     changes: list[str] = []
     notes: list[str] = []
     for i, path in enumerate(paths):
-        try:
-            mtime = path.stat().st_mtime
-        except OSError:
-            changes.append(f"the model file {path} is gone")
+        unreadable = _unreadable(path)
+        if unreadable:
+            changes.append(unreadable)
             continue
+        mtime = path.stat().st_mtime
         if i == 0 and recorded:
-            why = fingerprint.differs(recorded, path)
+            try:
+                why = fingerprint.differs(recorded, path)
+            except OSError as exc:  # changed between the look and the read
+                changes.append(f"the model file {path} cannot be read ({exc.strerror or exc})")
+                continue
             if why:
                 changes.append(f"the model file {path} is not the file that was tuned: {why}")
             elif mtime > written_s:
@@ -144,33 +171,42 @@ def _engine_changes(engine: dict[str, Any] | None, now: Now) -> tuple[list[str],
     return [], []
 
 
-def _vram_changes(hw: dict[str, Any] | None, peak_bytes: int | None, now: Now, on_cpu: bool
-                  ) -> tuple[list[str], list[str]]:
-    """The card and its free VRAM against the budget the line was tuned for and the VRAM peak it measured."""
+def _vram_changes(hw: dict[str, Any] | None, own: ServerMeasurement | None, now: Now, on_cpu: bool
+                  ) -> tuple[list[str], list[str], list[str]]:
+    """The card and its free VRAM against the budget the line was tuned for and the VRAM the line itself took:
+    changes, notes and what could not be checked.
+
+    Like with like: free VRAM now already leaves out what other programs hold (a desktop, the driver), so it is
+    compared with the line's own growth over the sampler's first look (``vram_growth_bytes``), not with the card's
+    peak use during the trial, which counts the desktop too."""
     if not hw:
-        return [], []
+        return [], [], []
     if not hw.get("has_gpu"):
         if now.gpu_name and now.engine_backend != "cpu" and not on_cpu:
             return [f"the line was measured without a GPU; {now.gpu_name} is visible now and llama-server would "
-                    "offload to it"], []
-        return [], []
+                    "offload to it"], [], []
+        return [], [], []
     if not now.gpu_name:
-        return [f"the line was measured on {hw.get('gpu')}; no NVIDIA GPU is visible now"], []
+        return [f"the line was measured on {hw.get('gpu')}; no NVIDIA GPU is visible now"], [], []
     if now.gpu_name != hw.get("gpu"):
-        return [f"the card is {now.gpu_name} now; the line was measured on {hw.get('gpu')}"], []
+        return [f"the card is {now.gpu_name} now; the line was measured on {hw.get('gpu')}"], [], []
     budget = int(hw.get("vram_budget_bytes") or 0)
     free = f"{now.vram_free_bytes / MIB:,.0f} MiB of VRAM is free now"
     tuned = f"tuned with a budget of {budget / MIB:,.0f} MiB"
-    if peak_bytes is None:
+    line_bytes = own.vram_growth_bytes if own is not None else None
+    if line_bytes is None:
+        unchecked = [] if own is None or own.vram_peak_bytes is None else [
+            "the line's own VRAM (this result records only the card's whole use during the trial, other programs' "
+            "included: checked against the budget instead; a new auto-tune records it)"]
         if now.vram_free_bytes < budget:
-            return [f"{free}, {tuned} (the line's own peak was not measured): close what holds VRAM"], []
-        return [], []
-    if now.vram_free_bytes < peak_bytes:
-        return [f"{free}, the line measured a peak of {peak_bytes / MIB:,.0f} MiB ({tuned}): close what holds VRAM"], []
+            return [f"{free}, {tuned} (the line's own VRAM was not measured): close what holds VRAM"], [], unchecked
+        return [], [], unchecked
+    took = f"the line itself took {line_bytes / MIB:,.0f} MiB"
+    if now.vram_free_bytes < line_bytes:
+        return [f"{free}, {took} when measured ({tuned}): close what holds VRAM"], [], []
     if now.vram_free_bytes < budget:
-        return [], [f"{free}, below the budget it was tuned for ({budget / MIB:,.0f} MiB); the line's measured peak "
-                    f"of {peak_bytes / MIB:,.0f} MiB fits"]
-    return [], []
+        return [], [f"{free}, below the budget it was tuned for ({budget / MIB:,.0f} MiB); {took}, which fits"], []
+    return [], [], []
 
 
 def check(found: Found, config: dict[str, Any], label: str, now: Now) -> LineCheck:
@@ -182,11 +218,12 @@ def check(found: Found, config: dict[str, Any], label: str, now: Now) -> LineChe
         "the model file's contents (this result records no fingerprint: a file replaced without a newer "
         "modification time would pass; a new auto-tune records one)"]
     engine_changes, engine_unchecked = _engine_changes(res.engine, now)
-    measured = next((m for m in (*res.finish.candidates, *res.finish.baselines, *res.finish.confirmation)
-                     if m.label == label and m.vram_peak_bytes), None)
+    arms = [m for m in (*res.finish.candidates, *res.finish.baselines, *res.finish.confirmation) if m.label == label]
+    measured = max(arms, key=lambda m: (m.vram_growth_bytes is not None, m.vram_growth_bytes or 0,
+                                        m.vram_peak_bytes or 0), default=None)
     if not res.hardware:
         unchecked.append("the card and its free VRAM (the result records no hardware)")
-    vram_changes, vram_notes = _vram_changes(res.hardware, measured.vram_peak_bytes if measured else None, now,
-                                             config.get("device") == "none")
+    vram_changes, vram_notes, vram_unchecked = _vram_changes(res.hardware, measured, now,
+                                                             config.get("device") == "none")
     return LineCheck(tuple(changes + engine_changes + vram_changes), tuple(model_notes + vram_notes),
-                     tuple(unchecked + engine_unchecked))
+                     tuple(unchecked + engine_unchecked + vram_unchecked))

@@ -6,10 +6,10 @@ typed and versioned) is :mod:`tuner.search.result`'s.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from tuner.core.errors import UsageError
 from tuner.engine import build, flags
@@ -22,15 +22,34 @@ from tuner.search.verdict import Verdict
 
 # How the baselines read in the report ("fit": llama.cpp's own --fit placement).
 BASELINE_NAMES = {"fit": "llama.cpp fit"}
+T = TypeVar("T")
+
+
+def _distinct(arms: list[T], line_of: Callable[[T], str]) -> list[T]:
+    """``arms`` without the later ones that run the same line as an earlier one (one line to launch)."""
+    seen: set[str] = set()
+    kept = []
+    for arm in arms:
+        key = line_of(arm)
+        if key not in seen:
+            seen.add(key)
+            kept.append(arm)
+    return kept
 
 
 def ranked(result: StudyResult) -> list[ServerMeasurement]:
-    """Every config re-measured with llama-server (candidates and baselines): the winner
-    (:attr:`tuner.search.finish.Finish.winner`) first, then the rest fastest first, failed ones last."""
+    """Every config re-measured with llama-server (candidates and baselines), each distinct line once: the printed
+    one (:attr:`tuner.search.finish.Finish.winner`, as its verdict measured it) first, then the others in the
+    finish's own order, the score it selects by (:meth:`~tuner.search.finish.Finish.rank`, over the rounds every
+    arm was measured in); those that miss --min-tok-s after them, failed ones last.
+
+    The winner is matched by label, not identity: after confirmation rounds it is the confirmation's copy, and its
+    selection copy must not come back as a runner-up."""
     fin = result.finish
-    rest = sorted((m for m in (*fin.candidates, *fin.baselines) if m is not fin.winner),
-                  key=lambda m: -(m.gen_tok_s or -1.0))
-    return [fin.winner, *rest] if fin.winner is not None else rest
+    winner = fin.winner
+    rest = [m for m in (*fin.candidates, *fin.baselines) if winner is None or m.label != winner.label]
+    rest.sort(key=lambda m: (not fin.eligible(m), fin.rank(m) is None, -(fin.rank(m) or 0.0)))
+    return _distinct([winner, *rest] if winner is not None else rest, lambda m: m.launch_line)
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,8 +76,9 @@ def picks(result: StudyResult) -> list[Pick]:
         judged = {a["label"]: a for a in [*stage["arms"], *(stage.get("confirmation") or [])] if a.get("config")}
         arms = sorted(judged.values(), key=lambda a: (a["label"] != stage["winner"], a["median_session_s"] is None,
                                                      a["median_session_s"] or 0.0))
-        return [Pick(a["label"], a["config"], {"median_session_s": a["median_session_s"],
-                                               "chosen_by": "agent session time"}) for a in arms]
+        return _distinct([Pick(a["label"], a["config"], {"median_session_s": a["median_session_s"],
+                                                         "chosen_by": "agent session time"}) for a in arms],
+                         lambda p: flags.launch_line(config_from_dict(p.config)))
     return [Pick(m.label, m.config, {"gen_tok_s": m.gen_tok_s, "gen_cv_pct": m.gen_cv_pct}) for m in ranked(result)]
 
 

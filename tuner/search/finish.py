@@ -115,6 +115,10 @@ class ServerMeasurement:
     # Per round (aligned with ``scores``): what else kept the machine busy, None when it was quiet.
     interference: list[str | None] = field(default_factory=list)
     quiet_gen_samples_tok_s: list[float] = field(default_factory=list)  # per quiet round that measured
+    # The line's own VRAM: the most the card's use grew over the sampler's first look, taken before the server
+    # started (``vram_peak_bytes`` is the whole card's, a desktop's and the driver's share included). None: no GPU,
+    # or a result written before it was kept.
+    vram_growth_bytes: int | None = None
 
     def quiet_scores(self) -> list[float | None]:
         """The scores of the rounds measured on a quiet machine (None for a disturbed round)."""
@@ -180,6 +184,9 @@ def summarize(label: str, cfg: LaunchConfig, runs: Sequence[bench.ServerTrial | 
         _median([t.levels[-1].per_request_gen_tok_s for t in ok]),
         _median([t.levels[-1].end_to_end_gen_tok_s for t in ok]),
         [round_score(t.levels, load) if isinstance(t, bench.ServerTrial) else None for t in runs], **quality,
+        vram_growth_bytes=max((t.memory.vram_peak_bytes - t.memory.vram_baseline_bytes for t in ok
+                               if t.memory.vram_peak_bytes is not None and t.memory.vram_baseline_bytes is not None),
+                              default=None),
     )
 
 
