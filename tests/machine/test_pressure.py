@@ -19,8 +19,9 @@ pytestmark = pytest.mark.fast
 PAGE = 4096
 
 
-def _host(our_majflt: int, *, memory_some_pct: float | None = 9.7) -> HostPressure:
-    return HostPressure(window_s=2.0, our_majflt=our_majflt, machine_majflt=our_majflt + 5, pgpgin_bytes=0,
+def _host(our_majflt: int, *, read_bytes: int = 0, memory_some_pct: float | None = 9.7) -> HostPressure:
+    return HostPressure(window_s=2.0, our_majflt=our_majflt, machine_majflt=our_majflt + 5, our_read_bytes=read_bytes,
+                        pgpgin_bytes=read_bytes,
                         pgscan=1000, pgsteal=900, memory_some_pct=memory_some_pct, memory_full_pct=5.5)
 
 
@@ -28,7 +29,7 @@ def test_the_kernels_work_goes_to_whoever_took_the_major_faults():
     assert pressure.kernel_share(0.8, 300, 400) == pytest.approx(0.6)  # three quarters of the faults: 0.6 of 0.8 s
     assert pressure.kernel_share(0.8, 0, 400) == 0.0  # none of the faults: none of the work
     assert pressure.kernel_share(0.8, 400, 400) == pytest.approx(0.8)
-    assert pressure.kernel_share(0.8, 0, 0) == 0.0  # no page faulted in by anyone: housekeeping, nobody's
+    assert pressure.kernel_share(0.8, 0, 0) == 0.0  # no page brought in for anyone: housekeeping, nobody's
     assert pressure.kernel_share(0.8, 500, 400) == pytest.approx(0.8)  # counters read a moment apart: capped
 
 
@@ -78,3 +79,7 @@ def test_paging_verdict_counts_major_faults_per_generated_token():
     few = sampler.paging_verdict(_host(40), gen_tokens=4)  # 10 per token, but too few to be a model read back
     assert not few.paging
     assert sampler.paging_verdict(None, 128).evidence.startswith("not measured")
+    # A file read in order: 2 major faults started read-ahead of gigabytes (measured beside the balloon)
+    ahead = sampler.paging_verdict(_host(2, read_bytes=4_255_141_888), gen_tokens=16)
+    assert ahead.paging and "253.6 per token" in ahead.evidence, ahead.evidence
+    assert not sampler.paging_verdict(_host(0, read_bytes=40 * 2**20), gen_tokens=4).paging  # under 64 MiB: no

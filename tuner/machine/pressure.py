@@ -5,12 +5,14 @@
 - ``/proc/vmstat``: ``pgmajfault`` (major faults, machine-wide), ``pgpgin`` (KiB read from block devices),
   ``pgscan_*`` / ``pgsteal_*`` (pages the kernel scanned and reclaimed).
 - ``/proc/<pid>/stat``: ``majflt`` and ``cmajflt`` (fields 12 and 13): a process's major faults and its reaped
-  children's.
+  children's; ``/proc/<pid>/io`` ``read_bytes``: what it made the kernel fetch from storage. One major fault on a
+  file read in order starts a read-ahead of megabytes whose pages then fault in as minor ones (measured here: 2
+  major faults and 4.3 GB read in 3 s), so "page-ins" count both: major faults plus pages read from storage.
 - ``/proc/<pid>/task/*/schedstat``: per thread, time on a CPU and time waiting on a run queue (ns).
 
 Kernel threads (kthreadd, pid 2, and its children: ``kswapd*``, ``kcompactd*``, ``kdamond``, kworkers) work for
 whoever makes them: reclaim and page-in I/O for the process that faults pages in. :func:`kernel_share` gives a
-look's kernel CPU to the processes in proportion to the major faults they took.
+look's kernel CPU to the processes in proportion to their page-ins.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from pathlib import Path
 KTHREADD_PID = 2
 PSI_RESOURCES = ("cpu", "memory", "io")
 PROC = Path("/proc")
+PAGE_BYTES = 4096
 
 
 def is_kernel_thread(pid: int, ppid: int) -> bool:
@@ -32,12 +35,12 @@ def is_kernel_thread(pid: int, ppid: int) -> bool:
     return pid == KTHREADD_PID or ppid == KTHREADD_PID
 
 
-def kernel_share(kernel_s: float, theirs_majflt: int, machine_majflt: int) -> float:
-    """The part of the kernel threads' CPU time (``kernel_s``) done for someone: their share of the machine's major
-    faults. With no page faulted in by anyone, the kernel's work is housekeeping and counts for nobody."""
-    if machine_majflt <= 0 or kernel_s <= 0:
+def kernel_share(kernel_s: float, theirs: int, machine: int) -> float:
+    """The part of the kernel threads' CPU time (``kernel_s``) done for someone: their share of the machine's
+    page-ins. With no page brought in for anyone, the kernel's work is housekeeping and counts for nobody."""
+    if machine <= 0 or kernel_s <= 0:
         return 0.0
-    return kernel_s * min(1.0, max(0.0, theirs_majflt / machine_majflt))
+    return kernel_s * min(1.0, max(0.0, theirs / machine))
 
 
 def majflt(pid: int) -> int:
@@ -53,8 +56,23 @@ def majflt(pid: int) -> int:
         return 0
 
 
-def faults_of(pids: Iterable[int]) -> int:
-    return sum(majflt(pid) for pid in pids)
+def read_bytes(pid: int) -> int:
+    """Bytes ``pid`` made the kernel read from storage (``/proc/<pid>/io``; 0 when gone or not ours to read)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in (PROC / str(pid) / "io").read_text().splitlines():
+            if line.startswith("read_bytes:"):
+                return int(line.split()[1])
+    return 0
+
+
+def page_ins(pid: int) -> int:
+    """Pages ``pid`` brought in: its major faults plus the pages it had read from storage (read-ahead included)."""
+    return majflt(pid) + read_bytes(pid) // PAGE_BYTES
+
+
+def machine_page_ins(vm: dict[str, int]) -> int:
+    """The same for the whole machine, from /proc/vmstat (``pgpgin`` is in KiB)."""
+    return vm["pgmajfault"] + vm["pgpgin"] * 1024 // PAGE_BYTES
 
 
 def run_wait_ns(pids: Iterable[int]) -> int:
@@ -117,6 +135,7 @@ class HostCounters:
     vm: dict[str, int]
     psi: dict[str, tuple[int, int]] | None
     our_majflt: int
+    our_read_bytes: int
     our_wait_ns: int
     psi_scope: str = "machine"  # "machine" (/proc/pressure) or "cgroup" (this process's cgroup v2)
 
@@ -126,8 +145,8 @@ def read_counters(ours: Iterable[int]) -> HostCounters:
     cgroup = _cgroup_dir()
     psi = psi_totals(cgroup) if cgroup else None
     scope = "cgroup" if psi is not None else "machine"
-    return HostCounters(time.monotonic(), vmstat(), psi if psi is not None else psi_totals(), faults_of(pids),
-                        run_wait_ns(pids), scope)
+    return HostCounters(time.monotonic(), vmstat(), psi if psi is not None else psi_totals(),
+                        sum(majflt(p) for p in pids), sum(read_bytes(p) for p in pids), run_wait_ns(pids), scope)
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +157,7 @@ class HostPressure:
     window_s: float
     our_majflt: int
     machine_majflt: int
+    our_read_bytes: int
     pgpgin_bytes: int
     pgscan: int
     pgsteal: int
@@ -161,7 +181,7 @@ def between(a: HostCounters, b: HostCounters) -> HostPressure:
         return 100.0 * max(0, b.psi[res][which] - a.psi[res][which]) / 1e6 / window
 
     return HostPressure(window, max(0, b.our_majflt - a.our_majflt),
-                        max(0, b.vm["pgmajfault"] - a.vm["pgmajfault"]),
+                        max(0, b.vm["pgmajfault"] - a.vm["pgmajfault"]), max(0, b.our_read_bytes - a.our_read_bytes),
                         1024 * max(0, b.vm["pgpgin"] - a.vm["pgpgin"]), max(0, b.vm["pgscan"] - a.vm["pgscan"]),
                         max(0, b.vm["pgsteal"] - a.vm["pgsteal"]), pct("memory", 0), pct("memory", 1),
                         pct("cpu", 0), pct("io", 0), max(0, b.our_wait_ns - a.our_wait_ns) / 1e9, b.psi_scope)

@@ -303,6 +303,10 @@ class PagingKind(str, Enum):
 # Faults during the timed part are pages the kernel evicted and the engine read back: host paging.
 PAGING_FAULTS_PER_TOKEN = 1.0
 PAGING_MIN_FAULTS = 64  # fewer is a lazily loaded library page or two, not a model being read back
+# Read-ahead brings most of a file read in order as minor faults after one major one: the bytes the engine had read
+# from storage are the other half of the evidence.
+PAGING_READ_BYTES_PER_TOKEN = 2**20
+PAGING_MIN_READ_BYTES = 64 * 2**20
 
 
 @dataclass(frozen=True, slots=True)
@@ -328,18 +332,22 @@ NOT_MEASURED = PagingVerdict(PagingKind.NONE, "not measured")
 
 
 def paging_verdict(host: HostPressure | None, gen_tokens: int) -> PagingVerdict:
-    """Did the engine read its model back from disk while it generated: its major faults per generated token over
-    the timed part, with the machine's memory pressure and page-ins beside them as evidence."""
+    """Did the engine read its model back from disk while it generated: its major faults, or the bytes it had read
+    from storage, per generated token over the timed part; the machine's memory pressure and page-ins beside them."""
     if host is None:
         return PagingVerdict(PagingKind.NONE, "not measured (no /proc here)")
     per_token = host.our_majflt / gen_tokens if gen_tokens > 0 else None
     psi = "" if host.memory_some_pct is None else (f"; memory pressure some {host.memory_some_pct:.1f} % / full "
                                                    f"{host.memory_full_pct or 0:.1f} % ({host.psi_scope})")
     rate = "" if per_token is None else f"{per_token:,.1f} per generated token, "
+    read = host.our_read_bytes / gen_tokens if gen_tokens > 0 else 0.0
     seen = (f"{host.our_majflt:,} major faults ({rate}{host.machine_majflt:,} on the machine), "
-            f"{host.pgpgin_bytes / MIB:,.0f} MiB read in, "
+            f"{host.our_read_bytes / MIB:,.0f} MiB read from storage by the engine ({read / MIB:,.1f} per token; "
+            f"{host.pgpgin_bytes / MIB:,.0f} on the machine), "
             f"{host.pgsteal:,} pages reclaimed over {host.window_s:.1f} s{psi}")
-    if per_token is not None and host.our_majflt >= PAGING_MIN_FAULTS and per_token >= PAGING_FAULTS_PER_TOKEN:
+    faulting = per_token is not None and host.our_majflt >= PAGING_MIN_FAULTS and per_token >= PAGING_FAULTS_PER_TOKEN
+    reading = host.our_read_bytes >= PAGING_MIN_READ_BYTES and read >= PAGING_READ_BYTES_PER_TOKEN
+    if faulting or reading:
         return PagingVerdict(PagingKind.HOST_PAGING, f"the engine read its model back from disk while generating: "
                                                      f"{seen}", per_token)
     return PagingVerdict(PagingKind.NONE, seen, per_token)
