@@ -36,6 +36,14 @@ def _model(path: Path | None, loc: build.EngineLocation) -> Path:
     return made
 
 
+def _brief(noise: str | None) -> str:
+    """The watch's finding for a table cell: its first two parts and how many more (the full text is above)."""
+    if not noise:
+        return "quiet"
+    parts = noise.split("; ")
+    return "; ".join(parts[:2]) + (f"; and {len(parts) - 2} more" if len(parts) > 2 else "")
+
+
 @harness.bench("bench_host_paging")
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -71,7 +79,7 @@ def main() -> None:
         rows.append([case, f"{tg:,.1f}", f"{lvl.per_request_gen_tok_s:,.1f}", f"{1000 * lvl.ttft_s:,.0f}",
                      f"{(trial.memory.rss_peak_bytes or 0) / 2**30:,.2f}",
                      "-" if paging.faults_per_token is None else f"{paging.faults_per_token:,.1f}",
-                     paging.kind.value, trial.spill.kind.value, noise or "quiet"])
+                     paging.kind.value, trial.spill.kind.value, _brief(noise)])
         say(f"{case}: {note or 'no balloon'}")
         say(f"  host paging: {paging.describe()}")
         say(f"  watch: {noise or 'quiet'}")

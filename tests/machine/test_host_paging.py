@@ -31,7 +31,7 @@ from tuner.measure import bench, workload
 from tuner.models import shape_model
 
 pytestmark = pytest.mark.slow
-LEAVE_MIB = 2048  # what the balloon leaves available: the model (2.9 GiB) and the 5 GiB data file cannot stay
+LEAVE_MIB = 2048  # what the balloon leaves available: the model (2.9 GiB) and the 3 GiB data file cannot stay
 NEEDED_MIB = LEAVE_MIB + 4096  # below this there is no room for a balloon worth the name
 LOOK_S = 3.0
 
@@ -51,11 +51,11 @@ def big_model(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def data_file(tmp_path_factory) -> Path:
-    """5 GiB of real (non-zero) data on disk: pages read back from it are real reads, with their I/O."""
+    """3 GiB of real (non-zero) data on disk: pages read back from it are real reads, with their I/O."""
     path = tmp_path_factory.mktemp("paging") / "data.bin"
     block = os.urandom(1 << 20)
     with path.open("wb") as f:
-        for _ in range(5 << 10):
+        for _ in range(3 << 10):
             f.write(block)
         os.fsync(f.fileno())
     return path
