@@ -61,8 +61,10 @@ def data_file(tmp_path_factory) -> Path:
     return path
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def balloon() -> Iterator[ballast.RamBallast]:
+    """One balloon for the module's cases beside it (filling 20 GiB takes tens of seconds on a busy machine); the
+    case with enough RAM comes first in the file, before it exists."""
     free = ballast.mem_available_mib()
     if free < NEEDED_MIB:
         pytest.skip(f"only {free:,} MiB of RAM available: the balloon test needs {NEEDED_MIB:,} (free -m)")
@@ -81,7 +83,26 @@ def _faults_while_watched(own, pager_pid: int) -> tuple[processes.Interference, 
     return seen, pressure.page_ins(pager_pid) - before
 
 
-def test_the_kernel_reclaiming_for_our_own_paging_is_not_a_rival(balloon, data_file):
+def _trial(loc, model: Path, tmp_path: Path) -> tuple[bench.ServerTrial, processes.Interference]:
+    cfg = LaunchConfig(model=model, ctx=256, parallel=1, threads=2, repack=False)
+    load = workload.preset(workload.WorkloadKind.CUSTOM, 8, 2, rounds=1)
+    with quiet.watch_for([cfg], runner.own_pids) as watch:
+        trial = bench.run_server_trial(loc, cfg, load, log_dir=tmp_path)
+    return trial, watch.seen
+
+
+def test_the_same_server_with_enough_ram_is_quiet_and_does_not_page(big_model, engine_loc, tmp_path):
+    """Case (c): the same config with the RAM it needs: no page is read back while it generates."""
+    free = ballast.mem_available_mib()
+    if free < 8192:
+        pytest.skip(f"only {free:,} MiB of RAM available: the 2.9 GiB model needs room to stay in RAM")
+    trial, seen = _trial(engine_loc, big_model, tmp_path)
+    assert not trial.host_paging.paging, trial.host_paging.describe()
+    assert (trial.host_paging.faults_per_token or 0) < 1.0
+    assert not seen.busy, seen.describe()
+
+
+def test_the_kernel_reclaiming_for_our_own_paging_is_not_a_rival(data_file, balloon):
     """Case (a): our own process reads the file back beside the balloon; the kernel's threads reclaim for it.
     That work is ours (the config's paging), so the machine is quiet."""
     with runner.hold([sys.executable, "-c", PAGER, str(data_file)], ready_timeout_s=120, what="pager",
@@ -95,7 +116,7 @@ def test_the_kernel_reclaiming_for_our_own_paging_is_not_a_rival(balloon, data_f
     assert not seen.busy, seen.describe()
 
 
-def test_a_second_process_paging_beside_us_is_a_rival(balloon, data_file):
+def test_a_second_process_paging_beside_us_is_a_rival(data_file, balloon):
     """Case (b): another program does the same paging: its work (and the kernel's for its faults) disturbs us."""
     stranger = subprocess.Popen([sys.executable, "-c", PAGER, str(data_file)], stdout=subprocess.PIPE, text=True)
     try:
@@ -110,29 +131,10 @@ def test_a_second_process_paging_beside_us_is_a_rival(balloon, data_file):
     assert seen.kernel_for_us_cores < 0.05, seen  # the kernel worked for the stranger, not for us
 
 
-def _trial(loc, model: Path, tmp_path: Path) -> tuple[bench.ServerTrial, processes.Interference]:
-    cfg = LaunchConfig(model=model, ctx=256, parallel=1, threads=2, repack=False)
-    load = workload.preset(workload.WorkloadKind.CUSTOM, 8, 2, rounds=1)
-    with quiet.watch_for([cfg], runner.own_pids) as watch:
-        trial = bench.run_server_trial(loc, cfg, load, log_dir=tmp_path)
-    return trial, watch.seen
-
-
-def test_a_server_reading_its_model_back_is_quiet_and_host_paging(balloon, big_model, engine_loc, tmp_path):
+def test_a_server_reading_its_model_back_is_quiet_and_host_paging(big_model, balloon, engine_loc, tmp_path):
     """Case (a) with the engine: llama-server beside the balloon generates while its weights are read back."""
     trial, seen = _trial(engine_loc, big_model, tmp_path)
     assert trial.host_paging.paging, trial.host_paging.describe()
     assert (trial.host_paging.faults_per_token or 0) >= 1.0
     assert trial.host_paging.fix and "free RAM" in trial.host_paging.fix
-    assert not seen.busy, seen.describe()
-
-
-def test_the_same_server_with_enough_ram_is_quiet_and_does_not_page(big_model, engine_loc, tmp_path):
-    """Case (c): the same config with the RAM it needs: no page is read back while it generates."""
-    free = ballast.mem_available_mib()
-    if free < 8192:
-        pytest.skip(f"only {free:,} MiB of RAM available: the 2.9 GiB model needs room to stay in RAM")
-    trial, seen = _trial(engine_loc, big_model, tmp_path)
-    assert not trial.host_paging.paging, trial.host_paging.describe()
-    assert (trial.host_paging.faults_per_token or 0) < 1.0
     assert not seen.busy, seen.describe()
