@@ -335,7 +335,7 @@ def paging_verdict(host: HostPressure | None, gen_tokens: int) -> PagingVerdict:
     """Did the engine read its model back from disk while it generated: its major faults, or the bytes it had read
     from storage, per generated token over the timed part; the machine's memory pressure and page-ins beside them."""
     if host is None:
-        return PagingVerdict(PagingKind.NONE, "not measured (no /proc here)")
+        return PagingVerdict(PagingKind.NONE, "not measured (no /proc here, or no timed part)")
     per_token = host.our_majflt / gen_tokens if gen_tokens > 0 else None
     psi = "" if host.memory_some_pct is None else (f"; memory pressure some {host.memory_some_pct:.1f} % / full "
                                                    f"{host.memory_full_pct or 0:.1f} % ({host.psi_scope})")
