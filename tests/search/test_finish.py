@@ -149,3 +149,25 @@ def test_on_the_engine_a_decided_candidate_is_printed_and_a_busy_finish_keeps_th
     text = study_report.markdown(result)
     assert f"`{stored['winner']['launch_line']}`" in text.split("## Launch line", 1)[1].split("\n\n")[1]
     assert f"- why: {b.reason}" in text
+
+
+def _paging(m: ServerMeasurement) -> ServerMeasurement:
+    return replace(m, host_paging="host_paging",
+                   host_paging_evidence="host_paging (214 major faults (107.0 per generated token)): free RAM")
+
+
+def test_a_config_that_pages_host_ram_is_never_the_printed_line():
+    # The fastest candidate read its model back from disk in a round: it is not selected, however fast it looked.
+    fast_paging = _paging(_m("candidate-1", [1.50, 1.52, 1.49, 1.51]))
+    steady = _m("candidate-2", [1.30, 1.31, 1.29, 1.30])
+    fin = Finish((fast_paging, steady), (_m("default", [1.0, 1.01, 0.99, 1.0]),))
+    assert fin.winner is steady
+    # llama.cpp's own choice pages: the best candidate that does not is printed, and the reason says why.
+    fin = Finish((steady,), (_paging(_m("default", [1.0, 1.01, 0.99, 1.0])),))
+    assert fin.winner is steady and "pages host RAM" in fin.decision.reason
+    # Everything pages: no line at all, and the reason carries the evidence (and what to change).
+    fin = Finish((fast_paging,), (_paging(_m("default", [1.0, 1.01, 0.99, 1.0])),))
+    assert fin.winner is None and "107.0 per generated token" in fin.decision.reason
+    # Older results (no host paging recorded) read as before.
+    assert ServerMeasurement.from_dict({k: v for k, v in steady.to_dict().items() if not k.startswith("host_")}) \
+        == steady

@@ -114,6 +114,17 @@ def test_a_model_is_called_faster_only_when_decided():
     assert h.decided and h.summary() == "moe is faster than every other model here (by m)"
 
 
+def test_a_model_that_paged_host_ram_says_so_in_its_arm_and_result():
+    from tuner.versus.judge import Arm, Round
+
+    evidence = "host_paging (the engine read its model back from disk while generating: 9.7 per generated token)"
+    paged = Arm("moe", "llama-server # moe", (Round(1.0), Round(0.4, host_paging=evidence), Round(1.1)))
+    assert paged.paging == evidence
+    back = Arm.from_dict(json.loads(json.dumps(paged.to_dict())))
+    assert back.paging == evidence and back.to_dict()["host_paging"] == evidence
+    assert Arm("dense", "llama-server # dense", (Round(1.0),)).paging is None
+
+
 @pytest.mark.slow
 def test_sigterm_stops_the_whole_comparison(demo_models, trained_model, tmp_path):
     """Ctrl-C or SIGTERM while the first model is searched stops compare-models (exit 130, its study kept to

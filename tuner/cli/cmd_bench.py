@@ -104,7 +104,8 @@ def bench_cmd(
     as_json: JsonFlag = False,
 ) -> None:
     """Measure one config: pp/tg at depth (llama-bench, with CV), then TTFT and per-request vs aggregate
-    tok/s per concurrency (llama-server), memory peak and spill verdict.
+    tok/s per concurrency (llama-server), memory peak and the spill verdicts: VRAM (spill) and host RAM (host
+    paging: the model read back from disk while it generates, counted in major faults per generated token).
 
     \b
     Examples:
@@ -247,6 +248,7 @@ def _print_memory(trial: ServerTrial) -> None:
         f"{100 * trial.levels[0].per_request_gen_tok_s / trial.roofline_tok_s:.0f} % of roofline"
     out.print(f"memory peak: VRAM {vram}, server RSS {rss}, swap +{mib(mem.swap_growth_bytes)}", highlight=False)
     out.print(f"spill: {trial.spill.kind.value} ({trial.spill.evidence})", highlight=False, soft_wrap=True)
+    out.print(f"host paging: {trial.host_paging.describe()}", highlight=False, soft_wrap=True)
     out.print(f"energy: {tpj}; roofline: {roof_text}", highlight=False)
     if trial.memory_breakdown is not None:
         parts = [f"{r.name} model {r.model_mib} + context {r.context_mib} + compute {r.compute_mib} MiB"

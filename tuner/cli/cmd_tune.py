@@ -6,7 +6,7 @@ import json
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich import box
@@ -259,6 +259,14 @@ def _speculation(on: bool, draft: str | None, prompts: Path | None) -> Speculati
     return SpeculationRequest(draft_model=model_path(draft) if draft else None, prompts_file=prompts)
 
 
+def _spill_cell(m: dict[str, Any]) -> str:
+    """VRAM spill and host paging in one cell: a row that paged host RAM says so (it is never the printed line)."""
+    vram = m.get("spill") or ""
+    if m.get("host_paging") != "host_paging":
+        return vram
+    return "RAM paging" if vram in ("", "none") else f"{vram}, RAM paging"
+
+
 def _summary(res: autotune.TuneResult) -> None:
     r = res.result.to_dict()
     w = r["workload"]
@@ -290,7 +298,7 @@ def _summary(res: autotune.TuneResult) -> None:
             table.add_row("confirmation", *[""] * 8)  # the rounds below decide; the ones above chose
         table.add_row(m["label"], str(m.get("slots", 1)), gen, num(m["gen_cv_pct"]), num(m["prompt_tok_s"]),
                       num(m.get("loaded_gen_tok_s")), num(m.get("end_to_end_gen_tok_s")),
-                      num(m.get("kld_mean"), ".2g"), m["spill"] or "")
+                      num(m.get("kld_mean"), ".2g"), _spill_cell(m))
     out.print(table)
     n = len(r["trials"])
     out.print(f"study {res.study_name}: {n} trials stored ({res.search.trials_this_run} this run) in {res.storage}",

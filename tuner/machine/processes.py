@@ -14,6 +14,14 @@ same goes for the llama-server a user keeps running (the launch line this tool p
 such as ``llama-swap`` in front of several: idle, they are residents, named with the VRAM they hold; they are
 rivals only while they work (CPU time, GPU kernels, VRAM growth), like any other program.
 
+The kernel's own threads (``kswapd*``, ``kcompactd*``, ``kdamond``, kworkers: children of kthreadd) work for
+whoever makes them work: reclaim and page-in I/O for the process that faults its pages in. Their CPU time is
+judged by cause (:func:`tuner.machine.pressure.kernel_share`): the share that served our own page-ins is
+ours (a config that pages host RAM: a property of the config, which the trial's paging verdict names), the share
+that served others' is others' work, and with no page brought in for anyone it is housekeeping, nobody's.
+Another program paging under memory pressure is a rival even while it waits on the disk rather than computing.
+A model near the size of RAM once made every round "disturbed" by its own reclaim with nothing else running.
+
 ``MOE_TUNE_MACHINE_SCOPE=<pid>`` narrows what counts as "the machine" to the descendants of that process: a
 test suite sharing a machine with other suites sets it to its own pid, so its busy tests see the competing
 processes they start and nothing that other suites run beside them (CPU time is then summed over the scope's
@@ -34,7 +42,7 @@ from functools import cached_property
 import psutil
 
 from tuner.core.errors import NvmlUnavailableError
-from tuner.machine import hardware
+from tuner.machine import hardware, pressure
 
 SCOPE_ENV = "MOE_TUNE_MACHINE_SCOPE"
 OWNER_ENV = "MOE_TUNE_OWNER"
@@ -46,6 +54,10 @@ LLAMA_WORK_CORES = 0.1
 MIN_CPU_WINDOW_S = 0.1  # a shorter look says nothing about CPU load
 GPU_BUSY_PCT = 10  # SM share (or device utilization not ours) that is work, not a desktop's redraws
 VRAM_GROWTH_BYTES = 64 * 2**20  # another process's VRAM growing by this much while we look
+# Others bringing pages in this fast while memory is under pressure: a program paging beside us, which evicts our
+# pages and shares the disk, whatever little CPU it uses while it waits for its reads.
+OTHERS_PAGING_MIB_S = 16.0
+MEMORY_PRESSURE_PCT = 1.0  # share of the look in which some task stalled on memory (PSI "some")
 
 
 def owner_marker() -> str:
@@ -121,6 +133,10 @@ def _ancestors(pid: int, procs: dict[int, _Proc]) -> Iterable[int]:
         yield pid
 
 
+def _kernel_cpu(procs: dict[int, _Proc]) -> dict[int, float]:
+    return {p.pid: p.cpu_s for p in procs.values() if pressure.is_kernel_thread(p.pid, p.ppid)}
+
+
 def _busy_cpu_s() -> float:
     """CPU time the whole machine has spent working (every core, every process, short-lived ones too)."""
     t = psutil.cpu_times()
@@ -140,6 +156,12 @@ class _View:
         # Asked after the snapshot: a child the runner started while the snapshot was taken is already ours.
         self.own = set(own() if callable(own) else own)
         self.root = scope_root()
+        self.machine_page_ins = pressure.machine_page_ins(pressure.vmstat())
+        self.psi = pressure.psi_totals()
+        self.kernel_cpu = _kernel_cpu(self.procs)
+        # Read now, with the snapshot (a later read would mix two moments).
+        self.ours_page_ins = {p: pressure.page_ins(p) for p in self.ours}
+        self.ours_wait_ns = pressure.run_wait_ns(self.ours)
 
     @cached_property
     def ours(self) -> set[int]:
@@ -200,15 +222,23 @@ class Interference:
     vram_total_bytes: int | None = field(default=None, compare=False)  # the first card's memory
     vram_free_bytes: int | None = field(default=None, compare=False)
     gpu_error: str | None = field(default=None, compare=False)  # NVML failed: the GPU was not watched, and why
+    # The kernel's threads' CPU spent on our own major faults (reclaim, page-in I/O): ours, not a rival's.
+    kernel_for_us_cores: float = field(default=0.0, compare=False)
+    our_wait_share: float = field(default=0.0, compare=False)  # our threads' run-queue wait per second of wall time
+    others_paging: str | None = None  # others read pages back from disk under memory pressure, in words
 
     @property
     def busy(self) -> bool:
-        return bool(self.llama or self.gpu) or self.cpu_cores >= self.cpu_limit_cores
+        return bool(self.llama or self.gpu or self.others_paging) or self.cpu_cores >= self.cpu_limit_cores
 
     def describe(self) -> str:
         parts = [p.describe() for p in self.llama]
+        if self.others_paging:
+            parts.append(self.others_paging)
         if self.cpu_cores >= self.cpu_limit_cores:
-            parts.append(f"other processes use {self.cpu_cores:.1f} CPU cores")
+            waited = f" (our threads waited {self.our_wait_share:.2f} s per s for a CPU)" if self.our_wait_share \
+                else ""
+            parts.append(f"other processes use {self.cpu_cores:.1f} CPU cores{waited}")
         parts += list(self.gpu)
         return "; ".join(parts) or "quiet"
 
@@ -242,7 +272,10 @@ class Interference:
                             max(self.resident_vram_bytes, other.resident_vram_bytes),
                             other.vram_total_bytes or self.vram_total_bytes,
                             other.vram_free_bytes if other.vram_free_bytes is not None else self.vram_free_bytes,
-                            self.gpu_error or other.gpu_error)
+                            self.gpu_error or other.gpu_error,
+                            max(self.kernel_for_us_cores, other.kernel_for_us_cores),
+                            max(self.our_wait_share, other.our_wait_share),
+                            other.others_paging or self.others_paging)
 
 
 def _gpu_key(line: str) -> str:
@@ -364,6 +397,7 @@ def observe(own: Collection[int] | Callable[[], Collection[int]] = (), interval_
     first = _View(own)
     before = {p.pid: p.cpu_s for p in first.others}
     ours_before = first.ours_cpu_s()
+    page_ins_before = {p.pid: pressure.page_ins(p.pid) for p in first.others} if first.root is not None else {}
     vram_first: dict[int, tuple[str, int]] = {}
     gpu_error: str | None = None
     if gpu and vram_base is None:  # a watch's later looks judge growth against its first: no look needed here
@@ -378,12 +412,27 @@ def observe(own: Collection[int] | Callable[[], Collection[int]] = (), interval_
     second = _View(own)
     elapsed = time.monotonic() - t0
     others = second.others
+    # The kernel's threads worked for whoever brought pages in meanwhile (see the module's docstring).
+    kernel_s = sum(max(0.0, t - first.kernel_cpu.get(pid, 0.0)) for pid, t in second.kernel_cpu.items())
+    machine_ins = max(0, second.machine_page_ins - first.machine_page_ins)
+    our_ins = sum(max(0, n - first.ours_page_ins.get(pid, 0)) for pid, n in second.ours_page_ins.items())
     if second.root is None:  # the whole machine's work, minus ours (short-lived processes are in both sums)
-        spent = (second.busy_cpu_s - first.busy_cpu_s) - (second.ours_cpu_s() - ours_before)
+        their_ins = max(0, machine_ins - our_ins)
+        spent = (second.busy_cpu_s - first.busy_cpu_s) - (second.ours_cpu_s() - ours_before) - kernel_s + \
+            pressure.kernel_share(kernel_s, their_ins, machine_ins)
     else:
-        spent = sum(max(0.0, p.cpu_s - before.get(p.pid, 0.0)) for p in others)
+        their_ins = sum(max(0, pressure.page_ins(p.pid) - page_ins_before.get(p.pid, 0)) for p in others)
+        spent = sum(max(0.0, p.cpu_s - before.get(p.pid, 0.0)) for p in others) + \
+            pressure.kernel_share(kernel_s, their_ins, machine_ins)
     timed = elapsed >= MIN_CPU_WINDOW_S
     cores = max(0.0, spent) / elapsed if timed else 0.0
+    for_us = pressure.kernel_share(kernel_s, our_ins, machine_ins) / elapsed if timed else 0.0
+    their_mib_s = their_ins * pressure.PAGE_BYTES / 2**20 / elapsed if timed else 0.0
+    stalled = (second.psi["memory"][0] - first.psi["memory"][0]) / 1e4 / elapsed \
+        if timed and first.psi and second.psi else 0.0
+    paging = (f"other processes page in {their_mib_s:,.0f} MiB/s from disk (memory pressure {stalled:.0f} %)"
+              if their_mib_s >= OTHERS_PAGING_MIB_S and stalled >= MEMORY_PRESSURE_PCT else None)
+    waited = max(0, second.ours_wait_ns - first.ours_wait_ns) / 1e9 / elapsed if timed else 0.0
     # An engine is a rival while it works, not while it idles (its CPU time is exact, whatever else runs).
     kin = [p for p in others if p.name.startswith(LLAMA_PREFIX)]
     used = {p.pid: max(0.0, p.cpu_s - before.get(p.pid, 0.0)) / elapsed if timed else 0.0 for p in kin}
@@ -405,7 +454,8 @@ def observe(own: Collection[int] | Callable[[], Collection[int]] = (), interval_
     idle_llama = tuple(_kin_line(p.pid, p.name) for p in kin if p.pid not in at_work and p.pid not in look.vram)
     return Interference(llama, cores, tuple(dict.fromkeys(look.work)), cpu_limit_cores(threads), residents,
                         tuple((pid, used) for pid, (_, used) in vram_first.items()), idle_llama,
-                        sum(held for _, held in idle.values()), look.total_bytes, look.free_bytes, gpu_error)
+                        sum(held for _, held in idle.values()), look.total_bytes, look.free_bytes, gpu_error, for_us,
+                        waited, paging)
 
 
 def _nvml_error(exc: Exception) -> str:

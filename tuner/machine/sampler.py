@@ -1,4 +1,5 @@
-"""Memory and power sampled DURING a trial, and the spill verdict drawn from them.
+"""Memory and power sampled DURING a trial, and the spill verdicts drawn from them: VRAM (:func:`spill_verdict`)
+and host RAM (:func:`paging_verdict`: the model's pages read back from disk while it generates).
 
 A background thread reads NVML (VRAM used on the device, VRAM used by the watched process where the driver
 reports it, power draw, the energy counter) and psutil (RSS of the watched process tree, host swap) every
@@ -20,7 +21,8 @@ import psutil
 
 from tuner.core.errors import NvmlUnavailableError
 from tuner.core.units import MIB
-from tuner.machine import hardware, processes
+from tuner.machine import hardware, pressure, processes
+from tuner.machine.pressure import HostCounters, HostPressure
 
 DEFAULT_INTERVAL_S = 0.2
 # VRAM this close to the card's total counts as "at capacity" (drivers keep a little for themselves).
@@ -114,6 +116,18 @@ class Sampler:
         self._namespaced = processes.in_pid_namespace()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._timed_from: HostCounters | None = None
+        self.host: HostPressure | None = None  # host memory over the timed part (see :meth:`begin_timed`)
+
+    def begin_timed(self) -> None:
+        """The timed part starts (after the warm-up): host counters are read now and at :meth:`end_timed`."""
+        if pressure.available():
+            self._timed_from = pressure.read_counters(p.pid for p in self._tree())
+
+    def end_timed(self) -> HostPressure | None:
+        if self._timed_from is not None:
+            self.host = pressure.between(self._timed_from, pressure.read_counters(p.pid for p in self._tree()))
+        return self.host
 
     def attach(self, pid: int) -> None:
         """Watch this process (and its children) from now on."""
@@ -277,3 +291,63 @@ def spill_verdict(
     if memory.swap_growth_bytes >= SWAP_GROWTH_BYTES:
         return SpillVerdict(SpillKind.HOST_SWAP, f"{swap} during the run; {vram}")
     return SpillVerdict(SpillKind.NONE, f"{vram}; {swap}; {memory.n_samples} samples")
+
+
+class PagingKind(str, Enum):
+    NONE = "none"
+    HOST_PAGING = "host_paging"
+
+
+# A config that fits RAM takes no major fault while it generates: llama.cpp maps the model with MAP_POPULATE and
+# POSIX_MADV_WILLNEED at load (src/llama-mmap.cpp, llama_mmap::impl), so every page is in RAM before the warm-up.
+# Faults during the timed part are pages the kernel evicted and the engine read back: host paging.
+PAGING_FAULTS_PER_TOKEN = 1.0
+PAGING_MIN_FAULTS = 64  # fewer is a lazily loaded library page or two, not a model being read back
+# Read-ahead brings most of a file read in order as minor faults after one major one: the bytes the engine had read
+# from storage are the other half of the evidence.
+PAGING_READ_BYTES_PER_TOKEN = 2**20
+PAGING_MIN_READ_BYTES = 64 * 2**20
+
+
+@dataclass(frozen=True, slots=True)
+class PagingVerdict:
+    kind: PagingKind
+    evidence: str
+    faults_per_token: float | None = None
+    fix: str | None = None  # what to change, in the user's flags (filled in where flags are spelled)
+
+    @property
+    def paging(self) -> bool:
+        return self.kind is PagingKind.HOST_PAGING
+
+    def describe(self) -> str:
+        return f"{self.kind.value} ({self.evidence}){f': {self.fix}' if self.fix else ''}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"verdict": self.kind.value, "evidence": self.evidence, "major_faults_per_token": self.faults_per_token,
+                "fix": self.fix}
+
+
+NOT_MEASURED = PagingVerdict(PagingKind.NONE, "not measured")
+
+
+def paging_verdict(host: HostPressure | None, gen_tokens: int) -> PagingVerdict:
+    """Did the engine read its model back from disk while it generated: its major faults, or the bytes it had read
+    from storage, per generated token over the timed part; the machine's memory pressure and page-ins beside them."""
+    if host is None:
+        return PagingVerdict(PagingKind.NONE, "not measured (no /proc here, or no timed part)")
+    per_token = host.our_majflt / gen_tokens if gen_tokens > 0 else None
+    psi = "" if host.memory_some_pct is None else (f"; memory pressure some {host.memory_some_pct:.1f} % / full "
+                                                   f"{host.memory_full_pct or 0:.1f} % ({host.psi_scope})")
+    rate = "" if per_token is None else f"{per_token:,.1f} per generated token, "
+    read = host.our_read_bytes / gen_tokens if gen_tokens > 0 else 0.0
+    seen = (f"{host.our_majflt:,} major faults ({rate}{host.machine_majflt:,} on the machine), "
+            f"{host.our_read_bytes / MIB:,.0f} MiB read from storage by the engine ({read / MIB:,.1f} per token; "
+            f"{host.pgpgin_bytes / MIB:,.0f} on the machine), "
+            f"{host.pgsteal:,} pages reclaimed over {host.window_s:.1f} s{psi}")
+    faulting = per_token is not None and host.our_majflt >= PAGING_MIN_FAULTS and per_token >= PAGING_FAULTS_PER_TOKEN
+    reading = host.our_read_bytes >= PAGING_MIN_READ_BYTES and read >= PAGING_READ_BYTES_PER_TOKEN
+    if faulting or reading:
+        return PagingVerdict(PagingKind.HOST_PAGING, f"the engine read its model back from disk while generating: "
+                                                     f"{seen}", per_token)
+    return PagingVerdict(PagingKind.NONE, seen, per_token)

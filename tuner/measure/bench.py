@@ -22,7 +22,15 @@ from tuner.core.stats import cv_pct
 from tuner.engine import breakdown, build, flags, runner
 from tuner.engine.breakdown import MemoryBreakdown
 from tuner.engine.build import Capabilities, EngineLocation
-from tuner.machine.sampler import MemoryReport, Sampler, SpillVerdict, spill_verdict
+from tuner.machine.sampler import (
+    NOT_MEASURED,
+    MemoryReport,
+    PagingVerdict,
+    Sampler,
+    SpillVerdict,
+    paging_verdict,
+    spill_verdict,
+)
 from tuner.measure import failures, gpu_use, workload
 from tuner.measure.workload import LevelResult, Workload
 
@@ -375,6 +383,12 @@ class ServerTrial:
     memory_breakdown: MemoryBreakdown | None = None
     # The generation ceiling from tuner.plan.roofline for this config and machine, when known.
     roofline_tok_s: float | None = None
+    host_paging: PagingVerdict = NOT_MEASURED  # host RAM: was the model read back from disk while it generated
+
+    @property
+    def eligible(self) -> bool:
+        """A config that pages host RAM is never the printed line (whatever its speed on this run)."""
+        return not self.host_paging.paging
 
     @property
     def tokens_per_joule(self) -> float | None:
@@ -422,7 +436,9 @@ def run_server_trial(
             sampler.attach(server.proc.pid)
             if on_ready is not None:
                 on_ready(server)
-            levels = workload.run_workload(server, load, cfg.parallel or 1, timeout_s=request_timeout_s)
+            levels = workload.run_workload(server, load, cfg.parallel or 1, timeout_s=request_timeout_s,
+                                           on_timed=sampler.begin_timed)
+            sampler.end_timed()
             sampler.sample_now()
     except TunerError as exc:
         failure = failures.from_error(exc)
@@ -433,10 +449,26 @@ def run_server_trial(
     gen = levels[0].per_request_gen_tok_s if levels else None
     verdict = spill_verdict(memory, gen_tok_s=gen, roofline_tok_s=roofline_tok_s,
                             vram_budget_bytes=vram_budget_bytes)
+    paging = paging_verdict(sampler.host, sum(lvl.gen_tokens for lvl in levels))
+    if paging.paging:
+        paging = replace(paging, fix=paging_fix(cfg))
     records = tuple(server.log_records())
     log_text = server.log.read_text(errors="replace")
     gpu_use.check_server(log_text, cfg)
     check_fa_kernels(engine, [cfg], log_text)
     found = breakdown.parse_log_jsonl(log_text) if log_jsonl else []
     return ServerTrial(tuple(server.argv), cfg, load, levels, memory, verdict, server.log, records,
-                       memory_breakdown=found[-1] if found else None, roofline_tok_s=roofline_tok_s)
+                       memory_breakdown=found[-1] if found else None, roofline_tok_s=roofline_tok_s,
+                       host_paging=paging)
+
+
+def paging_fix(cfg: LaunchConfig) -> str:
+    """What frees host RAM for this config, in the user's flags: the host part of the config (experts kept in RAM,
+    the host prompt cache, context checkpoints) or the model itself, or RAM others hold."""
+    ways = []
+    if cfg.device != gpu_use.CPU_DEVICE and cfg.n_cpu_moe:
+        ways.append(f"a lower {flags.spelled('n_cpu_moe')} (fewer experts in RAM)")
+    ways += [f"a smaller {flags.spelled('cache_ram_mib')} (host prompt cache)",
+             f"fewer {flags.spelled('ctx_checkpoints')}", "a smaller quant",
+             f"{flags.spelled('load_mode', 'none')} where the weights fit RAM pinned (no page cache to evict)"]
+    return f"free RAM (close what holds it), or try {', '.join(ways)}"

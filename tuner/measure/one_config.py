@@ -64,6 +64,7 @@ class BenchReport:
                            "samples": mem.n_samples},
                 "tokens_per_joule": trial.tokens_per_joule, "roofline_tok_s": trial.roofline_tok_s,
                 "spill": {"verdict": trial.spill.kind.value, "evidence": trial.spill.evidence},
+                "host_paging": trial.host_paging.to_dict(),
                 "llama_cpp_memory_mib": None if trial.memory_breakdown is None else [
                     {"buffer": r.name, "model": r.model_mib, "context": r.context_mib, "compute": r.compute_mib}
                     for r in trial.memory_breakdown.rows

@@ -241,10 +241,13 @@ def run_level(server: ServerProcess, workload: Workload, concurrency: int, promp
 
 
 def run_workload(server: ServerProcess, workload: Workload, max_concurrency: int, *,
-                 timeout_s: float = 300.0) -> tuple[LevelResult, ...]:
-    """Warm up, then every level from 1 to ``max_concurrency`` with fresh prompts per request."""
+                 timeout_s: float = 300.0, on_timed: Callable[[], None] | None = None) -> tuple[LevelResult, ...]:
+    """Warm up, then every level from 1 to ``max_concurrency`` with fresh prompts per request. ``on_timed`` is
+    called between the warm-up and the first timed request."""
     count = max(1, max_concurrency) * workload.rounds
     prompts = prompt_windows(server.tokenize, workload.prompt_tokens, count)
     warm_up(server, timeout_s)
+    if on_timed is not None:
+        on_timed()
     return tuple(run_level(server, workload, c, prompts, timeout_s=timeout_s)
                  for c in range(1, max_concurrency + 1))

@@ -179,6 +179,7 @@ def _winner_lines(result: dict[str, Any]) -> list[str]:  # the to_dict() form
     lines += [f"- {Verdict.from_dict(v).describe()}" for v in result["finish"].get("verdicts", [])]
     lines.append(f"- spill: {w['spill']}; roofline: {_fmt(w['roofline_pct'], '.0f')} %; "
                  f"tok/J: {_fmt(w['tokens_per_joule'], '.2f')}")
+    lines.append(f"- host paging: {w.get('host_paging_evidence') or 'not measured'}")
     return [*lines, ""]
 
 

@@ -75,6 +75,8 @@ def markdown(cmp: ModelComparison) -> str:
     if cmp.versus is not None:
         out += ["", f"## Head to head, by {cmp.versus.metric}", ""]
         out += [f"- {Verdict.from_dict(v.to_dict()).describe()}" for v in cmp.versus.verdicts]
+        out += [f"- {a.label} paged host RAM (not a config to run on this machine as tuned): {a.paging}"
+                for a in cmp.versus.arms if a.paging]
         out += ["", "| model | round | score | quiet |", "|---|---:|---:|---|"]
         for a in cmp.versus.arms:
             out += [f"| {a.label} | {i + 1} | {_f(r.score, '.4g')} | {'yes' if not r.noise else r.noise} |"

@@ -20,6 +20,7 @@ from tuner.engine import flags, runner
 from tuner.engine.build import Capabilities, EngineLocation
 from tuner.machine import hardware
 from tuner.machine.hardware import Hardware
+from tuner.machine.sampler import PagingKind
 from tuner.measure import bench, failures
 from tuner.measure.workload import LevelResult, Workload
 from tuner.models.gguf_reader import ModelInfo
@@ -119,6 +120,14 @@ class ServerMeasurement:
     # started (``vram_peak_bytes`` is the whole card's, a desktop's and the driver's share included). None: no GPU,
     # or a result written before it was kept.
     vram_growth_bytes: int | None = None
+    # Host RAM (tuner.machine.sampler.paging_verdict): "host_paging" when any round read the model back from disk
+    # while it generated, with that round's evidence and what to change; such a config is never the printed line.
+    host_paging: str | None = None
+    host_paging_evidence: str | None = None
+
+    @property
+    def paging(self) -> bool:
+        return self.host_paging == PagingKind.HOST_PAGING.value
 
     def quiet_scores(self) -> list[float | None]:
         """The scores of the rounds measured on a quiet machine (None for a disturbed round)."""
@@ -175,6 +184,8 @@ def summarize(label: str, cfg: LaunchConfig, runs: Sequence[bench.ServerTrial | 
     samples = [t.levels[0].per_request_gen_tok_s for t in ok]
     gen = _median(samples)
     last = ok[-1]
+    paged = next((t.host_paging for t in ok if t.host_paging.paging), last.host_paging)
+    quality |= {"host_paging": paged.kind.value, "host_paging_evidence": paged.describe()}
     return ServerMeasurement(
         label, config_to_dict(cfg), line, list(last.argv), gen, samples, cv_pct(samples),
         _median([t.levels[0].per_request_prompt_tok_s for t in ok]), _median([t.levels[0].ttft_s for t in ok]),
@@ -253,8 +264,8 @@ class Finish:
         return "generation tok/s"
 
     def eligible(self, m: ServerMeasurement) -> bool:
-        """Measured, and each user still gets at least --min-tok-s."""
-        if self.score(m) is None:
+        """Measured, not paging host RAM, and each user still gets at least --min-tok-s."""
+        if self.score(m) is None or m.paging:
             return False
         per_request = m.loaded_gen_tok_s if m.loaded_gen_tok_s is not None else m.gen_tok_s
         return self.min_tok_s is None or (per_request or 0.0) >= self.min_tok_s
@@ -324,12 +335,18 @@ class Finish:
         ref, chosen = self.reference, self.select()
         best = self.judged(chosen.label) if chosen is not None else None
         if best is None or not self.eligible(best):
+            if ref is not None and ref.paging:
+                return Decision(None, best, f"no line: llama.cpp's own choice ({ref.label}) pages host RAM and no "
+                                            f"candidate was measured without paging: {ref.host_paging_evidence}")
             if ref is None:
                 return Decision(None, best, "nothing could be measured: see the failures")
-            why = "no candidate could be measured" if chosen is None else f"{chosen.label} failed its confirmation"
+            why = "no candidate could be measured" if chosen is None else \
+                f"{chosen.label} paged host RAM ({best.host_paging_evidence})" if best is not None and best.paging \
+                else f"{chosen.label} failed its confirmation"
             return Decision(ref, best, f"{why}: llama.cpp's own choice ({ref.label}) is printed")
         if ref is None or not self.eligible(ref):
-            miss = "could not be measured" if ref is None else "misses --min-tok-s per request"
+            miss = "could not be measured" if ref is None else "pages host RAM" if ref.paging else \
+                "misses --min-tok-s per request"
             return Decision(best, best, f"llama.cpp's own choice {miss}: {best.label} is printed")
         verdicts = [self.verdict(best, ref)]
         shipped, reason = best, f"{best.label} was decided faster than {ref.label}"

@@ -126,8 +126,13 @@ def compare_models(req: CompareModelsRequest, loc: build.EngineLocation | None, 
         on_step(f"{p.label}: auto-tune, {req.trials} trial(s) at -c {ctx} -np {parallel}")
         try:
             path = resolve_file(p.name)
+            label = p.label
+
+            def progress(pr: study.Progress, label: str = label) -> None:
+                on_step(f"{label}: {pr.describe()}")
+
             res = autotune.auto_tune(_tune_request(req, path, ctx, parallel, out_dir), loc, hw, on_step=on_step,
-                                     on_progress=lambda pr, label=p.label: on_step(f"{label}: {pr.describe()}"))
+                                     on_progress=progress)
         except CpuFallbackError:
             raise  # the engine is not on the GPU: every row would be a CPU figure
         except TunerError as exc:

@@ -35,6 +35,7 @@ class Round:
     prompt_tok_s: float | None = None
     ttft_s: float | None = None  # median over the round's requests or turns
     session_s: float | None = None  # agent workload: the whole session
+    host_paging: str | None = None  # the round read the model back from disk while generating: the evidence
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +57,11 @@ class Arm:
         return [None if r.noise else r.score for r in self.rounds]
 
     @property
+    def paging(self) -> str | None:
+        """Host paging seen in any round (its evidence): the model does not fit this machine's RAM as tuned."""
+        return next((r.host_paging for r in self.rounds if r.host_paging), None)
+
+    @property
     def score(self) -> float | None:
         return decide.quiet_median([(r.score, r.noise) for r in self.rounds])
 
@@ -64,7 +70,8 @@ class Arm:
 
     def to_dict(self) -> dict[str, Any]:
         return {"label": self.label, "launch_line": self.launch_line, "failure": self.failure,
-                "rounds": [asdict(r) for r in self.rounds], "score": self.score, **self.figures()}
+                "rounds": [asdict(r) for r in self.rounds], "score": self.score, "host_paging": self.paging,
+                **self.figures()}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Arm:
@@ -173,4 +180,5 @@ def _one(loc: EngineLocation, cfg: LaunchConfig, sent: Workload, load: Workload,
     t = bench.run_server_trial(loc, cfg, replace(sent, concurrency=cfg.parallel or 1), log_dir=log_dir, caps=caps)
     first = t.levels[0]
     return Round(round_score(t.levels, load), gen_tok_s=first.per_request_gen_tok_s,
-                 prompt_tok_s=first.per_request_prompt_tok_s, ttft_s=first.ttft_s)
+                 prompt_tok_s=first.per_request_prompt_tok_s, ttft_s=first.ttft_s,
+                 host_paging=t.host_paging.describe() if t.host_paging.paging else None)

@@ -1,0 +1,140 @@
+"""Host paging with a real RAM balloon: a process holding anonymous memory (``mmap`` + every page written, then no
+CPU; no swap here, so nothing can push it out) until what is left is smaller than a model file, whose pages the
+kernel must then evict and read back again and again.
+
+The model is a Qwen3.5-9B-shaped Q4_K_M cut to 16 of its 32 layers (2.9 GiB logical, so a token takes seconds,
+not tens) with zero weights: the data is a sparse hole, so it costs
+megabytes of disk and every page read back is a real major fault (filled with zeros by the file system, so no
+disk I/O: ``pgpgin`` stays near 0, the fault and reclaim counts are the evidence). It is dense, so every
+generated token reads every weight. The engine runs it with repacking off, so the weights are computed from
+the mapped file (a CPU build otherwise copies Q4_K weights into anonymous CPU_REPACK buffers at load).
+
+The balloon leaves :data:`LEAVE_MIB` available (the kernel's MemAvailable), asks to be the OOM killer's first pick,
+and is killed on the way out; a test that finds less RAM than it needs skips and says why.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from tuner.core.config import LaunchConfig
+from tuner.engine import runner
+from tuner.machine import ballast, pressure, processes, quiet
+from tuner.measure import bench, workload
+from tuner.models import shape_model
+
+pytestmark = pytest.mark.slow
+LEAVE_MIB = 2048  # what the balloon leaves available: the model (2.9 GiB) and the 3 GiB data file cannot stay
+NEEDED_MIB = LEAVE_MIB + 4096  # below this there is no room for a balloon worth the name
+LOOK_S = 3.0
+
+# Reads one byte of every page of the file, over and over (prints "ready" after the first pass).
+PAGER = ("import mmap, sys\nf = open(sys.argv[1], 'rb')\nm = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)\n"
+         "first = True\nwhile True:\n    s = sum(m[i] for i in range(0, len(m), 4096))\n"
+         "    if first:\n        print('ready', flush=True)\n        first = False\n")
+
+
+@pytest.fixture(scope="module")
+def big_model(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("paging") / "q9-half-shape-Q4_K_M.gguf"
+    spec, recipe = shape_model.resolve_target("Qwen3.5-9B:Q4_K_M")
+    shape_model.write_shape_model(replace(spec, n_layer=16), recipe, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def data_file(tmp_path_factory) -> Path:
+    """3 GiB of real (non-zero) data on disk: pages read back from it are real reads, with their I/O."""
+    path = tmp_path_factory.mktemp("paging") / "data.bin"
+    block = os.urandom(1 << 20)
+    with path.open("wb") as f:
+        for _ in range(3 << 10):
+            f.write(block)
+        os.fsync(f.fileno())
+    return path
+
+
+@pytest.fixture(scope="module")
+def balloon() -> Iterator[ballast.RamBallast]:
+    """One balloon for the module's cases beside it (filling 20 GiB takes tens of seconds on a busy machine); the
+    case with enough RAM comes first in the file, before it exists."""
+    free = ballast.mem_available_mib()
+    if free < NEEDED_MIB:
+        pytest.skip(f"only {free:,} MiB of RAM available: the balloon test needs {NEEDED_MIB:,} (free -m)")
+    with ballast.hold_ram(LEAVE_MIB, runner) as held:
+        assert held.available_mib <= LEAVE_MIB + 256, held  # it really took the rest
+        yield held
+        # The OOM killer takes it first when another program needs memory: a figure measured without it is void.
+        assert held.holding(), "the balloon was killed (OOM) during the test: other programs needed the memory"
+    assert not held.holding()
+
+
+def _faults_while_watched(own, pager_pid: int) -> tuple[processes.Interference, int]:
+    """What the watch saw over :data:`LOOK_S`, and the pages the pager brought in meanwhile."""
+    before = pressure.page_ins(pager_pid)
+    seen = processes.observe(own, interval_s=LOOK_S, gpu=False)
+    return seen, pressure.page_ins(pager_pid) - before
+
+
+def _trial(loc, model: Path, tmp_path: Path) -> tuple[bench.ServerTrial, processes.Interference]:
+    cfg = LaunchConfig(model=model, ctx=256, parallel=1, threads=2, repack=False)
+    load = workload.preset(workload.WorkloadKind.CUSTOM, 8, 2, rounds=1)
+    with quiet.watch_for([cfg], runner.own_pids) as watch:
+        trial = bench.run_server_trial(loc, cfg, load, log_dir=tmp_path)
+    return trial, watch.seen
+
+
+def test_the_same_server_with_enough_ram_is_quiet_and_does_not_page(big_model, engine_loc, tmp_path):
+    """Case (c): the same config with the RAM it needs: no page is read back while it generates."""
+    free = ballast.mem_available_mib()
+    if free < 8192:
+        pytest.skip(f"only {free:,} MiB of RAM available: the 2.9 GiB model needs room to stay in RAM")
+    trial, seen = _trial(engine_loc, big_model, tmp_path)
+    assert not trial.host_paging.paging, trial.host_paging.describe()
+    assert (trial.host_paging.faults_per_token or 0) < 1.0
+    assert not seen.busy, seen.describe()
+
+
+def test_the_kernel_reclaiming_for_our_own_paging_is_not_a_rival(data_file, balloon):
+    """Case (a): our own process reads the file back beside the balloon; the kernel's threads reclaim for it.
+    That work is ours (the config's paging), so the machine is quiet."""
+    with runner.hold([sys.executable, "-c", PAGER, str(data_file)], ready_timeout_s=120, what="pager",
+                     fix="none") as ours:
+        seen, faults = _faults_while_watched(runner.own_pids, ours.pid)
+    assert faults > 10_000, faults  # it really paged: over 40 MB of the file read back while we looked
+    # Nothing of anyone else's ran: the kernel's work for our faults is not counted as a rival's (it once read
+    # "0.6-0.9 cores"), nor are our own faults taken for another program's paging.
+    assert seen.cpu_cores < 0.15, seen.describe()
+    assert seen.others_paging is None, seen.describe()
+    assert not seen.busy, seen.describe()
+
+
+def test_a_second_process_paging_beside_us_is_a_rival(data_file, balloon):
+    """Case (b): another program does the same paging: its work (and the kernel's for its faults) disturbs us."""
+    stranger = subprocess.Popen([sys.executable, "-c", PAGER, str(data_file)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert stranger.stdout is not None and stranger.stdout.readline().strip() == "ready"
+        seen, faults = _faults_while_watched(runner.own_pids, stranger.pid)
+    finally:
+        stranger.kill()
+        stranger.wait()
+    assert faults >= 1, faults
+    # It waits on the disk more than it computes: its paging, not its CPU, is what disturbs us.
+    assert seen.busy and "other processes page in" in seen.describe(), seen.describe()
+    assert seen.kernel_for_us_cores < 0.05, seen  # the kernel worked for the stranger, not for us
+
+
+def test_a_server_reading_its_model_back_is_quiet_and_host_paging(big_model, balloon, engine_loc, tmp_path):
+    """Case (a) with the engine: llama-server beside the balloon generates while its weights are read back."""
+    trial, seen = _trial(engine_loc, big_model, tmp_path)
+    assert trial.host_paging.paging, trial.host_paging.describe()
+    assert (trial.host_paging.faults_per_token or 0) >= 1.0
+    assert trial.host_paging.fix and "free RAM" in trial.host_paging.fix
+    assert not seen.busy, seen.describe()
