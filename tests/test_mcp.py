@@ -77,7 +77,7 @@ def test_results_and_launch_lines_of_this_machine(tuned):
     # The result records the model's fingerprint, the engine and the card: nothing is left unchecked.
     assert entry["still_holds"]["not_checked"] == []
     assert line.content[0].text.rstrip("\n") == compose.stdout.rstrip("\n")
-    assert wrong.is_error and "use shell, llama-swap, systemd, compose, json" in wrong.content[0].text
+    assert wrong.is_error and "use shell, llama-swap, systemd, compose, preset, json" in wrong.content[0].text
 
 
 def test_quants_with_the_figures_of_quants_json(demo_models, tmp_path):
