@@ -144,7 +144,8 @@ def test_services_get_the_card_the_shell_keeps_its_own(tuned):
 def test_an_unknown_format_is_one_line_naming_the_formats(tuned):
     res = run_cli("launch-line", str(tuned), "--format", "ollama")
     assert res.returncode == 1 and "Traceback" not in res.stderr
-    assert "shell, llama-swap, systemd, compose, preset, json" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    assert "shell, llama-swap, systemd, compose, preset, json" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize("fmt", deploy.FORMATS)

@@ -20,7 +20,7 @@ from tuner.machine import hardware
 from tuner.models import gguf_reader
 from tuner.plan.memory import Breakdown, HostBuffer
 from tuner.plan.placement import KV_CHOICES, EngineCheckRow, Plan, PlanRow, load_mode_note, make_plan, offload_of
-from tuner.plan.ram import TIGHT_MARGIN_BYTES, RamSide, holders_line, ram_holders, ram_side
+from tuner.plan.ram import TIGHT_MARGIN_BYTES, RamSide, holders_line, ram_side
 
 MODEL_SOURCE = "moe-tune's memory model (tuner.plan.memory)"
 
@@ -176,7 +176,7 @@ def _notes(info: gguf_reader.ModelInfo, p: Plan, base: LaunchConfig, own_machine
         notes.append(f"{axis.span(n, n)}: {ram.describe()}; another program's growth would make the kernel read "
                      "experts back from disk every token (fewer host experts, a smaller quant, or close something)")
     if own_machine:
-        line = holders_line(ram_holders(), p.hardware)
+        line = holders_line(hardware.ram_holders(), p.hardware)
         if line and (ram.tight or ram.exceeds or row.estimate.verdict.value != "fits"):
             notes.append(line)
     return notes
