@@ -240,7 +240,7 @@ def test_ram_holders_name_a_real_process_holding_ram():
     import subprocess
     import sys
 
-    from tuner.plan.ram import ram_holders
+    from tuner.machine.hardware import ram_holders
 
     code = "import sys,time; b = bytearray(512 * 2**20); b[::4096] = b'x' * len(b[::4096]); print(1, flush=True); " \
            "time.sleep(60)"
@@ -258,7 +258,7 @@ def test_ram_holders_name_a_real_process_holding_ram():
 def test_bench_is_warned_before_measuring_a_config_the_plan_says_exceeds_or_fills_ram(demo_models):
     """A config whose host side exceeds RAM measures the disk, not the config (issue 41: 4.3 vs 18.3 tok/s beside
     a balloon, "spill: none"): bench says so before measuring. The demo model's whole host need is tens of MiB."""
-    from tuner.plan.ram import before_measuring
+    from tuner.cli.cmd_bench import _ram_warning as before_measuring
 
     model = demo_models[("qwen3moe", "Q4_K_M")]
     cfg = LaunchConfig(model=model, ctx=2048, parallel=1, cache_ram_mib=0)

@@ -160,7 +160,7 @@ def bench_cmd(
     with measuring("bench", allow_busy=allow_busy, busy_wait=busy_wait, quiet_output=as_json, device=cfg.device):
         if cfg.model == DEMO_PLACEHOLDER:
             cfg = replace(cfg, model=demo.default_model(loc, on_step=lambda msg: err.print(msg, highlight=False)))
-        ram_warning = ram.before_measuring(cfg, hardware.probe_hardware(host_bandwidth_s=0))
+        ram_warning = _ram_warning(cfg, hardware.probe_hardware(host_bandwidth_s=0))
         if ram_warning:
             err.print(ram_warning, highlight=False, markup=False, soft_wrap=True)
         with err.status(f"measuring {cfg.model.name}") as status:
@@ -180,6 +180,24 @@ def bench_cmd(
 
 
 DEMO_PLACEHOLDER = Path("<the demo model>")
+
+
+def _ram_warning(cfg: LaunchConfig, hw: hardware.Hardware) -> str | None:
+    """A warning for a config the memory model says exceeds RAM or leaves it tight, said before it is measured:
+    its figures would be those of the kernel paging experts in from disk, not of the config."""
+    from tuner.models.gguf_reader import inspect_model
+    from tuner.plan.memory import estimate
+
+    side = ram.ram_side(estimate(inspect_model(cfg.model), cfg, hw), cfg, hw)
+    if not (side.exceeds or side.tight):
+        return None
+    fix = "fewer host experts (a lower --n-cpu-moe), a smaller quant, or close what holds RAM"
+    if side.cache_ram_fit_mib is not None:
+        fix = f"--cache-ram {side.cache_ram_fit_mib}, " + fix
+    holders = ram.holders_line(hardware.ram_holders(), hw) or ""
+    return (f"warning: the memory model says this config {side.describe()} ({side.need_bytes / ram.GIB:.1f} GiB "
+            f"needed of {side.available_bytes / ram.GIB:.1f} GiB available): it may measure the disk, not the config; "
+            f"{fix}" + (f". {holders}" if holders else ""))
 
 
 def _number(text: str) -> float:

@@ -394,3 +394,17 @@ def with_ram_budget(hw: Hardware, ram_gib: float | None) -> Hardware:
     # Never more than is free now: the gate must not launch what the machine cannot hold today.
     return replace(hw, ram_available_bytes=min(ram, hw.ram_available_bytes))
 
+
+
+def ram_holders(limit: int = 3, exclude: frozenset[int] = frozenset()) -> tuple[tuple[str, int], ...]:
+    """The processes holding the most RAM on this machine (name, resident bytes, summed per name), this one and
+    ``exclude`` left out: what holds the rest of RAM, as the VRAM side names its residents."""
+    own = {os.getpid(), *exclude}
+    held: dict[str, int] = {}
+    for p in psutil.process_iter(["pid", "name", "memory_info"]):
+        info = p.info
+        if info["pid"] in own or info.get("memory_info") is None:
+            continue
+        name = info.get("name") or f"pid {info['pid']}"
+        held[name] = held.get(name, 0) + int(info["memory_info"].rss)
+    return tuple(sorted(held.items(), key=lambda kv: -kv[1])[:limit])

@@ -15,7 +15,6 @@ pages the mapped experts back in from disk on every token, silently (issue 41). 
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from tuner.core.config import LaunchConfig
@@ -84,22 +83,6 @@ def ram_side(est: MemoryEstimate, cfg: LaunchConfig, hw: Hardware) -> RamSide:
     return RamSide(avail, need, reach, fit)
 
 
-def ram_holders(limit: int = 3, exclude: frozenset[int] = frozenset()) -> tuple[tuple[str, int], ...]:
-    """The processes holding the most RAM on this machine (name, resident bytes, summed per name), this one and
-    ``exclude`` left out: what holds the rest of RAM, as the VRAM side names its residents."""
-    import psutil
-
-    own = {os.getpid(), *exclude}
-    held: dict[str, int] = {}
-    for p in psutil.process_iter(["pid", "name", "memory_info"]):
-        info = p.info
-        if info["pid"] in own or info.get("memory_info") is None:
-            continue
-        name = info.get("name") or f"pid {info['pid']}"
-        held[name] = held.get(name, 0) + int(info["memory_info"].rss)
-    return tuple(sorted(held.items(), key=lambda kv: -kv[1])[:limit])
-
-
 def holders_line(holders: tuple[tuple[str, int], ...], hw: Hardware) -> str | None:
     """One line naming what holds the RAM the plan does not have; None when nothing sizeable does."""
     shown = [f"{name} {rss / GIB:.1f} GiB" for name, rss in holders if rss >= 256 * MIB]
@@ -109,20 +92,3 @@ def holders_line(holders: tuple[tuple[str, int], ...], hw: Hardware) -> str | No
     return (f"RAM in use by others: {used:.1f} GiB of {hw.ram_total_bytes / GIB:.1f} GiB, the most by "
             + ", ".join(shown))
 
-
-def before_measuring(cfg: LaunchConfig, hw: Hardware) -> str | None:
-    """A warning for a config the memory model says exceeds RAM or leaves it tight, said before it is measured:
-    its figures would be those of the kernel paging experts in from disk, not of the config."""
-    from tuner.models.gguf_reader import inspect_model
-    from tuner.plan.memory import estimate
-
-    side = ram_side(estimate(inspect_model(cfg.model), cfg, hw), cfg, hw)
-    if not (side.exceeds or side.tight):
-        return None
-    fix = "fewer host experts (a lower --n-cpu-moe), a smaller quant, or close what holds RAM"
-    if side.cache_ram_fit_mib is not None:
-        fix = f"--cache-ram {side.cache_ram_fit_mib}, " + fix
-    holders = holders_line(ram_holders(), hw) or ""
-    return (f"warning: the memory model says this config {side.describe()} ({side.need_bytes / GIB:.1f} GiB "
-            f"needed of {side.available_bytes / GIB:.1f} GiB available): it may measure the disk, not the config; "
-            f"{fix}" + (f". {holders}" if holders else ""))

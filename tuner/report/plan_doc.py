@@ -12,7 +12,7 @@ from tuner.engine import flags
 from tuner.models import gguf_reader
 from tuner.plan.memory import Breakdown, HostBuffer
 from tuner.plan.placement import Plan, PlanRow, load_mode_note, offload_of
-from tuner.plan.ram import TIGHT_MARGIN_BYTES, RamSide, holders_line, ram_holders, ram_side
+from tuner.plan.ram import TIGHT_MARGIN_BYTES, RamSide, holders_line, ram_side
 
 # What each host buffer is, in the words the table's notes use.
 _BUFFER_WORDS = {
@@ -81,7 +81,8 @@ def plan_json(p: Plan, notes: list[str], base: LaunchConfig) -> dict[str, Any]:
     }
 
 
-def plan_notes(info: gguf_reader.ModelInfo, p: Plan, base: LaunchConfig, own_machine: bool = False) -> list[str]:
+def plan_notes(info: gguf_reader.ModelInfo, p: Plan, base: LaunchConfig,
+               holders: tuple[tuple[str, int], ...] = ()) -> list[str]:
     """What a reader needs beside the table: how the host side is held, and when the load mode matters."""
     notes = []
     axis = offload_of(info)
@@ -114,8 +115,8 @@ def plan_notes(info: gguf_reader.ModelInfo, p: Plan, base: LaunchConfig, own_mac
     if ram.tight:
         notes.append(f"{axis.span(n, n)}: {ram.describe()}; another program's growth would make the kernel read "
                      "experts back from disk every token (fewer host experts, a smaller quant, or close something)")
-    if own_machine:
-        line = holders_line(ram_holders(), p.hardware)
+    if holders:  # planned for this machine: what holds the rest of its RAM (tuner.machine.hardware.ram_holders)
+        line = holders_line(holders, p.hardware)
         if line and (ram.tight or ram.exceeds or row.estimate.verdict.value != "fits"):
             notes.append(line)
     return notes
