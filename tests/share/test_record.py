@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
+from tuner.core.errors import RecordError
 from tuner.share import lookup
-from tuner.share.record import MAX_RECORD_BYTES, SCHEMA, SCHEMA_VERSION, RecordError, read_record
+from tuner.share.record import MAX_RECORD_BYTES, SCHEMA, SCHEMA_VERSION, read_record
 
 LINE = "llama-server -m demo-Q4_K_M.gguf -c 4096 -np 1"
 CANDIDATE = "llama-server -m demo-Q4_K_M.gguf -ctk q8_0 -fa on -c 4096 -np 1 -t 2"

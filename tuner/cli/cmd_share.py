@@ -32,8 +32,9 @@ def share_cmd(
 
     \b
     Examples:
-      moe-tune share results/<study>/result.json --repo you/moe-tune-results --dry-run
-      moe-tune share results/<study>/result.json --repo you/moe-tune-results
+      moe-tune share results/<study>/result.json --dry-run \\
+        --repo you/moe-tune-results
+      moe-tune share results/<study> --repo you/moe-tune-results
     """
     from tuner.share import store
 
@@ -60,7 +61,8 @@ def lookup_cmd(
     \b
     Examples:
       moe-tune lookup unsloth/Qwen3-30B-A3B-GGUF:Q4_K_M --gpu "RTX 3060 12GB"
-      moe-tune lookup model.gguf --gpu "RTX 4060 Ti 16GB" --repo you/moe-tune-results --json
+      moe-tune lookup model.gguf --gpu "RTX 4060 Ti 16GB" --json \\
+        --repo you/moe-tune-results
     """
     from tuner.share import lookup, store
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from tuner import __version__
 from tuner.core.config import LaunchConfig
-from tuner.core.errors import UsageError
+from tuner.core.errors import RecordError, UsageError
 from tuner.engine import flags
 from tuner.hub.repos import quant_name
 from tuner.search.finish import ServerMeasurement
@@ -38,10 +38,6 @@ MAX_TEXT = 600  # characters of any one string (a launch line, a reason)
 CPU_CARD = "cpu"  # the card of a result measured without a GPU
 
 _HF_CACHE_DIR = re.compile(r"^(?:models|datasets)--(?P<owner>[\w.-]+?)--(?P<name>[\w.-]+)$")
-
-
-class RecordError(UsageError):
-    """A shared record that cannot be used: malformed, too large, hostile or from a newer schema."""
 
 
 # -- schema: field → kind ("str", "int", "num", "bool"; a trailing "?" allows null). Other fields are dropped.

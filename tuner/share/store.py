@@ -7,12 +7,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tuner.core.errors import RecordError
 from tuner.hub import records as hub_records
 from tuner.hub.repos import DEFAULT_OPTIONS, HubOptions
 from tuner.search.result import load_result
 from tuner.share.record import (
     MAX_RECORD_BYTES,
-    RecordError,
     SharedRecord,
     build_record,
     read_record,
