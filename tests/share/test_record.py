@@ -32,7 +32,9 @@ def good() -> dict[str, Any]:
         "workload": {"kind": "chat", "prompt_tokens": 512, "gen_tokens": 128, "depth_tokens": 512, "concurrency": 1},
         "lines": [{"label": "default", "round": "selection", "line": LINE, **measured},
                   {"label": "candidate-1", "round": "selection", "line": CANDIDATE, **measured, "gen_tok_s": 120.0}],
-        "verdicts": [], "printed": {"label": "default", "line": LINE, "why": "not shown faster"},
+        "verdicts": [{"a": "candidate-1", "b": "default", "rounds": 4, "ratio": 1.02, "low": 0.97, "high": 1.08,
+                      "noise_pct": 2.0, "outcome": "undecided"}],
+        "printed": {"label": "default", "line": LINE, "why": "not shown faster"},
         "speedup_vs_default": None, "speedup_vs_fit": None,
     }
 
@@ -94,6 +96,7 @@ def test_lookup_matches_the_card_and_its_vram_siblings_and_counts_agreement():
     assert [m.relation for m in on_4070] == ["sibling", "sibling"]  # same 12 GiB class, another card
     [group] = lookup.group(on_3060)["0c1e570"]
     assert group.to_dict()["records"] == 2 and group.to_dict()["median_gen_tok_s"] == 100.0
+    assert group.to_dict()["verdicts"] == ["candidate-1 vs default: undecided (1.02x, 0.97-1.08 over 4 rounds)"]
     assert lookup.matching(recs, lookup.ModelQuery.parse("o/m-GGUF:Q8_0"), lookup.CardQuery.parse("cpu")) == []
     # A record that printed llama.cpp's own choice proposes its best candidate: the default is a seed anyway.
     [seed] = lookup.proposals(on_3060[:1], "o/shared")

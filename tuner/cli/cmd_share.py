@@ -96,6 +96,8 @@ def lookup_cmd(
             out.print(f"{d['records']} record(s) agree: {d['line']}", highlight=False, soft_wrap=True, markup=False)
             for why in d["why"]:
                 out.print(f"  why: {why}", highlight=False, soft_wrap=True, markup=False)
+            for v in d["verdicts"]:
+                out.print(f"  verdict: {v}", highlight=False, soft_wrap=True, markup=False)
 
 
 def _num(v: float | None) -> str:

@@ -39,8 +39,11 @@ def check_repo_id(repo_id: str) -> str:
 def push(repo_id: str, path_in_repo: str, data: bytes, message: str, options: HubOptions = DEFAULT_OPTIONS
          ) -> Pushed:
     """Create the dataset repo if it is missing, then commit ``data`` at ``path_in_repo`` (one commit)."""
-    from huggingface_hub import HfApi
+    from huggingface_hub import HfApi, get_token
 
+    if options.token is False or (options.token is None and get_token() is None):
+        raise UsageError("sharing writes to the Hub and needs a token with write access: run `hf auth login` "
+                         "or set HF_TOKEN (--dry-run prints the record without one)")
     api = HfApi(endpoint=options.endpoint, token=options.token)
     with hub_errors(repo_id, options):
         api.create_repo(repo_id, repo_type=DATASET, exist_ok=True)

@@ -128,6 +128,7 @@ class LineGroup:
     gen_tok_s: list[float] = field(default_factory=list)
     prompt_tok_s: list[float] = field(default_factory=list)
     why: list[str] = field(default_factory=list)
+    verdicts: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         med = statistics.median
@@ -136,7 +137,7 @@ class LineGroup:
                 "workloads": sorted(set(self.workloads)),
                 "median_gen_tok_s": med(self.gen_tok_s) if self.gen_tok_s else None,
                 "median_prompt_tok_s": med(self.prompt_tok_s) if self.prompt_tok_s else None,
-                "why": list(dict.fromkeys(self.why))}
+                "why": list(dict.fromkeys(self.why)), "verdicts": list(dict.fromkeys(self.verdicts))}
 
 
 def group(matched: Sequence[Matched]) -> dict[str, list[LineGroup]]:
@@ -152,6 +153,8 @@ def group(matched: Sequence[Matched]) -> dict[str, list[LineGroup]]:
         g.quants.append(r.model.get("quant") or r.model["file_name"])
         g.workloads.append(r.data["workload"]["kind"])
         g.why.append(printed["why"])
+        g.verdicts.extend(f"{v['a']} vs {v['b']}: {v['outcome']} ({v['ratio']:.2f}x, {v['low']:.2f}-{v['high']:.2f} "
+                          f"over {v['rounds']} rounds)" for v in r.data["verdicts"])
         measured = r.line(printed["label"])
         if measured and measured["gen_tok_s"] is not None:
             g.gen_tok_s.append(measured["gen_tok_s"])
