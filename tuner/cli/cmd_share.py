@@ -21,7 +21,7 @@ RepoOpt = Annotated[str, typer.Option("--repo", help="Hugging Face dataset repo,
 @friendly
 def share_cmd(
     result: Annotated[Path, typer.Argument(help="results/<study>/result.json (or the folder).")],
-    repo: RepoOpt = DEFAULT_REPO,
+    repo: RepoOpt,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the record; send nothing.")] = False,
     as_json: JsonFlag = False,
 ) -> None:
