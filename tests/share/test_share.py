@@ -20,6 +20,7 @@ from tuner.hub.repos import HubOptions
 from tuner.machine import hardware
 from tuner.measure import workload
 from tuner.measure.workload import WorkloadKind
+from tuner.report import study_report
 from tuner.search import autotune, finish, study
 from tuner.search.result import load_result
 from tuner.share import lookup, store
@@ -107,6 +108,8 @@ def test_share_lookup_and_seed_from_round_trip_through_the_hub(tuned, hub, engin
     cmd_tune._summary(res)
     assert f"seed: {story}" in printed.getvalue()
     assert json.loads((res.result_dir / "result.json").read_text())["seed_origins"] == {seed.label: seed.origin}
+    study_report.write(res.result, res.result_dir)
+    assert f"- seed: {story}" in (res.result_dir / "report.md").read_text()
 
 
 def test_records_from_a_newer_schema_or_hostile_are_skipped_in_one_line_each(tuned, hub, tmp_path):
