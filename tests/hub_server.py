@@ -7,6 +7,11 @@ Routes (models and datasets): ``GET /api/{models,datasets}/REPO[/revision/REV]``
 Errors carry ``X-Error-Code`` the way the Hub sends them (RepoNotFound, GatedRepo, RevisionNotFound,
 EntryNotFound), so the client raises its own typed errors.
 
+Writes (what ``HfApi.create_repo`` and ``upload_file``/``create_commit`` send): ``POST /api/repos/create``
+(409 when it exists), ``POST /api/{models,datasets}/REPO/preupload/REV`` (every file "regular": no LFS, no
+Xet) and ``POST /api/{models,datasets}/REPO/commit/REV`` (the NDJSON commit: a header line, then
+``file`` lines with base64 content and ``deletedFile`` lines); each commit gets a new commit id.
+
 Test hooks: ``cut_next_download`` (close the socket mid-body), ``corrupt`` (serve different bytes than
 the advertised sha256), gated repos answering 401/403 unless a granted token is sent. Every request is
 recorded with the body bytes it sent, so tests can assert how much was transferred.
@@ -17,6 +22,7 @@ Also here: ``split_gguf`` writes real llama.cpp split GGUFs (``split.no``/``spli
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import re
@@ -60,6 +66,7 @@ class HubRepo:
     files: dict[str, HubFile]
     commit: str
     gated: bool = False
+    commits: list[str] = field(default_factory=list)  # summaries of the commits pushed to it, oldest first
 
 
 @dataclass(frozen=True)
@@ -111,6 +118,18 @@ class HubServer:
         repo = HubRepo(repo_id, repo_type, entries, digest.hexdigest(), gated)
         self.repos[(repo_type, repo_id)] = repo
         return repo
+
+    def commit(self, repo: HubRepo, summary: str, files: Mapping[str, bytes | None]) -> str:
+        """Apply one commit (a path mapped to None is deleted); the repo's new commit id."""
+        with self._lock:
+            for path, data in files.items():
+                if data is None:
+                    repo.files.pop(path, None)
+                else:
+                    repo.files[path] = HubFile(path, data, lfs=path.endswith(LFS_SUFFIXES))
+            repo.commit = hashlib.sha1(f"{repo.commit}\n{summary}\n{sorted(files)}".encode()).hexdigest()
+            repo.commits.append(summary)
+            return repo.commit
 
     # -- hooks -------------------------------------------------------------------------------------
 
@@ -191,6 +210,59 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         self._dispatch(head=False)
+
+    def do_POST(self) -> None:
+        path = unquote(urlparse(self.path).path)
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        status, sent = 404, 0
+        try:
+            if path == "/api/repos/create":
+                status, sent = self._create(json.loads(body or b"{}"))
+            elif (m := _API.match(path)) and (w := re.match(r"^/(preupload|commit)/[^/]+$", m.group("rest") or "")):
+                repo = self._repo(m.group("kind")[:-1], m.group("repo"))
+                if repo is None:
+                    status, sent = self._error(404, "RepoNotFound", "Repository not found")
+                elif w.group(1) == "preupload":
+                    files = json.loads(body or b"{}").get("files", [])
+                    status, sent = self._json(200, {"files": [
+                        {"path": f["path"], "uploadMode": "regular", "shouldIgnore": False,
+                         "oid": repo.files[f["path"]].git_oid if f["path"] in repo.files else None}
+                        for f in files]}, repo)
+                else:
+                    status, sent = self._commit(repo, body)
+            else:
+                status, sent = self._error(404, "RepoNotFound", "Unknown route")
+        finally:
+            self.hub._record(Request("POST", path, None, status, sent, self.headers.get("Authorization")))
+
+    def _create(self, payload: dict[str, Any]) -> tuple[int, int]:
+        kind = payload.get("type") or "model"
+        repo_id = f"{payload.get('organization') or 'user'}/{payload['name']}"
+        existing = self._repo(kind, repo_id)
+        if existing is not None:
+            return self._error(409, "RepoExists", "You already created this repo", existing)
+        repo = self.hub.add_repo(repo_id, {}, repo_type=kind)
+        prefix = "" if kind == "model" else f"{kind}s/"
+        return self._json(200, {"url": f"{self.hub.endpoint}/{prefix}{repo_id}", "name": repo_id}, repo)
+
+    def _commit(self, repo: HubRepo, body: bytes) -> tuple[int, int]:
+        summary = ""
+        files: dict[str, bytes | None] = {}
+        for line in body.splitlines():
+            item = json.loads(line)
+            value = item.get("value") or {}
+            if item.get("key") == "header":
+                summary = value.get("summary", "")
+            elif item.get("key") == "file":
+                files[value["path"]] = base64.b64decode(value["content"])
+            elif item.get("key") == "deletedFile":
+                files[value["path"]] = None
+            else:
+                return self._error(400, "BadRequest", f"unsupported commit operation {item.get('key')}", repo)
+        commit = self.hub.commit(repo, summary, files)
+        prefix = "" if repo.repo_type == "model" else f"{repo.repo_type}s/"
+        return self._json(200, {"success": True, "commitOid": commit, "pullRequestUrl": None,
+                                "commitUrl": f"{self.hub.endpoint}/{prefix}{repo.repo_id}/commit/{commit}"}, repo)
 
     # -- routing -----------------------------------------------------------------------------------
 

@@ -36,10 +36,12 @@ ALLOWED = {
     "frontier": {"core", "machine", "engine", "models", "plan", "quality", "measure", "catalog", "search"},
     "quants": {"core", "machine", "engine", "models", "plan", "quality", "measure", "hub", "catalog", "search"},
     "versus": {"core", "machine", "engine", "models", "plan", "quality", "measure", "hub", "catalog", "search"},
+    # Sharing results over the Hub: records built from a result, read back as seeds and look-ups.
+    "share": {"core", "machine", "engine", "models", "plan", "quality", "measure", "hub", "catalog", "search"},
     "report": {"core", "machine", "engine", "models", "plan", "quality", "measure", "search", "frontier", "quants",
                "catalog", "versus"},
     "cli": {"core", "machine", "engine", "models", "plan", "quality", "measure", "search", "frontier", "quants",
-            "hub", "catalog", "report", "versus", "mcp_server"},  # mcp_server: `moe-tune mcp` opens its door
+            "hub", "catalog", "report", "versus", "mcp_server", "share"},  # mcp_server: `moe-tune mcp` opens its door
     # The MCP server: a second front end beside cli, over the same library calls (it never imports cli).
     "mcp_server": {"core", "machine", "engine", "models", "plan", "quality", "measure", "search", "frontier",
                    "quants", "hub", "catalog", "report"},

@@ -19,6 +19,7 @@ from tuner.cli import (  # noqa: F401 - registers the commands
     cmd_quality,
     cmd_serve,
     cmd_shape,
+    cmd_share,
     cmd_tune,
     cmd_versus,
 )

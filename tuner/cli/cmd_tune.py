@@ -98,6 +98,9 @@ def auto_tune_cmd(
     session_file: Annotated[Path | None, typer.Option(
         "--session", help="Agent workload: judge whole sessions on this OpenAI-style messages JSON (default: the "
         "bundled session at --depth).")] = None,
+    seed_from: Annotated[str | None, typer.Option(
+        "--seed-from", help="Hugging Face dataset repo of shared results (moe-tune share): their lines for this "
+        "model and card join the seeds, measured here like any seed.")] = None,
     session_rounds: Annotated[int, typer.Option(
         "--session-rounds", help="Agent workload: confirmation sessions per arm (interleaved rounds, one more while "
         "undecided; 2 selection rounds come first when several reuse settings compete); 0: no session stage.")] = 3,
@@ -118,6 +121,8 @@ def auto_tune_cmd(
         --workload batch
     Agent sessions (prompt reuse tuned, scored by session time):
       moe-tune auto-tune MODEL --workload agent --depth 16384
+    Start from lines others shared for this model and card:
+      moe-tune auto-tune MODEL --seed-from you/moe-tune-results
     """
     if goal not in ("speed", "context"):
         raise UsageError(f"unknown --goal {goal}: use speed or context")
@@ -128,6 +133,8 @@ def auto_tune_cmd(
     if frontier and (pareto or goal == "context" or speculate or draft or prompts):
         raise UsageError("--frontier has its own objectives and ladder: drop --pareto, --goal context and "
                          "--speculation")
+    if frontier and seed_from:
+        raise UsageError("--seed-from seeds the single-winner search: drop --frontier")
     def say(msg: str) -> None:
         if not as_json:
             err.print(msg, highlight=False, soft_wrap=True)
@@ -156,6 +163,10 @@ def auto_tune_cmd(
             hardware.with_vram_budget(hardware.probe_hardware(host_bandwidth_s=0.3), vram_budget), ram)
         say(f"machine: {hw.describe()}" + ("; measuring the CPU on purpose (--device none)"
                                            if req.device == "none" and hw.has_gpu else ""))
+        if seed_from:
+            from tuner.share.lookup import seeds_from
+
+            req = replace(req, proposals=tuple(seeds_from(seed_from, req.model, hw, on_step=say)))
         if frontier:
             run_frontier(req, loc, hw, max_ctx=max_ctx, trials=trials, as_json=as_json, say=say)
             return
@@ -307,6 +318,8 @@ def _summary(res: autotune.TuneResult) -> None:
     decision = fin.get("decision") or {}
     if winner:
         out.print(f"printed: {winner['label']} ({decision.get('reason', '')})", highlight=False, soft_wrap=True)
+    if story := res.result.seed_story():
+        out.print(f"seed: {story}", highlight=False, soft_wrap=True)
     sp = r["speedup"]
     parts = [f"{k}: {v:.2f}x" for k, v in sp.items() if v is not None and not (winner and winner["label"] == k)]
     if parts:

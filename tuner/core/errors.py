@@ -158,6 +158,10 @@ class ResultVersionError(UsageError):
 # -- the engine and its processes -------------------------------------------------------------------------
 
 
+class RecordError(UsageError):
+    """A shared record (tuner.share) that cannot be used: malformed, too large, hostile or from a newer schema."""
+
+
 class UnsupportedFlagError(UsageError):
     """The detected engine does not accept a flag the config needs."""
 

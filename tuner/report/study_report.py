@@ -174,6 +174,8 @@ def _winner_lines(result: dict[str, Any]) -> list[str]:  # the to_dict() form
     if w.get("slots", 1) > 1 or fin.concurrency > 1:
         lines.append(f"- {w.get('slots', 1)} slots: {_fmt(w.get('loaded_gen_tok_s'))} tok/s per request with every "
                      f"slot busy, {_fmt(w.get('end_to_end_gen_tok_s'))} tok/s aggregate (prompts included)")
+    if result.get("seed_story"):  # auto-tune --seed-from: which seed won, and where it came from
+        lines.append(f"- seed: {result['seed_story']}")
     if versus:
         lines.append(f"- {versus} (by {fin.metric})")
     lines += [f"- {Verdict.from_dict(v).describe()}" for v in result["finish"].get("verdicts", [])]

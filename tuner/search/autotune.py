@@ -23,7 +23,7 @@ from tuner.plan.placement import largest_fitting_ctx
 from tuner.plan.roofline import roofline
 from tuner.quality import kv_price
 from tuner.quality.kv_price import KvPrice
-from tuner.search import finish, session_stage, space, speculation, study
+from tuner.search import finish, proposals, session_stage, space, speculation, study
 from tuner.search import result as study_result
 from tuner.search.interrupt import sigterm_as_ctrl_c
 
@@ -62,6 +62,8 @@ class TuneRequest:
     device: str | None = None  # -dev of every config: "none" measures the CPU on purpose
     # The agent workload: whole sessions decide between the defaults, the winner and its prompt-reuse settings.
     session: session_stage.SessionRequest | None = None
+    # Lines others measured (`--seed-from`): seeds beside the default, --fit and the memory model's guess.
+    proposals: tuple[proposals.Proposal, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,10 +140,25 @@ def auto_tune(req: TuneRequest, loc: build.EngineLocation, hw: Hardware, *,
         on_step("asking llama-fit-params for llama.cpp's own --fit choice")
     fit = finish.fit_config(loc, finish.default_config(sp), fit_target=finish.fit_target_mib(hw, req.vram_margin_mib))
     seeds = finish.seed_configs(sp, info, hw, fit, req.vram_margin_mib)
-    # Seeds go in right after creation, by the creating process only: a shared study gets them once.
+    shared = proposals.adapt(req.proposals, sp, info, hw, engine_commit=caps.commit,
+                             vram_margin_mib=req.vram_margin_mib, known=[s for s in seeds if s[0] != "memory-model"])
+    for note in shared.notes:
+        if on_step:
+            on_step(note)
+    # Proposed lines go right after llama.cpp's own choices (inside a small budget they are measured); the memory
+    # model's guess, when it is the same config as one, is measured once under the proposal's label.
+    seeds = [s for s in seeds if s[0] != "memory-model"] + list(shared.seeds) + [
+        s for s in seeds if s[0] == "memory-model" and all(s[1] != c for _, c in shared.seeds)]
+    # Seeds go in right after creation, by the creating process only: a shared study gets them once. Proposals are
+    # new labels: a study made before gets them too.
     st, created = study.create_or_load(name, storage, objective, seed=req.seed)
     if created:
         study.enqueue_seeds(st, sp, seeds)
+    elif shared.seeds:
+        study.enqueue_seeds(st, sp, shared.seeds)
+    if shared.origins:
+        origins = st.user_attrs.get(proposals.SEED_ORIGINS_ATTR, {}) | shared.origins
+        st.set_user_attr(proposals.SEED_ORIGINS_ATTR, origins)
     st.set_user_attr("model", str(req.model))
     st.set_user_attr("model_fingerprint", fingerprint.fingerprint(req.model))  # what `serve` checks the file by
     st.set_user_attr("hardware", {"describe": hw.describe(), "gpu": hw.gpu_name, "has_gpu": hw.has_gpu,
@@ -149,7 +166,8 @@ def auto_tune(req: TuneRequest, loc: build.EngineLocation, hw: Hardware, *,
                                   "vram_budget_bytes": hw.vram_budget_bytes, "physical_cores": hw.physical_cores,
                                   "ram_available_bytes": hw.ram_available_bytes,
                                   "n_cpu_moe_why": sp.n_cpu_moe_why})
-    st.set_user_attr("engine", {"commit": caps.commit, "version": caps.version, "backend": caps.backend})
+    st.set_user_attr("engine", {"commit": caps.commit, "version": caps.version, "backend": caps.backend,
+                                "fa_quants": ";".join(caps.fa_kernels.pairs) if caps.fa_kernels.pairs else None})
     st.set_user_attr("workload", req.workload.describe())
     st.set_user_attr("measure", {"n_prompt": measure.n_prompt, "n_gen": measure.n_gen,
                                  "prompt_depth": measure.prompt_depth, "gen_depth": measure.gen_depth,

@@ -59,6 +59,25 @@ class StudyResult:
     session: dict[str, Any] | None = None
     # The tuned file's size and sampled hashes (tuner.models.fingerprint); None in results written before it.
     model_fingerprint: dict[str, Any] | None = None
+    # Seeds proposed from outside (`--seed-from`): label → where it came from (tuner.search.proposals).
+    seed_origins: dict[str, str] | None = None
+
+    def seed_story(self) -> str | None:
+        """Which seed the printed line (or, when llama.cpp's own choice is printed, the best candidate) came from,
+        and where that seed came from; None when no seed was proposed from outside."""
+        if not self.seed_origins:
+            return None
+        decision = self.finish.decision
+        arm = decision.shipped if decision.taken else decision.best
+        trial = next((t for t in self.trials if arm is not None and t.number == arm.trial_number), None)
+        seed = trial.seed if trial is not None else None
+        role = "the printed line" if decision.taken else "the best candidate"
+        if arm is None:
+            return "no candidate was measured: no seed won"
+        if seed in self.seed_origins:
+            return f"{role} ({arm.label}) came from seed {seed}: {self.seed_origins[seed]}"
+        came = f"seed {seed}" if seed else "the sampler"
+        return f"{role} ({arm.label}) came from {came}, not from a shared line ({', '.join(self.seed_origins)})"
 
     @property
     def winner(self) -> ServerMeasurement | None:
@@ -79,6 +98,7 @@ class StudyResult:
             **({"frontier": self.frontier} if self.frontier is not None else {}),
             **({"session": self.session} if self.session is not None else {}),
             **({"model_fingerprint": self.model_fingerprint} if self.model_fingerprint is not None else {}),
+            **({"seed_origins": self.seed_origins, "seed_story": self.seed_story()} if self.seed_origins else {}),
         }
 
     @classmethod
@@ -92,6 +112,7 @@ class StudyResult:
             objective=d.get("objective"), space=d.get("space"), measure=d.get("measure"),
             quality=QualitySummary.from_dict(d.get("quality") or {}), frontier=d.get("frontier"),
             session=d.get("session"), model_fingerprint=d.get("model_fingerprint"),
+            seed_origins=d.get("seed_origins"),
         )
 
 
@@ -109,7 +130,7 @@ def result_from_study(st: Any) -> StudyResult:
                                winner.kld_mean if winner else None, winner.same_top_pct if winner else None,
                                tuple(attrs.get("kv_prices", []))),
         frontier=attrs.get("frontier"), session=attrs.get("session"),
-        model_fingerprint=attrs.get("model_fingerprint"),
+        model_fingerprint=attrs.get("model_fingerprint"), seed_origins=attrs.get("seed_origins"),
     )
 
 

@@ -1,0 +1,104 @@
+"""`moe-tune share` (a result as a record in a Hugging Face dataset repo) and `moe-tune lookup` (what others
+measured for a model on a card). Neither measures anything; `auto-tune --seed-from` uses the same records."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich import box
+from rich.table import Table
+
+from tuner.cli.app import JsonFlag, app, err, friendly, out
+
+DEFAULT_REPO = "moe-tune/shared-results"
+RepoOpt = Annotated[str, typer.Option("--repo", help="Hugging Face dataset repo, OWNER/DATASET.")]
+
+
+@app.command("share", short_help="Share a result as a record in a Hugging Face dataset repo.")
+@friendly
+def share_cmd(
+    result: Annotated[Path, typer.Argument(help="results/<study>/result.json (or the folder).")],
+    repo: RepoOpt,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the record; send nothing.")] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Share an auto-tune result: one JSON record (card, host size, engine, model by Hub id or fingerprint,
+    workload, every measured line with its verdicts, the printed line and why) committed to a dataset repo.
+    No paths, host name, user or serial numbers: see docs/sharing.md. Uses your Hugging Face token
+    (`hf auth login` or HF_TOKEN).
+
+    \b
+    Examples:
+      moe-tune share results/<study>/result.json --dry-run \\
+        --repo you/moe-tune-results
+      moe-tune share results/<study> --repo you/moe-tune-results
+    """
+    from tuner.share import store
+
+    done = store.share(result, repo, dry_run=dry_run)
+    if dry_run or as_json:
+        payload = done.record if dry_run and not as_json else {"path": done.path, "commit_url": done.commit_url,
+                                                               "record": done.record}
+        out.print_json(json.dumps(payload))
+        return
+    out.print(f"shared {done.path} to {repo}: {done.commit_url}", highlight=False, soft_wrap=True)
+
+
+@app.command("lookup", short_help="What others measured for a model on a card (no GPU needed).")
+@friendly
+def lookup_cmd(
+    model: Annotated[str, typer.Argument(help="A .gguf path (matched by fingerprint) or REPO[:QUANT].")],
+    gpu: Annotated[str, typer.Option("--gpu", help="The card, e.g. \"RTX 3060 12GB\"; cpu for CPU-only results.")],
+    repo: RepoOpt = DEFAULT_REPO,
+    as_json: JsonFlag = False,
+) -> None:
+    """List the lines shared for MODEL (and its quants) on a card and its siblings (same VRAM class), by engine
+    commit, with how many records agree, their verdicts and figures. Measures nothing.
+
+    \b
+    Examples:
+      moe-tune lookup unsloth/Qwen3-30B-A3B-GGUF:Q4_K_M --gpu "RTX 3060 12GB"
+      moe-tune lookup model.gguf --gpu "RTX 4060 Ti 16GB" --json \\
+        --repo you/moe-tune-results
+    """
+    from tuner.share import lookup, store
+
+    model_q = lookup.ModelQuery.parse(model)
+    card_q = lookup.CardQuery.parse(gpu)
+    got = store.fetch(repo)
+    groups = lookup.group(lookup.matching(got.records, model_q, card_q))
+    if as_json:
+        out.print_json(json.dumps({
+            "repo": repo, "commit": got.commit, "model": model, "card": card_q.name,
+            "vram_class_gib": card_q.vram_class_gib, "records_read": len(got.records), "skipped": list(got.skipped),
+            "by_engine_commit": {c: [g.to_dict() for g in lines] for c, lines in groups.items()}}))
+        return
+    for line in got.skipped:
+        err.print(f"warning: {line}", highlight=False, soft_wrap=True)
+    if not groups:
+        out.print(f"no shared record in {repo} for {model} on {card_q.name} or a card of its VRAM class "
+                  f"({len(got.records)} records read)", highlight=False, soft_wrap=True)
+        return
+    for commit, lines in groups.items():
+        table = Table(title=f"engine {commit}", box=box.SIMPLE_HEAD)
+        for col in ("records", "printed", "gen tok/s", "pp tok/s", "cards", "workloads"):
+            table.add_column(col, justify="right" if col in ("records", "gen tok/s", "pp tok/s") else "left")
+        for g in lines:
+            d = g.to_dict()
+            table.add_row(str(d["records"]), d["label"], _num(d["median_gen_tok_s"]), _num(d["median_prompt_tok_s"]),
+                          ", ".join(d["cards"]), ", ".join(d["workloads"]))
+        out.print(table)
+        for g in lines:
+            d = g.to_dict()
+            out.print(f"{d['records']} record(s) agree: {d['line']}", highlight=False, soft_wrap=True, markup=False)
+            for why in d["why"]:
+                out.print(f"  why: {why}", highlight=False, soft_wrap=True, markup=False)
+            for v in d["verdicts"]:
+                out.print(f"  verdict: {v}", highlight=False, soft_wrap=True, markup=False)
+
+
+def _num(v: float | None) -> str:
+    return "" if v is None else f"{v:,.1f}"
