@@ -24,6 +24,7 @@ N_LAYER, N_EMBD, N_FF, N_EXPERT = 30, 576, 1536, 8
 EXPERT_LAYER_BYTES = 3 * N_EMBD * N_FF * 2  # gate, up and down of one layer in F16, all 8 experts together
 
 
+@pytest.mark.slow  # dequantizes a 135M model: not the fast tier
 def test_the_moe_header_and_tensors_are_those_of_an_8x192_moe(trained_moe, trained_model):
     info = inspect_model(trained_moe)
     assert (info.arch, info.n_layer, info.n_expert, info.n_expert_used, info.n_ff_exp) == ("llama", N_LAYER, 8, 8, 192)
@@ -78,6 +79,7 @@ def test_plan_moves_one_layers_experts_per_step_and_agrees_with_llama_cpp(engine
     assert data["engine_check"] and all(c["agrees"] for c in data["engine_check"]), data["engine_check"]
 
 
+@pytest.mark.slow  # writes a 135M model
 def test_demo_model_trained_writes_it_and_refuses_bad_input(trained_model, tmp_path):
     res = run_cli("demo-model", "--trained", "--from", str(trained_model), "--experts", "4", "--out", str(tmp_path))
     assert res.returncode == 0, res.stderr
@@ -100,3 +102,42 @@ def test_a_model_that_is_not_a_dense_llama_is_refused(demo_models, tmp_path):
     with pytest.raises(UsageError, match="qwen3moe model"):
         trained.write_moe(demo_models[("qwen3moe", "F16")], tmp_path / "x.gguf")
     assert not list(tmp_path.iterdir())  # nothing half-written left behind
+
+
+def _tiny_dense_llama(path, n_embd: int = 64, n_ff: int = 256, seed: int = 0) -> dict[str, np.ndarray]:
+    """A one-layer dense llama GGUF whose FFN weights are multiples of 1/64 (exact in F16)."""
+    rng = np.random.default_rng(seed)
+    w = {"gate": rng.integers(-64, 64, (n_ff, n_embd)) / 64, "up": rng.integers(-64, 64, (n_ff, n_embd)) / 64,
+         "down": rng.integers(-64, 64, (n_embd, n_ff)) / 64}
+    writer = gguf.GGUFWriter(path, "llama")
+    writer.add_name("tiny dense")
+    writer.add_block_count(1)
+    writer.add_embedding_length(n_embd)
+    writer.add_feed_forward_length(n_ff)
+    writer.add_tensor("blk.0.attn_norm.weight", np.ones(n_embd, dtype=np.float32))
+    for part, values in w.items():
+        writer.add_tensor(f"blk.0.ffn_{part}.weight", values.astype(np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return w
+
+
+def test_the_split_is_the_dense_ffn_term_by_term(tmp_path):
+    """SwiGLU: down · (silu(gate · x) ⊙ (up · x)) is a sum over hidden units; the experts, each weighted 1/E as
+    llama.cpp's softmax over a zero router gives them, add up to it (float64 here, the written F16 values)."""
+    w = _tiny_dense_llama(tmp_path / "dense.gguf")
+    moe = trained.write_moe(tmp_path / "dense.gguf", tmp_path / "moe.gguf", n_expert=4)
+    t = {x.name: np.asarray(x.data, dtype=np.float64) for x in gguf.GGUFReader(moe).tensors}
+    x = np.random.default_rng(1).standard_normal(64)
+
+    def silu(v):
+        return v / (1 + np.exp(-v))
+
+    dense = w["down"] @ (silu(w["gate"] @ x) * (w["up"] @ x))
+    gate, up, down = (t[f"blk.0.ffn_{p}_exps.weight"] for p in ("gate", "up", "down"))
+    weight = np.exp(t["blk.0.ffn_gate_inp.weight"] @ x)
+    weight /= weight.sum()  # softmax over the 4 experts, then normalized over the 4 chosen: all of them
+    mixed = sum(weight[e] * down[e] @ (silu(gate[e] @ x) * (up[e] @ x)) for e in range(4))
+    np.testing.assert_allclose(mixed, dense, rtol=1e-12, atol=1e-12)
