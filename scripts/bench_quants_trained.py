@@ -12,7 +12,9 @@ compare-quants prints it), same top %, and llama-bench's generation and prompt s
 compare-quants' auto-tune is left out: on this shared 2-core machine it took over 10 minutes per quant. Writes
 results/benchmarks/compare-quants-trained-moe.md with the commands and the machine's load. llama.cpp's published
 ordering for trained weights (tools/perplexity/README.md of the pinned source) is Q8_0 < Q6_K < Q5_K_M < Q4_K_M in
-KLD; the file says whether this model agrees.
+KLD; the file says whether this model agrees. It cannot, quite: SmolLM2's rows are 576 wide (the experts' down rows
+192), not a multiple of 256, so llama-quantize gives every K-quant tensor its fallback type (src/llama-quant.cpp
+``tensor_type_fallback``: Q2_K/Q3_K → Q4_0, Q4_K → Q5_0, Q5_K → Q5_1, Q6_K → Q8_0).
 """
 
 from __future__ import annotations
@@ -101,6 +103,10 @@ def main() -> None:
     lines.append(f"llama.cpp's published KLD order for trained weights, {' < '.join(PUBLISHED_ORDER)}: "
                  + ("this model agrees (" if agrees else "this model does NOT agree (")
                  + ", ".join(f"{q} {kld[q]:.5f}" for q in order) + ").")
+    lines.append("SmolLM2's rows are 576 wide (the experts' down rows 192), not a multiple of 256: llama-quantize "
+                 "gives every K-quant tensor its fallback type (src/llama-quant.cpp `tensor_type_fallback`: Q2_K/Q3_K "
+                 "→ Q4_0, Q4_K → Q5_0, Q5_K → Q5_1, Q6_K → Q8_0), so the K-quant rows measure those legacy types "
+                 "(Q6_K's file is Q8_0's) and the published K-quant order is only partly testable on this model.")
     lines.append("The importance matrix (llama-imatrix on the bundled corpus, the text the KLD is measured on, so "
                  "this is its best case): " + "; ".join(
                      f"{q} {kld[q]:.5f} → {v:.5f} ({'helps' if v < kld[q] else 'does not help'})"

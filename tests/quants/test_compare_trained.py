@@ -3,7 +3,11 @@ the trained MoE (SmolLM2-135M-Instruct split exactly into 8 experts, tests/train
 it in llama.cpp's published order for trained weights (tools/perplexity/README.md: Q8_0 far below the 3-4 bit
 types), and the pick by a loss budget over those engine figures. Random weights cannot answer these: every quant of
 noise costs about the same. Speed is left out (the same for both rows): the pick under a loss budget alone is the
-fastest row within it, so a budget that only Q8_0 meets must answer Q8_0 whatever the speeds."""
+fastest row within it, so a budget that only Q8_0 meets must answer Q8_0 whatever the speeds.
+
+SmolLM2's rows are 576 (and the experts' down rows 192) wide, not a multiple of 256: llama-quantize gives every
+K-quant tensor its fallback type (src/llama-quant.cpp ``tensor_type_fallback``: Q3_K → Q4_0, Q4_K → Q5_0,
+Q5_K → Q5_1, Q6_K → Q8_0), so the mix's experts are Q4_0 here, and a Q6_K file is a Q8_0 file."""
 
 from __future__ import annotations
 
