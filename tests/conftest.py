@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.trained import trained_model  # noqa: F401  (session fixture: a trained GGUF from the package index)
+from tests.trained import trained_dense_f16, trained_model, trained_moe  # noqa: F401  (session fixtures: trained GGUFs)
 from tuner.engine import build
 from tuner.machine import processes
 from tuner.models import demo

