@@ -56,6 +56,13 @@ def ready(proc: subprocess.Popen[str]) -> tuple[str, int, str]:
     return url.group(1), int(pid.group(1)), "".join(said)
 
 
+def model_ids(url: str, key: str | None = None) -> list[str]:
+    """What /v1/models lists: the names an OpenAI client and a UI show."""
+    req = urllib.request.Request(f"{url}/models", headers={"Authorization": f"Bearer {key}"} if key else {})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        return [m["id"] for m in json.loads(resp.read())["data"]]
+
+
 def post(url: str, payload: dict, key: str | None = None) -> dict:
     headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
     req = urllib.request.Request(url, data=json.dumps(payload).encode(), headers=headers, method="POST")
@@ -112,7 +119,7 @@ def argv_holding(secret: str) -> list[str]:
 def test_on_the_network_the_key_is_required_and_in_no_argv(tuned, tmp_path):
     key_file = tmp_path / "keys" / "api-key"
     key_file.parent.mkdir()
-    proc = start(str(tuned), "--host", "0.0.0.0", "--api-key-file", str(key_file),
+    proc = start(str(tuned), "--host", "0.0.0.0", "--api-key-file", str(key_file), "--alias", "team-model",
                  env={"LLAMA_API_KEY": "sesame-from-the-shell"})
     try:
         url, pid, said = ready(proc)
@@ -129,7 +136,8 @@ def test_on_the_network_the_key_is_required_and_in_no_argv(tuned, tmp_path):
         with pytest.raises(urllib.error.HTTPError) as exported:  # an exported key is not a second key beside it
             post(f"{url}/chat/completions", ask, key="sesame-from-the-shell")
         assert exported.value.code == 401
-        assert post(f"{url}/chat/completions", ask, key=key)["choices"]
+        assert post(f"{url}/chat/completions", ask, key=key)["model"] == "team-model"
+        assert model_ids(url, key) == ["team-model"]
     finally:
         proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=30)
@@ -143,8 +151,11 @@ def test_a_key_from_the_environment_stays_out_of_every_argv(tuned):
         url, pid, said = ready(proc)
         assert argv_holding(secret) == []
         assert "the key is in $LLAMA_API_KEY" in said
+        # No --alias: the model file's name without .gguf, never its absolute path (the home folder in it).
+        stem = Path(json.loads(tuned.read_text())["model"]).stem
+        assert model_ids(url, secret) == [stem] and f"served as model '{stem}'" in said
         assert post(f"{url}/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4},
-                    key=secret)["choices"]
+                    key=secret)["model"] == stem
     finally:
         proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=30)

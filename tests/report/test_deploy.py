@@ -62,6 +62,19 @@ def test_every_format_carries_the_measured_flags(tuned, engine_loc, rank):
     assert service["command"] == [*inside, "--host", "0.0.0.0", "--port", "8080"]
 
 
+def test_service_formats_serve_the_model_by_its_file_name_not_its_path(tuned):
+    """llama-server names the model by its path unless given an alias (server-context.cpp): a service's clients
+    see the file's name instead, set by environment (LLAMA_ARG_ALIAS) so the command stays the measured one."""
+    stem = Path(json.loads(tuned.read_text())["model"]).stem
+    unit = launch(tuned, "--format", "systemd")
+    assert f"Environment=LLAMA_ARG_ALIAS={stem}" in unit.splitlines()
+    [service] = yaml_doc(launch(tuned, "--format", "compose"))["services"].values()
+    assert service["environment"]["LLAMA_ARG_ALIAS"] == stem
+    swap = yaml_doc(launch(tuned, "--format", "llama-swap"))
+    assert f"LLAMA_ARG_ALIAS={stem}" in swap["models"][stem]["env"]
+    assert "LLAMA_ARG_ALIAS" not in launch(tuned)  # the shell line is the measured command, as it was measured
+
+
 def test_systemd_unit_passes_systemd_analyze_verify(tuned, engine_loc, tmp_path):
     """A model path with a space, a `%` and a `$` (systemd's specifier and variable signs) still reaches the
     engine as one argument; the unit restarts on failure, starts with the user's session and names the card."""
@@ -137,7 +150,8 @@ def test_services_get_the_card_the_shell_keeps_its_own(tuned):
     list; the shell line stays the printed line (the shell it is pasted into has its own environment)."""
     swap = yaml_doc(launch(tuned, "--format", "llama-swap", env={"CUDA_VISIBLE_DEVICES": "1"}))
     [entry] = swap["models"].values()
-    assert entry["env"] == ["CUDA_VISIBLE_DEVICES=1"]
+    stem = Path(json.loads(tuned.read_text())["model"]).stem
+    assert entry["env"] == ["CUDA_VISIBLE_DEVICES=1", f"LLAMA_ARG_ALIAS={stem}"]
     assert launch(tuned, env={"CUDA_VISIBLE_DEVICES": "1"}).startswith("llama-server -m ")
 
 

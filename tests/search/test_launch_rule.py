@@ -65,13 +65,20 @@ NOISE = {"quiet 1.7 %": lognormal(0.017), "quiet max 8.6 %": lognormal(0.086), "
          "bursts": bursty(0.03)}
 
 
+# The A/A bound: with every arm equal the rule printed a non-default line in 0.5 % of runs at every noise
+# (results/benchmarks/launch-rule-simulation.txt, 2,000 runs; 8 of these 1,500 seeded runs). 1 % holds that with
+# room (about 3 standard deviations of a 0.5 % rate over 1,500 runs) and fails a 95 % interval in place of the 99 %
+# one (39 of 1,500 at lognormal noise, 22 with bursts: seen).
+A_A_BOUND = 0.01
+
+
 @pytest.mark.parametrize("noise", list(NOISE))
-def test_equal_configs_print_llama_cpps_own_line_in_at_least_95_percent_of_runs(noise):
+def test_equal_configs_print_llama_cpps_own_line_in_at_least_99_percent_of_runs(noise):
     equal = dict.fromkeys(LABELS, 1.0)
     printed = [simulate(equal, NOISE[noise], seed)[0].winner for seed in range(RUNS)]
     assert all(w is not None for w in printed)
     not_default = sum(w.label != "default" for w in printed)
-    assert not_default <= 0.05 * RUNS, f"{noise}: a non-default line printed in {not_default} of {RUNS} runs"
+    assert not_default <= A_A_BOUND * RUNS, f"{noise}: a non-default line printed in {not_default} of {RUNS} runs"
 
 
 def test_best_median_wins_would_fail_the_same_test():
@@ -82,7 +89,7 @@ def test_best_median_wins_would_fail_the_same_test():
         fin, _ = simulate(equal, NOISE["quiet max 8.6 %"], seed)
         pool = [m for m in (*fin.candidates, *fin.baselines) if fin.score(m) is not None]
         best_median += max(pool, key=lambda m: fin.score(m) or 0.0).label != "default"
-    assert best_median > 0.5 * RUNS // 5  # about 4 in 5 with five equal arms: far above the 5 % the rule allows
+    assert best_median > 0.5 * RUNS // 5  # about 4 in 5 with five equal arms: far above the 1 % the rule allows
 
 
 def test_a_candidate_decided_faster_is_printed_and_judged_on_fresh_rounds():

@@ -80,6 +80,36 @@ def test_a_reuse_setting_is_printed_only_when_decided_faster_than_the_line_witho
     assert session_stage.judge([default], "b", {}).verdict is None  # the defaults alone: nothing to compare
 
 
+def test_when_the_base_line_fails_a_reuse_setting_needs_a_verdict_against_the_defaults():
+    """The line without the setting failed (issue 42: the reuse arm used to be printed with no verdict at all)."""
+    cfg = LaunchConfig(model=Path("m.gguf"))
+    default = ArmSessions("default", cfg, (_res(10.0), _res(10.4), _res(9.8)))
+    failed = ArmSessions("tuned", cfg, (None, None, None), failure="crashed")
+    close = ArmSessions("tuned + swa-full", cfg, (_res(9.6), _res(10.6), _res(9.9)))
+    stage = session_stage.judge([default, failed, close], "bundled", {})
+    assert stage.winner == "default" and stage.verdict is not None and stage.verdict.outcome == "undecided"
+    assert (stage.verdict.a, stage.verdict.b) == ("tuned + swa-full", "default")
+    assert stage.reason == ("the base line failed and tuned + swa-full was not shown faster than the defaults: the "
+                            "defaults are printed")
+    fast = ArmSessions("tuned + swa-full", cfg, (_res(5.0), _res(5.1), _res(4.9)))
+    won = session_stage.judge([default, failed, fast], "bundled", {})
+    assert won.winner == "tuned + swa-full" and won.verdict is not None and won.verdict.outcome == "better"
+    alone = session_stage.judge([ArmSessions("default", cfg, (None, None, None), failure="x"), failed, fast], "b", {})
+    assert alone.winner is None  # nothing to decide it against: no setting is printed
+
+
+def test_session_rounds_too_few_for_a_verdict_are_refused_by_both_commands():
+    from tests.conftest import run_cli
+
+    for argv in (["auto-tune", "m.gguf", "--workload", "agent"], ["compare-models", "a.gguf", "b.gguf",
+                                                                    "--workload", "agent"]):
+        res = run_cli(*argv, "--session-rounds", "1")
+        assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
+        assert res.stderr.strip().splitlines()[-1] == (
+            "error: --session-rounds 1: give 0 (no session stage) or 2 or more: a verdict needs 3 rounds (one more is "
+            "measured while undecided)"), res.stderr
+
+
 def test_the_reuse_arm_is_judged_on_fresh_rounds_not_the_ones_that_selected_it():
     cfg = LaunchConfig(model=Path("m.gguf"))
     # Selection: swa-full looked 2x faster, checkpoints a little; the confirmation rounds show no gain.

@@ -57,6 +57,19 @@ def test_bad_inputs_are_one_line(trained_model, tmp_path):
     assert ram.returncode == 1 and "--plan-only" in ram.stderr.splitlines()[-1]
 
 
+@pytest.mark.slow  # the trained model may be fetched with pip
+def test_a_session_depth_with_no_room_for_a_turn_is_refused_before_any_tune(trained_model, tmp_path):
+    """A real run tuned two models for 44 minutes, then stopped on this (issue 42): the bundled session is known
+    before the first trial. Refused within seconds, before the machine is claimed; nothing tuned."""
+    t0 = time.monotonic()
+    res = run_cli("compare-models", str(trained_model), "qwen3-30b-a3b:Q4_K_M", "--workload", "agent", "--depth",
+                  "400", "--out", str(tmp_path / "cmp"), timeout=90)
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
+    assert res.stderr.strip().splitlines()[-1] == ("error: --depth 400 leaves no room for a turn after the system "
+                                                   "prompt: raise --depth")
+    assert time.monotonic() - t0 < 60 and "auto-tune" not in res.stderr and not (tmp_path / "cmp" / "tune").exists()
+
+
 def test_a_model_that_fits_nowhere_is_a_row_that_says_why(trained_model):
     small = cards.machine("RTX 3060 12GB", ram_bytes=2**20)  # 1 MiB of RAM: room for nothing
     from tuner.models.gguf_reader import inspect_model

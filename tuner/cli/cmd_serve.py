@@ -19,6 +19,7 @@ from tuner.search.result import RESULT_FILE, StudyResult
 
 # Where llama-server listens is serve's own choice (--host, --port): the same flags passed through would split it.
 ADDRESS_FLAGS = ("--host", "--port")
+ALIAS_FLAGS = ("-a", "--alias")  # llama-server's own spelling, passed through after --
 KEY_FLAG = "--api-key"  # a key spelled on a command line: every local user reads /proc/PID/cmdline
 
 
@@ -109,7 +110,11 @@ def serve_cmd(
         help=f"File holding the key clients must send (Authorization: Bearer KEY); made with a new random key "
              f"(mode 600) when it does not exist. Or export {served.API_KEY_ENV}.", show_default=False)] = None,
     api_key_in_argv: Annotated[str | None, typer.Option("--api-key", hidden=True)] = None,
-    rank: Annotated[int, typer.Option("--rank", help="1 = the result's line, 2 = the runner-up, ...")] = 1,
+    alias: Annotated[str | None, typer.Option(
+        "--alias", metavar="NAME", help="The model's name to clients (/v1/models, replies); default: the model "
+        "file's name without .gguf.", show_default=False)] = None,
+    rank: Annotated[int, typer.Option(
+        "--rank", help="1 = the result's line, 2 = the next distinct line by the finish's score, ...")] = 1,
     results_dir: Annotated[Path, typer.Option("--results-dir", help="Where auto-tune wrote its results.")]
     = Path("results"),
     force: Annotated[bool, typer.Option(
@@ -126,7 +131,7 @@ def serve_cmd(
     \b
     Examples:
       moe-tune serve unsloth/Qwen3-30B-A3B-GGUF:Q4_K_M
-      moe-tune serve results/<study> --port 8080 -- --jinja --alias qwen3
+      moe-tune serve results/<study> --port 8080 --alias qwen3 -- --jinja
     On the network (clients send the key):
       moe-tune serve MODEL --host 0.0.0.0 --api-key-file ~/.moe-tune-key
     The key never goes on a command line (every local user reads those): it
@@ -166,7 +171,10 @@ def serve_cmd(
     elif key is not None:
         _say(f"{'a new key was written to' if key.made else 'the key is in'} {key.where}: clients send "
              "`Authorization: Bearer KEY` (OpenAI clients: api_key=KEY)")
-    env = key.env if key is not None else None
+    env = dict(key.env) if key is not None else {}
+    if not any(t in ALIAS_FLAGS or t.startswith("--alias=") for t in extra or []):  # one passed through wins
+        env[served.ALIAS_ENV] = served.alias_for(Path(chosen.config["model"]), alias)
+        _say(f"served as model {env[served.ALIAS_ENV]!r} (what /v1/models lists and clients send as model)")
 
     def ready(s: served.Served) -> None:
         _say(f"llama-server (pid {s.pid}) is ready on {s.host}:{s.port}; log: {s.log}; Ctrl-C stops it")

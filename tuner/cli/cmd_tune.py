@@ -37,7 +37,7 @@ from tuner.measure import speculation as spec_measure
 from tuner.models import demo
 from tuner.quality import kv_price
 from tuner.report import frontier_report, study_report
-from tuner.search import autotune, finish, study, verdict
+from tuner.search import autotune, finish, session_stage, study, verdict
 from tuner.search.session_stage import SessionRequest, SessionStage
 from tuner.search.speculation import SpeculationRequest
 
@@ -219,9 +219,7 @@ def _sessions(kind: workload.WorkloadKind, path: Path | None, depth: int | None,
         return None
     if rounds == 0 and path is None:
         return None
-    if rounds < 2:
-        raise UsageError("--session-rounds must be 0 (no session stage) or >= 2: one round cannot tell a "
-                         "difference from noise")
+    session_stage.check_rounds(rounds)
     if path is None and depth is not None and depth < session.MIN_DEPTH:
         say(f"no session stage: --depth {depth} leaves no room for a multi-turn session "
             f"(it needs {session.MIN_DEPTH} tokens or more)")

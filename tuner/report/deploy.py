@@ -20,6 +20,7 @@ from typing import Any
 from tuner.core.config import LaunchConfig
 from tuner.core.errors import UsageError
 from tuner.engine import flags
+from tuner.engine import serve as served
 
 FORMATS = ("shell", "llama-swap", "systemd", "compose", "preset", "json")
 # Started by another program, not from the user's shell.
@@ -59,6 +60,8 @@ def line_env(environ: Mapping[str, str]) -> dict[str, str]:
 def render(line: Line, fmt: str, *, host: str | None = None, port: int | None = None,
            binary: str = "llama-server", env: Mapping[str, str] | None = None) -> Rendered:
     env = dict(env or {})
+    if fmt in SERVICE_FORMATS:  # clients of a service see the model by name, not by this machine's path
+        env.setdefault(served.ALIAS_ENV, served.alias_for(line.config.model))
     argv = flags.server_argv(Path(binary), line.config) + flags.address_argv(host, port)
     if fmt == "shell":
         return Rendered(shlex.join([*(f"{k}={v}" for k, v in env.items()), *argv]))

@@ -41,13 +41,15 @@ def ranked(result: StudyResult) -> list[ServerMeasurement]:
     """Every config re-measured with llama-server (candidates and baselines), each distinct line once: the printed
     one (:attr:`tuner.search.finish.Finish.winner`, as its verdict measured it) first, then the others in the
     finish's own order, the score it selects by (:meth:`~tuner.search.finish.Finish.rank`, over the rounds every
-    arm was measured in); those that miss --min-tok-s after them, failed ones last.
+    arm was measured in); those that miss --min-tok-s after them, failed ones last. An arm whose own VRAM broke
+    the budget is not a line to launch: it is left out.
 
     The winner is matched by label, not identity: after confirmation rounds it is the confirmation's copy, and its
     selection copy must not come back as a runner-up."""
     fin = result.finish
     winner = fin.winner
-    rest = [m for m in (*fin.candidates, *fin.baselines) if winner is None or m.label != winner.label]
+    rest = [m for m in (*fin.candidates, *fin.baselines)
+            if (winner is None or m.label != winner.label) and not fin.over_budget(m)]
     rest.sort(key=lambda m: (not fin.eligible(m), fin.rank(m) is None, -(fin.rank(m) or 0.0)))
     return _distinct([winner, *rest] if winner is not None else rest, lambda m: m.launch_line)
 

@@ -200,9 +200,7 @@ def auto_tune(req: TuneRequest, loc: build.EngineLocation, hw: Hardware, *,
         raise UsageError("no config could be measured: see the failures in the report, or raise --vram-margin / "
                          f"lower --min-ctx{kld}")
     st.set_user_attr(FINISH_PENDING, True)
-    baselines = [("default", finish.default_config(sp))]
-    if fit is not None and fit != baselines[0][1]:
-        baselines.append(("fit", fit))
+    baselines = finish.baseline_configs(sp, hw, fit, req.vram_margin_mib)
     # A candidate that runs exactly as a baseline (its flags only spell the engine's defaults) is the baseline:
     # measured once, under the baseline's simpler launch line. Concurrent workloads keep their best candidate,
     # whose slot counts the finish measures.

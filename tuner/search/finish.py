@@ -1,8 +1,9 @@
-"""The known-good configs a study starts from, and the finish: the top candidates and the baselines measured
-again with llama-server at the chosen context and slots — the configuration the user will actually run.
+"""The finish: the top candidates and the baselines measured again with llama-server at the chosen context and
+slots — the configuration the user will actually run — and the rule that picks the printed line.
 
-Baselines: ``default`` is ``llama-server -m MODEL -c CTX -np N`` (llama.cpp's defaults, which include its own
-``--fit on``); ``fit`` is what ``llama-fit-params`` prints for that launch, made explicit.
+Baselines (:mod:`tuner.search.known_good`): ``default`` is ``llama-server -m MODEL -c CTX -np N`` (llama.cpp's
+defaults, which include its own ``--fit on``) when the budget is all the free VRAM; ``fit`` is what
+``llama-fit-params`` prints for that launch under ``-fitt`` from the budget, made explicit.
 """
 
 from __future__ import annotations
@@ -13,74 +14,31 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from tuner.core.config import FlashAttn, LaunchConfig
-from tuner.core.errors import TunerError
+from tuner.core.config import LaunchConfig
 from tuner.core.stats import cv_pct
-from tuner.engine import flags, runner
+from tuner.engine import flags
 from tuner.engine.build import Capabilities, EngineLocation
-from tuner.machine import hardware
-from tuner.machine.hardware import Hardware
 from tuner.machine.sampler import PagingKind
 from tuner.measure import bench, failures
 from tuner.measure.workload import LevelResult, Workload
-from tuner.models.gguf_reader import ModelInfo
 from tuner.quality.kv_price import KvPrice
-from tuner.search import decide, space
+from tuner.search import decide
+from tuner.search.known_good import (  # noqa: F401 - re-exported: callers know them as finish.*
+    FIT_MARGIN_MIB,
+    baseline_configs,
+    default_config,
+    fit_config,
+    fit_target_mib,
+    seed_configs,
+)
 from tuner.search.verdict import BETTER, UNDECIDED, WORSE, Verdict, compare, compare_quiet
 from tuner.search.watched_round import watched_round
 
-FIT_MARGIN_MIB = 1024  # llama.cpp's default -fitt
 
-
-def fit_target_mib(hw: Hardware, vram_margin_mib: float | None = None) -> int:
-    """The ``-fitt`` margin that makes llama.cpp's --fit fill the VRAM budget, not all the free VRAM: its own
-    margin (1024 MiB, or --vram-margin) plus what the budget holds back of the free memory it will see."""
-    margin = vram_margin_mib if vram_margin_mib is not None else FIT_MARGIN_MIB
-    return int(margin + hardware.vram_held_back_bytes(hw) // 2**20)
-
-
-def fit_config(loc: EngineLocation, base: LaunchConfig, timeout_s: float = 120.0, *,
-               fit_target: int | None = None) -> LaunchConfig | None:
-    """llama.cpp's own ``--fit`` choice for ``base`` as a LaunchConfig, or None when the tool is missing or fails.
-
-    ``-ot`` overrides that keep the experts of whole layers on the CPU become ``--n-cpu-moe`` (their count);
-    ``-ngl -1`` means "all layers" (the engine default). ``fit_target`` is the ``-fitt`` margin in MiB
-    (see :func:`fit_target_mib`); None leaves llama.cpp's default.
-    """
-    if not loc.has("llama-fit-params"):
-        return None
-    argv = flags.server_argv(loc.tool("llama-fit-params"), base)
-    if fit_target is not None:
-        argv = flags.with_fit_target(argv, fit_target)
-    try:
-        res = runner.run_process(argv, timeout_s=timeout_s, what="llama-fit-params", fix="check the model file")
-    except TunerError:
-        return None
-    line = flags.fit_choice_line(res.stdout)
-    return flags.parse_fit_line(line, base) if line else None
-
-
-def default_config(sp: space.SearchSpace) -> LaunchConfig:
-    """What ``llama-server -m MODEL -c CTX -np N`` runs with: every other setting at the engine default."""
-    return LaunchConfig(model=sp.model, ctx=sp.ctx, parallel=sp.parallel, device=sp.device)
-
-
-def seed_configs(sp: space.SearchSpace, info: ModelInfo, hw: Hardware, fit: LaunchConfig | None,
-                 vram_margin_mib: float | None = None) -> list[tuple[str, LaunchConfig]]:
-    """Known-good starting points, as configs of the space: the defaults, --fit's choice, the memory model's."""
-    d = default_config(sp)
-    seeds = [("default", space.make_config(sp, {**space.params_of(sp, replace(d, flash_attn=FlashAttn.ON)),
-                                                  "threads": sp.threads[-1]}))]
-    if fit is not None:
-        seeds.append(("fit", space.make_config(sp, space.params_of(sp, replace(fit, flash_attn=FlashAttn.ON)))))
-    guess = space.best_guess(sp, info, hw, vram_margin_mib)
-    if guess is not None:
-        seeds.append(("memory-model", guess))
-    out: list[tuple[str, LaunchConfig]] = []
-    for label, cfg in seeds:
-        if all(cfg != c for _, c in out):
-            out.append((label, cfg))
-    return out
+def vram_growth_bytes(peak_bytes: int | None, baseline_bytes: int | None) -> int | None:
+    """A run's own VRAM: how far the card's use grew over the sampler's first look (taken before the server
+    started); None without both figures."""
+    return None if peak_bytes is None or baseline_bytes is None else max(0, peak_bytes - baseline_bytes)
 
 
 # -------------------------------------------------------------------------------------------- finish
@@ -195,8 +153,8 @@ def summarize(label: str, cfg: LaunchConfig, runs: Sequence[bench.ServerTrial | 
         _median([t.levels[-1].per_request_gen_tok_s for t in ok]),
         _median([t.levels[-1].end_to_end_gen_tok_s for t in ok]),
         [round_score(t.levels, load) if isinstance(t, bench.ServerTrial) else None for t in runs], **quality,
-        vram_growth_bytes=max((t.memory.vram_peak_bytes - t.memory.vram_baseline_bytes for t in ok
-                               if t.memory.vram_peak_bytes is not None and t.memory.vram_baseline_bytes is not None),
+        vram_growth_bytes=max((g for t in ok if (g := vram_growth_bytes(t.memory.vram_peak_bytes,
+                                                                        t.memory.vram_baseline_bytes)) is not None),
                               default=None),
     )
 
@@ -234,6 +192,9 @@ class Finish:
     selected: str | None = None  # the candidate the selection rounds chose (None: the table's best, see select())
     # Speculation judged on the printed line after the finish: its ``none`` arm and its best arm, in fresh rounds.
     speculation: tuple[ServerMeasurement, ...] = ()
+    # The VRAM budget the arms were measured under (None: none set, or no GPU): an arm whose own VRAM broke it is
+    # never printed.
+    vram_budget_bytes: int | None = None
 
     def score(self, m: ServerMeasurement) -> float | None:
         """Higher is better: the median of the per-round scores (see :func:`round_score`); for measurements
@@ -263,9 +224,15 @@ class Finish:
             return f"end-to-end request time (P={self.prompt_tokens}, G={self.gen_tokens})"
         return "generation tok/s"
 
+    def over_budget(self, m: ServerMeasurement) -> bool:
+        """The arm's own VRAM (its growth over the sampler's first look, as the spill verdict counts it) broke the
+        budget it was measured under."""
+        return (self.vram_budget_bytes is not None and m.vram_growth_bytes is not None
+                and m.vram_growth_bytes > self.vram_budget_bytes)
+
     def eligible(self, m: ServerMeasurement) -> bool:
-        """Measured, not paging host RAM, and each user still gets at least --min-tok-s."""
-        if self.score(m) is None or m.paging:
+        """Measured, not paging host RAM, within the VRAM budget, and each user still gets at least --min-tok-s."""
+        if self.score(m) is None or m.paging or self.over_budget(m):
             return False
         per_request = m.loaded_gen_tok_s if m.loaded_gen_tok_s is not None else m.gen_tok_s
         return self.min_tok_s is None or (per_request or 0.0) >= self.min_tok_s
@@ -312,7 +279,7 @@ class Finish:
         """llama.cpp's own choice: the default launch, or --fit's placement made explicit when the default failed."""
         for label in ("default", "fit"):
             m = self.judged(label)
-            if m is not None and self.score(m) is not None:
+            if m is not None and self.score(m) is not None and not self.over_budget(m):
                 return m
         return None
 
@@ -326,7 +293,7 @@ class Finish:
             return d
         none, spec = self.speculation
         v = self.verdict(spec, none)
-        if v.outcome == BETTER and none.config == d.shipped.config:
+        if v.outcome == BETTER and none.config == d.shipped.config and not self.over_budget(spec):
             return replace(d, shipped=spec, reason=f"{d.reason}; {spec.label} was decided faster than the line "
                                                    "without it", verdicts=(*d.verdicts, v))
         return replace(d, verdicts=(*d.verdicts, v))
@@ -340,13 +307,16 @@ class Finish:
                                             f"candidate was measured without paging: {ref.host_paging_evidence}")
             if ref is None:
                 return Decision(None, best, "nothing could be measured: see the failures")
-            why = "no candidate could be measured" if chosen is None else \
-                f"{chosen.label} paged host RAM ({best.host_paging_evidence})" if best is not None and best.paging \
-                else f"{chosen.label} failed its confirmation"
+            why = ("no candidate could be measured" if chosen is None else
+                   f"{chosen.label} paged host RAM ({best.host_paging_evidence})" if best is not None and best.paging
+                   else f"{chosen.label} broke the VRAM budget" if best is not None and self.over_budget(best) else
+                   f"{chosen.label} failed its confirmation")
             return Decision(ref, best, f"{why}: llama.cpp's own choice ({ref.label}) is printed")
         if ref is None or not self.eligible(ref):
-            miss = "could not be measured" if ref is None else "pages host RAM" if ref.paging else \
-                "misses --min-tok-s per request"
+            broke = [m.label for m in map(self.judged, ("default", "fit")) if m is not None and self.over_budget(m)]
+            miss = ("pages host RAM" if ref is not None and ref.paging else
+                    "misses --min-tok-s per request" if ref is not None else
+                    f"broke the VRAM budget ({', '.join(broke)})" if broke else "could not be measured")
             return Decision(best, best, f"llama.cpp's own choice {miss}: {best.label} is printed")
         verdicts = [self.verdict(best, ref)]
         shipped, reason = best, f"{best.label} was decided faster than {ref.label}"
@@ -402,6 +372,7 @@ class Finish:
                 "speculation": [s.to_dict() for s in self.speculation],
                 "prompt_tokens": self.prompt_tokens, "gen_tokens": self.gen_tokens,
                 "concurrency": self.concurrency, "min_tok_s": self.min_tok_s,
+                "vram_budget_bytes": self.vram_budget_bytes,
                 "decision": {"shipped": d.shipped.label if d.shipped else None,
                              "best": d.best.label if d.best else None, "taken": d.taken, "reason": d.reason},
                 "verdicts": [v.to_dict() for v in d.verdicts]}
@@ -413,7 +384,7 @@ class Finish:
 
         return cls(arms("candidates"), arms("baselines"), int(d.get("prompt_tokens", 0)), int(d.get("gen_tokens", 0)),
                    int(d.get("concurrency", 1)), d.get("min_tok_s"), arms("confirmation"), d.get("selected"),
-                   arms("speculation"))
+                   arms("speculation"), d.get("vram_budget_bytes"))
 
 
 Rounds = decide.Rounds
@@ -472,7 +443,7 @@ def finish(loc: EngineLocation, candidates: Sequence[tuple[int, LaunchConfig]],
                 for label, cfg, num in arms if label in runs[phase]]
         return Finish(tuple(m for m in done if m.label.startswith("candidate")),
                       tuple(m for m in done if not m.label.startswith("candidate")), load.prompt_tokens,
-                      load.gen_tokens, load.concurrency, min_tok_s)
+                      load.gen_tokens, load.concurrency, min_tok_s, vram_budget_bytes=vram_budget_bytes)
 
     return two_phase_finish([label for label, _, _ in arms], measure, table, rounds)
 

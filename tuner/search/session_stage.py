@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.core.config import LaunchConfig
+from tuner.core.errors import UsageError
 from tuner.core.machine_spec import Hardware
 from tuner.engine import flags
 from tuner.engine.build import Capabilities, EngineLocation
@@ -34,6 +35,15 @@ from tuner.search.verdict import BETTER, WORSE, Verdict, compare_quiet
 from tuner.search.watched_round import watched_round
 
 DEFAULT_ROUNDS = 3
+MIN_ROUNDS = 2  # with the one more an undecided verdict gets, the 3 a verdict needs (verdict.MIN_ROUNDS)
+
+
+def check_rounds(rounds: int) -> None:
+    """``--session-rounds``: 0 (no session stage) or enough rounds for a verdict; a stage that cannot decide would
+    print a setting that was not decided."""
+    if rounds != 0 and rounds < MIN_ROUNDS:
+        raise UsageError(f"--session-rounds {rounds}: give 0 (no session stage) or {MIN_ROUNDS} or more: a verdict "
+                         "needs 3 rounds (one more is measured while undecided)")
 SELECT_ROUNDS = 2  # sessions per arm that choose among several reuse arms (they decide nothing)
 
 
@@ -225,10 +235,18 @@ def judge(arms: Sequence[ArmSessions], source: str, notes: dict[str, str], agent
         return SessionStage(tuple(arms), winner, verdict, source, notes, agents, tuple(confirmation), chosen, reason)
 
     if base is None or base.median_session_s is None:
-        if best is not None and best.median_session_s is not None:
-            return stage(best.label, None, f"the base line failed: {best.label} is printed")
+        # The line without the setting failed: the setting is judged against the defaults instead, and printed only
+        # when decided faster than them (never undecided).
         default = pool.get("default")
         ok = default is not None and default.median_session_s is not None
+        if best is not None and best.median_session_s is not None and default is not None and ok \
+                and best is not default:
+            against = versus(best, default)
+            if against.outcome == BETTER:
+                return stage(best.label, against, f"the base line failed: {best.label} was decided faster than the "
+                                                  "defaults")
+            return stage("default", against, f"the base line failed and {best.label} was not shown faster than the "
+                                             "defaults: the defaults are printed")
         return stage("default" if ok else None, None, "the base line failed" + (": the defaults are printed" if ok
                                                                                  else " and so did the defaults"))
     if best is None or best.median_session_s is None:

@@ -18,6 +18,7 @@ from tuner.core.errors import CpuFallbackError, TunerError, UsageError
 from tuner.core.machine_spec import Hardware
 from tuner.engine import build, flags
 from tuner.machine.fileio import atomic_write
+from tuner.measure import session as session_mod
 from tuner.measure.workload import Workload, WorkloadKind
 from tuner.models.gguf_reader import ModelInfo, inspect_model
 from tuner.quality import kv_price
@@ -88,14 +89,27 @@ def context_of(req: CompareModelsRequest) -> tuple[int, int]:
     return req.ctx or max(autotune.DEFAULT_CTX, need) * parallel, parallel
 
 
+def head_to_head_session(req: CompareModelsRequest) -> tuple[Path | None, int | None, int, int] | None:
+    """The agent session the head to head replays (file, depth, gen tokens, agents), checked now (the bundled
+    session must leave room for a turn at the depth); None for other workloads. :func:`plan` calls it, so a bad
+    depth stops before the machine is claimed or any model tuned, not after the tunes."""
+    if req.workload.kind is not WorkloadKind.AGENT:
+        return None
+    session = (None, req.workload.depth_tokens, req.workload.gen_tokens, context_of(req)[1])
+    session_mod.session_makers(*session)
+    return session
+
+
 def plan(req: CompareModelsRequest, hw: Hardware, resolve: Callable[[str], tuple[ModelInfo, str]]
          ) -> list[ModelPlan]:
-    """Every model planned for ``hw`` (headers only); a model named twice is refused."""
+    """Every model planned for ``hw`` (headers only), after the inputs are checked; a model named twice is
+    refused."""
     if len(req.models) < 2:
         raise UsageError("compare-models needs two or more models: name each as a .gguf, owner/name:QUANT or "
                          "a catalog shape")
     if len(set(req.models)) < len(req.models):
         raise UsageError("a model is named twice: name each model once")
+    head_to_head_session(req)
     ctx, parallel = context_of(req)
     plans = []
     for name in req.models:
@@ -117,6 +131,7 @@ def compare_models(req: CompareModelsRequest, loc: build.EngineLocation | None, 
     if req.plan_only or loc is None:
         return _written(ModelComparison(tuple(ModelRow(p) for p in plans), hw.describe(), wl, out_dir))
     ctx, parallel = context_of(req)
+    session = head_to_head_session(req)
     rows: list[ModelRow] = []
     lines = []
     for p in plans:
@@ -148,8 +163,6 @@ def compare_models(req: CompareModelsRequest, loc: build.EngineLocation | None, 
         lines.append((p.label, cfg))
     versus = None
     if lines:
-        agent = req.workload.kind is WorkloadKind.AGENT
-        session = (None, req.workload.depth_tokens, req.workload.gen_tokens, parallel) if agent else None
         on_step(f"head to head: {', '.join(label for label, _ in lines)} in interleaved rounds")
         versus = judge.head_to_head(loc, lines, req.workload, log_dir=out_dir / "logs" / "versus",
                                     caps=build.capabilities(loc), rounds=req.rounds, session=session,

@@ -1,0 +1,88 @@
+"""The known-good configs a study starts from and the finish measures against: llama.cpp's own launch
+(``default``: ``llama-server -m MODEL -c CTX -np N``, with its own ``--fit on``), ``--fit``'s choice under the
+budget made explicit (``fit``, from ``llama-fit-params``), and the memory model's best guess.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from tuner.core.config import FlashAttn, LaunchConfig
+from tuner.core.errors import TunerError
+from tuner.engine import flags, runner
+from tuner.engine.build import EngineLocation
+from tuner.machine import hardware
+from tuner.machine.hardware import Hardware
+from tuner.models.gguf_reader import ModelInfo
+from tuner.search import space
+
+FIT_MARGIN_MIB = 1024  # llama.cpp's default -fitt
+
+
+def fit_target_mib(hw: Hardware, vram_margin_mib: float | None = None) -> int:
+    """The ``-fitt`` margin that makes llama.cpp's --fit fill the VRAM budget, not all the free VRAM: its own
+    margin (1024 MiB, or --vram-margin) plus what the budget holds back of the free memory it will see."""
+    margin = vram_margin_mib if vram_margin_mib is not None else FIT_MARGIN_MIB
+    return int(margin + hardware.vram_held_back_bytes(hw) // 2**20)
+
+
+def fit_config(loc: EngineLocation, base: LaunchConfig, timeout_s: float = 120.0, *,
+               fit_target: int | None = None) -> LaunchConfig | None:
+    """llama.cpp's own ``--fit`` choice for ``base`` as a LaunchConfig, or None when the tool is missing or fails.
+
+    ``-ot`` overrides that keep the experts of whole layers on the CPU become ``--n-cpu-moe`` (their count);
+    ``-ngl -1`` means "all layers" (the engine default). ``fit_target`` is the ``-fitt`` margin in MiB
+    (see :func:`fit_target_mib`); None leaves llama.cpp's default.
+    """
+    if not loc.has("llama-fit-params"):
+        return None
+    argv = flags.server_argv(loc.tool("llama-fit-params"), base)
+    if fit_target is not None:
+        argv = flags.with_fit_target(argv, fit_target)
+    try:
+        res = runner.run_process(argv, timeout_s=timeout_s, what="llama-fit-params", fix="check the model file")
+    except TunerError:
+        return None
+    line = flags.fit_choice_line(res.stdout)
+    return flags.parse_fit_line(line, base) if line else None
+
+
+def default_config(sp: space.SearchSpace) -> LaunchConfig:
+    """What ``llama-server -m MODEL -c CTX -np N`` runs with: every other setting at the engine default."""
+    return LaunchConfig(model=sp.model, ctx=sp.ctx, parallel=sp.parallel, device=sp.device)
+
+
+def baseline_configs(sp: space.SearchSpace, hw: Hardware, fit: LaunchConfig | None,
+                     vram_margin_mib: float | None = None) -> list[tuple[str, LaunchConfig]]:
+    """llama.cpp's own choice, as the finish's reference arms: ``default`` (the bare launch) and ``fit``
+    (llama-fit-params' placement under ``-fitt`` from the budget, made explicit) when it differs.
+
+    The bare launch runs ``--fit on`` with a 1024 MiB margin of *all* the free VRAM (common/fit.cpp
+    ``common_params_fit_impl``: the margin is per device, the free memory is what the device reports). Under a
+    budget that holds back free VRAM or a wider margin (``fit_target_mib`` above the default), it would fill the VRAM
+    the user kept out, so it is not an arm: llama.cpp's choice under that budget is ``fit``, and ``fit`` is the
+    reference (:attr:`Finish.reference`)."""
+    default = default_config(sp)
+    within = fit_target_mib(hw, vram_margin_mib) <= FIT_MARGIN_MIB
+    arms = [("default", default)] if within else []
+    if fit is not None and (fit != default or not within):
+        arms.append(("fit", fit))
+    return arms
+
+
+def seed_configs(sp: space.SearchSpace, info: ModelInfo, hw: Hardware, fit: LaunchConfig | None,
+                 vram_margin_mib: float | None = None) -> list[tuple[str, LaunchConfig]]:
+    """Known-good starting points, as configs of the space: the defaults, --fit's choice, the memory model's."""
+    d = default_config(sp)
+    seeds = [("default", space.make_config(sp, {**space.params_of(sp, replace(d, flash_attn=FlashAttn.ON)),
+                                                  "threads": sp.threads[-1]}))]
+    if fit is not None:
+        seeds.append(("fit", space.make_config(sp, space.params_of(sp, replace(fit, flash_attn=FlashAttn.ON)))))
+    guess = space.best_guess(sp, info, hw, vram_margin_mib)
+    if guess is not None:
+        seeds.append(("memory-model", guess))
+    out: list[tuple[str, LaunchConfig]] = []
+    for label, cfg in seeds:
+        if all(cfg != c for _, c in out):
+            out.append((label, cfg))
+    return out
