@@ -224,7 +224,10 @@ def check_fa_kernels(engine: EngineLocation, cfgs: Sequence[LaunchConfig], log_t
     falling back once is refused before it runs for the rest of the run, with the flag that adds it."""
     if not any(c.flash_attn is not FlashAttn.OFF for c in cfgs):
         return
-    caps = build.note_engine_log(engine, log_text) if _NO_FA_KERNEL in log_text else build.capabilities(engine)
+    try:
+        caps = build.note_engine_log(engine, log_text) if _NO_FA_KERNEL in log_text else build.capabilities(engine)
+    except EngineNotFoundError:
+        return  # the run itself says which tool is missing, as a trial failure
     fa = caps.fa_kernels
     for c in cfgs:
         if c.flash_attn is not FlashAttn.OFF and not fa.has(c.cache_type_k.value, c.cache_type_v.value):
