@@ -60,21 +60,22 @@ def memory_rows(state: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def spill_rows(state: dict[str, Any]) -> list[dict[str, Any]]:
+def _step_rows(state: dict[str, Any], prefix: str, key: str, *shared: str) -> list[dict[str, Any]]:
+    """The rows that steps named ``prefix…`` keep under ``key``, each with its step's name and ``shared`` fields."""
     rows = []
     for name, step in state.get("steps", {}).items():
-        if name.startswith("spill-"):
-            rows += [{"run": name, **r} for r in (step.get("result") or {}).get("runs", [])]
+        if name.startswith(prefix):
+            res = step.get("result") or {}
+            rows += [{"run": name, **{k: res.get(k) for k in shared}, **r} for r in res.get(key, [])]
     return rows
+
+
+def spill_rows(state: dict[str, Any]) -> list[dict[str, Any]]:
+    return _step_rows(state, "spill-", "runs")
 
 
 def opoff_rows(state: dict[str, Any]) -> list[dict[str, Any]]:
-    rows = []
-    for name, step in state.get("steps", {}).items():
-        if name.startswith("opoff-"):
-            res = step.get("result") or {}
-            rows += [{"run": name, "free_mib": res.get("free_mib"), **r} for r in res.get("rows", [])]
-    return rows
+    return _step_rows(state, "opoff-", "rows", "free_mib")
 
 
 def plan_rows(state: dict[str, Any]) -> list[dict[str, Any]]:

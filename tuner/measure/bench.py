@@ -232,6 +232,8 @@ def check_fa_kernels(engine: EngineLocation, cfgs: Sequence[LaunchConfig], log_t
     falling back once is refused before it runs for the rest of the run, with the flag that adds it."""
     if not any(c.flash_attn is not FlashAttn.OFF for c in cfgs):
         return
+    if log_text and _NO_FA_KERNEL not in log_text:
+        return  # a run's log that says nothing new: the check before it stands
     try:
         caps = build.note_engine_log(engine, log_text) if _NO_FA_KERNEL in log_text else build.capabilities(engine)
     except EngineNotFoundError:

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from tuner.core.config import LaunchConfig
@@ -82,7 +83,7 @@ def plan_json(p: Plan, notes: list[str], base: LaunchConfig) -> dict[str, Any]:
 
 
 def plan_notes(info: gguf_reader.ModelInfo, p: Plan, base: LaunchConfig,
-               holders: tuple[tuple[str, int], ...] = ()) -> list[str]:
+               holders: Callable[[], tuple[tuple[str, int], ...]] | None = None) -> list[str]:
     """What a reader needs beside the table: how the host side is held, and when the load mode matters."""
     notes = []
     axis = offload_of(info)
@@ -115,9 +116,11 @@ def plan_notes(info: gguf_reader.ModelInfo, p: Plan, base: LaunchConfig,
     if ram.tight:
         notes.append(f"{axis.span(n, n)}: {ram.describe()}; another program's growth would make the kernel read "
                      "experts back from disk every token (fewer host experts, a smaller quant, or close something)")
-    if holders:  # planned for this machine: what holds the rest of its RAM (tuner.machine.hardware.ram_holders)
-        line = holders_line(holders, p.hardware)
-        if line and (ram.tight or ram.exceeds or row.estimate.verdict.value != "fits"):
+    # Planned for this machine: what holds the rest of its RAM (tuner.machine.hardware.ram_holders), read only
+    # when the row is short of it.
+    if holders is not None and (ram.tight or ram.exceeds or row.estimate.verdict.value != "fits"):
+        line = holders_line(holders(), p.hardware)
+        if line:
             notes.append(line)
     return notes
 

@@ -34,8 +34,17 @@ from tuner.core.errors import UsageError
 from tuner.engine.caps import FaKernels
 from tuner.machine.hardware import Hardware
 from tuner.models.gguf_reader import ModelInfo
-from tuner.plan.memory import DEFAULT_BATCH, DEFAULT_UBATCH, FIT_MARGIN_BYTES, MIB, MemoryEstimate, estimate
+from tuner.plan.memory import (
+    DEFAULT_BATCH,
+    DEFAULT_CACHE_RAM_MIB,
+    DEFAULT_UBATCH,
+    FIT_MARGIN_BYTES,
+    MIB,
+    MemoryEstimate,
+    estimate,
+)
 from tuner.plan.placement import fit_interval, offload_of, overs
+from tuner.plan.ram import TIGHT_MARGIN_BYTES, ram_side
 
 F16, Q8, Q4 = CacheType.F16, CacheType.Q8_0, CacheType.Q4_0
 # Same-type pairs and K-more-precise-than-V pairs over f16 > q8_0 > q4_0, most precise first. The exotic
@@ -215,9 +224,6 @@ def _cache_ram(info: ModelInfo, hw: Hardware, cfg: LaunchConfig, moe: tuple[int,
                ngl: tuple[int, int] | None) -> tuple[int | None, tuple[str, ...]]:
     """The --cache-ram every trial carries where llama-server's default prompt cache (8192 MiB) would not fit
     beside the fewest host weights the space tries (its likeliest winner), and the note that says so."""
-    from tuner.plan.memory import DEFAULT_CACHE_RAM_MIB, estimate
-    from tuner.plan.ram import ram_side
-
     at = replace(cfg, n_cpu_moe=moe[0] if moe else None, n_gpu_layers=ngl[1] if ngl else None)
     side = ram_side(estimate(info, at, hw), at, hw)
     if side.cache_ram_fit_mib is None or side.exceeds:
@@ -225,7 +231,7 @@ def _cache_ram(info: ModelInfo, hw: Hardware, cfg: LaunchConfig, moe: tuple[int,
     return side.cache_ram_fit_mib, (
         f"--cache-ram {side.cache_ram_fit_mib} on every config: llama-server's default prompt cache "
         f"({DEFAULT_CACHE_RAM_MIB} MiB) does not fit beside {side.need_bytes / 2**30:.1f} GiB of host need in "
-        f"{side.available_bytes / 2**30:.1f} GiB of RAM (2 GiB kept free)",)
+        f"{side.available_bytes / 2**30:.1f} GiB of RAM ({TIGHT_MARGIN_BYTES / 2**30:.0f} GiB kept free)",)
 
 
 def ubatch_choices(prompt_tokens: int, ctx: int) -> tuple[int | None, ...]:

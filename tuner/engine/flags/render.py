@@ -349,6 +349,12 @@ def _fit_flags(a: _Argv, cfg: LaunchConfig) -> None:
 
 
 def server_argv(binary: Path, cfg: LaunchConfig, caps: Capabilities | None = None) -> list[str]:
+    return _server_argv(binary, cfg, caps, fit=True)
+
+
+def _server_argv(binary: Path, cfg: LaunchConfig, caps: Capabilities | None, *, fit: bool) -> list[str]:
+    """llama-server's argv for ``cfg``; ``fit``: with the ``--fit off`` a placement of its own needs (llama-fit-params
+    with -fitp prints the estimate of the config as given and never fits, tools/fit-params)."""
     validate(cfg)
     a = _Argv(binary, SERVER, caps)
     a.add("model", str(cfg.model))
@@ -357,7 +363,8 @@ def server_argv(binary: Path, cfg: LaunchConfig, caps: Capabilities | None = Non
     if cfg.parallel is not None:
         a.add("parallel", str(cfg.parallel))
     _common(a, cfg)
-    _fit_flags(a, cfg)
+    if fit:
+        _fit_flags(a, cfg)
     _context_flags(a, cfg)
     _reuse_flags(a, cfg)
     _spec_flags(a, cfg)
@@ -438,12 +445,7 @@ def fit_params_argv(binary: Path, cfg: LaunchConfig, caps: Capabilities | None =
         )
     # Prompt reuse costs host RAM at run time only (checkpoints, prompt cache): nothing llama-fit-params projects,
     # and it does not accept those flags.
-    # With -fitp on it prints the estimate of the config as given and never fits (tools/fit-params), so the
-    # server's --fit off is left out.
-    argv = server_argv(binary, without_reuse(cfg), caps)
-    if fit_would_move(cfg):
-        i = next(i for i, f in enumerate(argv) if f in _SPELL["fit"])
-        del argv[i:i + 2]
+    argv = _server_argv(binary, without_reuse(cfg), caps, fit=False)
     a = _Argv(binary, FIT_PARAMS, caps)
     a.add("fit_print", "on")
     a.add("log_jsonl")
