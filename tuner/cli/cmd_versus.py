@@ -126,7 +126,7 @@ def compare_models_cmd(
         loc = build.locate_engine(llama_cpp_dir)
         headers = compare.header_resolver()
         # Plan first (headers only): a model that fits nowhere, or a bad name, stops before anything is measured.
-        compare.plan(req, cards.machine(None, 0.3), headers)
+        compare.plan(req, cards.machine(None, 0.3), headers, loc)
         with measuring("compare-models", allow_busy=allow_busy, busy_wait=busy_wait, quiet_output=as_json,
                        device=req.device):
             hw = hardware.probe_hardware(host_bandwidth_s=0.3)

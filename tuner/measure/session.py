@@ -97,6 +97,18 @@ def _take(pieces: list[str], start: int, chars: int) -> tuple[str, int]:
     return (text[:cut] if cut > chars // 2 else text), i
 
 
+class NoRoomError(UsageError):
+    """The bundled session's system prompt leaves no room for a turn at this depth."""
+
+    def __init__(self, depth_tokens: int, system_tokens: int, model: str | None = None,
+                 enough: int | None = None) -> None:
+        self.depth_tokens, self.system_tokens = depth_tokens, system_tokens
+        whose = f" in {model}'s tokens" if model else ""
+        fix = f"raise --depth to {enough:,} or more" if enough else "raise --depth"
+        super().__init__(f"--depth {depth_tokens} leaves no room for a turn after the system prompt "
+                         f"({system_tokens:,} tokens{whose}): {fix}")
+
+
 def bundled_session(count_tokens: Callable[[str], int], depth_tokens: int = DEFAULT_DEPTH, *,
                     gen_tokens: int = DEFAULT_GEN_TOKENS, turn_tokens: int | None = None,
                     system_tokens: int | None = None, agent: int = 0) -> Session:
@@ -151,7 +163,7 @@ def bundled_session(count_tokens: Callable[[str], int], depth_tokens: int = DEFA
         turns.append(Turn((message,), reply))
         used += n_text + n_reply
     if not turns:
-        raise UsageError(f"--depth {depth_tokens} leaves no room for a turn after the system prompt: raise --depth")
+        raise NoRoomError(depth_tokens, used)
     return Session(system, tuple(turns), "bundled")
 
 
@@ -212,11 +224,38 @@ def _check_message(path: Path, i: int, msg: object) -> tuple[str, str]:
     return str(msg["role"]), content
 
 
+def check_room(depth_tokens: int | None, gen_tokens: int, tokenize: Callable[[str], list[int]], model: str
+               ) -> None:
+    """Refuse, before anything is measured, a depth at which the bundled session has no turn in ``model``'s own
+    tokens (``tokenize``: :func:`tuner.engine.tokenizer.model_tokenizer`; a byte-level vocabulary spends about
+    four times the tokens of a real one on the same text), naming a depth that leaves room (doubling, up to 64K)."""
+    depth = depth_tokens or DEFAULT_DEPTH
+
+    def count(text: str) -> int:
+        return len(tokenize(text))
+
+    try:
+        bundled_session(count, depth, gen_tokens=gen_tokens)
+    except NoRoomError as exc:
+        enough = None
+        for more in (depth * 2**k for k in range(1, 8)):
+            if more > 65536:
+                break
+            try:
+                bundled_session(count, more, gen_tokens=gen_tokens)
+            except NoRoomError:
+                continue
+            enough = more
+            break
+        raise NoRoomError(depth, exc.system_tokens, model, enough) from None
+
+
 def session_maker(path: Path | None, depth_tokens: int | None, gen_tokens: int, *, agent: int = 0
                   ) -> Callable[[Callable[[str], list[int]]], Session]:
     """What a trial replays, given the server's tokenizer: the user's file (read and checked now, before any
     server starts) or the bundled session sized to ``depth_tokens`` in that model's tokens. Concurrent agents
-    (``agent`` 1, 2, ...) replay the same file, or bundled sessions of their own after the shared system prompt."""
+    (``agent`` 1, 2, ...) replay the same file, or bundled sessions of their own after the shared system prompt.
+    The depth is checked here with four characters to a token; :func:`check_room` checks it in a model's own."""
     if path is not None:
         loaded = load_session(path)
         return lambda _tokenize: loaded

@@ -10,7 +10,7 @@ from tuner.search.verdict import Verdict
 from tuner.versus.compare import ModelComparison, ModelRow
 
 CAPTION = ("placement: fit at the context (--n-cpu-moe for a MoE, -ngl for a dense model); tg max: the roofline's "
-           "generation ceiling there; gen t/s, TTFT, session s: medians of the head-to-head rounds; max ctx: the "
+           "generation ceiling there; gen t/s, TTFT, session s: medians of the head-to-head's confirmation rounds; max ctx: the "
            "largest context that fits at that KV")
 
 
@@ -77,10 +77,14 @@ def markdown(cmp: ModelComparison) -> str:
         out += [f"- {Verdict.from_dict(v.to_dict()).describe()}" for v in cmp.versus.verdicts]
         out += [f"- {a.label} paged host RAM (not a config to run on this machine as tuned): {a.paging}"
                 for a in cmp.versus.arms if a.paging]
-        out += ["", "| model | round | score | quiet |", "|---|---:|---:|---|"]
+        if cmp.versus.selected:
+            out += ["", f"Selected by the selection rounds: {cmp.versus.selected}; the verdicts are from the "
+                    "confirmation rounds alone."]
+        out += ["", "| model | round | phase | score | quiet |", "|---|---:|---|---:|---|"]
         for a in cmp.versus.arms:
-            out += [f"| {a.label} | {i + 1} | {_f(r.score, '.4g')} | {'yes' if not r.noise else r.noise} |"
-                    for i, r in enumerate(a.rounds)]
+            phased = [("selection", r) for r in a.selection] + [("confirmation", r) for r in a.rounds]
+            out += [f"| {a.label} | {i + 1} | {ph} | {_f(r.score, '.4g')} | {'yes' if not r.noise else r.noise} |"
+                    for i, (ph, r) in enumerate(phased)]
     out += ["", "## Notes", "", *(f"- {n}" for n in cmp.notes)]
     published = [r for r in cmp.rows if r.plan.published]
     out += [f"- {r.plan.label}, published: {r.plan.published}" for r in published]
@@ -88,7 +92,8 @@ def markdown(cmp: ModelComparison) -> str:
 
 
 def plot(cmp: ModelComparison, path: Path) -> Path | None:
-    """Each model's score per head-to-head round (quiet rounds filled, disturbed ones hollow)."""
+    """Each model's score per head-to-head round (x: selection, o: confirmation; quiet rounds filled, disturbed
+    ones hollow)."""
     if cmp.versus is None:
         return None
     import matplotlib
@@ -98,9 +103,10 @@ def plot(cmp: ModelComparison, path: Path) -> Path | None:
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for i, a in enumerate(cmp.versus.arms):
-        for r in a.rounds:
-            if r.score is not None:
-                ax.plot([i], [r.score], "o", color="C0", fillstyle="full" if not r.noise else "none")
+        for marker, rounds in (("x", a.selection), ("o", a.rounds)):  # x: selection rounds, o: confirmation
+            for r in rounds:
+                if r.score is not None:
+                    ax.plot([i], [r.score], marker, color="C0", fillstyle="full" if not r.noise else "none")
     ax.set_xticks(range(len(cmp.versus.arms)), [a.label for a in cmp.versus.arms], rotation=15, ha="right")
     ax.set_ylabel(f"score per round ({'sessions' if 'session' in cmp.versus.metric else 'requests'}/s)")
     ax.set_title(cmp.versus.summary(), fontsize=8)

@@ -16,7 +16,7 @@ from typing import Any
 from tuner.core.config import LaunchConfig
 from tuner.core.errors import CpuFallbackError, TunerError, UsageError
 from tuner.core.machine_spec import Hardware
-from tuner.engine import build, flags
+from tuner.engine import build, flags, tokenizer
 from tuner.machine.fileio import atomic_write
 from tuner.measure import session as session_mod
 from tuner.measure.workload import Workload, WorkloadKind
@@ -100,21 +100,27 @@ def head_to_head_session(req: CompareModelsRequest) -> tuple[Path | None, int | 
     return session
 
 
-def plan(req: CompareModelsRequest, hw: Hardware, resolve: Callable[[str], tuple[ModelInfo, str]]
-         ) -> list[ModelPlan]:
+def plan(req: CompareModelsRequest, hw: Hardware, resolve: Callable[[str], tuple[ModelInfo, str]],
+         loc: build.EngineLocation | None = None) -> list[ModelPlan]:
     """Every model planned for ``hw`` (headers only), after the inputs are checked; a model named twice is
-    refused."""
+    refused. With the engine (``loc``), an agent session's depth is checked in each model's own tokens (its
+    header's vocabulary, through llama-tokenize): a real run once tuned two models for 44 minutes and then found
+    that the byte-level vocabulary of their shape files left no room for a turn at --depth 512."""
     if len(req.models) < 2:
         raise UsageError("compare-models needs two or more models: name each as a .gguf, owner/name:QUANT or "
                          "a catalog shape")
     if len(set(req.models)) < len(req.models):
         raise UsageError("a model is named twice: name each model once")
-    head_to_head_session(req)
+    session = head_to_head_session(req)
     ctx, parallel = context_of(req)
     plans = []
     for name in req.models:
         info, source = resolve(name)
         plans.append(plan_model(name, info, source, hw, ctx, parallel))
+        if session is not None and session[0] is None and tokenizer.available(loc) and info.paths:
+            assert loc is not None
+            session_mod.check_room(session[1], session[2], tokenizer.model_tokenizer(loc, info.paths[0]),
+                                   info.paths[0].name)
     labels = [p.label for p in plans]
     if len(set(labels)) < len(labels):  # two files of the same name in different folders: tell them apart
         plans = [replace(p, label=f"{p.label} ({i + 1})") for i, p in enumerate(plans)]
@@ -125,7 +131,7 @@ def compare_models(req: CompareModelsRequest, loc: build.EngineLocation | None, 
                    resolve_header: Callable[[str], tuple[ModelInfo, str]],
                    resolve_file: Callable[[str], Path], on_step: StepFn = lambda _: None) -> ModelComparison:
     """Plan, then (unless ``plan_only``) tune each fitting model and judge the printed lines head to head."""
-    plans = plan(req, hw, resolve_header)
+    plans = plan(req, hw, resolve_header, loc)
     out_dir = req.out_dir or default_out_dir(req.models)
     wl = req.workload.describe()
     if req.plan_only or loc is None:

@@ -1,8 +1,12 @@
 """The tuned lines of several models against each other, in interleaved rounds on the workload's own metric: one
 request's end-to-end time (or, with slots, aggregate throughput) for chat and batch; a whole agent session's time
-for agents, with each turn's time to first token. The best median is judged against every other model with the
-finish's verdicts (:func:`tuner.search.verdict.compare_quiet`): a model is called faster only when decided;
-undecided stays undecided, with the best named.
+for agents, with each turn's time to first token.
+
+The finish's two phases (:mod:`tuner.search.decide`): selection rounds over every model choose the one with the
+best median; fresh confirmation rounds then judge it against every other model with the finish's verdicts
+(:func:`tuner.search.verdict.compare_quiet`). Judging the best median on the rounds that made it best is the
+winner's curse. A model is called faster only when decided in rounds that did not select it; undecided stays
+undecided, with the selected model named.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from tuner.measure import session as session_mod
 from tuner.measure.workload import Workload
 from tuner.search import decide
 from tuner.search.finish import round_score, server_load
-from tuner.search.verdict import BETTER, UNDECIDED, Verdict, compare_quiet
+from tuner.search.verdict import BETTER, UNDECIDED, WORSE, Verdict, compare_quiet
 from tuner.search.watched_round import watched_round
 
 
@@ -42,11 +46,12 @@ class Round:
 class Arm:
     label: str
     launch_line: str
-    rounds: tuple[Round, ...] = ()
+    rounds: tuple[Round, ...] = ()  # the confirmation rounds (every round when nothing was selected)
     failure: str | None = None
+    selection: tuple[Round, ...] = ()  # the selection rounds: they chose, they decide nothing
 
     def _median(self, name: str) -> float | None:
-        xs = [getattr(r, name) for r in self.rounds if getattr(r, name) is not None]
+        xs = [getattr(r, name) for r in (self.rounds or self.selection) if getattr(r, name) is not None]
         return statistics.median(xs) if xs else None
 
     @property
@@ -59,23 +64,25 @@ class Arm:
     @property
     def paging(self) -> str | None:
         """Host paging seen in any round (its evidence): the model does not fit this machine's RAM as tuned."""
-        return next((r.host_paging for r in self.rounds if r.host_paging), None)
+        return next((r.host_paging for r in (*self.selection, *self.rounds) if r.host_paging), None)
 
     @property
     def score(self) -> float | None:
-        return decide.quiet_median([(r.score, r.noise) for r in self.rounds])
+        """The quiet median of the confirmation rounds (of the selection rounds when it had none)."""
+        return decide.quiet_median([(r.score, r.noise) for r in (self.rounds or self.selection)])
 
     def figures(self) -> dict[str, float | None]:
         return {name: self._median(name) for name in ("gen_tok_s", "prompt_tok_s", "ttft_s", "session_s")}
 
     def to_dict(self) -> dict[str, Any]:
         return {"label": self.label, "launch_line": self.launch_line, "failure": self.failure,
-                "rounds": [asdict(r) for r in self.rounds], "score": self.score, "host_paging": self.paging,
-                **self.figures()}
+                "selection": [asdict(r) for r in self.selection], "rounds": [asdict(r) for r in self.rounds],
+                "score": self.score, "host_paging": self.paging, **self.figures()}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Arm:
-        return cls(d["label"], d["launch_line"], tuple(Round(**r) for r in d.get("rounds", [])), d.get("failure"))
+        return cls(d["label"], d["launch_line"], tuple(Round(**r) for r in d.get("rounds", [])), d.get("failure"),
+                   tuple(Round(**r) for r in d.get("selection", [])))
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,11 +90,12 @@ class HeadToHead:
     arms: tuple[Arm, ...]
     metric: str
     verdicts: tuple[Verdict, ...] = field(default_factory=tuple)  # the best against every other model
+    selected: str | None = None  # the model the selection rounds chose (None: no selection)
 
     @property
     def best(self) -> Arm | None:
-        ok = [a for a in self.arms if a.score is not None]
-        return max(ok, key=lambda a: a.score or 0.0) if ok else None
+        """The selected model; without selection rounds, the best median."""
+        return _best(self.arms, self.selected)
 
     @property
     def decided(self) -> bool:
@@ -96,31 +104,49 @@ class HeadToHead:
 
     def summary(self) -> str:
         best = self.best
+        if best is None and self.selected:
+            return f"undecided: {self.selected} was selected, then failed its confirmation rounds ({self.metric})"
         if best is None:
             why = "; ".join(f"{a.label}: {a.failure}" for a in self.arms if a.failure)
             return "no model could be measured" + (f" ({why})" if why else "")
         if len(self.arms) < 2 or not self.verdicts:
             return f"{best.label} was the only model measured"
         if self.decided:
-            return f"{best.label} is faster than every other model here (by {self.metric})"
-        open_ = [v.b for v in self.verdicts if v.outcome != BETTER]
-        return (f"undecided: {best.label} had the best median, but was not shown faster than {', '.join(open_)} "
-                f"(by {self.metric})")
+            how = " in rounds that did not select it" if self.selected else ""
+            return f"{best.label} is faster than every other model here{how} (by {self.metric})"
+        faster = [v.b for v in self.verdicts if v.outcome == WORSE]
+        open_ = [v.b for v in self.verdicts if v.outcome == UNDECIDED]
+        chosen = "was selected (the best median of the selection rounds)" if self.selected else "had the best median"
+        parts = ([f"was not shown faster than {', '.join(open_)}"] if open_ else []) + \
+            ([f"{', '.join(faster)} measured faster in the fresh rounds"] if faster else [])
+        return f"undecided: {best.label} {chosen}, but {'; '.join(parts)} (by {self.metric})"
 
     def to_dict(self) -> dict[str, Any]:
         return {"metric": self.metric, "arms": [a.to_dict() for a in self.arms],
                 "verdicts": [v.to_dict() for v in self.verdicts], "best": self.best.label if self.best else None,
-                "decided": self.decided, "summary": self.summary()}
+                "selected": self.selected, "decided": self.decided, "summary": self.summary()}
 
 
-ROUNDS = decide.Rounds(select=0)  # no selection: every model is a contender; 3 rounds, a 4th while undecided
+# The finish's rule: 2 selection rounds over every model, then the selected model and every other in 3 fresh
+# confirmation rounds, a 4th while a verdict is undecided.
+ROUNDS = decide.Rounds()
+SELECT, CONFIRM = "selection", "confirmation"
 
 
-def verdicts_of(arms: Sequence[Arm]) -> tuple[Verdict, ...]:
+def _best(arms: Sequence[Arm], selected: str | None) -> Arm | None:
+    if selected is not None:
+        return next((a for a in arms if a.label == selected and a.score is not None), None)
     ok = [a for a in arms if a.score is not None]
-    if len(ok) < 2:
+    return max(ok, key=lambda a: a.score or 0.0) if ok else None
+
+
+def verdicts_of(arms: Sequence[Arm], selected: str | None = None) -> tuple[Verdict, ...]:
+    """The best (``selected``, else the best median) against every other measured model, on their confirmation
+    rounds."""
+    ok = [a for a in arms if a.score is not None]
+    best = _best(arms, selected)
+    if len(ok) < 2 or best is None:
         return ()
-    best = max(ok, key=lambda a: a.score or 0.0)
     return tuple(compare_quiet(best.label, a.label, best.scores, a.scores, best.quiet_scores(), a.quiet_scores())
                  for a in ok if a is not best)
 
@@ -137,37 +163,54 @@ def head_to_head(loc: EngineLocation, lines: Sequence[tuple[str, LaunchConfig]],
                  caps: Capabilities | None = None, rounds: decide.Rounds = ROUNDS,
                  session: tuple[Path | None, int | None, int, int] | None = None,
                  on_step: Callable[[str], None] | None = None) -> HeadToHead:
-    """Every model's tuned line once per round, the order rotating, ``rounds.min`` rounds and more (up to
-    ``rounds.max``) until the best is decided against every other. ``session`` (file, depth, gen tokens, agents):
-    replay an agent session instead of single requests."""
+    """Every model's tuned line once per round, the order rotating: ``rounds.select`` selection rounds choose the
+    best median, then ``rounds.min`` fresh rounds and more (up to ``rounds.max``) judge it against every other
+    until decided. ``session`` (file, depth, gen tokens, agents): replay an agent session instead of single
+    requests."""
     configs = dict(lines)
-    runs: dict[str, list[Round]] = {label: [] for label, _ in lines}
+    labels = [label for label, _ in lines]
+    n_select = rounds.select if len(labels) >= 2 else 0
+    runs: dict[str, dict[str, list[Round]]] = {phase: {x: [] for x in labels} for phase in (SELECT, CONFIRM)}
     failed: dict[str, str] = {}
     sent = server_load(load)
     makers = session_mod.session_makers(*session) if session else None
+    chosen: list[str] = []
 
     def measure(label: str, r: int) -> decide.Obs:
         cfg = configs[label]
+        phase = SELECT if r <= n_select else CONFIRM
         if on_step:
-            on_step(f"round {r}: {label} ({flags.launch_line(cfg)})")
+            on_step(f"round {r} ({phase}): {label} ({flags.launch_line(cfg)})")
         w = watched_round(cfg, label, f"round {r}",
                           lambda: _one(loc, cfg, sent, load, makers, session, log_dir / f"round{r}", caps), on_step)
         if w.failure is not None:
             failed[label] = w.failure.summary()
         got = replace(w.value or Round(None), noise=w.noise)
-        runs[label].append(got)
+        runs[phase][label].append(got)
         return got.score, got.noise
 
     def arms() -> list[Arm]:
-        return [Arm(label, flags.launch_line(cfg), tuple(runs[label]), failed.get(label)) for label, cfg in lines]
+        return [Arm(label, flags.launch_line(cfg), tuple(runs[CONFIRM][label]), failed.get(label),
+                    tuple(runs[SELECT][label])) for label, cfg in lines]
+
+    def to_confirm(sel: dict[str, list[decide.Obs]]) -> list[str]:
+        best = decide.best(sel, labels)
+        measured = [x for x in labels if any(s is not None for s, _ in sel[x])]
+        if best is None or len(measured) < 2:
+            return []  # nothing to judge: the one model measured, or none
+        chosen.append(best)
+        if on_step:
+            on_step(f"selected: {best} (the best median of {n_select} selection rounds); fresh rounds judge it")
+        return measured
 
     def settled(_: dict[str, list[decide.Obs]]) -> bool:
-        return all(v.outcome != UNDECIDED for v in verdicts_of(arms()))
+        return all(v.outcome != UNDECIDED for v in verdicts_of(arms(), chosen[0] if chosen else None))
 
-    decide.interleave([label for label, _ in lines], measure, first=1, at_least=rounds.min,
-                      at_most=max(rounds.min, rounds.max), settled=settled)
+    decide.two_phase(labels, labels, measure, replace(rounds, select=n_select), to_confirm=to_confirm,
+                     settled=settled)
     done = arms()
-    return HeadToHead(tuple(done), metric_of(load, session is not None), verdicts_of(done))
+    selected = chosen[0] if chosen else None
+    return HeadToHead(tuple(done), metric_of(load, session is not None), verdicts_of(done, selected), selected)
 
 
 def _one(loc: EngineLocation, cfg: LaunchConfig, sent: Workload, load: Workload,

@@ -1,5 +1,6 @@
 """The only place llama.cpp flags are spelled: LaunchConfig ↔ argv for llama-bench, llama-server,
-llama-perplexity and llama-fit-params; sources → argv for llama-quantize and llama-imatrix.
+llama-perplexity and llama-fit-params; sources → argv for llama-quantize and llama-imatrix;
+text → argv for llama-tokenize.
 
 :mod:`~tuner.engine.flags.render` turns a config into argv (the measured argv and the emitted launch line come
 from the same function, so they cannot differ); :mod:`~tuner.engine.flags.parse` reads argv back: a pasted
@@ -43,6 +44,7 @@ from tuner.engine.flags.render import (
     with_overrides,
     without_reuse,
 )
+from tuner.engine.flags.tokenize import TOKENIZE, parse_token_ids, tokenize_argv
 
 __all__ = [
     "BATCHED_BENCH", "BENCH", "FIT_PARAMS", "PERPLEXITY", "SERVER", "ParsedCommand",
@@ -53,4 +55,5 @@ __all__ = [
     "IMATRIX", "QUANTIZE", "imatrix_argv", "parse_quant_bpw", "parse_quant_size_bytes", "parse_quant_types",
     "quantize_argv",
     "help_argv",
+    "TOKENIZE", "parse_token_ids", "tokenize_argv",
 ]
