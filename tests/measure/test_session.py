@@ -165,3 +165,23 @@ def test_a_byte_level_vocabulary_keeps_the_session_a_session():
     assert session.TOOLS[0]["function"]["name"] in ses.system and len(ses.turns) >= 8
     # Where the schemas fit, all four are kept.
     assert all(t["function"]["name"] in session.bundled_session(byte_tokens, 16384).system for t in session.TOOLS)
+
+
+def test_a_depth_with_no_room_in_the_models_own_tokens_is_refused_with_a_depth_that_has_room():
+    """The estimate (four characters a token) lets --depth 512 through; a byte-level vocabulary (shape-true
+    models) does not: a real run tuned two such models for 44 minutes and then stopped on it
+    (results/benchmarks/compare-models-qwen-real.md: refused at 512, replayed at 2048)."""
+    session.session_maker(None, 512, 32)  # the estimate: room
+
+    def byte_ids(text: str) -> list[int]:
+        return list(text.encode())
+
+    with pytest.raises(session.NoRoomError) as err:
+        session.check_room(512, 32, byte_ids, "shape.gguf")
+    msg = str(err.value)
+    assert msg.startswith("--depth 512 leaves no room for a turn after the system prompt (") and "shape.gguf" in msg
+    enough = int(msg.rsplit("raise --depth to ", 1)[1].split()[0].replace(",", ""))
+    assert 512 < enough <= 2048 and len(session.bundled_session(lambda t: len(byte_ids(t)), enough, gen_tokens=32)
+                                        .turns) >= 1
+    assert err.value.system_tokens > 512 - 32 - 64  # the system prompt alone leaves less than a turn and a reply
+    session.check_room(512, 32, lambda text: [0] * (len(text) // 4), "real-vocab.gguf")  # a real vocabulary: room

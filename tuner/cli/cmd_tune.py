@@ -30,7 +30,7 @@ from tuner.cli.app import (
 from tuner.cli.cmd_bench import print_session
 from tuner.cli.cmd_frontier import run as run_frontier
 from tuner.core.errors import UsageError
-from tuner.engine import build, runner
+from tuner.engine import build, runner, tokenizer
 from tuner.machine import hardware
 from tuner.measure import session, workload
 from tuner.measure import speculation as spec_measure
@@ -155,6 +155,9 @@ def auto_tune_cmd(
     if req.device == "none" and vram_budget is not None:
         raise UsageError("--vram-budget plans the card and --device none leaves it out: drop one of them")
     loc = build.locate_engine(llama_cpp_dir)
+    if sessions is not None and sessions.session_file is None and path is not None and tokenizer.available(loc):
+        # The bundled session in the model's own tokens (its header's vocabulary), before the machine is held.
+        session.check_room(depth, sessions.gen_tokens, tokenizer.model_tokenizer(loc, path), path.name)
     with measuring("auto-tune", allow_busy=allow_busy, busy_wait=busy_wait, quiet_output=as_json,
                    device=req.device):
         if path is None:

@@ -77,6 +77,7 @@ TOOLS = (
     "llama-fit-params",
     "llama-batched-bench",
     "llama-imatrix",  # compare-quants --imatrix; a build without it is built again (once) to add it
+    "llama-tokenize",  # a model's own token counts from its header (input checks before anything is measured)
 )
 # The flash-attention vector kernels the CUDA build compiles: llama.cpp's default list and every mixed pair the
 # search's KV axis tries (tuner.search.space.KV_PAIRS; a test holds the two together). Without them a mixed

@@ -10,8 +10,8 @@ from tuner.search.verdict import Verdict
 from tuner.versus.compare import ModelComparison, ModelRow
 
 CAPTION = ("placement: fit at the context (--n-cpu-moe for a MoE, -ngl for a dense model); tg max: the roofline's "
-           "generation ceiling there; gen t/s, TTFT, session s: medians of the head-to-head's confirmation rounds; max ctx: the "
-           "largest context that fits at that KV")
+           "generation ceiling there; gen t/s, TTFT, session s: medians of the head-to-head's confirmation rounds; "
+           "max ctx: the largest context that fits at that KV")
 
 
 def _f(v: float | None, spec: str) -> str:
