@@ -90,8 +90,10 @@ def compare_models_cmd(
 ) -> None:
     """Which model for this card and workload: plan every model (fit, offload, speed ceilings, KV capacity), tune
     each that fits (auto-tune, same card, context and slots), then judge the tuned lines head to head in
-    interleaved rounds on the workload's own metric (request time; session time for agents). A model is called
-    faster only when decided; undecided stays undecided.
+    interleaved rounds on the workload's own metric (request time; session time for agents): selection rounds
+    choose the best median, fresh rounds judge it. A model is called faster only when decided in rounds that did
+    not select it; undecided stays undecided. An agent session's --depth is checked in each model's own tokens
+    before anything is tuned.
 
     Writes report.md, compare-models.json and scores.png to the output folder.
 

@@ -166,6 +166,18 @@ class RecordError(UsageError):
     """A shared record (tuner.share) that cannot be used: malformed, too large, hostile or from a newer schema."""
 
 
+class NoRoomError(UsageError):
+    """An agent session: the bundled session's system prompt leaves no room for a turn at this depth."""
+
+    def __init__(self, depth_tokens: int, system_tokens: int, model: str | None = None,
+                 enough: int | None = None) -> None:
+        self.depth_tokens, self.system_tokens = depth_tokens, system_tokens
+        whose = f" in {model}'s tokens" if model else ""
+        fix = f"raise --depth to {enough:,} or more" if enough else "raise --depth"
+        super().__init__(f"--depth {depth_tokens} leaves no room for a turn after the system prompt "
+                         f"({system_tokens:,} tokens{whose}): {fix}")
+
+
 class UnsupportedFlagError(UsageError):
     """The detected engine does not accept a flag the config needs."""
 

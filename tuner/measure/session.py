@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tuner.core.errors import UsageError
+from tuner.core.errors import NoRoomError, UsageError
 
 ROLES = ("system", "user", "assistant", "tool")
 APPENDED_ROLES = ("user", "tool")
@@ -95,18 +95,6 @@ def _take(pieces: list[str], start: int, chars: int) -> tuple[str, int]:
     text = "\n\n".join(out)[:chars]
     cut = text.rfind("\n")
     return (text[:cut] if cut > chars // 2 else text), i
-
-
-class NoRoomError(UsageError):
-    """The bundled session's system prompt leaves no room for a turn at this depth."""
-
-    def __init__(self, depth_tokens: int, system_tokens: int, model: str | None = None,
-                 enough: int | None = None) -> None:
-        self.depth_tokens, self.system_tokens = depth_tokens, system_tokens
-        whose = f" in {model}'s tokens" if model else ""
-        fix = f"raise --depth to {enough:,} or more" if enough else "raise --depth"
-        super().__init__(f"--depth {depth_tokens} leaves no room for a turn after the system prompt "
-                         f"({system_tokens:,} tokens{whose}): {fix}")
 
 
 def bundled_session(count_tokens: Callable[[str], int], depth_tokens: int = DEFAULT_DEPTH, *,
@@ -230,6 +218,11 @@ def check_room(depth_tokens: int | None, gen_tokens: int, tokenize: Callable[[st
     tokens (``tokenize``: :func:`tuner.engine.tokenizer.model_tokenizer`; a byte-level vocabulary spends about
     four times the tokens of a real one on the same text), naming a depth that leaves room (doubling, up to 64K)."""
     depth = depth_tokens or DEFAULT_DEPTH
+    try:  # one token per byte is the most any vocabulary spends: room there is room in every model's tokens
+        bundled_session(lambda text: len(text.encode()), depth, gen_tokens=gen_tokens)
+        return
+    except NoRoomError:
+        pass
 
     def count(text: str) -> int:
         return len(tokenize(text))
