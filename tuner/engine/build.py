@@ -69,16 +69,10 @@ PIN = EnginePin(
     sdist_sha256="832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e",
 )
 
-TOOLS = (
-    "llama-server",
-    "llama-bench",
-    "llama-perplexity",
-    "llama-quantize",
-    "llama-fit-params",
-    "llama-batched-bench",
-    "llama-imatrix",  # compare-quants --imatrix; a build without it is built again (once) to add it
-    "llama-tokenize",  # a model's own token counts from its header (input checks before anything is measured)
-)
+# llama-imatrix: compare-quants --imatrix; llama-tokenize: a model's token counts from its header (input checks). A
+# build made before a tool joined this list is built again, once, to add it.
+TOOLS = ("llama-server", "llama-bench", "llama-perplexity", "llama-quantize", "llama-fit-params", "llama-batched-bench",
+         "llama-imatrix", "llama-tokenize")
 # The flash-attention vector kernels the CUDA build compiles: llama.cpp's default list and every mixed pair the
 # search's KV axis tries (tuner.search.space.KV_PAIRS; a test holds the two together). Without them a mixed
 # pair converts the cache to f16 at every token (``ggml_cuda_flash_attn_ext_vec``). Each pair is one template
