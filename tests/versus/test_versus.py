@@ -82,8 +82,8 @@ def test_a_depth_with_room_only_in_four_character_tokens_is_refused_in_the_model
     made = run_cli("shape-model", "qwen3-30b-a3b:Q4_K_M", "--out", str(shape))
     assert made.returncode == 0, made.stderr
     t0 = time.monotonic()
-    res = run_cli("compare-models", str(trained_model), str(shape), "--workload", "agent", "--depth", "512",
-                  "--out", str(tmp_path / "cmp"), timeout=90)
+    res = run_cli("compare-models", str(trained_model), str(shape), "--workload", "agent", "--depth", "512", "-n",
+                  "32", "--out", str(tmp_path / "cmp"), timeout=90)
     last = res.stderr.strip().splitlines()[-1]
     assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
     assert last.startswith("error: --depth 512 leaves no room for a turn after the system prompt (") and \
@@ -93,7 +93,7 @@ def test_a_depth_with_room_only_in_four_character_tokens_is_refused_in_the_model
                  "--plan-only", "--out", str(tmp_path / "plan"))
     assert ok.returncode == 0, ok.stderr  # planning needs no session
     # auto-tune's session stage: the same check before the machine is held.
-    tune = run_cli("auto-tune", str(shape), "--workload", "agent", "--depth", "512", "--results-dir",
+    tune = run_cli("auto-tune", str(shape), "--workload", "agent", "--depth", "512", "-n", "32", "--results-dir",
                    str(tmp_path / "tune"), timeout=90)
     assert tune.returncode == 1 and tune.stderr.strip().splitlines()[-1] == last, tune.stderr
 
