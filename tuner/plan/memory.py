@@ -18,6 +18,7 @@ or were read into anonymous memory) is *reclaimable*: the kernel drops it under 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, fields, replace
 from enum import Enum
 
@@ -25,6 +26,7 @@ from tuner.core.config import CacheType, FlashAttn, LaunchConfig, SpecType
 from tuner.core.machine_spec import Hardware
 from tuner.core.model import ModelInfo, TensorClass, TensorInfo
 from tuner.core.units import MIB
+from tuner.plan.graph_arch import GRAPH_ARCHS, ReserveShape, compute_buffer_bytes
 
 CTX_PAD = 256
 DEFAULT_BATCH = 2048
@@ -229,21 +231,45 @@ def recurrent_bytes_per_seq(model: ModelInfo) -> int:
     return 4 * (conv + ssm)
 
 
-def compute_bytes(model: ModelInfo, r: Resolved) -> int:
-    """Peak of llama.cpp's graph allocator for one ubatch: the larger of the attention and output peaks.
+def compute_bytes(model: ModelInfo, r: Resolved, cfg: LaunchConfig | None = None) -> int:
+    """The compute buffer llama.cpp reserves for one ubatch: its worst-case graph placed by ggml's allocator.
 
-    Attention: the KQ mask (f16 with flash attention, f32 without) over every cell of a stream, the f32
-    KQ scores without flash attention, plus per-token activations; with flash attention the routed-expert
-    activations of a layer while the mask is live. Output: the logits of every token plus three
-    embedding-wide tensors. Coefficients were fitted to the CPU backend's own figures on both demo
-    architectures and on six shape-true real models (scripts/bench_memory_model.py).
-
-    Both peaks are linear in the ubatch, and hold at -ub 4096 and 8192 (with -b as large): exact or within
-    1.3 % on four real-scale shapes at 32K and 256K (tests/plan/test_memory.py). Where ``ggml_gallocr``'s
-    placement differs the model does not follow it: on the 256-wide demo with flash attention the engine's
-    figure is lower by about four embedding-wide tensors; GLM-4.5-Air and gpt-oss at some contexts (4K-8K, 64K)
-    are higher, at every ubatch, by up to one KQ mask (a large tensor placed past a live one, not in the hole).
+    For every architecture the shape writer knows, this builds the graph ``llama_context::sched_reserve`` reserves
+    (``min(n_ctx, n_ubatch)`` tokens, all outputs, the KQ mask over a whole stream) from the model's tensor
+    shapes and runs ``ggml_gallocr``'s placement over it (tuner.plan.graph_arch, tuner.plan.graph_alloc): the
+    peak follows the engine's order of nodes, in-place reuse and free-block fit, which no closed formula did
+    across architectures and ubatches. Other architectures keep the fitted formula (:func:`fitted_compute_bytes`).
     """
+    if model.arch not in GRAPH_ARCHS:
+        return fitted_compute_bytes(model, r)
+    return _reserve_bytes(model, reserve_shape(model, r, cfg))
+
+
+def reserve_shape(model: ModelInfo, r: Resolved, cfg: LaunchConfig | None = None) -> ReserveShape:
+    """What the reserve graph is built for: ``graph_reserve`` rounds the tokens up to a multiple of the slots; a
+    split cache gives each slot its own stream of cells; quantized K/V caches add a Hadamard rotation."""
+    n_stream = 1 if r.unified or r.n_seq <= 1 else r.n_seq
+    n_tokens = _pad(r.n_ubatch, max(1, r.n_seq))
+    swa = next((il for il in range(model.n_layer) if model.swa_layers[il]), None)
+    swa_full = cfg.swa_full if cfg is not None else False
+    n_kv_swa = kv_cells(model, r, swa, swa_full) // n_stream if swa is not None else 0
+    type_k = cfg.cache_type_k if cfg is not None else CacheType.F16
+    type_v = cfg.cache_type_v if cfg is not None else CacheType.F16
+    plain = (CacheType.F16, CacheType.F32, CacheType.BF16)
+    return ReserveShape(n_tokens, _mask_cells(r), n_kv_swa, n_stream, r.flash_attn, type_k not in plain,
+                        type_v not in plain)
+
+
+@functools.lru_cache(maxsize=512)
+def _reserve_bytes(model: ModelInfo, shape: ReserveShape) -> int:
+    return compute_buffer_bytes(model, shape)
+
+
+def fitted_compute_bytes(model: ModelInfo, r: Resolved) -> int:
+    """The former closed formula (architectures without a graph in tuner.plan.graph_arch): the larger of an
+    attention peak (the KQ mask, f16 with flash attention and f32 without, the f32 KQ scores without it, per-token
+    activations, the routed experts' activations with flash attention) and an output peak (the logits of every
+    token plus three embedding-wide tensors), fitted to the CPU backend's figures on six real shapes."""
     n_tok = r.n_ubatch
     n_q = model.n_head * model.head_dim_k
     moe = _moe_activation_bytes(model, n_tok)
@@ -317,7 +343,7 @@ def estimate(model: ModelInfo, cfg: LaunchConfig, hw: Hardware, draft: ModelInfo
             gpu_kv, gpu_rec = gpu_kv + kv, gpu_rec + rec
         else:
             host_kv, host_rec = host_kv + kv, host_rec + rec
-    graph = compute_bytes(model, r)
+    graph = compute_bytes(model, r, cfg)
     # --no-op-offload: host weights' ops stay on the CPU, nothing is copied up (llama_context passes
     # cparams.op_offload to ggml_backend_sched_new).
     copy = offload_copy_bytes(model, r, loaded, where) if backend == "cuda" and cfg.op_offload else 0
@@ -429,7 +455,7 @@ def speculation_bytes(model: ModelInfo, cfg: LaunchConfig, hw: Hardware, r: Reso
     if SpecType.DRAFT_MTP in cfg.spec_types and mtp_layers(model):
         head = mtp_layers(model)
         kv = sum(r.n_ctx * kv_bytes_per_cell(model, il, CacheType.F16, CacheType.F16) for il in head)
-        extra = Breakdown(kv_bytes=int(kv), compute_bytes=compute_bytes(model, r))
+        extra = Breakdown(kv_bytes=int(kv), compute_bytes=compute_bytes(model, r, cfg))
         on_gpu = hw.has_gpu and all(layer_on_gpu(model, r, il) for il in head)
         gpu, host = (_plus(gpu, extra), host) if on_gpu else (gpu, _plus(host, extra))
     if draft is not None and any(t.needs_draft_model for t in cfg.spec_types):
