@@ -18,7 +18,6 @@ or were read into anonymous memory) is *reclaimable*: the kernel drops it under 
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, fields, replace
 from enum import Enum
 
@@ -260,9 +259,21 @@ def reserve_shape(model: ModelInfo, r: Resolved, cfg: LaunchConfig | None = None
                         type_v not in plain)
 
 
-@functools.lru_cache(maxsize=512)
+_RESERVED: dict[tuple[int, ReserveShape], tuple[ModelInfo, int]] = {}
+
+
 def _reserve_bytes(model: ModelInfo, shape: ReserveShape) -> int:
-    return compute_buffer_bytes(model, shape)
+    """Memoized by the model's identity (hashing a header's tensor list would cost more than a lookup should):
+    plans and searches price the same model at the same shape many times."""
+    key = (id(model), shape)
+    hit = _RESERVED.get(key)
+    if hit is not None and hit[0] is model:
+        return hit[1]
+    if len(_RESERVED) > 1024:
+        _RESERVED.clear()
+    size = compute_buffer_bytes(model, shape)
+    _RESERVED[key] = (model, size)
+    return size
 
 
 def fitted_compute_bytes(model: ModelInfo, r: Resolved) -> int:
