@@ -70,9 +70,9 @@ def test_glm_4_5_air_at_64k_matches_llama_fit_params(engine_loc, tmp_path):
 
 
 def test_allocator_reuses_a_dying_parent_and_frees_at_the_last_consumer():
-    """x (8 KiB, input) → a = W·x and p = W'·x (16 KiB each) → b = a + p → c = W2·b (32 KiB, output). The add takes
-    a's block (a dies there, same layout); x and p die at their last consumers, and c lands where p was, above b:
-    8 + 16 + 32 KiB, not the 8 + 16 + 16 + 16 + 32 of a tensor per node."""
+    """x (8 KiB, input) → a = W·x and p = W'·x (16 KiB each) → b = a + p → c = W2·b (32 KiB, output). The add
+    takes a's block (a dies there, same layout); x and p die at their last consumers, and c lands where p was,
+    above b: 8 + 16 + 32 KiB, not the 8 + 16 + 16 + 16 + 32 of a tensor per node."""
     gf = g.Graph()
     x = g.inp(256, 8)
     b = g.same_shape("ADD", g.mul_mat(g.weight(256, 512), x), g.mul_mat(g.weight(256, 512), x))
