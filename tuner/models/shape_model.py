@@ -163,8 +163,10 @@ def small_spec(arch: str) -> ModelSpec:
     period = spec.full_attention_interval or 1
     n_layer = max(4, 2 * period, spec.n_layer_dense_lead + 3)
     n_expert = min(spec.n_expert, 16)
+    # Loaders that derive the head from the width (OLMoE: n_embd / n_head) need the width to stay heads x head.
+    n_embd = n_head * spec.head_dim if spec.n_embd == spec.n_head * spec.head_dim else SMALL_EMBD
     shrink: dict[str, object] = dict(
-        name=f"{spec.name} (small)", n_layer=n_layer, n_embd=SMALL_EMBD, n_head=n_head, n_head_kv=n_head_kv,
+        name=f"{spec.name} (small)", n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv,
         n_expert=n_expert, n_expert_used=min(spec.n_expert_used, n_expert // 2), n_vocab=SMALL_VOCAB,
         n_ff_exp=SMALL_FF if spec.n_expert else 0, n_ff_shexp=SMALL_FF if spec.n_expert_shared else 0,
         n_ff_dense=4 * SMALL_FF if spec.n_ff_dense else 0, tensor_types=(),
