@@ -87,8 +87,7 @@ def view(a: Tensor, ne: Sequence[int], nb: Sequence[int] | None = None, op: str 
         strides = _contiguous(ne4, a.es)
     else:
         given = list(nb)[: len(ne) - 1]
-        strides = (a.es, *given, *((0,) * (3 - len(given))))
-        strides = _fill_strides(ne4, strides)
+        strides = _fill_strides(ne4, (a.es, *given, *((0,) * (3 - len(given)))))
     return Tensor(ne4, a.es, op, (a,), strides, view_src=base)
 
 

@@ -300,10 +300,8 @@ def _hybrid(b: _Builder) -> None:
         inpSA = inpL
         cur = b.norm(inpL, il, "attn_norm.weight")
         b.gf.expand(cur)
-        if m.recurrent_layers[il]:
-            cur = _delta_net(b, il, cur, s_copy)
-        else:
-            cur = _gated_attn(b, il, cur, attn_inp, pos)
+        recurrent = m.recurrent_layers[il]
+        cur = _delta_net(b, il, cur, s_copy) if recurrent else _gated_attn(b, il, cur, attn_inp, pos)
         cur = g.same_shape("ADD", cur, inpSA)
         residual = cur
         post = b.norm(cur, il, "post_attention_norm.weight")
