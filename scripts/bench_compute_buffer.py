@@ -20,11 +20,12 @@ import itertools
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import harness
 
-from tuner.core.config import FlashAttn, LaunchConfig
+from tuner.core.config import CacheType, FlashAttn, LaunchConfig
 from tuner.engine import breakdown, build
 from tuner.machine import hardware
 from tuner.models import demo, gguf_reader, shape_model
@@ -55,6 +56,20 @@ def models(out: Path) -> list[tuple[str, Path, tuple[int, ...]]]:
     return found
 
 
+def configs(path: Path, contexts: tuple[int, ...], ubatches: list[int]) -> list[tuple[str, LaunchConfig]]:
+    """The sweep (ctx × flash attention × ubatch at one slot, f16 cache), then slots and quantized caches at the
+    largest context and -ub 4096 (small shapes and demos only)."""
+    out = []
+    for ctx, fa, ub in itertools.product(contexts, (FlashAttn.ON, FlashAttn.OFF), ubatches):
+        out.append(("", LaunchConfig(model=path, ctx=ctx, flash_attn=fa, ubatch=ub, batch=ub, parallel=1)))
+    if len(contexts) > 1:
+        base = LaunchConfig(model=path, ctx=contexts[-1], ubatch=4096, batch=4096, parallel=1, flash_attn=FlashAttn.ON)
+        out += [("np3", replace(base, parallel=3)), ("np4", replace(base, parallel=4)),
+                ("q8_0/q8_0", replace(base, cache_type_k=CacheType.Q8_0, cache_type_v=CacheType.Q8_0)),
+                ("q4_0/f16", replace(base, cache_type_k=CacheType.Q4_0, flash_attn=FlashAttn.OFF))]
+    return out
+
+
 @harness.bench("bench_compute_buffer")
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -67,12 +82,11 @@ def main() -> int:
     out = Path(tempfile.mkdtemp(prefix="moe-tune-compute-sweep-"))
     rows: list[list[object]] = []
     n = n_before = n_after = 0
-    worst: tuple[float, str] = (0.0, "")
+    worst: tuple[float, str] = (-1.0, "")
     t0 = time.perf_counter()
     for name, path, contexts in models(out):
         info = gguf_reader.inspect_model(path)
-        for ctx, fa, ub in itertools.product(contexts, (FlashAttn.ON, FlashAttn.OFF), ubatches):
-            cfg = LaunchConfig(model=path, ctx=ctx, flash_attn=fa, ubatch=ub, batch=ub, parallel=1)
+        for extra, cfg in configs(path, contexts, ubatches):
             engine = breakdown.fit_params_breakdown(loc, cfg).host_total("compute")
             before = memory.fitted_compute_bytes(info, memory.resolve(info, cfg, "cpu")) // MIB
             after = memory.estimate(info, cfg, CPU_ONLY).host.compute_bytes // MIB
@@ -80,20 +94,24 @@ def main() -> int:
             ok_after = engine_agrees(after, engine, info.tensor_bytes)
             n, n_before, n_after = n + 1, n_before + ok_before, n_after + ok_after
             err = 100.0 * (after - engine) / engine if engine else 0.0
-            worst = max(worst, (abs(err), f"{name} c{ctx} fa-{fa.value} ub{ub}"))
-            rows.append([name, ctx, fa.value, ub, engine, before, "yes" if ok_before else "NO", after,
-                         "yes" if ok_after else "NO", f"{err:+.1f}"])
+            where = f"{name} c{cfg.ctx} fa-{cfg.flash_attn.value} ub{cfg.ubatch} {extra}".strip()
+            worst = max(worst, (abs(err), where))
+            rows.append([name, cfg.ctx or 0, cfg.flash_attn.value, cfg.ubatch or 0, extra or "-", engine, before,
+                         "yes" if ok_before else "NO", after, "yes" if ok_after else "NO", f"{err:+.1f}"])
             harness.progress(" ".join(map(str, rows[-1])))
     log(f"engine: {loc.bin_dir} ({loc.source})")
-    log(f"{n} rows in {time.perf_counter() - t0:.0f} s; agree before: {n_before}, after: {n_after}")
+    log(f"{n} rows in {time.perf_counter() - t0:.0f} s; within tolerance before: {n_before}, after: {n_after}")
     log(f"largest error after: {worst[0]:.1f} % ({worst[1]})")
-    for line in harness.markdown_table(
-            ["model", "ctx", "fa", "ub", "engine MiB", "before MiB", "ok", "after MiB", "ok", "after err %"], rows):
-        log(line)
+    table = harness.markdown_table(["model", "ctx", "fa", "ub", "slots / KV", "engine MiB", "before MiB", "ok",
+                                    "after MiB", "ok", "after err %"], rows)
+    print("\n".join(table))
     if args.write:
+        preface = (__doc__.split("\n\n")[1] + "\n\nModels: zero-weight GGUFs (sparse files) and the F16 demos; CPU "
+                   "build of the pinned llama.cpp; `llama-fit-params -fitp on`, `-np 1` unless the row says "
+                   "otherwise; `-b` equal to `-ub`. Figures are MiB, rounded down as llama.cpp prints them.\n\n"
+                   + "\n".join(table))
         log.write(harness.OUT / "compute-buffer-sweep.md", "Compute buffer sweep: memory model vs llama-fit-params",
-                  preface=__doc__.split("\n\n")[1] + "\n\nModels: zero-weight GGUFs (sparse files) and the F16 demos; "
-                  "CPU build of the pinned llama.cpp; llama-fit-params -fitp on, -np 1.")
+                  preface=preface)
     return 0
 
 

@@ -4,10 +4,11 @@ every architecture the shape writer knows, flash attention on and off, and ubatc
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import pytest
 
-from tuner.core.config import FlashAttn, LaunchConfig
+from tuner.core.config import CacheType, FlashAttn, LaunchConfig
 from tuner.engine import breakdown
 from tuner.machine.hardware import Hardware
 from tuner.models import demo, gguf_reader, shape_model
@@ -53,6 +54,26 @@ def test_compute_buffer_sweep_matches_llama_fit_params(arch, small_shapes, engin
     assert _sweep(engine_loc, small_shapes[arch], (8192, 32768), SWEEP_UBATCHES) == []
 
 
+def test_compute_buffer_with_slots_and_quantized_caches(small_shapes, engine_loc):
+    """Split KV streams (-np 3 and 4: the tokens rounded up to a multiple of the slots, a mask per stream), a
+    quantized cache (the Hadamard rotation of Q, K and V adds tensors of their size) and quantized K without flash
+    attention, at -c 32768 -ub 4096, on every architecture."""
+    off = []
+    for arch in ARCHS:
+        path = small_shapes[arch]
+        info = gguf_reader.inspect_model(path)
+        base = LaunchConfig(model=path, ctx=32768, ubatch=4096, batch=4096, parallel=1, flash_attn=FlashAttn.ON)
+        for cfg in (replace(base, parallel=3), replace(base, parallel=4),
+                    replace(base, cache_type_k=CacheType.Q8_0, cache_type_v=CacheType.Q8_0),
+                    replace(base, cache_type_k=CacheType.Q4_0, flash_attn=FlashAttn.OFF)):
+            engine = breakdown.fit_params_breakdown(engine_loc, cfg).host_total("compute")
+            ours = memory.estimate(info, cfg, CPU).host.compute_bytes // MIB
+            if not engine_agrees(ours, engine, info.tensor_bytes):
+                off.append(f"{arch} np{cfg.parallel} {cfg.cache_type_k.value}/{cfg.cache_type_v.value} "
+                           f"fa-{cfg.flash_attn.value}: ours {ours} MiB, llama.cpp {engine} MiB")
+    assert off == []
+
+
 @pytest.mark.parametrize("arch", ["qwen3moe", "qwen35moe"])
 def test_compute_buffer_sweep_on_the_demo_models(arch, demo_models, engine_loc):
     """The demo models at -c 8192 -ub 4096 (the row ``plan --engine-check`` was off on) and around it."""
@@ -96,8 +117,6 @@ def test_free_blocks_take_the_best_fitting_hole():
 
 
 def test_compute_buffer_grows_with_the_ubatch_and_the_context(tmp_path):
-    from dataclasses import replace
-
     spec = shape_model.small_spec("qwen3moe")
     info = gguf_reader.inspect_model(shape_model.write_shape_model(spec, "Q8_0", tmp_path / "m.gguf").path)
     base = LaunchConfig(model=info.paths[0], ctx=8192, parallel=1, flash_attn=FlashAttn.OFF)
