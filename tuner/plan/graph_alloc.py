@@ -214,6 +214,7 @@ class _FreeBlocks:
         self.alignment = alignment
         self.blocks: list[list[int]] = [[0, 1 << 62]]
         self.max_size = 0
+        self.in_use = 0  # bytes held by live tensors (not ggml's: for the op-offload estimate)
 
     def _align(self, size: int) -> int:
         return -(-size // self.alignment) * self.alignment
@@ -234,10 +235,12 @@ class _FreeBlocks:
         if block[1] == 0:
             del self.blocks[best]
         self.max_size = max(self.max_size, offset + size)
+        self.in_use += size
         return offset
 
     def free(self, offset: int, size: int) -> None:
         size = self._align(size)
+        self.in_use -= size
         blocks = self.blocks
         for i, block in enumerate(blocks):
             if block[0] + block[1] == offset:
@@ -259,7 +262,13 @@ class _FreeBlocks:
 
 def reserve_bytes(graph: Graph, alignment: int = TENSOR_ALIGNMENT) -> int:
     """The buffer ``ggml_gallocr_reserve_n`` sizes for ``graph`` (``ggml_gallocr_alloc_graph_impl``)."""
+    return reserve(graph, alignment)[0]
+
+
+def reserve(graph: Graph, alignment: int = TENSOR_ALIGNMENT) -> tuple[int, int]:
+    """(the buffer ``ggml_gallocr_reserve_n`` sizes for ``graph``, the most bytes live while an expert matmul runs)."""
     mem = _FreeBlocks(alignment)
+    expert_live = 0
 
     def allocate(t: Tensor) -> None:
         if t.external or t.allocated or t.is_view:
@@ -294,6 +303,8 @@ def reserve_bytes(graph: Graph, alignment: int = TENSOR_ALIGNMENT) -> int:
         for s in node.src:
             allocate(s)
         allocate(node)
+        if node.op == "MUL_MAT_ID":
+            expert_live = max(expert_live, mem.in_use)
         for p in node.src:
             p.n_children -= 1
             if p.n_children == 0 and p.n_views == 0:
@@ -305,7 +316,7 @@ def reserve_bytes(graph: Graph, alignment: int = TENSOR_ALIGNMENT) -> int:
                         release(base)
                 elif p.allocated:
                     release(p)
-    return mem.max_size
+    return mem.max_size, expert_live
 
 
 def mark_outputs(tensors: Iterable[Tensor]) -> None:

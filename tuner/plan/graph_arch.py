@@ -432,9 +432,10 @@ def reserve_graph(model: ModelInfo, shape: ReserveShape) -> Graph:
     return b.gf
 
 
-def compute_buffer_bytes(model: ModelInfo, shape: ReserveShape) -> int:
-    """The CPU compute buffer llama.cpp reserves for ``model`` at ``shape`` (graph + allocator, as the engine)."""
-    return g.reserve_bytes(reserve_graph(model, shape))
+def compute_buffer_bytes(model: ModelInfo, shape: ReserveShape) -> tuple[int, int]:
+    """(the CPU compute buffer llama.cpp reserves for ``model`` at ``shape``, the bytes live at its largest expert
+    matmul): the reserve graph placed by ggml's allocator, as the engine does."""
+    return g.reserve(reserve_graph(model, shape))
 
 
 __all__ = ["F16", "F32", "GRAPH_ARCHS", "ReserveShape", "compute_buffer_bytes", "reserve_graph"]

@@ -241,7 +241,16 @@ def compute_bytes(model: ModelInfo, r: Resolved, cfg: LaunchConfig | None = None
     """
     if model.arch not in GRAPH_ARCHS:
         return fitted_compute_bytes(model, r)
-    return _reserve_bytes(model, reserve_shape(model, r, cfg))
+    return _reserve_bytes(model, reserve_shape(model, r, cfg))[0]
+
+
+def expert_phase_bytes(model: ModelInfo, r: Resolved, cfg: LaunchConfig | None = None) -> int:
+    """What is live in the compute buffer while a layer's routed experts run (the reserve graph's allocator at its
+    largest MUL_MAT_ID), the activations a host expert weight copied up for op offload sits beside. Architectures
+    without a graph: the KQ mask plus the routed experts' activations (:func:`_moe_activation_bytes`)."""
+    if model.arch not in GRAPH_ARCHS:
+        return _mask_cells(r) * r.n_ubatch * (2 if r.flash_attn else 4) + _moe_activation_bytes(model, r.n_ubatch)
+    return _reserve_bytes(model, reserve_shape(model, r, cfg))[1]
 
 
 def reserve_shape(model: ModelInfo, r: Resolved, cfg: LaunchConfig | None = None) -> ReserveShape:
@@ -259,10 +268,10 @@ def reserve_shape(model: ModelInfo, r: Resolved, cfg: LaunchConfig | None = None
                         type_v not in plain)
 
 
-_RESERVED: dict[tuple[int, ReserveShape], tuple[ModelInfo, int]] = {}
+_RESERVED: dict[tuple[int, ReserveShape], tuple[ModelInfo, tuple[int, int]]] = {}
 
 
-def _reserve_bytes(model: ModelInfo, shape: ReserveShape) -> int:
+def _reserve_bytes(model: ModelInfo, shape: ReserveShape) -> tuple[int, int]:
     """Memoized by the model's identity (hashing a header's tensor list would cost more than a lookup should):
     plans and searches price the same model at the same shape many times."""
     key = (id(model), shape)
@@ -357,7 +366,7 @@ def estimate(model: ModelInfo, cfg: LaunchConfig, hw: Hardware, draft: ModelInfo
     graph = compute_bytes(model, r, cfg)
     # --no-op-offload: host weights' ops stay on the CPU, nothing is copied up (llama_context passes
     # cparams.op_offload to ggml_backend_sched_new).
-    copy = offload_copy_bytes(model, r, loaded, where) if backend == "cuda" and cfg.op_offload else 0
+    copy = offload_copy_bytes(model, r, loaded, where, cfg) if backend == "cuda" and cfg.op_offload else 0
     # Logits of every slot are copied back to a host output buffer.
     host_overhead = r.n_seq * model.n_vocab * 4
     if backend == "cuda":
@@ -389,7 +398,8 @@ def _mapped_span(loaded: list[TensorInfo], where: list[HostBuffer | None]) -> in
 OP_OFFLOAD_MIN_BATCH = 32  # ggml-cuda's op_offload_min_batch_size default
 
 
-def offload_copy_bytes(model: ModelInfo, r: Resolved, loaded: list[TensorInfo], where: list[HostBuffer | None]) -> int:
+def offload_copy_bytes(model: ModelInfo, r: Resolved, loaded: list[TensorInfo], where: list[HostBuffer | None],
+                       cfg: LaunchConfig | None = None) -> int:
     """GPU compute buffer when a batch of >= 32 tokens runs a host weight's matmul on the GPU.
 
     ``ggml_backend_cuda_device_offload_op`` takes a MUL_MAT / MUL_MAT_ID of at least 32 tokens to the GPU
@@ -397,8 +407,8 @@ def offload_copy_bytes(model: ModelInfo, r: Resolved, loaded: list[TensorInfo], 
     (``ggml_backend_sched_split_graph``) then copies the weight into the GPU's compute buffer at its full
     size (``ggml_dup_tensor_layout``; only the used experts' rows are transferred) and starts a new split at
     each such weight "so the memory of the previously offloaded weights can be reused": one copy is live at a
-    time, beside that layer's expert activations. The compute buffer is reserved at n_ubatch tokens, so it
-    holds the largest host weight plus those activations when n_ubatch >= 32.
+    time, beside that layer's expert activations (:func:`expert_phase_bytes`). The compute buffer is reserved at
+    n_ubatch tokens, so it holds the largest host weight plus those activations when n_ubatch >= 32.
     """
     if r.n_ubatch < OP_OFFLOAD_MIN_BATCH:
         return 0
@@ -406,8 +416,7 @@ def offload_copy_bytes(model: ModelInfo, r: Resolved, loaded: list[TensorInfo], 
             if w is not None and t.klass is not TensorClass.TOKEN_EMBD and len(t.shape) >= 2]
     if not host:
         return 0
-    mask = _mask_cells(r) * r.n_ubatch * (2 if r.flash_attn else 4)  # the KQ mask is live all graph long
-    return max(host) + _moe_activation_bytes(model, r.n_ubatch) + mask
+    return max(host) + expert_phase_bytes(model, r, cfg)
 
 
 def _plus(a: Breakdown, b: Breakdown) -> Breakdown:
