@@ -6,7 +6,8 @@ layers (the output head counts as one more) on the GPU, the token embedding alwa
 the KV of a layer lives where the layer lives.
 
 Two backends are modelled separately. CPU: validated against the engine's own breakdown (see
-``scripts/bench_memory_model.py``). CUDA: the same placement and KV arithmetic, the CPU compute-buffer
+``scripts/bench_memory_model.py``; the compute buffer, built as the engine builds it by tuner.plan.graph_arch,
+in ``scripts/bench_compute_buffer.py``). CUDA: the same placement and KV arithmetic, the CPU compute-buffer
 model applied to the device, plus a fixed CUDA context overhead; not validated on a GPU here.
 
 Host RAM is the engine's buffer placement for the backend planned for (:func:`host_buffer`): each host
