@@ -271,18 +271,14 @@ def test_compute_buffer_at_ubatch_4096_matches_llama_fit_params(target, ctx, ub_
 
 
 def test_compute_buffer_at_ubatch_4096_on_a_loaded_demo_model(demo_models, engine_loc, tmp_path):
-    """llama-server's at-exit breakdown of a model it loaded at -ub 4096 -b 4096. Without flash attention (the KQ
-    scores peak) the model agrees within tolerance. With it, the tiny demo's buffer is the KQ mask plus the
-    experts' activations, and the engine's figure sits below ours by about four n_embd-wide tensors of the
-    ubatch (4 x 256 x 4096 x 4 B = 16 MiB): its allocator fits them elsewhere on this 256-wide model, where on
-    every real-scale shape (above, and at 256K where this term peaks) the figure is exact. Over, never under."""
+    """llama-server's at-exit breakdown of a model it loaded at -ub 4096 -b 4096, flash attention off (the KQ scores
+    peak) and on with q8_0 K/V (the KQ mask and the experts' activations peak; a quantized cache adds the Hadamard
+    rotation of Q, K and V): the allocated buffer is what the reserve graph placed by ggml's allocator says, within
+    the one tolerance (the model was 16 MiB over here before it followed the allocator)."""
     info = gguf_reader.inspect_model(demo_models[("qwen3moe", "Q4_K_M")])
     base = LaunchConfig(model=info.paths[0], ctx=8192, parallel=1, ubatch=4096, batch=4096)
-    _, off = breakdown.server_breakdown(engine_loc, replace(base, flash_attn=FlashAttn.OFF), tmp_path)
-    ours_off = memory.estimate(info, replace(base, flash_attn=FlashAttn.OFF), CPU).host.compute_bytes // MIB
-    assert engine_agrees(ours_off, off.host_total("compute"), info.tensor_bytes), (ours_off, off)
-    on_cfg = replace(base, flash_attn=FlashAttn.ON, cache_type_k=CacheType.Q8_0, cache_type_v=CacheType.Q8_0)
-    _, on = breakdown.server_breakdown(engine_loc, on_cfg, tmp_path)
-    ours_on = memory.estimate(info, on_cfg, CPU).host.compute_bytes // MIB
-    gap_mib = 4 * info.n_embd * 4096 * 4 // MIB
-    assert 0 <= ours_on - on.host_total("compute") <= gap_mib, (ours_on, on.host_total("compute"), gap_mib)
+    for cfg in (replace(base, flash_attn=FlashAttn.OFF),
+                replace(base, flash_attn=FlashAttn.ON, cache_type_k=CacheType.Q8_0, cache_type_v=CacheType.Q8_0)):
+        _, actual = breakdown.server_breakdown(engine_loc, cfg, tmp_path)
+        ours = memory.estimate(info, cfg, CPU).host.compute_bytes // MIB
+        assert engine_agrees(ours, actual.host_total("compute"), info.tensor_bytes), (cfg.flash_attn, ours, actual)

@@ -17,7 +17,7 @@ with a range request (:func:`copy_header`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tuner.catalog import families
@@ -144,6 +144,36 @@ def spec_from_catalog(m: families.CatalogModel) -> ModelSpec:
 
 def _int(value: object) -> int:
     return int(value) if isinstance(value, (int, float)) else 0
+
+
+SMALL_EMBD, SMALL_FF, SMALL_VOCAB = 512, 256, 8192
+
+
+def small_spec(arch: str) -> ModelSpec:
+    """A few-MB stand-in for ``arch``'s first catalog model (or extra shape) that keeps its layout: the head width,
+    the query/KV head ratio, the attention pattern (full-attention interval, sliding window, dense lead layers,
+    the NextN block), shared experts, biases, gating and tied embeddings; widths, layer count, expert count and
+    vocabulary shrink. For sweeps over ubatches against the engine (tests/plan/test_compute_sweep.py)."""
+    if arch == "olmoe":
+        spec = EXTRA_SHAPES["olmoe-1b-7b"]
+    else:
+        spec = spec_from_catalog(next(m for m in families.load_catalog() if m.gguf_arch == arch))
+    n_head = min(spec.n_head, 8)
+    n_head_kv = max(1, n_head * spec.n_head_kv // spec.n_head)
+    period = spec.full_attention_interval or 1
+    n_layer = max(4, 2 * period, spec.n_layer_dense_lead + 3)
+    n_expert = min(spec.n_expert, 16)
+    # Loaders that derive the head from the width (OLMoE: n_embd / n_head) need the width to stay heads x head.
+    n_embd = n_head * spec.head_dim if spec.n_embd == spec.n_head * spec.head_dim else SMALL_EMBD
+    shrink: dict[str, object] = dict(
+        name=f"{spec.name} (small)", n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv,
+        n_expert=n_expert, n_expert_used=min(spec.n_expert_used, n_expert // 2), n_vocab=SMALL_VOCAB,
+        n_ff_exp=SMALL_FF if spec.n_expert else 0, n_ff_shexp=SMALL_FF if spec.n_expert_shared else 0,
+        n_ff_dense=4 * SMALL_FF if spec.n_ff_dense else 0, tensor_types=(),
+    )
+    if spec.full_attention_interval:  # delta-net heads: keep twice as many value heads as key heads
+        shrink.update(ssm_d_state=64, ssm_n_group=4, ssm_dt_rank=8)
+    return replace(spec, **shrink)  # type: ignore[arg-type]
 
 
 # --- writing ---------------------------------------------------------------------------------------------

@@ -6,7 +6,8 @@ layers (the output head counts as one more) on the GPU, the token embedding alwa
 the KV of a layer lives where the layer lives.
 
 Two backends are modelled separately. CPU: validated against the engine's own breakdown (see
-``scripts/bench_memory_model.py``). CUDA: the same placement and KV arithmetic, the CPU compute-buffer
+``scripts/bench_memory_model.py``; the compute buffer, built as the engine builds it by tuner.plan.graph_arch,
+in ``scripts/bench_compute_buffer.py``). CUDA: the same placement and KV arithmetic, the CPU compute-buffer
 model applied to the device, plus a fixed CUDA context overhead; not validated on a GPU here.
 
 Host RAM is the engine's buffer placement for the backend planned for (:func:`host_buffer`): each host
@@ -25,6 +26,7 @@ from tuner.core.config import CacheType, FlashAttn, LaunchConfig, SpecType
 from tuner.core.machine_spec import Hardware
 from tuner.core.model import ModelInfo, TensorClass, TensorInfo
 from tuner.core.units import MIB
+from tuner.plan.graph_arch import GRAPH_ARCHS, ReserveShape, compute_buffer_bytes
 
 CTX_PAD = 256
 DEFAULT_BATCH = 2048
@@ -229,21 +231,66 @@ def recurrent_bytes_per_seq(model: ModelInfo) -> int:
     return 4 * (conv + ssm)
 
 
-def compute_bytes(model: ModelInfo, r: Resolved) -> int:
-    """Peak of llama.cpp's graph allocator for one ubatch: the larger of the attention and output peaks.
+def compute_bytes(model: ModelInfo, r: Resolved, cfg: LaunchConfig | None = None) -> int:
+    """The compute buffer llama.cpp reserves for one ubatch: its worst-case graph placed by ggml's allocator.
 
-    Attention: the KQ mask (f16 with flash attention, f32 without) over every cell of a stream, the f32
-    KQ scores without flash attention, plus per-token activations; with flash attention the routed-expert
-    activations of a layer while the mask is live. Output: the logits of every token plus three
-    embedding-wide tensors. Coefficients were fitted to the CPU backend's own figures on both demo
-    architectures and on six shape-true real models (scripts/bench_memory_model.py).
-
-    Both peaks are linear in the ubatch, and hold at -ub 4096 and 8192 (with -b as large): exact or within
-    1.3 % on four real-scale shapes at 32K and 256K (tests/plan/test_memory.py). Where ``ggml_gallocr``'s
-    placement differs the model does not follow it: on the 256-wide demo with flash attention the engine's
-    figure is lower by about four embedding-wide tensors; GLM-4.5-Air and gpt-oss at some contexts (4K-8K, 64K)
-    are higher, at every ubatch, by up to one KQ mask (a large tensor placed past a live one, not in the hole).
+    For every architecture the shape writer knows, this builds the graph ``llama_context::sched_reserve`` reserves
+    (``min(n_ctx, n_ubatch)`` tokens, all outputs, the KQ mask over a whole stream) from the model's tensor
+    shapes and runs ``ggml_gallocr``'s placement over it (tuner.plan.graph_arch, tuner.plan.graph_alloc): the
+    peak follows the engine's order of nodes, in-place reuse and free-block fit, which no closed formula did
+    across architectures and ubatches. Other architectures keep the fitted formula (:func:`fitted_compute_bytes`).
     """
+    if model.arch not in GRAPH_ARCHS:
+        return fitted_compute_bytes(model, r)
+    return _reserve_bytes(model, reserve_shape(model, r, cfg))[0]
+
+
+def expert_phase_bytes(model: ModelInfo, r: Resolved, cfg: LaunchConfig | None = None) -> int:
+    """What is live in the compute buffer while a layer's routed experts run (the reserve graph's allocator at its
+    largest MUL_MAT_ID), the activations a host expert weight copied up for op offload sits beside. Architectures
+    without a graph: the KQ mask plus the routed experts' activations (:func:`_moe_activation_bytes`)."""
+    if model.arch not in GRAPH_ARCHS:
+        return _mask_cells(r) * r.n_ubatch * (2 if r.flash_attn else 4) + _moe_activation_bytes(model, r.n_ubatch)
+    return _reserve_bytes(model, reserve_shape(model, r, cfg))[1]
+
+
+def reserve_shape(model: ModelInfo, r: Resolved, cfg: LaunchConfig | None = None) -> ReserveShape:
+    """What the reserve graph is built for: ``graph_reserve`` rounds the tokens up to a multiple of the slots; a
+    split cache gives each slot its own stream of cells; quantized K/V caches add a Hadamard rotation."""
+    n_stream = 1 if r.unified or r.n_seq <= 1 else r.n_seq
+    n_tokens = _pad(r.n_ubatch, max(1, r.n_seq))
+    swa = next((il for il in range(model.n_layer) if model.swa_layers[il]), None)
+    swa_full = cfg.swa_full if cfg is not None else False
+    n_kv_swa = kv_cells(model, r, swa, swa_full) // n_stream if swa is not None else 0
+    type_k = cfg.cache_type_k if cfg is not None else CacheType.F16
+    type_v = cfg.cache_type_v if cfg is not None else CacheType.F16
+    plain = (CacheType.F16, CacheType.F32, CacheType.BF16)
+    return ReserveShape(n_tokens, _mask_cells(r), n_kv_swa, n_stream, r.flash_attn, type_k not in plain,
+                        type_v not in plain)
+
+
+_RESERVED: dict[tuple[int, ReserveShape], tuple[ModelInfo, tuple[int, int]]] = {}
+
+
+def _reserve_bytes(model: ModelInfo, shape: ReserveShape) -> tuple[int, int]:
+    """Memoized by the model's identity (hashing a header's tensor list would cost more than a lookup should):
+    plans and searches price the same model at the same shape many times."""
+    key = (id(model), shape)
+    hit = _RESERVED.get(key)
+    if hit is not None and hit[0] is model:
+        return hit[1]
+    if len(_RESERVED) > 1024:
+        _RESERVED.clear()
+    size = compute_buffer_bytes(model, shape)
+    _RESERVED[key] = (model, size)
+    return size
+
+
+def fitted_compute_bytes(model: ModelInfo, r: Resolved) -> int:
+    """The former closed formula (architectures without a graph in tuner.plan.graph_arch): the larger of an
+    attention peak (the KQ mask, f16 with flash attention and f32 without, the f32 KQ scores without it, per-token
+    activations, the routed experts' activations with flash attention) and an output peak (the logits of every
+    token plus three embedding-wide tensors), fitted to the CPU backend's figures on six real shapes."""
     n_tok = r.n_ubatch
     n_q = model.n_head * model.head_dim_k
     moe = _moe_activation_bytes(model, n_tok)
@@ -317,10 +364,10 @@ def estimate(model: ModelInfo, cfg: LaunchConfig, hw: Hardware, draft: ModelInfo
             gpu_kv, gpu_rec = gpu_kv + kv, gpu_rec + rec
         else:
             host_kv, host_rec = host_kv + kv, host_rec + rec
-    graph = compute_bytes(model, r)
+    graph = compute_bytes(model, r, cfg)
     # --no-op-offload: host weights' ops stay on the CPU, nothing is copied up (llama_context passes
     # cparams.op_offload to ggml_backend_sched_new).
-    copy = offload_copy_bytes(model, r, loaded, where) if backend == "cuda" and cfg.op_offload else 0
+    copy = offload_copy_bytes(model, r, loaded, where, cfg) if backend == "cuda" and cfg.op_offload else 0
     # Logits of every slot are copied back to a host output buffer.
     host_overhead = r.n_seq * model.n_vocab * 4
     if backend == "cuda":
@@ -352,7 +399,8 @@ def _mapped_span(loaded: list[TensorInfo], where: list[HostBuffer | None]) -> in
 OP_OFFLOAD_MIN_BATCH = 32  # ggml-cuda's op_offload_min_batch_size default
 
 
-def offload_copy_bytes(model: ModelInfo, r: Resolved, loaded: list[TensorInfo], where: list[HostBuffer | None]) -> int:
+def offload_copy_bytes(model: ModelInfo, r: Resolved, loaded: list[TensorInfo], where: list[HostBuffer | None],
+                       cfg: LaunchConfig | None = None) -> int:
     """GPU compute buffer when a batch of >= 32 tokens runs a host weight's matmul on the GPU.
 
     ``ggml_backend_cuda_device_offload_op`` takes a MUL_MAT / MUL_MAT_ID of at least 32 tokens to the GPU
@@ -360,8 +408,8 @@ def offload_copy_bytes(model: ModelInfo, r: Resolved, loaded: list[TensorInfo], 
     (``ggml_backend_sched_split_graph``) then copies the weight into the GPU's compute buffer at its full
     size (``ggml_dup_tensor_layout``; only the used experts' rows are transferred) and starts a new split at
     each such weight "so the memory of the previously offloaded weights can be reused": one copy is live at a
-    time, beside that layer's expert activations. The compute buffer is reserved at n_ubatch tokens, so it
-    holds the largest host weight plus those activations when n_ubatch >= 32.
+    time, beside that layer's expert activations (:func:`expert_phase_bytes`). The compute buffer is reserved at
+    n_ubatch tokens, so it holds the largest host weight plus those activations when n_ubatch >= 32.
     """
     if r.n_ubatch < OP_OFFLOAD_MIN_BATCH:
         return 0
@@ -369,8 +417,7 @@ def offload_copy_bytes(model: ModelInfo, r: Resolved, loaded: list[TensorInfo], 
             if w is not None and t.klass is not TensorClass.TOKEN_EMBD and len(t.shape) >= 2]
     if not host:
         return 0
-    mask = _mask_cells(r) * r.n_ubatch * (2 if r.flash_attn else 4)  # the KQ mask is live all graph long
-    return max(host) + _moe_activation_bytes(model, r.n_ubatch) + mask
+    return max(host) + expert_phase_bytes(model, r, cfg)
 
 
 def _plus(a: Breakdown, b: Breakdown) -> Breakdown:
@@ -429,7 +476,7 @@ def speculation_bytes(model: ModelInfo, cfg: LaunchConfig, hw: Hardware, r: Reso
     if SpecType.DRAFT_MTP in cfg.spec_types and mtp_layers(model):
         head = mtp_layers(model)
         kv = sum(r.n_ctx * kv_bytes_per_cell(model, il, CacheType.F16, CacheType.F16) for il in head)
-        extra = Breakdown(kv_bytes=int(kv), compute_bytes=compute_bytes(model, r))
+        extra = Breakdown(kv_bytes=int(kv), compute_bytes=compute_bytes(model, r, cfg))
         on_gpu = hw.has_gpu and all(layer_on_gpu(model, r, il) for il in head)
         gpu, host = (_plus(gpu, extra), host) if on_gpu else (gpu, _plus(host, extra))
     if draft is not None and any(t.needs_draft_model for t in cfg.spec_types):
