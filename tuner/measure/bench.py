@@ -22,6 +22,8 @@ from tuner.core.stats import cv_pct
 from tuner.engine import breakdown, build, flags, runner
 from tuner.engine.breakdown import MemoryBreakdown
 from tuner.engine.build import Capabilities, EngineLocation
+from tuner.machine import pressure
+from tuner.machine.pressure import HostPressure
 from tuner.machine.sampler import (
     NOT_MEASURED,
     MemoryReport,
@@ -31,7 +33,7 @@ from tuner.machine.sampler import (
     paging_verdict,
     spill_verdict,
 )
-from tuner.measure import failures, gpu_use, workload
+from tuner.measure import failures, gpu_use, phases, workload
 from tuner.measure.workload import LevelResult, Workload
 
 RSE_TARGET_PCT = 3.0
@@ -72,6 +74,10 @@ class BenchRow:
     params: tuple[tuple[str, str], ...] = ()
     # The GPU devices llama-bench's backend registry held (``get_gpu_info``); empty when it ran on the CPU alone.
     gpu_info: str = ""
+    # Host memory over this test's timed generation runs (:mod:`tuner.measure.phases`), and how many runs that
+    # covers; None: not read.
+    host: HostPressure | None = None
+    host_runs: int = 0
 
     @property
     def kind(self) -> str:
@@ -111,6 +117,18 @@ class BenchResult:
     @property
     def gen_tok_s(self) -> float:
         return self.row("tg").avg_tok_s
+
+    @property
+    def host_paging(self) -> PagingVerdict:
+        """Did the engine read its model back from disk during the timed generation runs (the load's reads are
+        left out: :mod:`tuner.measure.phases`); with what to change when it did."""
+        tg = [r for r in self.rows if r.kind == "tg" and r.host is not None]
+        tokens = sum(r.n_gen * r.host_runs for r in tg)
+        verdict = paging_verdict(pressure.combined(r.host for r in tg), tokens)
+        if not tg:
+            return replace(verdict, evidence="not measured (no timed generation run was seen: no /proc here, or "
+                                             "this llama-bench has no --progress)")
+        return replace(verdict, fix=paging_fix(self.config)) if verdict.paging and self.config else verdict
 
 
 _PARAM_KEYS = ("type_k", "type_v", "flash_attn", "n_threads", "n_batch", "n_ubatch", "n_gpu_layers", "n_cpu_moe")
@@ -254,15 +272,25 @@ def _bench_once(engine: EngineLocation, cfgs: Sequence[LaunchConfig], *, tests: 
     elapsed = 0.0
     for n_prompt, n_gen, depths in tests:
         argv = flags.bench_group_argv(_tool(engine, "llama-bench"), cfgs, n_prompt=n_prompt, n_gen=n_gen,
-                                      repetitions=repetitions, depth=list(depths), caps=caps)
+                                      repetitions=repetitions, depth=list(depths), caps=caps, progress=True)
+        windows = phases.Windows()
+
+        def started(pid: int, windows: phases.Windows = windows) -> None:
+            windows.attach(pid)
+            if sampler is not None:
+                sampler.attach(pid)
+
         try:
             result = runner.run_process(
                 argv, timeout_s=timeout_s, what="llama-bench", fix="check the model file and flags",
-                on_start=sampler.attach if sampler else None,
+                on_start=started, on_stderr=lambda line, w=windows: phases.bench_line(w, line),
+                on_exit=windows.exited,
             )
         except TunerError as exc:
             raise TrialFailedError("llama-bench", failures.from_error(exc)) from None
-        got = parse_jsonl(result.stdout)
+        # Test i is the i-th row (llama-bench prints each test's row when it is done, in order).
+        got = tuple(replace(r, host=windows.of(i), host_runs=windows.count(i))
+                    for i, r in enumerate(parse_jsonl(result.stdout)))
         gpu_use.check_bench(got[0].gpu_info if got else None, result.stderr_tail, cfgs[0])
         check_fa_kernels(engine, cfgs, result.stderr_tail)
         expected = ((n_prompt > 0) + (n_gen > 0)) * len(depths) * len(cfgs)
@@ -286,7 +314,9 @@ def _merge(old: tuple[BenchRow, ...], new: tuple[BenchRow, ...]) -> tuple[BenchR
             continue
         samples = row.samples_tok_s + extra.samples_tok_s
         merged.append(replace(row, samples_tok_s=samples, avg_tok_s=statistics.fmean(samples),
-                              stddev_tok_s=statistics.stdev(samples) if len(samples) > 1 else 0.0))
+                              stddev_tok_s=statistics.stdev(samples) if len(samples) > 1 else 0.0,
+                              host=pressure.combined((row.host, extra.host)),
+                              host_runs=row.host_runs + extra.host_runs))
     return tuple(merged)
 
 
