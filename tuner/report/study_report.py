@@ -16,6 +16,7 @@ from tuner.engine import build, flags
 from tuner.machine.fileio import atomic_write
 from tuner.report import deploy
 from tuner.search.finish import Finish, ServerMeasurement
+from tuner.search import dedup
 from tuner.search.result import StudyResult, load_result, write_result  # noqa: F401 - load_result re-exported
 from tuner.search.study import TrialRecord, config_from_dict, non_dominated
 from tuner.search.verdict import Verdict
@@ -262,6 +263,10 @@ def markdown(study_result: StudyResult) -> str:
         note = ""
         if t.status == "infeasible":
             note = ", ".join(f"{k}={v:+.4g}" for k, v in t.constraints.items() if v > 0)
+        elif t.status == dedup.PAGING:
+            faults = (t.host_paging or {}).get("major_faults_per_token")
+            note = "host RAM paging" + ("" if faults is None else f": {faults:,.1f} major faults per token") + \
+                ": never a candidate"
         elif t.failure:
             note = f"{t.failure.get('kind')}: {str(t.failure.get('reason'))[:60]}"
         lines.append(f"| {t.number} | {t.status} | {t.seed or ''} | {offload_cell(c)} | "

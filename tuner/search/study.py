@@ -338,11 +338,18 @@ def _tell_measured(study: optuna.Study, trial: optuna.Trial, result: bench.Bench
     gen, prompt = tg.spread, pp.spread
     score = measure.score(prompt.median, gen.median)
     assert score is not None  # llama-bench rows carry positive speeds
-    for key, value in (("status", "measured"), ("gen_tok_s", gen.median), ("prompt_tok_s", prompt.median),
+    paging = result.host_paging
+    for key, value in (("gen_tok_s", gen.median), ("prompt_tok_s", prompt.median),
                        ("gen_cv_pct", gen.cv_pct), ("prompt_cv_pct", prompt.cv_pct), ("argv", list(result.argv)),
                        ("request_s", 1.0 / score), ("prompt_depth", pp.n_depth), ("gen_depth", tg.n_depth),
-                       ("repetitions", reps)):
+                       ("repetitions", reps), ("host_paging", paging.to_dict())):
         trial.set_user_attr(key, value)
+    if paging.paging:
+        # The engine read its model back from disk while it generated: its speed is the disk's, and the config is
+        # never a candidate (held like one the memory gate refused: tuner.search.dedup.PAGING).
+        tell_status(study, trial, dedup.PAGING)
+        return
+    trial.set_user_attr("status", "measured")
     study.tell(trial, [gen.median, prompt.median] if objective.pareto else score)
 
 
@@ -454,7 +461,8 @@ def run_search(
                         if isinstance(res, failures.Failure):
                             tell_status(study, trial, "failed", {"failure": failure_attr(res)})
                         else:
-                            anchor.measured(cfg, _reading(res, anchor.trials_measured, start, watch.noise))
+                            if not res.host_paging.paging:  # a paging config is no anchor: its figures are the disk's
+                                anchor.measured(cfg, _reading(res, anchor.trials_measured, start, watch.noise))
                             if anchor.on:
                                 trial.set_user_attr("drift", anchor.noise)
                             _tell_measured(study, trial, res, measure, objective, reps)
