@@ -247,9 +247,15 @@ def _session_summary(stage: SessionStage) -> None:
         if typical is None:
             table.add_row(arm.label, "failed", "", "", arm.failure or "")
             continue
-        table.add_row(arm.label, f"{arm.median_session_s:.2f}", f"{1000 * typical.median_ttft_s:,.0f}",
-                      f"{100 * typical.reprocessed_share:.0f}", str(len(typical.full_reprocess_turns)))
+        table.add_row(arm.label + (" (RAM paging)" if arm.paging else ""), f"{arm.median_session_s:.2f}",
+                      f"{1000 * typical.median_ttft_s:,.0f}", f"{100 * typical.reprocessed_share:.0f}",
+                      str(len(typical.full_reprocess_turns)))
     out.print(table)
+    for arm in dict.fromkeys(a.label for a in (*stage.arms, *stage.confirmation) if a.paging):
+        shown = stage.arm(arm)
+        if shown is not None and shown.paging is not None:
+            out.print(f"{arm}: host paging, never the line: {shown.paging.describe()}", highlight=False,
+                      soft_wrap=True)
     for label, note in stage.notes.items():
         out.print(f"{label}: {note}", highlight=False)
     for label in dict.fromkeys(["default", stage.winner or "default"]):
