@@ -235,6 +235,11 @@ def tune_frontier(req: TuneRequest, loc: build.EngineLocation, hw: Hardware, *, 
     result = study_result.result_from_study(st)
     result_dir = req.results_dir / name
     if not outcome.interrupted:
+        if not front.points and front.paged:
+            first = front.paged[0]
+            raise UsageError(f"no frontier point: every measured config paged host RAM (trial {first['trial']}: "
+                             f"{first['evidence']}); a line that reads its model back from disk is never printed: "
+                             f"{first['fix'] or 'free RAM'}")
         if not front.points:
             more = "" if time_s is None else f", or give it more than --time {time_s / 60:.0f}m"
             tried = f" ({counted(front.unmeasured)})" if front.unmeasured else ""
