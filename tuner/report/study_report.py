@@ -15,8 +15,8 @@ from tuner.core.errors import UsageError
 from tuner.engine import build, flags
 from tuner.machine.fileio import atomic_write
 from tuner.report import deploy
-from tuner.search.finish import Finish, ServerMeasurement
 from tuner.search import dedup
+from tuner.search.finish import Finish, ServerMeasurement
 from tuner.search.result import StudyResult, load_result, write_result  # noqa: F401 - load_result re-exported
 from tuner.search.study import TrialRecord, config_from_dict, non_dominated
 from tuner.search.verdict import Verdict

@@ -276,8 +276,10 @@ def judge(arms: Sequence[ArmSessions], source: str, notes: dict[str, str], agent
                                              "defaults: the defaults are printed")
         if ok:
             return stage("default", None, f"the base line {lost}: the defaults are printed")
-        return stage(None, None, f"the base line {lost} and the defaults {_lost(default)}: no session line"
-                     + (" (a line that pages host RAM is never printed)" if "paged" in lost + _lost(default) else ""))
+        if "paged" not in lost + _lost(default):
+            return stage(None, None, "the base line failed and so did the defaults")
+        return stage(None, None, f"the base line {lost} and the defaults {_lost(default)}: no session line (a line "
+                                 "that pages host RAM is never printed)")
     if best is None or not usable(best):
         default = pool.get("default")
         verdict = versus(base, default) if default is not None and default is not base and usable(default) else None
