@@ -251,11 +251,10 @@ def _session_summary(stage: SessionStage) -> None:
                       f"{1000 * typical.median_ttft_s:,.0f}", f"{100 * typical.reprocessed_share:.0f}",
                       str(len(typical.full_reprocess_turns)))
     out.print(table)
-    for arm in dict.fromkeys(a.label for a in (*stage.arms, *stage.confirmation) if a.paging):
-        shown = stage.arm(arm)
-        if shown is not None and shown.paging is not None:
-            out.print(f"{arm}: host paging, never the line: {shown.paging.describe()}", highlight=False,
-                      soft_wrap=True)
+    for label in dict.fromkeys(a.label for a in (*stage.arms, *stage.confirmation) if a.paging):
+        paged = next(a.paging for a in (*stage.confirmation, *stage.arms) if a.label == label and a.paging)
+        if paged is not None:
+            out.print(f"{label}: host paging, never the line: {paged.describe()}", highlight=False, soft_wrap=True)
     for label, note in stage.notes.items():
         out.print(f"{label}: {note}", highlight=False)
     for label in dict.fromkeys(["default", stage.winner or "default"]):

@@ -116,10 +116,13 @@ def run_batched(engine: EngineLocation, cfg: LaunchConfig, *, n_prompt: int, n_g
     elapsed = 0.0
     for _ in range(2):
         windows = phases.Windows()
+
+        def batch_done(line: str, windows: phases.Windows = windows) -> None:
+            phases.batched_line(windows, line, parallel)
+
         try:
             res = runner.run_process(argv, timeout_s=timeout_s, what=TOOL, fix="check the model file and flags",
-                                     on_start=windows.attach,
-                                     on_stdout=lambda line, w=windows: phases.batched_line(w, line, parallel))
+                                     on_start=windows.attach, on_stdout=batch_done)
         except TunerError as exc:
             raise failures.TrialFailedError(TOOL, failures.from_error(exc)) from None
         elapsed += res.elapsed_s

@@ -280,11 +280,13 @@ def _bench_once(engine: EngineLocation, cfgs: Sequence[LaunchConfig], *, tests: 
             if sampler is not None:
                 sampler.attach(pid)
 
+        def progress(line: str, windows: phases.Windows = windows) -> bool:
+            return phases.bench_line(windows, line)
+
         try:
             result = runner.run_process(
                 argv, timeout_s=timeout_s, what="llama-bench", fix="check the model file and flags",
-                on_start=started, on_stderr=lambda line, w=windows: phases.bench_line(w, line),
-                on_exit=windows.exited,
+                on_start=started, on_stderr=progress, on_exit=windows.exited,
             )
         except TunerError as exc:
             raise TrialFailedError("llama-bench", failures.from_error(exc)) from None
