@@ -299,7 +299,7 @@ class PagingRunner(FakeFrontierRunner):
     def __call__(self, plans):
         from tuner.machine import sampler
         from tuner.machine.pressure import HostPressure
-        from tuner.measure import bench
+        from tuner.measure import phases
 
         out = []
         for p, res in zip(plans, super().__call__(plans), strict=True):
@@ -308,7 +308,7 @@ class PagingRunner(FakeFrontierRunner):
                                 9.7 if paging else 0.0, 2.4 if paging else 0.0)
             verdict = sampler.paging_verdict(host, 64)
             if verdict.paging:  # spelled for the config, as the engine's measurement spells it
-                verdict = replace(verdict, fix=bench.paging_fix(p.config))
+                verdict = replace(verdict, fix=phases.paging_fix(p.config))
             out.append(replace(res, request_s=res.request_s * (6 if paging else 1), host_paging=verdict))
         return out
 

@@ -22,7 +22,7 @@ from tuner.engine import flags, runner
 from tuner.engine.build import Capabilities, EngineLocation
 from tuner.machine.sampler import NOT_MEASURED, PagingVerdict, paging_verdict
 from tuner.measure import failures, phases
-from tuner.measure.bench import paging_fix
+from tuner.measure.phases import paging_fix
 
 TOOL = "llama-batched-bench"
 

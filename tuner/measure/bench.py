@@ -34,6 +34,7 @@ from tuner.machine.sampler import (
     spill_verdict,
 )
 from tuner.measure import failures, gpu_use, phases, workload
+from tuner.measure.phases import paging_fix
 from tuner.measure.workload import LevelResult, Workload
 
 RSE_TARGET_PCT = 3.0
@@ -121,14 +122,9 @@ class BenchResult:
     @property
     def host_paging(self) -> PagingVerdict:
         """Did the engine read its model back from disk during the timed generation runs (the load's reads are
-        left out: :mod:`tuner.measure.phases`); with what to change when it did."""
-        tg = [r for r in self.rows if r.kind == "tg" and r.host is not None]
-        tokens = sum(r.n_gen * r.host_runs for r in tg)
-        verdict = paging_verdict(pressure.combined(r.host for r in tg), tokens)
-        if not tg:
-            return replace(verdict, evidence="not measured (no timed generation run was seen: no /proc here, or "
-                                             "this llama-bench has no --progress)")
-        return replace(verdict, fix=paging_fix(self.config)) if verdict.paging and self.config else verdict
+        left out); with what to change when it did."""
+        return phases.bench_verdict([(r.n_gen, r.host, r.host_runs) for r in self.rows if r.kind == "tg"],
+                                    self.config)
 
 
 _PARAM_KEYS = ("type_k", "type_v", "flash_attn", "n_threads", "n_batch", "n_ubatch", "n_gpu_layers", "n_cpu_moe")
@@ -498,14 +494,3 @@ def run_server_trial(
                        memory_breakdown=found[-1] if found else None, roofline_tok_s=roofline_tok_s,
                        host_paging=paging)
 
-
-def paging_fix(cfg: LaunchConfig) -> str:
-    """What frees host RAM for this config, in the user's flags: the host part of the config (experts kept in RAM,
-    the host prompt cache, context checkpoints) or the model itself, or RAM others hold."""
-    ways = []
-    if cfg.device != gpu_use.CPU_DEVICE and cfg.n_cpu_moe:
-        ways.append(f"a lower {flags.spelled('n_cpu_moe')} (fewer experts in RAM)")
-    ways += [f"a smaller {flags.spelled('cache_ram_mib')} (host prompt cache)",
-             f"fewer {flags.spelled('ctx_checkpoints')}", "a smaller quant",
-             f"{flags.spelled('load_mode', 'none')} where the weights fit RAM pinned (no page cache to evict)"]
-    return f"free RAM (close what holds it), or try {', '.join(ways)}"

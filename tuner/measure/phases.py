@@ -1,4 +1,5 @@
-"""Host paging of llama-bench and llama-batched-bench trials: the timed parts of a process that also loads the model.
+"""Host paging of llama-bench and llama-batched-bench trials (the timed parts of a process that also loads the model),
+and what to change when a trial paged (:func:`paging_fix`, the server trials' too).
 
 llama-server trials read the host counters around their timed requests (:meth:`tuner.machine.sampler.Sampler.
 begin_timed`). The benchmark tools load the model and time their tests in one process, and the load reads the whole
@@ -31,9 +32,14 @@ import json
 import re
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 
+from tuner.core.config import LaunchConfig
+from tuner.engine import flags
 from tuner.machine import pressure
 from tuner.machine.pressure import HostCounters, HostPressure
+from tuner.machine.sampler import PagingVerdict, paging_verdict
+from tuner.measure import gpu_use
 
 # tools/llama-bench/llama-bench.cpp, main: fprintf(stderr, "llama-bench: benchmark %d/%zu: generation run %d/%d\n")
 _BENCH_PROGRESS = re.compile(r"^llama-bench: benchmark (\d+)/(\d+): (.+)$")
@@ -117,3 +123,26 @@ def batched_line(windows: Windows, line: str, parallel: int) -> None:
         return
     windows.close(0, keep=pl == parallel)
     windows.open(0)
+
+
+def bench_verdict(tests: list[tuple[int, HostPressure | None, int]], cfg: LaunchConfig | None) -> PagingVerdict:
+    """The verdict over llama-bench generation tests, each ``(n_gen, what its windows saw, runs they cover)``: page-ins
+    per token those runs generated; with what to change (for ``cfg``) when the model was read back."""
+    seen = [(n_gen, host, runs) for n_gen, host, runs in tests if host is not None]
+    verdict = paging_verdict(pressure.combined(h for _, h, _ in seen), sum(n * runs for n, _, runs in seen))
+    if not seen:
+        return replace(verdict, evidence="not measured (no timed generation run was seen: no /proc here, or this "
+                                         "llama-bench has no --progress)")
+    return replace(verdict, fix=paging_fix(cfg)) if verdict.paging and cfg is not None else verdict
+
+
+def paging_fix(cfg: LaunchConfig) -> str:
+    """What frees host RAM for this config, in the user's flags: the host part of the config (experts kept in RAM,
+    the host prompt cache, context checkpoints) or the model itself, or RAM others hold."""
+    ways = []
+    if cfg.device != gpu_use.CPU_DEVICE and cfg.n_cpu_moe:
+        ways.append(f"a lower {flags.spelled('n_cpu_moe')} (fewer experts in RAM)")
+    ways += [f"a smaller {flags.spelled('cache_ram_mib')} (host prompt cache)",
+             f"fewer {flags.spelled('ctx_checkpoints')}", "a smaller quant",
+             f"{flags.spelled('load_mode', 'none')} where the weights fit RAM pinned (no page cache to evict)"]
+    return f"free RAM (close what holds it), or try {', '.join(ways)}"

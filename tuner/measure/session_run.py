@@ -28,7 +28,7 @@ from tuner.engine.caps import Capabilities, EngineLocation
 from tuner.machine import pressure
 from tuner.machine.sampler import NOT_MEASURED, PagingVerdict, paging_verdict
 from tuner.measure import failures, gpu_use
-from tuner.measure.bench import paging_fix
+from tuner.measure.phases import paging_fix
 from tuner.measure.session import Session
 from tuner.plan import memory
 
