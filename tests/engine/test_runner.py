@@ -8,6 +8,7 @@ import signal
 import sys
 import threading
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -43,6 +44,30 @@ def test_output_and_exit_code():
     assert res.returncode == 0 and res.stdout == "out\n" and res.stderr_tail == "err"
     with pytest.raises(ProcessFailedError, match=r"sh failed \(exit 3\): boom; fix it"):
         runner.run_process(["sh", "-c", "echo boom >&2; exit 3"], timeout_s=10, what="sh", fix="fix it")
+
+
+def test_lines_as_they_come_and_the_exit_before_the_reaping():
+    """What the host-paging windows of the benchmark tools rest on: each line told as it arrives (a progress line
+    left out of the error tail), every line before the exit, and the exited child's counters still readable."""
+    seen: list[str] = []
+    at_exit: dict[str, object] = {}
+
+    def exited(pid: int) -> None:
+        at_exit["lines"], at_exit["pid"] = list(seen), pid
+        at_exit["state"] = psutil.Process(pid).status()  # not reaped yet: a zombie whose /proc is still there
+        at_exit["stat"] = (Path("/proc") / str(pid) / "stat").read_text().split(") ")[1].split()[9]  # majflt
+        at_exit["io"] = (Path("/proc") / str(pid) / "io").read_text()
+
+    script = "echo 'progress: run 1' >&2; echo row1; echo 'an error' >&2; echo 'progress: run 2' >&2; echo row2"
+    res = runner.run_process(["sh", "-c", script], timeout_s=10, what="sh", fix="none",
+                             on_stdout=lambda line: seen.append(f"out {line}"),
+                             on_stderr=lambda line: seen.append(f"err {line}") or line.startswith("progress"),
+                             on_exit=exited)
+    assert res.stdout == "row1\nrow2\n" and res.stderr_tail == "an error"  # progress lines not kept
+    assert sorted(at_exit["lines"]) == sorted(seen) and len(seen) == 5  # all five lines before the exit
+    assert at_exit["state"] == psutil.STATUS_ZOMBIE and str(at_exit["stat"]).isdigit()
+    assert "read_bytes:" in str(at_exit["io"])  # what pressure.read_counters reads, read from the exited child
+    assert not psutil.pid_exists(int(at_exit["pid"]))  # reaped on the way out: no zombie left behind
 
 
 def test_timeout_kills_the_whole_group(tmp_path):

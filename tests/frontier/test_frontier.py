@@ -165,6 +165,9 @@ def test_auto_tune_frontier_on_the_demo_model_end_to_end(demo_models, tmp_path):
     # loaded machine a deeper context can measure faster than a shallower one and dominate it.
     measured = {t.number for t in res.trials if t.status == "measured"}
     assert {t.config["ctx"] for t in res.trials if t.status == "measured"} == {256, 512, 768, 1024}
+    # Host paging read over each trial's timed generation runs (llama-bench --progress), the load left out.
+    assert all((t.host_paging or {}).get("verdict") == "none" for t in res.trials if t.status == "measured")
+    assert all(p.paging_cell == "none" for p in front.points)
     assert {p.trial for p in front.points} <= measured and set(res.pareto) == {p.trial for p in front.points}
     assert "CPU only" in done.stdout and "frontier" in done.stdout
     report = (result_file.parent / "report.md").read_text()
@@ -192,6 +195,7 @@ def test_auto_tune_frontier_on_the_demo_model_end_to_end(demo_models, tmp_path):
     bfront = pareto.Frontier.from_dict(study_result.load_result(bfile).frontier or {})
     assert bfront.concurrent and len({p.slots for p in bfront.points}) >= 2
     assert all(p.aggregate_tok_s and p.aggregate_tok_s > 0 for p in bfront.points)
+    assert all(p.paging_cell == "none" for p in bfront.points)  # batched-bench: every batch but the first
     assert (bfile.parent / "frontier_slots.png").exists()
     n = bfront.points[0].slots
     assert run_cli("launch-line", str(bfile), "--slots", str(n)).stdout.count(f"-np {n}") == 1
@@ -216,7 +220,8 @@ def test_report_table_and_where_a_single_winner_sits(tmp_path):
                                     hardware={"physical_cores": 2})
     frontier_report.write(fres, tmp_path / fres.study)
     md = (tmp_path / fres.study / "report.md").read_text()
-    assert "## Frontier" in md and "| 4,096 | 1 | f16/f16 fa on t 2 | 1.000 | 100.0 | 0.00000 | 2.00 | 3 |" in md
+    assert "## Frontier" in md and "| 4,096 | 1 | f16/f16 fa on t 2 | 1.000 | 100.0 | 0.00000 | 2.00 | ? | 3 |" in md
+    assert "paging ?: host paging not measured for that point" in md  # a front stored before the verdict
     assert "from 1,024 to 4,096 tokens of context a request at full depth takes 2.00x as long" in md
     assert (tmp_path / fres.study / "frontier_context.png").exists() is False  # no measured trials: no plot
     assert frontier_report.launch_line(fres, 4096, None) == "llama-server -m m.gguf -c 4096 -np 1 -t 2 -fa on"
@@ -280,3 +285,65 @@ def test_a_dense_frontier_spans_ngl_over_every_context(trained_model):
     assert {c.n_gpu_layers for c in pareto.iter_configs(fs)} == set(range(long[0], short[1] + 1))
     point = {"cache_type_k": "f16", "cache_type_v": "f16", "flash_attn": "on", "n_gpu_layers": long[0]}
     assert frontier_report.config_label(point) == f"f16/f16 fa on ngl {long[0]}"
+
+
+class PagingRunner(FakeFrontierRunner):
+    """The fake runner on a machine whose RAM holds the model up to a context: deeper configs read their model
+    back from disk while they generate (the verdict from counters as a 9B-shaped model measured beside a RAM
+    balloon: 107 major faults per generated token), the others measured quiet."""
+
+    def __init__(self, pages_from_ctx: int) -> None:
+        super().__init__()
+        self.pages_from_ctx = pages_from_ctx
+
+    def __call__(self, plans):
+        from tuner.machine import sampler
+        from tuner.machine.pressure import HostPressure
+        from tuner.measure import phases
+
+        out = []
+        for p, res in zip(plans, super().__call__(plans), strict=True):
+            paging = p.config.ctx >= self.pages_from_ctx
+            host = HostPressure(64.0, 107 * 64 if paging else 0, 107 * 64 + 5, 0, 0, 0, 6848 if paging else 0,
+                                9.7 if paging else 0.0, 2.4 if paging else 0.0)
+            verdict = sampler.paging_verdict(host, 64)
+            if verdict.paging:  # spelled for the config, as the engine's measurement spells it
+                verdict = replace(verdict, fix=phases.paging_fix(p.config))
+            out.append(replace(res, request_s=res.request_s * (6 if paging else 1), host_paging=verdict))
+        return out
+
+
+def test_a_trial_that_pages_host_ram_is_kept_off_the_front_and_never_a_line(model, tmp_path):
+    from tuner.report import frontier_report
+
+    load = preset(WorkloadKind.CHAT, 128, 32)
+    st, fs, out, front = _run(model, CPU, load, (512, 1024, 4096), (1,), tmp_path, 8, PagingRunner(4096))
+    statuses = {t.number: t.user_attrs.get("status") for t in st.trials}
+    paged = [n for n, s in statuses.items() if s == pareto.PAGING]
+    assert paged and all(st.trials[n].state == TrialState.PRUNED for n in paged)
+    # Its figures and verdict are kept; it is not on the front, and the front says why.
+    t = st.trials[paged[0]]
+    assert t.user_attrs["host_paging"]["verdict"] == "host_paging" and t.user_attrs["request_s"] > 0
+    assert {p.ctx for p in front.points} == {512, 1024} and all(p.paging_cell == "none" for p in front.points)
+    assert {p["trial"] for p in front.paged} == set(paged) and front.paged[0]["ctx"] == 4096
+    assert any("paged host RAM and are kept off the front" in n and "107.0 per generated token" in n
+               for n in front.notes), front.notes
+    assert not any("no point measured at 4,096" in n for n in front.notes)  # it was measured: it paged
+    with pytest.raises(UsageError, match="no line at --ctx 4096: every config measured there paged host RAM"):
+        front.at(ctx=4096)
+    # result.json and report.md carry it.
+    stored = json.dumps(front.to_dict(), sort_keys=True)
+    again = pareto.Frontier.from_dict(json.loads(stored))
+    assert json.dumps(again.to_dict(), sort_keys=True) == stored and again.paged[0]["fix"]
+    st.set_user_attr("frontier", front.to_dict())
+    st.set_user_attr("model", str(model))
+    res = study_result.result_from_study(st)
+    assert {r.number for r in res.trials if r.status == pareto.PAGING} == set(paged)
+    md = frontier_report.markdown(res)
+    assert "## Kept off the front: host paging" in md and "| 4,096 | 1 |" in md.split("Kept off the front")[1]
+    # A resumed run does not measure a paging config again (held like one the memory gate refused).
+    again_out = pareto.run_frontier(st, fs, inspect_model(model), CPU, load, PagingRunner(4096),
+                                    budget=study.Budget(trials=4), axes=pareto.Axes(), kld_of=fake_kld)
+    assert again_out.trials_this_run >= 1
+    configs = [t.user_attrs.get("config") for t in st.trials if t.user_attrs.get("status") == pareto.PAGING]
+    assert len(configs) == len({json.dumps(c, sort_keys=True) for c in configs})

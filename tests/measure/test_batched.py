@@ -46,6 +46,9 @@ def test_two_requests_at_once_on_the_demo_model(engine_loc, demo_models):
     assert res.request_s > 0 and res.request_s >= min(r.total_s for r in res.runs)
     assert min(r.aggregate_gen_tok_s for r in res.runs) <= res.aggregate_gen_tok_s <= max(
         2 * 8 / r.total_s for r in res.runs)
+    # Host paging over the second batch (the first has no line before it): measured, and none on the tiny model.
+    assert res.host_paging.measured and not res.host_paging.paging, res.host_paging.describe()
+    assert "per generated token" in res.host_paging.evidence
     # 2 x (300 + 8) tokens do not fit 512 cells (the tool would skip the batch and exit 0): refused, classified.
     with pytest.raises(failures.TrialFailedError) as info:
         batched.run_batched(engine_loc, cfg, n_prompt=300, n_gen=8, repetitions=1)

@@ -79,6 +79,10 @@ def test_grouped_llama_bench_at_depth_reports_each_config(engine_loc, model):
         assert sorted((r.kind, r.n_depth) for r in res.rows) == [("pp", 0), ("pp", 128), ("tg", 0), ("tg", 128)]
         assert all(dict(r.params)["flash_attn"] == code and len(r.samples_tok_s) == 2 for r in res.rows)
         assert res.row("tg", 128).spread.median > 0
+        # Host paging per config, over its own timed generation runs (--progress), none of the prompt tests'.
+        assert [(r.kind, r.host_runs) for r in res.rows if r.host is not None] == [("tg", 2), ("tg", 2)]
+        assert res.host_paging.measured and not res.host_paging.paging, res.host_paging.describe()
+    assert "--progress" in on.argv
 
 
 def test_prompt_and_generation_at_the_workloads_own_depths(engine_loc, model):

@@ -28,7 +28,10 @@ def _replay(engine_loc, cfg, tmp_path, **kw):
 
 def test_plain_attention_reuses_the_whole_previous_prompt(engine_loc, demo_models, tmp_path):
     cfg = LaunchConfig(model=demo_models[("qwen3moe", "Q8_0")], ctx=2048, parallel=1)
-    res = _replay(engine_loc, cfg, tmp_path).result
+    trial = _replay(engine_loc, cfg, tmp_path)
+    res = trial.result
+    # Host RAM read over the replay (after the warm-up): measured, and nothing read back on the tiny model.
+    assert trial.host_paging.measured and not trial.host_paging.paging, trial.host_paging.describe()
     turns = res.turns
     assert len(turns) >= 4 and turns[0].cached_tokens == 0
     assert 0.8 * DEPTH <= turns[-1].context_tokens + GEN <= DEPTH + 100  # the bundled session fills the depth

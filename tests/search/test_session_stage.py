@@ -10,7 +10,9 @@ import pytest
 
 from tuner.core.config import LaunchConfig
 from tuner.engine import build
+from tuner.machine import sampler
 from tuner.machine.hardware import Hardware
+from tuner.machine.pressure import HostPressure
 from tuner.measure.session_run import SessionResult, TurnResult
 from tuner.models import demo_model, gguf_reader
 from tuner.search import session_stage, space
@@ -169,3 +171,31 @@ def test_a_session_round_on_a_busy_machine_decides_nothing():
     assert stage.winner == "default" and stage.best == "default + swa-full" and stage.verdict is not None
     assert stage.verdict.outcome == "undecided" and stage.verdict.rounds == 2 and stage.verdict.busy_rounds == 1
     assert stage.to_dict()["arms"][1]["interference"][1].startswith("trainer pid 7")
+
+
+def _paged() -> sampler.PagingVerdict:
+    # A session beside a RAM balloon: 214 major faults over 2 generated tokens, memory pressure some 9.7 %.
+    return sampler.paging_verdict(HostPressure(2.0, 214, 219, 0, 0, 0, 0, 9.7, 2.0), 2)
+
+
+def test_an_arm_that_paged_host_ram_is_never_the_session_line():
+    cfg = LaunchConfig(model=Path("m.gguf"))
+    quiet = sampler.paging_verdict(HostPressure(2.0, 0, 3, 0, 0, 0, 0, 0.0, 0.0), 64)
+    default = ArmSessions("default", cfg, (_res(10.0), _res(10.4), _res(9.8)), host_paging=(quiet,) * 3)
+    tuned = ArmSessions("tuned", cfg, (_res(8.0), _res(8.3), _res(7.9)), host_paging=(quiet,) * 3)
+    # The fastest reuse arm paged in one round (its prompt cache pushed the model out of RAM): never chosen.
+    paging = ArmSessions("tuned + prompt cache 2048 MiB", cfg, (_res(5.0), _res(5.1), _res(4.9)),
+                         host_paging=(quiet, _paged(), quiet))
+    stage = session_stage.judge([default, tuned, paging], "bundled", {})
+    assert paging.paging is not None and stage.winner == "tuned" and stage.best is None
+    assert "paged host RAM" in stage.reason, stage.reason
+    record = stage.to_dict()["arms"][2]
+    assert record["paging"].startswith("host_paging (") and record["host_paging"][1]["verdict"] == "host_paging"
+    # The base line paged: the defaults are printed; both paged: no session line at all.
+    base_paged = ArmSessions("tuned", cfg, tuned.results, host_paging=(_paged(),) * 3)
+    only_default = session_stage.judge([default, base_paged], "b", {})
+    assert only_default.winner == "default" and only_default.reason == "the base line paged host RAM: the defaults " \
+                                                                         "are printed"
+    both = session_stage.judge([ArmSessions("default", cfg, default.results, host_paging=(_paged(),) * 3),
+                                base_paged], "b", {})
+    assert both.winner is None and "never printed" in both.reason, both.reason

@@ -220,6 +220,8 @@ def _print(report: one_config.BenchReport) -> None:
         table.add_row(test, str(row.n_depth), f"{s.median:,.1f}", f"{s.cv_pct:.1f}", str(s.n),
                       "" if pct is None else f"{pct:.0f} %")
     out.print(table)
+    out.print(f"llama-bench host paging (timed generation runs): {result.host_paging.describe()}", highlight=False,
+              soft_wrap=True)
     if trial is not None:
         t = Table(title=f"llama-server, {trial.workload.kind.value} workload "
                         f"(P={trial.workload.prompt_tokens}, G={trial.workload.gen_tokens})")
@@ -234,6 +236,7 @@ def _print(report: one_config.BenchReport) -> None:
         _print_memory(trial)
     if report.session is not None:
         print_session(report.session.result, f"llama-server, agent session ({report.session.result.source})")
+        out.print(f"host paging (session): {report.session.host_paging.describe()}", highlight=False, soft_wrap=True)
         if report.finding is not None:
             out.print(report.finding.describe(), highlight=False, soft_wrap=True)
     out.print(f"launch line: {flags.launch_line(cfg)}", highlight=False, soft_wrap=True)

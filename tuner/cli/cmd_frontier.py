@@ -18,7 +18,7 @@ from rich.table import Table
 from tuner.cli.app import err, out
 from tuner.engine.build import EngineLocation
 from tuner.frontier import tune as frontier_tune
-from tuner.frontier.result import AGAIN, unmeasured_reason
+from tuner.frontier.result import AGAIN, PAGING, unmeasured_reason
 from tuner.machine.hardware import Hardware
 from tuner.report import frontier_report
 from tuner.search import study
@@ -43,6 +43,11 @@ def outcome(last: study.TrialRecord) -> str:
     """What came of a trial, in words: its request time, or why it was not measured."""
     if last.status == "measured" and last.request_s:
         return f"{last.request_s:,.3f} s/request"
+    if last.status == PAGING:
+        faults = (last.host_paging or {}).get("major_faults_per_token")
+        rate = "" if faults is None else f", {faults:,.1f} major faults per generated token"
+        return (f"{last.request_s or 0:,.3f} s/request, but it paged host RAM{rate}: kept off the front (never a "
+                "line)")
     reason = unmeasured_reason(last.status, last.failure, last.constraints)
     if reason is None:
         return last.status

@@ -207,7 +207,8 @@ def _kept(kept: dict[str, int]) -> str:
     if not kept:
         return "no trial of this run is in the study"
     words = {"measured": "measured", "infeasible": "refused by the memory gate", "failed": "failed",
-             "interrupted": "cut short by Ctrl-C (to be measured again)"}
+             "interrupted": "cut short by Ctrl-C (to be measured again)",
+             "host_paging": "measured while paging host RAM (never candidates)"}
     parts = [f"{n} {words.get(status, status)}" for status, n in sorted(kept.items())]
     return f"kept {sum(kept.values())} trials of this run in the study ({', '.join(parts)})"
 
@@ -246,9 +247,14 @@ def _session_summary(stage: SessionStage) -> None:
         if typical is None:
             table.add_row(arm.label, "failed", "", "", arm.failure or "")
             continue
-        table.add_row(arm.label, f"{arm.median_session_s:.2f}", f"{1000 * typical.median_ttft_s:,.0f}",
-                      f"{100 * typical.reprocessed_share:.0f}", str(len(typical.full_reprocess_turns)))
+        table.add_row(arm.label + (" (RAM paging)" if arm.paging else ""), f"{arm.median_session_s:.2f}",
+                      f"{1000 * typical.median_ttft_s:,.0f}", f"{100 * typical.reprocessed_share:.0f}",
+                      str(len(typical.full_reprocess_turns)))
     out.print(table)
+    for label in dict.fromkeys(a.label for a in (*stage.arms, *stage.confirmation) if a.paging):
+        paged = next(a.paging for a in (*stage.confirmation, *stage.arms) if a.label == label and a.paging)
+        if paged is not None:
+            out.print(f"{label}: host paging, never the line: {paged.describe()}", highlight=False, soft_wrap=True)
     for label, note in stage.notes.items():
         out.print(f"{label}: {note}", highlight=False)
     for label in dict.fromkeys(["default", stage.winner or "default"]):

@@ -111,6 +111,23 @@ def _stop_group_now(proc: subprocess.Popen[Any], grace_s: float) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
 
 
+def _exited(proc: subprocess.Popen[Any], deadline: float, poll_s: float = 0.02) -> bool:
+    """Wait until the child has exited without reaping it (``waitid`` with ``WNOWAIT``), so what the kernel counted
+    for it is still readable; False where the platform cannot wait so (the caller then reaps it as usual).
+    Raises ``TimeoutExpired`` at ``deadline``, as ``Popen.wait`` does."""
+    if not hasattr(os, "waitid"):
+        return False
+    while True:
+        try:
+            if os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT | os.WNOHANG) is not None:
+                return True
+        except ChildProcessError:
+            return False  # already reaped
+        if time.monotonic() >= deadline:
+            raise subprocess.TimeoutExpired(proc.args, deadline)
+        time.sleep(poll_s)
+
+
 def _child_env(extra: Mapping[str, str] | None) -> dict[str, str]:
     """The environment every child gets: ours, the caller's extras, and the owner mark by which a later run knows
     a process this one left behind (see :mod:`tuner.machine.processes`)."""
@@ -132,12 +149,18 @@ def run_process(
     on_line: Callable[[str], None] | None = None,
     check: bool = True,
     on_start: Callable[[int], None] | None = None,
+    on_stdout: Callable[[str], None] | None = None,
+    on_stderr: Callable[[str], bool] | None = None,
+    on_exit: Callable[[int], None] | None = None,
 ) -> ProcessResult:
     """Run ``argv`` to completion and return its output.
 
     stdout is captured whole; stderr keeps its last lines. With ``on_line`` the child's stdout and stderr
     are merged and each line is passed on as it arrives (build progress), and ``stdout`` holds the tail.
-    ``on_start`` gets the child's pid once it runs (the memory sampler watches it).
+    ``on_start`` gets the child's pid once it runs (the memory sampler watches it). Without ``on_line``,
+    ``on_stdout`` and ``on_stderr`` see each line as it arrives (a phase of the run begins or ends); a stderr line
+    for which ``on_stderr`` returns True was only progress and is left out of the kept tail. ``on_exit`` gets the
+    pid once the child has exited and before it is reaped, while its ``/proc`` counters can still be read.
     """
     argv = [str(a) for a in argv]
     start = time.monotonic()
@@ -157,7 +180,9 @@ def run_process(
     def pump_stderr() -> None:
         assert proc.stderr is not None
         for line in proc.stderr:
-            err_tail.append(line.rstrip("\n"))
+            text = line.rstrip("\n")
+            if on_stderr is None or not on_stderr(text):
+                err_tail.append(text)
 
     def pump_stdout() -> None:
         assert proc.stdout is not None
@@ -168,6 +193,8 @@ def run_process(
                 on_line(line.rstrip("\n"))
             else:
                 out_parts.append(line)
+                if on_stdout is not None:
+                    on_stdout(line.rstrip("\n"))
 
     pumps = [threading.Thread(target=pump_stdout, daemon=True)]
     if not merged:
@@ -178,7 +205,11 @@ def run_process(
         if on_start is not None:
             on_start(proc.pid)
         try:
-            returncode = proc.wait(timeout=timeout_s)
+            if on_exit is not None and _exited(proc, start + timeout_s):
+                for t in pumps:  # every line it wrote is seen before its exit is told
+                    t.join(timeout=2)
+                on_exit(proc.pid)
+            returncode = proc.wait(timeout=max(0.0, start + timeout_s - time.monotonic()))
         except subprocess.TimeoutExpired:
             _stop_group(proc)
             for t in pumps:

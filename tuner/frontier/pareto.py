@@ -39,8 +39,19 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tuner.core.config import LaunchConfig
 from tuner.frontier import watched
-from tuner.frontier.result import AGAIN, CTX_SHORT, STOPPED, UNSTARTED, Frontier, FrontierPoint, unmeasured_reason
+from tuner.frontier.result import (
+    AGAIN,
+    CTX_SHORT,
+    PAGING,
+    STOPPED,
+    UNSTARTED,
+    Frontier,
+    FrontierPoint,
+    paged_trial,
+    unmeasured_reason,
+)
 from tuner.machine.hardware import Hardware
+from tuner.machine.sampler import NOT_MEASURED, PagingVerdict
 from tuner.measure import failures
 from tuner.measure.workload import Workload
 from tuner.models.gguf_reader import ModelInfo
@@ -190,6 +201,8 @@ class Measured:
     cv_pct: float | None = None
     repetitions: int | None = None
     argv: tuple[str, ...] = ()
+    # Host RAM over the timed generation: a trial that read its model back from disk is kept off the front.
+    host_paging: PagingVerdict = NOT_MEASURED
 
 
 @dataclass(frozen=True, slots=True)
@@ -402,10 +415,17 @@ def _tell_measured(st: optuna.Study, trial: optuna.Trial, plan: Plan, res: Measu
         trial.set_user_attr("kld", kld)
     values = {"request_s": res.request_s, "aggregate_tok_s": res.aggregate_tok_s or 0.0,
               "ctx": float(plan.config.ctx or 0), "kld": kld or 0.0}
-    for key, value in (("status", "measured"), ("request_s", res.request_s), ("gen_tok_s", res.gen_tok_s),
+    for key, value in (("request_s", res.request_s), ("gen_tok_s", res.gen_tok_s),
                        ("prompt_tok_s", res.prompt_tok_s), ("aggregate_tok_s", res.aggregate_tok_s),
-                       ("gen_cv_pct", res.cv_pct), ("repetitions", res.repetitions), ("argv", list(res.argv))):
+                       ("gen_cv_pct", res.cv_pct), ("repetitions", res.repetitions), ("argv", list(res.argv)),
+                       ("host_paging", res.host_paging.to_dict())):
         trial.set_user_attr(key, value)
+    if res.host_paging.paging:
+        # Its figures are the kernel reading weights from disk, not the config's: never a point of the front (a
+        # pruned trial is not in Optuna's best_trials, and the sampler counts it among the bad ones).
+        study.tell_status(st, trial, PAGING, state=TrialState.PRUNED)
+        return
+    trial.set_user_attr("status", "measured")
     st.tell(trial, [values[n] for n in axes.names])
 
 
@@ -424,12 +444,18 @@ def frontier_of(st: optuna.Study, fs: FrontierSpace, has_gpu: bool, notes: Seque
     front = [FrontierPoint.from_trial(t, has_gpu) for t in st.best_trials if t.user_attrs.get("status") == "measured"]
     front.sort(key=lambda p: (p.slots, p.ctx, p.request_s))
     notes = list(notes)
+    paged = tuple(paged_trial(t) for t in st.get_trials(deepcopy=False) if t.user_attrs.get("status") == PAGING)
+    if paged:
+        first = paged[0]
+        notes.append(f"{len(paged)} measured trial(s) paged host RAM and are kept off the front (their figures are "
+                     f"the disk's, and such a line would page again): trial {first['trial']} at -c {first['ctx']:,}: "
+                     f"{first['evidence']}; to change: {first['fix']}.")
     busy = [p for p in front if p.interference]
     if busy:
         notes.append(f"{len(busy)} of {len(front)} points (marked !) were measured while other programs used the "
                      f"machine ({busy[0].interference}), which was still busy when they could have been measured "
                      "again: they may be slower than the config really is; run again on a quiet machine to confirm.")
-    reached = {t.user_attrs.get("ctx") for t in measured_trials(st)}
+    reached = {t.user_attrs.get("ctx") for t in measured_trials(st)} | {p["ctx"] for p in paged}
     missing = [c for c in fs.contexts if c not in reached]
     if front and missing:
         notes.append(f"no point measured at {', '.join(f'{c:,}' for c in missing)} within this run's budget: run "
@@ -438,7 +464,7 @@ def frontier_of(st: optuna.Study, fs: FrontierSpace, has_gpu: bool, notes: Seque
         notes.append("CPU only: a larger context costs only memory and attention at depth (no experts move to the "
                      "host); a flat curve would mean context is nearly free here.")
     return Frontier(axes.names, tuple(front), fs.contexts, fs.slots, fs.concurrent, has_gpu,
-                    len(measured_trials(st)), tuple(notes), unmeasured(st))
+                    len(measured_trials(st)) + len(paged), tuple(notes), unmeasured(st), paged)
 
 
 def unmeasured(st: optuna.Study) -> tuple[tuple[str, int], ...]:

@@ -112,7 +112,7 @@ def engine_measure(loc: build.EngineLocation, load: Workload, *, caps: build.Cap
                 pp, tg = res.row("pp").spread, res.row("tg").spread
                 out[i] = pareto.Measured(request.request_s(pp.median, tg.median), tg.median, pp.median,
                                            cv_pct=max(pp.cv_pct, tg.cv_pct), repetitions=repetitions,
-                                           argv=res.argv)
+                                           argv=res.argv, host_paging=res.host_paging)
         return [out[i] for i in range(len(plans))]
 
     def concurrent(plans: Sequence[pareto.Plan]) -> list[Result]:
@@ -135,7 +135,7 @@ def engine_measure(loc: build.EngineLocation, load: Workload, *, caps: build.Cap
             request_s = statistics.median(totals)
             slots = p.config.parallel or 1
             out.append(pareto.Measured(request_s, r.per_request_gen_tok_s, None, slots * load.gen_tokens / request_s,
-                                       cv_pct(totals), repetitions, r.argv))
+                                       cv_pct(totals), repetitions, r.argv, r.host_paging))
         return out
 
     return concurrent if load.concurrency > 1 else single
@@ -235,6 +235,11 @@ def tune_frontier(req: TuneRequest, loc: build.EngineLocation, hw: Hardware, *, 
     result = study_result.result_from_study(st)
     result_dir = req.results_dir / name
     if not outcome.interrupted:
+        if not front.points and front.paged:
+            first = front.paged[0]
+            raise UsageError(f"no frontier point: every measured config paged host RAM (trial {first['trial']}: "
+                             f"{first['evidence']}); a line that reads its model back from disk is never printed: "
+                             f"{first['fix'] or 'free RAM'}")
         if not front.points:
             more = "" if time_s is None else f", or give it more than --time {time_s / 60:.0f}m"
             tried = f" ({counted(front.unmeasured)})" if front.unmeasured else ""

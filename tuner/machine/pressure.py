@@ -187,6 +187,29 @@ def between(a: HostCounters, b: HostCounters) -> HostPressure:
                         pct("cpu", 0), pct("io", 0), max(0, b.our_wait_ns - a.our_wait_ns) / 1e9, b.psi_scope)
 
 
+def combined(parts: Iterable[HostPressure | None]) -> HostPressure | None:
+    """Several windows of one run as one (the timed parts of a process that also did other things between them):
+    counts and times summed, each stall share weighted by its window; None when no window was read."""
+    got = [p for p in parts if p is not None]
+    if not got:
+        return None
+    if len(got) == 1:
+        return got[0]
+    window = sum(p.window_s for p in got)
+
+    def pct(name: str) -> float | None:
+        values = [(getattr(p, name), p.window_s) for p in got]
+        if any(v is None for v, _ in values):
+            return None
+        return sum(v * w for v, w in values) / window if window > 0 else 0.0
+
+    return HostPressure(window, sum(p.our_majflt for p in got), sum(p.machine_majflt for p in got),
+                        sum(p.our_read_bytes for p in got), sum(p.pgpgin_bytes for p in got),
+                        sum(p.pgscan for p in got), sum(p.pgsteal for p in got), pct("memory_some_pct"),
+                        pct("memory_full_pct"), pct("cpu_some_pct"), pct("io_some_pct"),
+                        sum(p.our_wait_s for p in got), got[0].psi_scope)
+
+
 def available() -> bool:
     """The counters exist here (Linux with /proc)."""
     return os.path.exists(PROC / "vmstat")

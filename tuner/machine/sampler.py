@@ -320,6 +320,11 @@ class PagingVerdict:
     def paging(self) -> bool:
         return self.kind is PagingKind.HOST_PAGING
 
+    @property
+    def measured(self) -> bool:
+        """The counters were read over a timed part (a "none" verdict is then a finding, not a blank)."""
+        return not self.evidence.startswith(NOT_MEASURED_WORDS)
+
     def describe(self) -> str:
         return f"{self.kind.value} ({self.evidence}){f': {self.fix}' if self.fix else ''}"
 
@@ -327,8 +332,17 @@ class PagingVerdict:
         return {"verdict": self.kind.value, "evidence": self.evidence, "major_faults_per_token": self.faults_per_token,
                 "fix": self.fix}
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None) -> PagingVerdict:
+        """From :meth:`to_dict` (None: a record stored before the verdict was kept)."""
+        if not d:
+            return NOT_MEASURED
+        return cls(PagingKind(d.get("verdict", PagingKind.NONE.value)), str(d.get("evidence") or NOT_MEASURED_WORDS),
+                   d.get("major_faults_per_token"), d.get("fix"))
 
-NOT_MEASURED = PagingVerdict(PagingKind.NONE, "not measured")
+
+NOT_MEASURED_WORDS = "not measured"
+NOT_MEASURED = PagingVerdict(PagingKind.NONE, NOT_MEASURED_WORDS)
 
 
 def paging_verdict(host: HostPressure | None, gen_tokens: int) -> PagingVerdict:

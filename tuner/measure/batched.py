@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from tuner.core.config import LaunchConfig
@@ -20,7 +20,9 @@ from tuner.core.errors import TunerError
 from tuner.core.stats import cv_pct
 from tuner.engine import flags, runner
 from tuner.engine.build import Capabilities, EngineLocation
-from tuner.measure import failures
+from tuner.machine.sampler import NOT_MEASURED, PagingVerdict, paging_verdict
+from tuner.measure import failures, phases
+from tuner.measure.phases import paging_fix
 
 TOOL = "llama-batched-bench"
 
@@ -52,6 +54,8 @@ class BatchedResult:
     argv: tuple[str, ...]
     runs: tuple[BatchedRun, ...]
     elapsed_s: float
+    # Host RAM over every batch but the first (:mod:`tuner.measure.phases`): was the model read back from disk.
+    host_paging: PagingVerdict = NOT_MEASURED
 
     @property
     def request_s(self) -> float:
@@ -111,17 +115,32 @@ def run_batched(engine: EngineLocation, cfg: LaunchConfig, *, n_prompt: int, n_g
                                     caps=caps)
     elapsed = 0.0
     for _ in range(2):
+        windows = phases.Windows()
+
+        def batch_done(line: str, windows: phases.Windows = windows) -> None:
+            phases.batched_line(windows, line, parallel)
+
         try:
-            res = runner.run_process(argv, timeout_s=timeout_s, what=TOOL, fix="check the model file and flags")
+            res = runner.run_process(argv, timeout_s=timeout_s, what=TOOL, fix="check the model file and flags",
+                                     on_start=windows.attach, on_stdout=batch_done)
         except TunerError as exc:
             raise failures.TrialFailedError(TOOL, failures.from_error(exc)) from None
         elapsed += res.elapsed_s
         runs = [r for r in parse_jsonl(res.stdout) if r.parallel == parallel][:reps]
         if len(runs) == reps:
-            return BatchedResult(tuple(argv), tuple(runs), elapsed)
+            return BatchedResult(tuple(argv), tuple(runs), elapsed, host_paging(windows, cfg, parallel * n_gen))
         if not runs:
             break  # nothing at all: the batch does not fit (the tool skips it and exits 0), not a lost line
     reason = (f"{TOOL} reported {len(runs)} of {reps} batches: -c {cfg.ctx} does not hold {parallel} x "
               f"({n_prompt}+{n_gen}) tokens")
     raise failures.TrialFailedError(TOOL, failures.Failure(failures.FailureKind.REJECTED_CONFIG, reason,
                                                             tuple(argv), res.returncode, None, res.stderr_tail))
+
+
+def host_paging(windows: phases.Windows, cfg: LaunchConfig, batch_gen_tokens: int) -> PagingVerdict:
+    """The verdict over the windowed batches (every one but the first), per token they generated."""
+    if not windows.count(0):
+        return replace(NOT_MEASURED, evidence="not measured (one batch only, or no /proc here: every batch but the "
+                                              "first is watched)")
+    verdict = paging_verdict(windows.of(0), batch_gen_tokens * windows.count(0))
+    return replace(verdict, fix=paging_fix(cfg)) if verdict.paging else verdict

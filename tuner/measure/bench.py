@@ -22,6 +22,8 @@ from tuner.core.stats import cv_pct
 from tuner.engine import breakdown, build, flags, runner
 from tuner.engine.breakdown import MemoryBreakdown
 from tuner.engine.build import Capabilities, EngineLocation
+from tuner.machine import pressure
+from tuner.machine.pressure import HostPressure
 from tuner.machine.sampler import (
     NOT_MEASURED,
     MemoryReport,
@@ -31,7 +33,8 @@ from tuner.machine.sampler import (
     paging_verdict,
     spill_verdict,
 )
-from tuner.measure import failures, gpu_use, workload
+from tuner.measure import failures, gpu_use, phases, workload
+from tuner.measure.phases import paging_fix
 from tuner.measure.workload import LevelResult, Workload
 
 RSE_TARGET_PCT = 3.0
@@ -72,6 +75,10 @@ class BenchRow:
     params: tuple[tuple[str, str], ...] = ()
     # The GPU devices llama-bench's backend registry held (``get_gpu_info``); empty when it ran on the CPU alone.
     gpu_info: str = ""
+    # Host memory over this test's timed generation runs (:mod:`tuner.measure.phases`), and how many runs that
+    # covers; None: not read.
+    host: HostPressure | None = None
+    host_runs: int = 0
 
     @property
     def kind(self) -> str:
@@ -111,6 +118,13 @@ class BenchResult:
     @property
     def gen_tok_s(self) -> float:
         return self.row("tg").avg_tok_s
+
+    @property
+    def host_paging(self) -> PagingVerdict:
+        """Did the engine read its model back from disk during the timed generation runs (the load's reads are
+        left out); with what to change when it did."""
+        return phases.bench_verdict([(r.n_gen, r.host, r.host_runs) for r in self.rows if r.kind == "tg"],
+                                    self.config)
 
 
 _PARAM_KEYS = ("type_k", "type_v", "flash_attn", "n_threads", "n_batch", "n_ubatch", "n_gpu_layers", "n_cpu_moe")
@@ -254,15 +268,27 @@ def _bench_once(engine: EngineLocation, cfgs: Sequence[LaunchConfig], *, tests: 
     elapsed = 0.0
     for n_prompt, n_gen, depths in tests:
         argv = flags.bench_group_argv(_tool(engine, "llama-bench"), cfgs, n_prompt=n_prompt, n_gen=n_gen,
-                                      repetitions=repetitions, depth=list(depths), caps=caps)
+                                      repetitions=repetitions, depth=list(depths), caps=caps, progress=True)
+        windows = phases.Windows()
+
+        def started(pid: int, windows: phases.Windows = windows) -> None:
+            windows.attach(pid)
+            if sampler is not None:
+                sampler.attach(pid)
+
+        def progress(line: str, windows: phases.Windows = windows) -> bool:
+            return phases.bench_line(windows, line)
+
         try:
             result = runner.run_process(
                 argv, timeout_s=timeout_s, what="llama-bench", fix="check the model file and flags",
-                on_start=sampler.attach if sampler else None,
+                on_start=started, on_stderr=progress, on_exit=windows.exited,
             )
         except TunerError as exc:
             raise TrialFailedError("llama-bench", failures.from_error(exc)) from None
-        got = parse_jsonl(result.stdout)
+        # Test i is the i-th row (llama-bench prints each test's row when it is done, in order).
+        got = tuple(replace(r, host=windows.of(i), host_runs=windows.count(i))
+                    for i, r in enumerate(parse_jsonl(result.stdout)))
         gpu_use.check_bench(got[0].gpu_info if got else None, result.stderr_tail, cfgs[0])
         check_fa_kernels(engine, cfgs, result.stderr_tail)
         expected = ((n_prompt > 0) + (n_gen > 0)) * len(depths) * len(cfgs)
@@ -286,7 +312,9 @@ def _merge(old: tuple[BenchRow, ...], new: tuple[BenchRow, ...]) -> tuple[BenchR
             continue
         samples = row.samples_tok_s + extra.samples_tok_s
         merged.append(replace(row, samples_tok_s=samples, avg_tok_s=statistics.fmean(samples),
-                              stddev_tok_s=statistics.stdev(samples) if len(samples) > 1 else 0.0))
+                              stddev_tok_s=statistics.stdev(samples) if len(samples) > 1 else 0.0,
+                              host=pressure.combined((row.host, extra.host)),
+                              host_runs=row.host_runs + extra.host_runs))
     return tuple(merged)
 
 
@@ -466,14 +494,3 @@ def run_server_trial(
                        memory_breakdown=found[-1] if found else None, roofline_tok_s=roofline_tok_s,
                        host_paging=paging)
 
-
-def paging_fix(cfg: LaunchConfig) -> str:
-    """What frees host RAM for this config, in the user's flags: the host part of the config (experts kept in RAM,
-    the host prompt cache, context checkpoints) or the model itself, or RAM others hold."""
-    ways = []
-    if cfg.device != gpu_use.CPU_DEVICE and cfg.n_cpu_moe:
-        ways.append(f"a lower {flags.spelled('n_cpu_moe')} (fewer experts in RAM)")
-    ways += [f"a smaller {flags.spelled('cache_ram_mib')} (host prompt cache)",
-             f"fewer {flags.spelled('ctx_checkpoints')}", "a smaller quant",
-             f"{flags.spelled('load_mode', 'none')} where the weights fit RAM pinned (no page cache to evict)"]
-    return f"free RAM (close what holds it), or try {', '.join(ways)}"

@@ -44,7 +44,7 @@ class BenchReport:
         report: dict[str, Any] = {
             "model": str(self.config.model), "argv": list(result.argv), "elapsed_s": result.elapsed_s,
             "launch_line": flags.launch_line(self.config), "runs": result.runs,
-            "rows": [r.to_dict() for r in result.rows],
+            "rows": [r.to_dict() for r in result.rows], "host_paging": result.host_paging.to_dict(),
             "roofline": {"gen_tok_s": roof.gen_tok_s or None, "prompt_tok_s": roof.prompt_tok_s,
                          "gpu_bytes_per_token": roof.gpu_bytes_per_token,
                          "host_bytes_per_token": roof.host_bytes_per_token},
@@ -78,6 +78,7 @@ class BenchReport:
         if self.session is not None:
             report["session"] = {"argv": list(self.session.argv), **self.session.result.to_dict(),
                                  "log": str(self.session.log_path),
+                                 "host_paging": self.session.host_paging.to_dict(),
                                  "finding": None if self.finding is None else {
                                      "turns": list(self.finding.turns), "cause": self.finding.cause,
                                      "fix": self.finding.fix_text, "text": self.finding.describe()}}

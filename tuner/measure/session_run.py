@@ -25,7 +25,10 @@ from tuner.core.errors import TrialFailedError, TunerError
 from tuner.core.model import ModelInfo
 from tuner.engine import flags, runner
 from tuner.engine.caps import Capabilities, EngineLocation
+from tuner.machine import pressure
+from tuner.machine.sampler import NOT_MEASURED, PagingVerdict, paging_verdict
 from tuner.measure import failures, gpu_use
+from tuner.measure.phases import paging_fix
 from tuner.measure.session import Session
 from tuner.plan import memory
 
@@ -173,6 +176,8 @@ class SessionTrial:
     config: LaunchConfig
     result: SessionResult
     log_path: Path
+    # Host RAM over the replay (after the warm-up): was the model read back from disk while the turns ran.
+    host_paging: PagingVerdict = NOT_MEASURED
 
 
 SessionSource = Session | Callable[[Callable[[str], list[int]]], Session]
@@ -185,7 +190,9 @@ def run_session_trial(engine: EngineLocation, cfg: LaunchConfig, session: Sessio
     """llama-server with exactly ``cfg``, one short warm-up request, then the session replayed (several
     sessions: replayed at once, one client each). A session may be a function of the server's tokenizer (the
     bundled one is sized in the model's own tokens). With ``trace`` the server logs every checkpoint it makes
-    (:func:`checkpoints_from_log` reads them)."""
+    (:func:`checkpoints_from_log` reads them). The host counters are read around the replay, as a server trial reads
+    them around its timed requests: the engine's page-ins per generated token over every turn give the session's
+    host-paging verdict."""
     sources: list[SessionSource] = list(session) if isinstance(session, (list, tuple)) else [session]  # type: ignore[list-item]
     try:
         binary = engine.tool("llama-server")
@@ -197,11 +204,17 @@ def run_session_trial(engine: EngineLocation, cfg: LaunchConfig, session: Sessio
                           log_jsonl=flags.server_logs_jsonl(caps)) as server:
             sessions = [s(server.tokenize) if callable(s) else s for s in sources]
             server.stream_complete(server.tokenize("Warm up the engine.") or [1], 4, timeout_s=request_timeout_s)
+            ours = [server.proc.pid]
+            before = pressure.read_counters(ours) if pressure.available() else None
             result = replay_together(server, sessions, gen_tokens, timeout_s=request_timeout_s)
+            host = None if before is None else pressure.between(before, pressure.read_counters(ours))
     except TunerError as exc:
         raise TrialFailedError("llama-server", failures.from_error(exc)) from None
     gpu_use.check_server(server.log.read_text(errors="replace"), cfg)  # as every server trial is checked
-    return SessionTrial(tuple(server.argv), cfg, result, server.log)
+    paging = paging_verdict(host, sum(t.gen_tokens for t in result.turns))
+    if paging.paging:
+        paging = replace(paging, fix=paging_fix(cfg))
+    return SessionTrial(tuple(server.argv), cfg, result, server.log, paging)
 
 
 # server-context.cpp, create_checkpoint: "created context checkpoint %d of %d (pos_min = …, size = %.3f MiB)"

@@ -20,7 +20,7 @@ from tuner.search.study import config_from_dict
 
 GIB = 2**30
 HEADERS = ("context", "slots", "config", "s/request", "gen tok/s", "aggregate tok/s", "KLD", "VRAM GiB", "RAM GiB",
-           "trial")
+           "paging", "trial")
 AXIS_WORDS = {"request_s": "request time (less)", "aggregate_tok_s": "aggregate tok/s (more)",
               "ctx": "context (more)", "kld": "KV quality loss, KLD (less)"}
 BUSY_MARK = " !"  # a point measured while other programs used the machine (the notes say what)
@@ -62,7 +62,8 @@ def rows(front: Frontier) -> list[tuple[str, ...]]:
             _num(p.request_s, ",.3f") + (BUSY_MARK if p.interference else ""), _num(p.gen_tok_s, ",.1f"),
             _num(p.aggregate_tok_s, ",.1f"), _num(p.kld, ".5f"),
             _num(p.vram_bytes / GIB if p.vram_bytes is not None else None, ".2f"),
-            _num(p.ram_bytes / GIB if p.ram_bytes is not None else None, ".2f"), str(p.trial)), strict=True))
+            _num(p.ram_bytes / GIB if p.ram_bytes is not None else None, ".2f"), p.paging_cell, str(p.trial)),
+            strict=True))
         out.append(tuple(cells[h] for h in keep))
     return out
 
@@ -78,10 +79,21 @@ def unmeasured_line(front: Frontier) -> str | None:
     return f"{n} of {n + front.trials_measured} trials not measured: {counted(front.unmeasured)}{resume}."
 
 
+def paging_legend(front: Frontier) -> str | None:
+    """What the table's paging column says, when a point's verdict could not be read."""
+    if not any(p.paging_cell == "?" for p in front.points):
+        return None
+    return ("paging ?: host paging not measured for that point (no /proc here, a llama-bench without --progress, or "
+            "a concurrent trial of one batch); \"none\": no page of the model was read back while it generated.")
+
+
 def summary_lines(front: Frontier) -> list[str]:
     """What the front says, in words: its notes, the trials not measured and why, and the cost of each step of
     context at the fastest point per context."""
     lines = list(front.notes)
+    legend = paging_legend(front)
+    if legend:
+        lines.append(legend)
     unmeasured = unmeasured_line(front)
     if unmeasured:
         lines.append(unmeasured)
@@ -124,8 +136,24 @@ def markdown(result: StudyResult) -> str:
     for row, p in zip(rows(front), front.points, strict=True):
         lines.append("| " + " | ".join(row) + f" | `{p.launch_line}` |")
     lines += ["", "`moe-tune launch-line result.json --ctx N" + (" --slots N" if front.concurrent else "") +
-              "` prints the measured line of a point.", ""]
+              "` prints the measured line of a point.", "", *paged_lines(front)]
     return "\n".join(lines)
+
+
+def paged_lines(front: Frontier) -> list[str]:
+    """report.md's section on the trials kept off the front because they paged host RAM (none: no section)."""
+    if not front.paged:
+        return []
+    lines = ["## Kept off the front: host paging", "",
+             "These configs were measured, but the engine read its model back from disk while it generated (host RAM "
+             "too short for them as they stand): their times are the disk's, and their lines are never printed.", "",
+             "| trial | context | slots | config | s/request | major faults per token | evidence | to change |",
+             "|---:|---:|---:|---|---:|---:|---|---|"]
+    for p in front.paged:
+        lines.append(f"| {p['trial']} | {p['ctx']:,} | {p['slots']} | {config_label(p['config'] or {})} | "
+                     f"{_num(p['request_s'], ',.3f')} | {_num(p['major_faults_per_token'], ',.1f')} | "
+                     f"{p['evidence']} | {p['fix'] or ''} |")
+    return [*lines, ""]
 
 
 def plots(result: StudyResult, out_dir: Path) -> list[Path]:

@@ -15,6 +15,7 @@ from tuner.core.errors import UsageError
 from tuner.engine import build, flags
 from tuner.machine.fileio import atomic_write
 from tuner.report import deploy
+from tuner.search import dedup
 from tuner.search.finish import Finish, ServerMeasurement
 from tuner.search.result import StudyResult, load_result, write_result  # noqa: F401 - load_result re-exported
 from tuner.search.study import TrialRecord, config_from_dict, non_dominated
@@ -45,11 +46,12 @@ def ranked(result: StudyResult) -> list[ServerMeasurement]:
     the budget is not a line to launch: it is left out.
 
     The winner is matched by label, not identity: after confirmation rounds it is the confirmation's copy, and its
-    selection copy must not come back as a runner-up."""
+    selection copy must not come back as a runner-up. An arm that paged host RAM is left out too (a line that reads
+    its model back from disk is never printed)."""
     fin = result.finish
     winner = fin.winner
     rest = [m for m in (*fin.candidates, *fin.baselines)
-            if (winner is None or m.label != winner.label) and not fin.over_budget(m)]
+            if (winner is None or m.label != winner.label) and not fin.over_budget(m) and not m.paging]
     rest.sort(key=lambda m: (not fin.eligible(m), fin.rank(m) is None, -(fin.rank(m) or 0.0)))
     return _distinct([winner, *rest] if winner is not None else rest, lambda m: m.launch_line)
 
@@ -63,6 +65,13 @@ class Pick:
     figures: dict[str, Any]
 
 
+def session_paged(result: StudyResult) -> dict[str, str]:
+    """The launch lines the session stage saw page host RAM, with the evidence: never printed, whatever ranks them."""
+    stage = result.session or {}
+    return {a["launch_line"]: a["paging"] for a in [*stage.get("arms", []), *(stage.get("confirmation") or [])]
+            if a.get("paging")}
+
+
 def deciding_session(result: StudyResult) -> dict[str, Any] | None:
     """The agent workload's session stage when it chose the config to launch (it ran and has a winner)."""
     stage = result.session
@@ -74,18 +83,27 @@ def picks(result: StudyResult) -> list[Pick]:
     sessions, so when it ran, its arms (its printed one, then by median session time, the confirmation's figures
     where an arm was measured again; failed last) are the ranking; otherwise :func:`ranked`."""
     stage = deciding_session(result)
+    paged = session_paged(result)
     if stage is not None:
-        judged = {a["label"]: a for a in [*stage["arms"], *(stage.get("confirmation") or [])] if a.get("config")}
+        judged = {a["label"]: a for a in [*stage["arms"], *(stage.get("confirmation") or [])]
+                  if a.get("config") and a["launch_line"] not in paged}
         arms = sorted(judged.values(), key=lambda a: (a["label"] != stage["winner"], a["median_session_s"] is None,
                                                      a["median_session_s"] or 0.0))
         return _distinct([Pick(a["label"], a["config"], {"median_session_s": a["median_session_s"],
                                                          "chosen_by": "agent session time"}) for a in arms],
                          lambda p: flags.launch_line(config_from_dict(p.config)))
-    return [Pick(m.label, m.config, {"gen_tok_s": m.gen_tok_s, "gen_cv_pct": m.gen_cv_pct}) for m in ranked(result)]
+    return [Pick(m.label, m.config, {"gen_tok_s": m.gen_tok_s, "gen_cv_pct": m.gen_cv_pct}) for m in ranked(result)
+            if m.launch_line not in paged]
 
 
 def _pick_at(result: StudyResult, rank: int) -> Pick:
     cands = picks(result)
+    fin = result.finish
+    paged = [*session_paged(result).values(), *(m.host_paging_evidence or "" for m in (*fin.candidates,
+                                                                                          *fin.baselines) if m.paging)]
+    if not cands and paged:
+        raise UsageError(f"no line: every measured config paged host RAM ({paged[0]}); a line that reads its model "
+                         "back from disk is never printed: free RAM, or tune again with a smaller quant or context")
     if not 1 <= rank <= len(cands):
         raise UsageError(f"--rank {rank} is out of range: this result has {len(cands)} measured configs")
     return cands[rank - 1]
@@ -217,8 +235,10 @@ def _session_table(arms: list[dict[str, Any]]) -> list[str]:
         ttft = "" if typical is None else f"{1000 * typical['median_ttft_s']:,.0f}"
         share = "" if typical is None else f"{100 * typical['reprocessed_share']:.0f}"
         done = sum(r is not None for r in arm["rounds"])
-        lines.append(f"| {arm['label']} | {_fmt(arm['median_session_s'], '.2f')} | {done} | {ttft} | {share} | "
+        paged = " (host RAM paging: never the line)" if arm.get("paging") else ""
+        lines.append(f"| {arm['label']}{paged} | {_fmt(arm['median_session_s'], '.2f')} | {done} | {ttft} | {share} | "
                      f"`{arm['launch_line']}` |")
+    lines += [f"- {arm['label']} paged host RAM: {arm['paging']}" for arm in arms if arm.get("paging")]
     return lines
 
 
@@ -262,6 +282,10 @@ def markdown(study_result: StudyResult) -> str:
         note = ""
         if t.status == "infeasible":
             note = ", ".join(f"{k}={v:+.4g}" for k, v in t.constraints.items() if v > 0)
+        elif t.status == dedup.PAGING:
+            faults = (t.host_paging or {}).get("major_faults_per_token")
+            note = "host RAM paging" + ("" if faults is None else f": {faults:,.1f} major faults per token") + \
+                ": never a candidate"
         elif t.failure:
             note = f"{t.failure.get('kind')}: {str(t.failure.get('reason'))[:60]}"
         lines.append(f"| {t.number} | {t.status} | {t.seed or ''} | {offload_cell(c)} | "

@@ -37,6 +37,12 @@ class AnchorReading:
     prompt_cv_pct: float = 0.0
     disturbed: str | None = None  # what the machine watch saw (such a reading decides nothing)
 
+    @classmethod
+    def of(cls, res: Any, after_trials: int, at_s: float, disturbed: str | None) -> AnchorReading:
+        """From a llama-bench result (:class:`tuner.measure.bench.BenchResult`: its medians and spreads)."""
+        gen, prompt = res.row("tg").spread, res.row("pp").spread
+        return cls(after_trials, round(at_s, 1), gen.median, prompt.median, gen.cv_pct, prompt.cv_pct, disturbed)
+
 
 @dataclass(frozen=True, slots=True)
 class Drift:

@@ -8,7 +8,8 @@ a reader of the storage sees a repeat of an infeasible config as infeasible, nev
 ones (reproducibly: seeded by the trial number), so the trial budget always buys a new measurement and a small
 space is covered in as many trials as it has configs.
 
-What counts as held ("tried"): a config that was measured, refused by the memory gate, or failed in the engine;
+What counts as held ("tried"): a config that was measured (paging host RAM or not), refused by the memory gate, or
+failed in the engine;
 and one a live worker is measuring now. A config cut short (status ``interrupted``: Ctrl-C, SIGTERM) or left
 RUNNING by a worker that died is measured again.
 
@@ -30,9 +31,13 @@ from typing import Any, Protocol
 from tuner.core.config import LaunchConfig
 
 DUPLICATE = "duplicate"
+# Measured, and the engine read its model back from disk while it generated (host paging): the config does not fit
+# this machine's RAM as it stands, so it is held like one the memory gate refused, never a point or a candidate.
+PAGING = "host_paging"
 REPEATS = 3  # repeats in a row before an untried config is queued
 MAX_ASKS = 3 * REPEATS  # asks for one new trial before giving up for this batch (shared studies race for queues)
-TRIED = frozenset({"measured", "infeasible", "failed"})  # a trial's status that holds its config for good
+# A trial's status that holds its config for good.
+TRIED = frozenset({"measured", "infeasible", "failed", PAGING})
 
 
 def key(cfg: LaunchConfig) -> LaunchConfig:

@@ -25,6 +25,7 @@ from tuner.core.errors import UsageError
 from tuner.core.machine_spec import Hardware
 from tuner.engine import flags
 from tuner.engine.build import Capabilities, EngineLocation
+from tuner.machine.sampler import PagingVerdict
 from tuner.measure import session as session_mod
 from tuner.measure import session_run
 from tuner.measure.session_run import Finding, SessionResult
@@ -65,6 +66,13 @@ class ArmSessions:
     finding: Finding | None = None
     # Per round (aligned with ``results``): what else kept the machine busy, None when it was quiet.
     interference: tuple[str | None, ...] = ()
+    # Per round (aligned with ``results``): host RAM over the replay; None where the round failed.
+    host_paging: tuple[PagingVerdict | None, ...] = ()
+
+    @property
+    def paging(self) -> PagingVerdict | None:
+        """A round that read the model back from disk while the session ran (such an arm is never the line)."""
+        return next((v for v in self.host_paging if v is not None and v.paging), None)
 
     @property
     def scores(self) -> list[float | None]:
@@ -98,6 +106,8 @@ class ArmSessions:
                 "rounds": [None if r is None else r.to_dict() for r in self.results],
                 "typical_round": self.typical_round,
                 "interference": list(self.interference),
+                "host_paging": [None if v is None else v.to_dict() for v in self.host_paging],
+                "paging": None if self.paging is None else self.paging.describe(),
                 "finding": None if self.finding is None else self.finding.describe()}
 
 
@@ -168,6 +178,7 @@ def measure(loc: EngineLocation, arms: Sequence[tuple[str, LaunchConfig]], req: 
     n_select = SELECT_ROUNDS if len(reuse) >= 2 else 0
     results: dict[bool, dict[str, list[SessionResult | None]]] = {True: {}, False: {}}
     noise: dict[bool, dict[str, list[str | None]]] = {True: {}, False: {}}
+    paged: dict[bool, dict[str, list[PagingVerdict | None]]] = {True: {}, False: {}}
     failed: dict[str, str] = {}
 
     def one(label: str, r: int) -> decide.Obs:
@@ -178,16 +189,21 @@ def measure(loc: EngineLocation, arms: Sequence[tuple[str, LaunchConfig]], req: 
         # Watched as the finish's rounds are: a session measured while other work used the machine is kept
         # and shown, but decides nothing (ArmSessions.quiet_scores).
         got = watched_round(configs[label], label, f"session round {r}", lambda: session_run.run_session_trial(
-            loc, configs[label], makers, req.gen_tokens, log_dir=log_dir / f"round{r}", caps=caps).result, on_step)
+            loc, configs[label], makers, req.gen_tokens, log_dir=log_dir / f"round{r}", caps=caps), on_step)
         if got.failure is not None:
             failed[label] = got.failure.summary()
-        results[selecting].setdefault(label, []).append(got.value)
+        done = got.value.result if got.value is not None else None
+        results[selecting].setdefault(label, []).append(done)
         noise[selecting].setdefault(label, []).append(got.noise)
-        return (got.value.score() if got.value is not None else None), got.noise
+        paged[selecting].setdefault(label, []).append(got.value.host_paging if got.value is not None else None)
+        if on_step and got.value is not None and got.value.host_paging.paging:
+            on_step(f"session round {r}: {label} paged host RAM ({got.value.host_paging.evidence}): never the line")
+        return (done.score() if done is not None else None), got.noise
 
     def arms_of(selecting: bool) -> list[ArmSessions]:
         return [ArmSessions(x, configs[x], tuple(results[selecting][x]), failed.get(x), None,
-                            tuple(noise[selecting][x])) for x in labels if x in results[selecting]]
+                            tuple(noise[selecting][x]), tuple(paged[selecting][x]))
+                for x in labels if x in results[selecting]]
 
     def to_confirm(_: dict[str, list[decide.Obs]]) -> list[str]:
         best = select(arms_of(True))
@@ -211,9 +227,20 @@ def measure(loc: EngineLocation, arms: Sequence[tuple[str, LaunchConfig]], req: 
 
 
 def select(arms: Sequence[ArmSessions]) -> str | None:
-    """The reuse arm with the shortest session over its quiet rounds (selection decides nothing)."""
-    table = {a.label: decide.observations(a.scores, a.interference) for a in arms}
-    return decide.best(table, reuse_labels([a.label for a in arms]))
+    """The reuse arm with the shortest session over its quiet rounds (selection decides nothing); an arm that paged
+    host RAM is not chosen."""
+    table = {a.label: decide.observations(a.scores, a.interference) for a in arms if a.paging is None}
+    return decide.best(table, reuse_labels([a.label for a in arms if a.paging is None]))
+
+
+def usable(arm: ArmSessions | None) -> bool:
+    """Measured, and never read its model back from disk: an arm the stage may print."""
+    return arm is not None and arm.median_session_s is not None and arm.paging is None
+
+
+def _lost(arm: ArmSessions | None) -> str:
+    """Why an arm cannot be printed, in words."""
+    return "paged host RAM" if arm is not None and arm.paging is not None else "failed"
 
 
 def judge(arms: Sequence[ArmSessions], source: str, notes: dict[str, str], agents: int = 1, *,
@@ -234,26 +261,32 @@ def judge(arms: Sequence[ArmSessions], source: str, notes: dict[str, str], agent
     def stage(winner: str | None, verdict: Verdict | None, reason: str) -> SessionStage:
         return SessionStage(tuple(arms), winner, verdict, source, notes, agents, tuple(confirmation), chosen, reason)
 
-    if base is None or base.median_session_s is None:
-        # The line without the setting failed: the setting is judged against the defaults instead, and printed only
-        # when decided faster than them (never undecided).
+    if base is None or not usable(base):
+        # The line without the setting failed (or paged host RAM): the setting is judged against the defaults
+        # instead, and printed only when decided faster than them (never undecided).
+        lost = _lost(base)
         default = pool.get("default")
-        ok = default is not None and default.median_session_s is not None
-        if best is not None and best.median_session_s is not None and default is not None and ok \
-                and best is not default:
+        ok = usable(default)
+        if best is not None and usable(best) and default is not None and ok and best is not default:
             against = versus(best, default)
             if against.outcome == BETTER:
-                return stage(best.label, against, f"the base line failed: {best.label} was decided faster than the "
+                return stage(best.label, against, f"the base line {lost}: {best.label} was decided faster than the "
                                                   "defaults")
-            return stage("default", against, f"the base line failed and {best.label} was not shown faster than the "
+            return stage("default", against, f"the base line {lost} and {best.label} was not shown faster than the "
                                              "defaults: the defaults are printed")
-        return stage("default" if ok else None, None, "the base line failed" + (": the defaults are printed" if ok
-                                                                                 else " and so did the defaults"))
-    if best is None or best.median_session_s is None:
+        if ok:
+            return stage("default", None, f"the base line {lost}: the defaults are printed")
+        if "paged" not in lost + _lost(default):
+            return stage(None, None, "the base line failed and so did the defaults")
+        return stage(None, None, f"the base line {lost} and the defaults {_lost(default)}: no session line (a line "
+                                 "that pages host RAM is never printed)")
+    if best is None or not usable(best):
         default = pool.get("default")
-        verdict = versus(base, default) if default is not None and default is not base and \
-            default.median_session_s is not None else None
-        why = "no reuse setting applies" if chosen is None else f"{chosen} failed"
+        verdict = versus(base, default) if default is not None and default is not base and usable(default) else None
+        paged_reuse = [a.label for a in arms if a.label in reuse_labels(labels) and a.paging is not None]
+        why = (f"{chosen} {_lost(best)}" if chosen is not None else
+               f"no reuse arm could be printed ({', '.join(paged_reuse)} paged host RAM)" if paged_reuse else
+               "no reuse setting applies")
         return stage(base.label, verdict, f"{why}: {base.label} is printed")
     verdict = versus(best, base)
     if verdict.outcome == BETTER:

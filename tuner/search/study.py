@@ -338,11 +338,15 @@ def _tell_measured(study: optuna.Study, trial: optuna.Trial, result: bench.Bench
     gen, prompt = tg.spread, pp.spread
     score = measure.score(prompt.median, gen.median)
     assert score is not None  # llama-bench rows carry positive speeds
-    for key, value in (("status", "measured"), ("gen_tok_s", gen.median), ("prompt_tok_s", prompt.median),
+    paging = result.host_paging  # read its model back from disk: the speed is the disk's, never a candidate
+    for key, value in (("gen_tok_s", gen.median), ("prompt_tok_s", prompt.median),
                        ("gen_cv_pct", gen.cv_pct), ("prompt_cv_pct", prompt.cv_pct), ("argv", list(result.argv)),
                        ("request_s", 1.0 / score), ("prompt_depth", pp.n_depth), ("gen_depth", tg.n_depth),
-                       ("repetitions", reps)):
+                       ("repetitions", reps), ("host_paging", paging.to_dict())):
         trial.set_user_attr(key, value)
+    if paging.paging:
+        return tell_status(study, trial, dedup.PAGING)  # held like a config the memory gate refused
+    trial.set_user_attr("status", "measured")
     study.tell(trial, [gen.median, prompt.median] if objective.pareto else score)
 
 
@@ -454,7 +458,9 @@ def run_search(
                         if isinstance(res, failures.Failure):
                             tell_status(study, trial, "failed", {"failure": failure_attr(res)})
                         else:
-                            anchor.measured(cfg, _reading(res, anchor.trials_measured, start, watch.noise))
+                            if not res.host_paging.paging:  # a paging config is no anchor: its figures are the disk's
+                                anchor.measured(cfg, AnchorReading.of(res, anchor.trials_measured,
+                                                                      time.monotonic() - start, watch.noise))
                             if anchor.on:
                                 trial.set_user_attr("drift", anchor.noise)
                             _tell_measured(study, trial, res, measure, objective, reps)
@@ -474,12 +480,6 @@ def run_search(
                          seen.kept(records(study)), seen.exhausted, anchor.noise)
 
 
-def _reading(res: bench.BenchResult, after_trials: int, start: float, disturbed: str | None) -> AnchorReading:
-    gen, prompt = res.row("tg").spread, res.row("pp").spread
-    return AnchorReading(after_trials, round(time.monotonic() - start, 1), gen.median, prompt.median,
-                         gen.cv_pct, prompt.cv_pct, disturbed)
-
-
 def _read_anchor(study: optuna.Study, anchor: Anchor, loc: EngineLocation, measure: Measure,
                  caps: Capabilities | None, start: float) -> None:
     """Measure the anchor config alone, as its trial was measured, and keep the reading on the study."""
@@ -489,7 +489,7 @@ def _read_anchor(study: optuna.Study, anchor: Anchor, loc: EngineLocation, measu
                                       depth=measure.prompt_depth, gen_depth=measure.gen_depth,
                                       repetitions=measure.repetitions, timeout_s=measure.timeout_s, caps=caps)
     anchor.add(None if isinstance(res, failures.Failure) else
-               _reading(res, anchor.trials_measured, start, watch.noise))
+               AnchorReading.of(res, anchor.trials_measured, time.monotonic() - start, watch.noise))
     study.set_user_attr("anchor", anchor.to_dict())
 
 

@@ -38,7 +38,7 @@ class TrialRecord:
     """One trial as stored: what was tried and what came of it."""
 
     number: int
-    status: str  # measured | infeasible | failed | interrupted | running
+    status: str  # measured | host_paging | infeasible | failed | interrupted | running
     config: dict[str, Any]
     seed: str | None = None  # which known-good config this was, for enqueued seeds
     gen_tok_s: float | None = None
@@ -55,6 +55,8 @@ class TrialRecord:
     repetitions: int | None = None
     kld: float | None = None  # mean KLD of the config's KV pair against f16 KV (None: not priced)
     same_top_pct: float | None = None
+    # Host RAM over the timed generation (tuner.machine.sampler.PagingVerdict.to_dict); None: stored before it was.
+    host_paging: dict[str, Any] | None = None
 
     @classmethod
     def from_trial(cls, t: Any) -> TrialRecord:
@@ -64,7 +66,8 @@ class TrialRecord:
         return cls(t.number, status, a.get("config", {}), a.get("seed"), a.get("gen_tok_s"), a.get("prompt_tok_s"),
                    a.get("gen_cv_pct"), a.get("prompt_cv_pct"), a.get(CONSTRAINTS_ATTR, {}), a.get("failure"),
                    a.get("argv", []), a.get("worker"), a.get("request_s"), a.get("prompt_depth"),
-                   a.get("gen_depth"), a.get("repetitions"), a.get("kld"), a.get("same_top_pct"))
+                   a.get("gen_depth"), a.get("repetitions"), a.get("kld"), a.get("same_top_pct"),
+                   a.get("host_paging"))
 
     @property
     def score(self) -> float | None:

@@ -219,7 +219,8 @@ def _one(loc: EngineLocation, cfg: LaunchConfig, sent: Workload, load: Workload,
     if makers is not None and session is not None:
         trial = session_run.run_session_trial(loc, cfg, makers, session[2], log_dir=log_dir, caps=caps)
         res = trial.result
-        return Round(res.score(), ttft_s=res.median_ttft_s, session_s=res.session_s)
+        return Round(res.score(), ttft_s=res.median_ttft_s, session_s=res.session_s,
+                     host_paging=trial.host_paging.describe() if trial.host_paging.paging else None)
     t = bench.run_server_trial(loc, cfg, replace(sent, concurrency=cfg.parallel or 1), log_dir=log_dir, caps=caps)
     first = t.levels[0]
     return Round(round_score(t.levels, load), gen_tok_s=first.per_request_gen_tok_s,

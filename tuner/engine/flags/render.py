@@ -261,12 +261,14 @@ def bench_group_argv(
     repetitions: int,
     depth: int | Sequence[int] = 0,
     caps: Capabilities | None = None,
+    progress: bool = False,
 ) -> list[str]:
     """One llama-bench process for configs that form a full cross product of comma lists.
 
     llama-bench runs every combination of its lists and aborts the whole sweep at the first invalid one, so
     the caller (:func:`tuner.measure.bench.group_configs`) only hands in sets where every combination is a wanted,
-    valid config. Each list is rendered in first-seen order.
+    valid config. Each list is rendered in first-seen order. ``progress``: ``--progress`` where this llama-bench
+    takes it (a line on stderr as each phase of a test starts: :mod:`tuner.measure.phases` reads them).
     """
     if not cfgs:
         raise UsageError("no configs to benchmark: pass at least one")
@@ -310,6 +312,8 @@ def bench_group_argv(
         a.add("no_host", "1")
     if not first.op_offload:
         a.add("no_op_offload", "1")
+    if progress and (caps is None or BENCH not in caps.flags or caps.supports(BENCH, "--progress")):
+        a.argv.append("--progress")
     return a.argv + ["-o", "jsonl"]
 
 
