@@ -206,3 +206,31 @@ def test_the_real_server_accepts_fit_off(engine_loc):
     caps = build.capabilities(engine_loc)
     argv = flags.server_argv(Path("llama-server"), LaunchConfig(model=MODEL, n_cpu_moe=0), caps)
     assert "--fit" in argv or "-fit" in argv
+
+
+def _fit_line(first_partial: int, n_layers: int) -> str:
+    """A single-GPU llama-fit-params answer as common/fit.cpp builds it (``set_ngl_tensor_split_tbo``: the first
+    layers whole on the GPU, then a partial layer whose overflow is ``get_overflow_pattern``'s LAYER_FRACTION_UP,
+    then LAYER_FRACTION_MOE up to index ``n_layers``, the output layer counted in ``-ngl``) and fit-params.cpp
+    prints it (``-c … -ngl … -ot "pattern=BUFT,…"``)."""
+    parts = [rf"blk\.{first_partial}\.ffn_(gate|gate_up|down).*=CPU"]
+    parts += [rf"blk\.{il}\.ffn_(up|down|gate_up|gate)_(ch|)exps=CPU" for il in range(first_partial + 1, n_layers + 1)]
+    return f'-c 8192 -ngl {n_layers + 1} -ot "{",".join(parts)}"'
+
+
+def test_the_fit_choice_counts_the_layers_it_puts_on_the_host_not_its_last_index():
+    # On an H100 with 12 GiB free (results/benchmarks/gpu-lease-2: llama-server's own --fit, Qwen3-30B-A3B Q4_K_M,
+    # 48 layers, -c 8192) the engine put 9,694 MiB of weights on CUDA0: 17,524 with every expert there, 784 with
+    # none, so 348.75 MiB a layer and (17,524 - 9,694) / 348.75 = 22.5 layers' experts on the host: 22 whole
+    # (26..47) and layer 25 in part. Read as the highest index + 1 this once became --n-cpu-moe 49 (every expert
+    # on the host: 0.68x of llama.cpp's own speed there); the count, rounded towards the host, is 23.
+    base = LaunchConfig(model=MODEL, ctx=8192, parallel=1)
+    fit = flags.parse_fit_line(_fit_line(25, 48), base, 48)
+    assert (fit.n_cpu_moe, fit.n_gpu_layers, fit.ctx) == (23, 49, 8192)
+    assert 784 + (48 - 23) * 348.75 <= 9694  # rounded towards the host: it fits wherever the fit's placement does
+    every = flags.parse_fit_line(r'-c 8192 -ngl 49 -ot "blk\.\d+\.ffn_(up|down|gate_up|gate)_(ch|)exps=CPU"', base, 48)
+    assert every.n_cpu_moe == 48  # common/fit.cpp's pattern_moe_all: every layer's experts on the host
+    assert flags.parse_fit_line("-c 8192 -ngl 49", base, 48).n_cpu_moe is None  # everything fits on the card
+    split = (r'-c 8192 -ngl 49 -ts 30,19 '
+        r'-ot "blk\.29\.ffn_down.*=CUDA1,blk\.47\.ffn_(up|down|gate_up|gate)_(ch|)exps=CPU"')
+    assert flags.parse_fit_line(split, base, 48).n_cpu_moe == 1  # an overflow to the next GPU stays on a device

@@ -144,6 +144,8 @@ def test_llama_fit_params_takes_the_budget_margin(engine_loc, demo_models):
 
     argv = flags.with_fit_target(["llama-fit-params", "-m", "x.gguf"], 13 * 1024)
     assert argv[-2:] == ["-fitt", "13312"]
+    from tuner.models.gguf_reader import inspect_model
+
     base = LaunchConfig(model=demo_models[("qwen3moe", "Q4_K_M")], ctx=4096, parallel=1)
-    fit = finish.fit_config(engine_loc, base, fit_target=13 * 1024)
+    fit = finish.fit_config(engine_loc, base, inspect_model(base.model).n_layer, fit_target=13 * 1024)
     assert fit is not None and fit.ctx == 4096  # the engine accepted -fitt and answered with a launch

@@ -250,3 +250,24 @@ def test_op_offload_off_has_no_gpu_copy_and_no_pcie_ceiling():
     e_on, e_off = memory.estimate(info, on, hw), memory.estimate(info, off, hw)
     assert e_off.gpu_offload_copy_bytes == 0 and e_off.gpu.compute_bytes <= e_on.gpu.compute_bytes
     assert roofline.roofline(info, on, hw).prompt_tok_s and roofline.roofline(info, off, hw).prompt_tok_s is None
+
+
+def test_the_default_seed_is_placed_where_its_own_kv_fits_not_at_the_smallest_pairs_bound():
+    """On an H100 with 12 GiB free (results/benchmarks/gpu-lease-2, -c 8192 chat), the space ran from
+    --n-cpu-moe 21 (the q4_0/q4_0 bound) and the default seed, f16 KV, was put there: the gate refused it
+    untried (284 MiB over), in four tunes of five, one trial of three lost each time. The seed now takes the
+    fewest host experts at which its own f16 KV fits; llama-fit-params' choice and the memory model's stay."""
+    from tuner.hub.resolve import resolve_model
+    from tuner.search import known_good
+
+    shape = resolve_model("qwen3-30b-a3b:Q4_K_M", header_only=True).path
+    info = inspect_model(shape)
+    h100 = Hardware("NVIDIA H100 80GB HBM3", 81559 * MIB, 12288 * MIB, 3.35e12, 63e9, 126 * GIB, 120 * GIB, 0,
+                    50e9, 16)
+    sp = space.build_space(shape, info, h100, ctx=8192, parallel=1, prompt_tokens=512)
+    assert sp.n_cpu_moe is not None
+    label, seed = known_good.seed_configs(sp, info, h100, None)[0]
+    assert label == "default" and (seed.cache_type_k, seed.cache_type_v) == (CacheType.F16, CacheType.F16)
+    assert space.check(info, seed, h100).feasible
+    assert seed.n_cpu_moe is not None and seed.n_cpu_moe > sp.n_cpu_moe[0]  # the bound is the small pair's
+    assert not space.check(info, replace(seed, n_cpu_moe=seed.n_cpu_moe - 1), h100).feasible

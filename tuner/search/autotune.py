@@ -138,7 +138,8 @@ def auto_tune(req: TuneRequest, loc: build.EngineLocation, hw: Hardware, *,
     storage = req.storage or study.default_storage(req.results_dir)
     if on_step:
         on_step("asking llama-fit-params for llama.cpp's own --fit choice")
-    fit = finish.fit_config(loc, finish.default_config(sp), fit_target=finish.fit_target_mib(hw, req.vram_margin_mib))
+    fit = finish.fit_config(loc, finish.default_config(sp), info.n_layer,
+                            fit_target=finish.fit_target_mib(hw, req.vram_margin_mib))
     seeds = finish.seed_configs(sp, info, hw, fit, req.vram_margin_mib)
     shared = proposals.adapt(req.proposals, sp, info, hw, engine_commit=caps.commit,
                              vram_margin_mib=req.vram_margin_mib, known=[s for s in seeds if s[0] != "memory-model"])

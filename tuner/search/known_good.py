@@ -26,13 +26,13 @@ def fit_target_mib(hw: Hardware, vram_margin_mib: float | None = None) -> int:
     return int(margin + hardware.vram_held_back_bytes(hw) // 2**20)
 
 
-def fit_config(loc: EngineLocation, base: LaunchConfig, timeout_s: float = 120.0, *,
+def fit_config(loc: EngineLocation, base: LaunchConfig, n_layers: int, timeout_s: float = 120.0, *,
                fit_target: int | None = None) -> LaunchConfig | None:
     """llama.cpp's own ``--fit`` choice for ``base`` as a LaunchConfig, or None when the tool is missing or fails.
 
-    ``-ot`` overrides that keep the experts of whole layers on the CPU become ``--n-cpu-moe`` (their count);
-    ``-ngl -1`` means "all layers" (the engine default). ``fit_target`` is the ``-fitt`` margin in MiB
-    (see :func:`fit_target_mib`); None leaves llama.cpp's default.
+    ``-ot`` overrides that put layers' experts on the CPU become ``--n-cpu-moe`` (their count, of the model's
+    ``n_layers``: :func:`tuner.engine.flags.parse_fit_line`); ``-ngl -1`` means "all layers" (the engine default).
+    ``fit_target`` is the ``-fitt`` margin in MiB (see :func:`fit_target_mib`); None leaves llama.cpp's default.
     """
     if not loc.has("llama-fit-params"):
         return None
@@ -44,7 +44,7 @@ def fit_config(loc: EngineLocation, base: LaunchConfig, timeout_s: float = 120.0
     except TunerError:
         return None
     line = flags.fit_choice_line(res.stdout)
-    return flags.parse_fit_line(line, base) if line else None
+    return flags.parse_fit_line(line, base, n_layers) if line else None
 
 
 def default_config(sp: space.SearchSpace) -> LaunchConfig:
@@ -70,12 +70,29 @@ def baseline_configs(sp: space.SearchSpace, hw: Hardware, fit: LaunchConfig | No
     return arms
 
 
+def fewest_on_host(sp: space.SearchSpace, cfg: LaunchConfig, info: ModelInfo, hw: Hardware,
+                   vram_margin_mib: float | None = None) -> LaunchConfig:
+    """``cfg`` with the fewest host experts of the space at which it fits, as it is (its own KV types and ubatch:
+    the space's lower bound is that of its smallest pair, where a seed with f16 KV would be refused untried, as the
+    default seed once was on an H100 at 12 GiB free); unchanged when it fits nowhere or the space has no axis."""
+    if not sp.n_cpu_moe:
+        return cfg
+    lo, hi = sp.n_cpu_moe
+    for n in range(lo, hi + 1):
+        if space.check(info, replace(cfg, n_cpu_moe=n), hw, vram_margin_mib).feasible:
+            return replace(cfg, n_cpu_moe=n)
+    return cfg
+
+
 def seed_configs(sp: space.SearchSpace, info: ModelInfo, hw: Hardware, fit: LaunchConfig | None,
                  vram_margin_mib: float | None = None) -> list[tuple[str, LaunchConfig]]:
     """Known-good starting points, as configs of the space: the defaults, --fit's choice, the memory model's."""
     d = default_config(sp)
-    seeds = [("default", space.make_config(sp, {**space.params_of(sp, replace(d, flash_attn=FlashAttn.ON)),
-                                                  "threads": sp.threads[-1]}))]
+    # llama.cpp's default keeps every expert on the card and lets --fit move some: in the space, the fewest moved
+    # that still fit with the default's own f16 KV (its n_cpu_moe None maps to the space's bound, which is that
+    # of the smallest KV pair).
+    on = space.make_config(sp, {**space.params_of(sp, replace(d, flash_attn=FlashAttn.ON)), "threads": sp.threads[-1]})
+    seeds = [("default", fewest_on_host(sp, on, info, hw, vram_margin_mib))]
     if fit is not None:
         seeds.append(("fit", space.make_config(sp, space.params_of(sp, replace(fit, flash_attn=FlashAttn.ON)))))
     guess = space.best_guess(sp, info, hw, vram_margin_mib)

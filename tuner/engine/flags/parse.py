@@ -12,8 +12,13 @@ from tuner.core.config import CacheType, FlashAttn, LaunchConfig, SpecType
 from tuner.core.errors import UsageError
 from tuner.engine.flags.render import _IGNORED_BARE, _IGNORED_WITH_VALUE, _SPEC_NUMBERS, _SPELL, validate
 
-# llama-fit-params' -ot override for whole layers' experts: blk\.(3|4|5)\.ffn_(up|down|gate)_exps=CPU
-_OT_LAYER = re.compile(r"blk\\?\.\(?([0-9|]+)\)?\\?\.ffn_[a-z_()|]*exps")
+# One part of an -ot list that moves FFN tensors of some layers: ``blk\.(3|4|5)\.ffn_(up|down|gate)_exps=CPU``
+# (a hand-written line), or as llama-fit-params prints them (common/fit.cpp, ``get_overflow_pattern``):
+# ``blk\.25\.ffn_(gate|gate_up|down).*=CPU`` for the first partial layer, ``blk\.26\.ffn_(up|down|gate_up|gate)_
+# (ch|)exps=CPU`` for each further one, and ``blk\.\d+\.ffn_(up|down|gate_up|gate)_(ch|)exps=CPU`` for every layer.
+_OT_PART = re.compile(r'blk\\?\.(?:\(([0-9|]+)\)|([0-9]+)|(\\d\+))\\?\.ffn_[^=]*=([^,\s"]+)')
+
+
 @dataclass(frozen=True, slots=True)
 class ParsedCommand:
     config: LaunchConfig
@@ -166,23 +171,37 @@ def _spec_from(values: dict[str, object]) -> dict[str, object]:
     return out
 
 
-def parse_fit_line(line: str, base: LaunchConfig) -> LaunchConfig:
-    """``base`` placed as llama-fit-params chose (its ``-c … -ngl … -ot …`` line). ``-ot`` overrides that keep
-    whole layers' experts on the CPU become ``--n-cpu-moe`` (their count); ``-ngl -1`` means all layers."""
+def parse_fit_line(line: str, base: LaunchConfig, n_layers: int) -> LaunchConfig:
+    """``base`` placed as llama-fit-params chose (its ``-c … -ngl … -ot …`` line); ``-ngl -1`` means all layers.
+
+    ``-ot`` parts that put any FFN tensor of a layer on the CPU count that layer in ``--n-cpu-moe``. llama.cpp's
+    fit moves the experts of the *last* layers (common/fit.cpp, ``set_ngl_tensor_split_tbo``: the first
+    ``n_full()`` layers of a device stay whole, the partial ones follow), ``--n-cpu-moe`` those of the first: the
+    same count holds the same bytes on uniform layers. The first partial layer keeps part of its FFN on the GPU,
+    so counting it whole rounds towards the host (a placement that fits wherever the fit's does). Its range ends
+    at the output layer (index ``n_layers``, which has no ``blk.`` tensors): only indices below ``n_layers``
+    count. ``blk\\.\\d+`` (every layer's experts) counts ``n_layers``."""
     tokens = shlex.split(line)
     cfg = base
     layers: set[int] = set()
+    every = False
     for flag, value in zip(tokens, tokens[1:], strict=False):
         if flag in _SPELL["ctx"]:
             cfg = replace(cfg, ctx=int(value))
         elif flag in _SPELL["n_gpu_layers"]:
             cfg = replace(cfg, n_gpu_layers=None if int(value) < 0 else int(value))
         elif flag in ("-ot", "--override-tensor"):
-            for part in value.split(","):
-                for m in _OT_LAYER.finditer(part):
-                    layers.update(int(x) for x in m.group(1).split("|") if x)
-    if layers:
-        cfg = replace(cfg, n_cpu_moe=max(layers) + 1)
+            for m in _OT_PART.finditer(value):
+                group, single, all_layers, buft = m.groups()
+                if not buft.upper().startswith("CPU"):
+                    continue  # overflow to another GPU (-ts): still on a device
+                every = every or bool(all_layers)
+                layers.update(int(x) for x in (group or single or "").split("|") if x)
+    layers = {il for il in layers if il < n_layers}
+    if every:
+        cfg = replace(cfg, n_cpu_moe=n_layers)
+    elif layers:
+        cfg = replace(cfg, n_cpu_moe=len(layers))
     return cfg
 
 
