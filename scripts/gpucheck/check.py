@@ -68,10 +68,20 @@ class Check:
             self.state = raw.get("state", raw)  # a gpu-<card>.json that came back holds the state inside
             if source == args.state:  # another lease's machine: this one's card is asked again
                 self.state["steps"].pop("gpu-info", None)
+                self._again(args.again)
             self._forget_what_is_not_here()
         self.state["command"] = "scripts/gpu_check " + shlex.join(sys.argv[1:])
         self.started = time.monotonic()
         self.packing: threading.Thread | None = None
+
+    def _again(self, names: tuple[str, ...]) -> None:
+        """Steps a new lease measures again (after a fix): their earlier results move to ``earlier``, kept in the
+        state. Only a lease that starts from ``--state`` does this, so the second command of one lease, which
+        continues from the state in --out, does not measure them a third time."""
+        earlier = self.state.setdefault("earlier", {})
+        for name in names:
+            if name in self.state["steps"]:
+                earlier.setdefault(name, []).append(self.state["steps"].pop(name))
 
     def _forget_what_is_not_here(self) -> None:
         """A state carried from another machine (a fresh, bare one): its wheels, engine and model are not here,
@@ -132,6 +142,8 @@ def dry_run(c: Check) -> int:
     todo = [s for s in gpu_steps if (c.state["steps"].get(s.name) or {}).get("status") != "done"]
     plan = gpu_lease.plan([gpu_lease.Planned(s.name, s.est_s, s.what, s.part, s.resumable) for s in todo])
     line = "scripts/gpu_check --from .gpu-pack --out results/gpu-check --copy-to $OUT"
+    if c.args.state is not None:  # a new lease from another's state: the first command names it (and --again)
+        line += f" --state {c.args.state}" + (f" --again {','.join(c.args.again)}" if c.args.again else "")
     print(f"on a GPU machine (estimates for 16 cores; model {c.args.model}; {len(gpu_steps) - len(todo)} steps done "
           "in the state):")
     done_parts = [s.part for s in gpu_steps if s.part and s not in todo]
@@ -233,6 +245,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--state", type=Path, metavar="JSON",
                    help="start from the state a lease brought back (results/benchmarks/gpu-<card>.json)")
     p.add_argument("--dry-run", action="store_true", help="the first lease, command by command, on the estimates")
+    p.add_argument("--again", type=lambda s: tuple(x for x in s.split(",") if x), default=(), metavar="STEPS",
+                   help="steps done in --state's lease to measure again (comma-separated), e.g. after a fix")
     p.add_argument("--budgets", type=lambda s: tuple(int(x) for x in s.split(",")), default=LATER_BUDGETS_GIB,
                    help=f"free VRAM of the later chat runs, GiB (default 8,16,24; {FIRST_BUDGET_GIB} comes first)")
     p.add_argument("--long-ctx", type=int, default=LONG_CTX, help="context of the long-context run (0: none)")

@@ -36,7 +36,7 @@ ENGINE_CMDS = {"auto-tune", "bench"}  # moe-tune commands that take --llama-cpp-
 ENGINE_EST_S = 270.0
 RESTORE_EST_S = 5.0
 EST = {"gpu-info": 2, "wheels": 10, "model-zero": 10, "model-random": 90, "memory": 35, "spill": 30,
-       "tune-chat": 100, "tune-agent": 145, "opoff": 90, "long": 180, "spill-unified": 240}
+       "tune-chat": 130, "tune-agent": 190, "opoff": 90, "long": 180, "spill-unified": 240}
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,7 +275,7 @@ def steps_for(c: Check) -> list[Step]:
                   "than every expert on the card needs: the OOM at load classified", "c"),
              Step(f"tune-{g}g-agent", True, EST["tune-agent"], _tune_step(g, "agent", AGENT_CTX, AGENT_PROMPT),
                   f"{g} GiB free, agent -c {AGENT_CTX} -p {AGENT_PROMPT}: auto-tune ({c.args.trials} trials, "
-                  "2 rounds) vs default vs --fit (-ub 4096 offered)", "b"),
+                  "3-4 rounds) vs default vs --fit (-ub 4096 offered)", "b"),
              Step(f"opoff-{g}g-agent", True, EST["opoff"], step_opoff, f"{g} GiB free: the agent's tuned and --fit "
                   "lines with op offload on and off, an agent turn and a long prompt each", "d"),
              Step(f"tune-{g}g-chat", True, EST["tune-chat"], _tune_step(g, "chat", CHAT_CTX, None),

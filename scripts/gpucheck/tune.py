@@ -1,8 +1,9 @@
 """(b) of `scripts/gpu_check`: tuned vs llama.cpp's ``--fit`` vs its default at one budget, one workload, as
 auto-tune decides it, run lean enough for a lease: a few trials (the memory model's pick and llama.cpp's --fit
-choice are among them), one candidate, two confirmation rounds of the three arms, no KV quality pricing
-(``--max-kld off``: pricing a real-scale model's KV types is the CPU suite's work) and no session stage. The
-result is auto-tune's own JSON (what ``moe-tune auto-tune --json`` prints), so the table reads the same fields.
+choice are among them), one candidate, three or four confirmation rounds of the three arms (the fewest a verdict
+takes), no KV quality pricing (``--max-kld off``: pricing a real-scale model's KV types is the CPU suite's work)
+and no session stage. The result is auto-tune's own JSON (what ``moe-tune auto-tune --json`` prints), so the
+table reads the same fields.
 """
 
 from __future__ import annotations
@@ -15,9 +16,12 @@ from tuner.machine import ballast, hardware
 from tuner.measure import workload
 from tuner.search import autotune, study
 from tuner.search.decide import Rounds
+from tuner.search.verdict import MIN_ROUNDS
 
 TRIALS = 3
-LEAN_ROUNDS = Rounds(min=2, max=2, select=0)  # one candidate: nothing to select; two fresh rounds of three arms
+# One candidate: nothing to select. A verdict needs MIN_ROUNDS fresh rounds (tuner/search/verdict.py); the first
+# lease ran two, so no tune could be shown faster than llama.cpp's default, whatever the gap.
+LEAN_ROUNDS = Rounds(min=MIN_ROUNDS, max=MIN_ROUNDS + 1, select=0)
 
 
 def tune(engine_dir: Path, model: Path, budget_mib: int, kind: str, ctx: int, prompt_tokens: int | None,
