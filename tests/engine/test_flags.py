@@ -223,7 +223,7 @@ def test_the_fit_choice_counts_the_layers_it_puts_on_the_host_not_its_last_index
     # 48 layers, -c 8192) the engine put 9,694 MiB of weights on CUDA0: 17,524 with every expert there, 784 with
     # none, so 348.75 MiB a layer and (17,524 - 9,694) / 348.75 = 22.5 layers' experts on the host: 22 whole
     # (26..47) and layer 25 in part. Read as the highest index + 1 this once became --n-cpu-moe 49 (every expert
-    # on the host: 0.68x of llama.cpp's own speed there); the count, rounded towards the host, is 23.
+    # on the host: 0.71x of llama.cpp's own speed there); the count, rounded towards the host, is 23.
     base = LaunchConfig(model=MODEL, ctx=8192, parallel=1)
     fit = flags.parse_fit_line(_fit_line(25, 48), base, 48)
     assert (fit.n_cpu_moe, fit.n_gpu_layers, fit.ctx) == (23, 49, 8192)
