@@ -203,6 +203,8 @@ def test_a_long_list_of_other_processes_is_named_briefly():
     assert watched.brief(noise) == ("llama-bench pid 0; llama-bench pid 1; llama-bench pid 2; 37 more processes; "
                                     "other processes use 1.9 CPU cores")
     assert watched.brief("other processes use 0.7 CPU cores") == "other processes use 0.7 CPU cores"
+    cpu = "other processes use 1.9 CPU cores (cc1plus pid 7 1.2)"  # the CPU line's names are no process line
+    assert watched.brief(noise.replace("other processes use 1.9 CPU cores", cpu)).endswith("37 more processes; " + cpu)
     assert watched.brief(None) is None
 
 

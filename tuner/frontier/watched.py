@@ -63,8 +63,8 @@ def brief(noise: str | None, keep: int = 3) -> str | None:
     if noise is None:
         return None
     parts = noise.split("; ")
-    named = [p for p in parts if " pid " in p]
-    rest = [p for p in parts if " pid " not in p]
+    named = [p for p in parts if " pid " in p and not p.startswith("other processes")]  # not the CPU line's names
+    rest = [p for p in parts if p not in named]
     more = f"{len(named) - keep} more processes" if len(named) > keep else ""
     return "; ".join([*named[:keep], *([more] if more else []), *rest])
 

@@ -6,13 +6,21 @@ child the runner starts carries ``MOE_TUNE_OWNER=<pid>:<start time>`` in its env
 by the same user), so a llama.cpp process whose owner is gone is known to be left by an earlier moe-tune run,
 whoever adopted it.
 
-What disturbs a measurement is other *work*: CPU time (the whole machine's, minus our own tree, so a loop of
-short-lived processes counts too), GPU kernels that are not ours, or another process's VRAM growing. A graphics
-context (the display server, the desktop shell, a browser) holds VRAM, which the budget already leaves out of
-what is free; holding it is not work, so a desktop driving its monitor from the card is a quiet machine. The
-same goes for the llama-server a user keeps running (the launch line this tool prints is one), and for a proxy
-such as ``llama-swap`` in front of several: idle, they are residents, named with the VRAM they hold; they are
-rivals only while they work (CPU time, GPU kernels, VRAM growth), like any other program.
+What disturbs a measurement is other *work*: CPU time (the whole machine's work in processes' context, minus our
+own tree, so a loop of short-lived processes counts too; named by the processes that spent the most), GPU kernels
+that are not ours, or another process's VRAM growing. A graphics context (the display server, the desktop shell, a
+browser) holds VRAM, which the budget already leaves out of what is free; holding it is not work, so a desktop
+driving its monitor from the card is a quiet machine. The same goes for the llama-server a user keeps running (the
+launch line this tool prints is one), and for a proxy such as ``llama-swap`` in front of several: idle, they are
+residents, named with the VRAM they hold; they are rivals only while they work (CPU time, GPU kernels, VRAM
+growth), like any other program.
+
+The hypervisor's steal and the time spent serving interrupts (/proc/stat's ``steal``, ``irq`` and ``softirq`` in
+``man 5 proc``; see :mod:`tuner.machine.cpu_time`) are no other program's work on this machine: steal is the host
+withholding vCPUs our own threads keep busy, interrupts serve our own GPU, disk and loopback traffic too. They are
+said when notable, never a reason to call a round disturbed (steal that varies shows in the rounds' spread, which
+the decision rule judges). Counted as work, they read as others' 0.6-2.2 cores in nearly every round that kept the
+16 vCPUs of an H100 VM busy, with nothing else running: the pattern of steal.
 
 The kernel's own threads (``kswapd*``, ``kcompactd*``, ``kdamond``, kworkers: children of kthreadd) work for
 whoever makes them work: reclaim and page-in I/O for the process that faults its pages in. Their CPU time is
@@ -42,7 +50,7 @@ from functools import cached_property
 import psutil
 
 from tuner.core.errors import NvmlUnavailableError
-from tuner.machine import hardware, pressure
+from tuner.machine import cpu_time, hardware, pressure
 
 SCOPE_ENV = "MOE_TUNE_MACHINE_SCOPE"
 OWNER_ENV = "MOE_TUNE_OWNER"
@@ -58,6 +66,8 @@ VRAM_GROWTH_BYTES = 64 * 2**20  # another process's VRAM growing by this much wh
 # pages and shares the disk, whatever little CPU it uses while it waits for its reads.
 OTHERS_PAGING_MIB_S = 16.0
 MEMORY_PRESSURE_PCT = 1.0  # share of the look in which some task stalled on memory (PSI "some")
+NOTABLE_CORES = 0.2  # steal, interrupts, a named process or short-lived ones: worth saying from this much on
+NAMED_AT_MOST = 3  # the other processes named in a busy look, the most CPU first
 
 
 def owner_marker() -> str:
@@ -137,20 +147,11 @@ def _kernel_cpu(procs: dict[int, _Proc]) -> dict[int, float]:
     return {p.pid: p.cpu_s for p in procs.values() if pressure.is_kernel_thread(p.pid, p.ppid)}
 
 
-def _busy_cpu_s() -> float:
-    """CPU time the whole machine has spent working (every core, every process, short-lived ones too)."""
-    t = psutil.cpu_times()
-    idle = t.idle + getattr(t, "iowait", 0.0)
-    # guest time is already inside user time (Linux), so it is left out of the sum
-    total = sum(v for k, v in t._asdict().items() if k not in ("guest", "guest_nice"))
-    return total - idle
-
-
 class _View:
     """One snapshot, judged: which processes are someone else's, within the scope."""
 
     def __init__(self, own: Collection[int] | Callable[[], Collection[int]]) -> None:
-        self.busy_cpu_s = _busy_cpu_s()
+        self.cpu = cpu_time.read()  # the machine's: every core, every process, short-lived ones too
         self.procs = _snapshot()
         self.me = os.getpid()  # this process itself; its children count as ours only when the runner started them
         # Asked after the snapshot: a child the runner started while the snapshot was taken is already ours.
@@ -226,6 +227,13 @@ class Interference:
     kernel_for_us_cores: float = field(default=0.0, compare=False)
     our_wait_share: float = field(default=0.0, compare=False)  # our threads' run-queue wait per second of wall time
     others_paging: str | None = None  # others read pages back from disk under memory pressure, in words
+    # Whose CPU time ``cpu_cores`` is: the other processes that spent the most, as (name, pid, cores), and what no
+    # process alive at the end of the look accounts for (processes that came and went).
+    cpu_named: tuple[tuple[str, int, float], ...] = field(default=(), compare=False)
+    short_lived_cores: float = field(default=0.0, compare=False)
+    # No program's work (see :mod:`tuner.machine.cpu_time`): evidence, never a reason to be busy.
+    steal_cores: float = field(default=0.0, compare=False)  # the hypervisor withheld the vCPUs
+    irq_cores: float = field(default=0.0, compare=False)  # serving interrupts (irq + softirq)
 
     @property
     def busy(self) -> bool:
@@ -238,9 +246,19 @@ class Interference:
         if self.cpu_cores >= self.cpu_limit_cores:
             waited = f" (our threads waited {self.our_wait_share:.2f} s per s for a CPU)" if self.our_wait_share \
                 else ""
-            parts.append(f"other processes use {self.cpu_cores:.1f} CPU cores{waited}")
+            parts.append(f"other processes use {self.cpu_cores:.1f} CPU cores{self._whose()}{waited}")
         parts += list(self.gpu)
+        if self.steal_cores >= NOTABLE_CORES:
+            parts.append(f"the hypervisor withheld {self.steal_cores:.1f} cores (steal)")
+        if self.irq_cores >= NOTABLE_CORES:
+            parts.append(f"serving interrupts took {self.irq_cores:.1f} cores (irq, softirq)")
         return "; ".join(parts) or "quiet"
+
+    def _whose(self) -> str:
+        who = [f"{name} pid {pid} {cores:.1f}" for name, pid, cores in self.cpu_named]
+        if self.short_lived_cores >= max(NOTABLE_CORES, 0.25 * self.cpu_cores):
+            who.append(f"{'the rest ' if who else ''}{self.short_lived_cores:.1f} by short-lived processes")
+        return f" ({', '.join(who)})" if who else ""
 
     def residents_line(self) -> str | None:
         """The idle residents in one line (None: there are none): what they hold, and why they are no rival."""
@@ -259,7 +277,8 @@ class Interference:
         return "; ".join(parts) or None
 
     def worse(self, other: Interference) -> Interference:
-        """Both observations together: every process seen, the larger CPU load."""
+        """Both observations together: every process seen, the larger CPU load (and whose it was)."""
+        more = self if self.cpu_cores > other.cpu_cores else other
         llama = {p.pid: p for p in (*self.llama, *other.llama)}
         # One line per process (or card) and kind of work: a later look replaces an earlier one (VRAM growth
         # is judged from the watch's start, so the later figure holds the earlier).
@@ -275,7 +294,8 @@ class Interference:
                             self.gpu_error or other.gpu_error,
                             max(self.kernel_for_us_cores, other.kernel_for_us_cores),
                             max(self.our_wait_share, other.our_wait_share),
-                            other.others_paging or self.others_paging)
+                            other.others_paging or self.others_paging, more.cpu_named, more.short_lived_cores,
+                            max(self.steal_cores, other.steal_cores), max(self.irq_cores, other.irq_cores))
 
 
 def _gpu_key(line: str) -> str:
@@ -412,20 +432,25 @@ def observe(own: Collection[int] | Callable[[], Collection[int]] = (), interval_
     second = _View(own)
     elapsed = time.monotonic() - t0
     others = second.others
+    # Each other process's CPU time over the look (with the children it reaped); the kernel's threads are judged below.
+    used = {p.pid: max(0.0, p.cpu_s - before.get(p.pid, 0.0)) for p in others if p.pid not in second.kernel_cpu}
+    machine = second.cpu - first.cpu
     # The kernel's threads worked for whoever brought pages in meanwhile (see the module's docstring).
     kernel_s = sum(max(0.0, t - first.kernel_cpu.get(pid, 0.0)) for pid, t in second.kernel_cpu.items())
     machine_ins = max(0, second.machine_page_ins - first.machine_page_ins)
     our_ins = sum(max(0, n - first.ours_page_ins.get(pid, 0)) for pid, n in second.ours_page_ins.items())
     if second.root is None:  # the whole machine's work, minus ours (short-lived processes are in both sums)
         their_ins = max(0, machine_ins - our_ins)
-        spent = (second.busy_cpu_s - first.busy_cpu_s) - (second.ours_cpu_s() - ours_before) - kernel_s + \
+        spent = machine.work_s - (second.ours_cpu_s() - ours_before) - kernel_s + \
             pressure.kernel_share(kernel_s, their_ins, machine_ins)
     else:
         their_ins = sum(max(0, pressure.page_ins(p.pid) - page_ins_before.get(p.pid, 0)) for p in others)
-        spent = sum(max(0.0, p.cpu_s - before.get(p.pid, 0.0)) for p in others) + \
-            pressure.kernel_share(kernel_s, their_ins, machine_ins)
+        spent = sum(used.values()) + pressure.kernel_share(kernel_s, their_ins, machine_ins)
     timed = elapsed >= MIN_CPU_WINDOW_S
-    cores = max(0.0, spent) / elapsed if timed else 0.0
+    per_s = 1 / elapsed if timed else 0.0
+    cores = max(0.0, spent) * per_s
+    top = sorted((p for p in others if p.pid in used), key=lambda p: used[p.pid], reverse=True)[:NAMED_AT_MOST]
+    named = tuple((p.name, p.pid, used[p.pid] * per_s) for p in top if used[p.pid] * per_s >= NOTABLE_CORES)
     for_us = pressure.kernel_share(kernel_s, our_ins, machine_ins) / elapsed if timed else 0.0
     their_mib_s = their_ins * pressure.PAGE_BYTES / 2**20 / elapsed if timed else 0.0
     stalled = (second.psi["memory"][0] - first.psi["memory"][0]) / 1e4 / elapsed \
@@ -435,9 +460,8 @@ def observe(own: Collection[int] | Callable[[], Collection[int]] = (), interval_
     waited = max(0, second.ours_wait_ns - first.ours_wait_ns) / 1e9 / elapsed if timed else 0.0
     # An engine is a rival while it works, not while it idles (its CPU time is exact, whatever else runs).
     kin = [p for p in others if p.name.startswith(LLAMA_PREFIX)]
-    used = {p.pid: max(0.0, p.cpu_s - before.get(p.pid, 0.0)) / elapsed if timed else 0.0 for p in kin}
-    llama = tuple(_llama(p.pid, p.name, used[p.pid]) for p in kin
-                  if is_engine(p.name) and used[p.pid] >= LLAMA_WORK_CORES)
+    llama = tuple(_llama(p.pid, p.name, used[p.pid] * per_s) for p in kin
+                  if is_engine(p.name) and used[p.pid] * per_s >= LLAMA_WORK_CORES)
     at_work = {p.pid for p in llama}
     look = _GpuLook({}, [], {})
     if gpu:
@@ -455,7 +479,8 @@ def observe(own: Collection[int] | Callable[[], Collection[int]] = (), interval_
     return Interference(llama, cores, tuple(dict.fromkeys(look.work)), cpu_limit_cores(threads), residents,
                         tuple((pid, used) for pid, (_, used) in vram_first.items()), idle_llama,
                         sum(held for _, held in idle.values()), look.total_bytes, look.free_bytes, gpu_error, for_us,
-                        waited, paging)
+                        waited, paging, named, max(0.0, cores - sum(used.values()) * per_s),
+                        max(0.0, machine.steal_s) * per_s, max(0.0, machine.interrupts_s) * per_s)
 
 
 def _nvml_error(exc: Exception) -> str:
