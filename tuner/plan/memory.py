@@ -364,11 +364,9 @@ def estimate(model: ModelInfo, cfg: LaunchConfig, hw: Hardware, draft: ModelInfo
     # Logits of every slot are copied back to a host output buffer.
     host_overhead = r.n_seq * model.n_vocab * 4
     copy = 0
-    if backend == "cuda":
+    if backend == "cuda":  # --no-op-offload: host weights' ops stay on the CPU (ggml_backend_sched_new's op_offload)
         host_weights = [t for t, w in zip(loaded, where, strict=True)
                         if w is not None and t.klass is not TensorClass.TOKEN_EMBD and len(t.shape) >= 2]
-        # --no-op-offload: host weights' ops stay on the CPU, nothing is copied up (llama_context passes
-        # cparams.op_offload to ggml_backend_sched_new).
         if cfg.op_offload and r.n_ubatch >= OP_OFFLOAD_MIN_BATCH and host_weights:
             copy = max(cuda_alloc_bytes(t) for t in host_weights)
         gpu_compute, host_compute = split_compute_bytes(model, r, cfg, host_weights)
@@ -398,8 +396,7 @@ MATRIX_ROW_PADDING = 512  # ggml-cuda/common.cuh
 
 
 def cuda_alloc_bytes(t: TensorInfo) -> int:
-    """``ggml_backend_cuda_buffer_type_get_alloc_size``: a quantized tensor whose rows are not a multiple of 512
-    gets one row's worth of padding to 512 more."""
+    """``ggml_backend_cuda_buffer_type_get_alloc_size``: a quantized tensor's rows are padded to a multiple of 512."""
     pad = (-t.shape[0]) % MATRIX_ROW_PADDING
     if not pad or t.ggml_type in ("F32", "F16", "BF16"):
         return t.n_bytes
@@ -418,11 +415,11 @@ def split_compute_bytes(model: ModelInfo, r: Resolved, cfg: LaunchConfig, host_w
         shape = replace(reserve_shape(model, r, cfg), split=True, offload_min_batch=offload,
                         host_weights=tuple((t.name, cuda_alloc_bytes(t)) for t in host_weights))
         return _reserve_bytes(model, shape)
-    copy = 0 if not (offload and r.n_ubatch >= offload and host_weights) else max(t.n_bytes for t in host_weights) \
-        + _mask_cells(r) * r.n_ubatch * (2 if r.flash_attn else 4) + _moe_activation_bytes(model, r.n_ubatch)
-    host = r.n_ubatch * 4 * (model.n_embd * 2 + 3 * model.n_expert_used * model.n_ff_exp
-                                   * (r.n_cpu_moe > 0 or r.n_gpu_layers <= model.n_layer))
-    return max(fitted_compute_bytes(model, r), copy), host
+    act = _mask_cells(r) * r.n_ubatch * (2 if r.flash_attn else 4) + _moe_activation_bytes(model, r.n_ubatch)
+    copy = max(t.n_bytes for t in host_weights) + act if offload and r.n_ubatch >= offload and host_weights else 0
+    on_host = r.n_cpu_moe > 0 or r.n_gpu_layers <= model.n_layer
+    return max(fitted_compute_bytes(model, r), copy), r.n_ubatch * 4 * (model.n_embd * 2 + 3 * model.n_expert_used
+                                                                         * model.n_ff_exp * on_host)
 
 
 def _plus(a: Breakdown, b: Breakdown) -> Breakdown:
