@@ -95,7 +95,7 @@ def main() -> int:
         for extra, cfg in configs(path, contexts, ubatches):
             engine = breakdown.fit_params_breakdown(loc, cfg).host_total("compute")
             before = memory.fitted_compute_bytes(info, memory.resolve(info, cfg, "cpu")) // MIB
-            after = memory.estimate(info, cfg, CPU_ONLY).host.compute_bytes // MIB
+            after = memory.estimate(info, cfg, CPU_ONLY, fit_params=True).host.compute_bytes // MIB
             ok_before = engine_agrees(before, engine, info.tensor_bytes)
             ok_after = engine_agrees(after, engine, info.tensor_bytes)
             n, n_before, n_after = n + 1, n_before + ok_before, n_after + ok_after

@@ -103,7 +103,7 @@ def compare(info: gguf_reader.ModelInfo, cfg: LaunchConfig, truth: breakdown.Mem
     """(component, predicted MiB, llama.cpp MiB) for weights, context and compute on the host side."""
     if projected and cfg.parallel is None:
         cfg = replace(cfg, parallel=1)  # llama-fit-params defaults to one slot; llama-server to 4
-    est = memory.estimate(info, cfg, CPU_ONLY)
+    est = memory.estimate(info, cfg, CPU_ONLY, fit_params=projected)
     h = est.host
     weights = est.engine_host_weights_bytes
     if projected:

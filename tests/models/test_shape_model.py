@@ -88,7 +88,7 @@ def test_llama_cpp_projects_each_shape_and_the_model_agrees(target, shapes, engi
     for cfg in (base, replace(base, ctx=131072, cache_type_k=CacheType.Q8_0, cache_type_v=CacheType.Q8_0,
                               flash_attn=FlashAttn.ON, ubatch=1024)):
         truth = breakdown.fit_params_breakdown(engine_loc, cfg)
-        est = memory.estimate(info, cfg, CPU)
+        est = memory.estimate(info, cfg, CPU, fit_params=True)
         pairs = [(est.engine_host_weights_bytes - est.repack_bytes, truth.host_total("model")),
                  (est.host.context_bytes, truth.host_total("context")),
                  (est.host.compute_bytes, truth.host_total("compute"))]

@@ -39,7 +39,7 @@ def _sweep(engine_loc, path, contexts, ubatches) -> list[str]:
     for ctx, fa, ub in itertools.product(contexts, (FlashAttn.ON, FlashAttn.OFF), ubatches):
         cfg = LaunchConfig(model=path, ctx=ctx, flash_attn=fa, ubatch=ub, batch=ub, parallel=1)
         engine = breakdown.fit_params_breakdown(engine_loc, cfg).host_total("compute")
-        ours = memory.estimate(info, cfg, CPU).host.compute_bytes // MIB
+        ours = memory.estimate(info, cfg, CPU, fit_params=True).host.compute_bytes // MIB
         if not engine_agrees(ours, engine, info.tensor_bytes):
             off.append(f"c{ctx} fa-{fa.value} ub{ub}: ours {ours} MiB, llama.cpp {engine} MiB")
     return off
@@ -67,7 +67,7 @@ def test_compute_buffer_with_slots_and_quantized_caches(small_shapes, engine_loc
                     replace(base, cache_type_k=CacheType.Q8_0, cache_type_v=CacheType.Q8_0),
                     replace(base, cache_type_k=CacheType.Q4_0, flash_attn=FlashAttn.OFF)):
             engine = breakdown.fit_params_breakdown(engine_loc, cfg).host_total("compute")
-            ours = memory.estimate(info, cfg, CPU).host.compute_bytes // MIB
+            ours = memory.estimate(info, cfg, CPU, fit_params=True).host.compute_bytes // MIB
             if not engine_agrees(ours, engine, info.tensor_bytes):
                 off.append(f"{arch} np{cfg.parallel} {cfg.cache_type_k.value}/{cfg.cache_type_v.value} "
                            f"fa-{cfg.flash_attn.value}: ours {ours} MiB, llama.cpp {engine} MiB")

@@ -20,7 +20,7 @@ GPU_12G = Hardware("RTX 3060", 12 * 2**30, 12 * 2**30, 360e9, 31.5e9, 64 * 2**30
 def _check(info, cfg, truth, projected: bool) -> None:
     if projected and cfg.parallel is None:
         cfg = replace(cfg, parallel=1)  # llama-fit-params defaults to one slot; llama-server to 4
-    est = memory.estimate(info, cfg, CPU)
+    est = memory.estimate(info, cfg, CPU, fit_params=projected)
     weights = est.engine_host_weights_bytes
     if projected:  # the projection maps without the repacked tensors; the plain table drops CPU_REPACK
         weights -= est.repack_bytes
@@ -123,7 +123,7 @@ def real_shapes(tmp_path_factory):
 def test_real_scale_figures(target, ctx, fa, ub, component, engine_mib, real_shapes):
     info = real_shapes[target]
     cfg = LaunchConfig(model=info.paths[0], ctx=ctx, flash_attn=fa, ubatch=ub, batch=2048, parallel=1)
-    est = memory.estimate(info, cfg, CPU)
+    est = memory.estimate(info, cfg, CPU, fit_params=True)
     got = est.host.compute_bytes if component == "compute" else est.host.context_bytes
     assert engine_agrees(got // MIB, engine_mib, info.tensor_bytes), (got // MIB, engine_mib)
 
@@ -263,7 +263,7 @@ def test_compute_buffer_at_ubatch_4096_matches_llama_fit_params(target, ctx, ub_
     info = ub_shapes[target]
     cfg = LaunchConfig(model=info.paths[0], ctx=ctx, ubatch=4096, batch=4096, flash_attn=FlashAttn.ON, parallel=1)
     truth = breakdown.fit_params_breakdown(engine_loc, cfg)
-    est = memory.estimate(info, cfg, CPU)
+    est = memory.estimate(info, cfg, CPU, fit_params=True)
     for ours, part in ((est.host.compute_bytes, "compute"), (est.host.context_bytes, "context")):
         assert engine_agrees(ours // MIB, truth.host_total(part), info.tensor_bytes), (part, ours // MIB, truth)
     assert truth.host_total("compute") > 3 * memory.estimate(info, replace(cfg, ubatch=None, batch=None),

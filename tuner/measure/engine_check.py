@@ -26,4 +26,5 @@ def engine_check(loc: EngineLocation, info: ModelInfo, base: LaunchConfig, hw: H
     cpu_fallback = gpu is None and hw.has_gpu
     if cpu_fallback:
         hw = hw.cpu_only()
-    return engine_check_rows(estimate(info, cfg, hw), cfg.mmap, host, gpu, info.tensor_bytes), cpu_fallback
+    est = estimate(info, cfg, hw, fit_params=True)
+    return engine_check_rows(est, cfg.mmap, host, gpu, info.tensor_bytes), cpu_fallback

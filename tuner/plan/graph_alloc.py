@@ -28,7 +28,7 @@ class Tensor:
     """A ggml tensor's shape, strides, op and sources; ``external`` when its data lives elsewhere (weights, cache)."""
 
     __slots__ = ("ne", "es", "nb", "op", "src", "view_src", "external", "is_input", "is_output",
-                 "n_children", "n_views", "allocated", "offset")
+                 "n_children", "n_views", "allocated", "offset", "host", "copy_bytes")
 
     def __init__(self, ne: Sequence[int], es: int, op: str = "NONE", src: Sequence[Tensor] = (),
                  nb: Sequence[int] | None = None, view_src: Tensor | None = None, external: bool = False,
@@ -41,6 +41,8 @@ class Tensor:
         self.n_children = self.n_views = 0
         self.allocated = False
         self.offset = 0
+        self.host = False  # placed on the CPU backend beside a GPU (tuner.plan.graph_arch's split graph)
+        self.copy_bytes = 0  # a host weight: what its copy in the GPU buffer takes
 
     @property
     def nbytes(self) -> int:
@@ -214,7 +216,6 @@ class _FreeBlocks:
         self.alignment = alignment
         self.blocks: list[list[int]] = [[0, 1 << 62]]
         self.max_size = 0
-        self.in_use = 0  # bytes held by live tensors (not ggml's: for the op-offload estimate)
 
     def _align(self, size: int) -> int:
         return -(-size // self.alignment) * self.alignment
@@ -235,12 +236,10 @@ class _FreeBlocks:
         if block[1] == 0:
             del self.blocks[best]
         self.max_size = max(self.max_size, offset + size)
-        self.in_use += size
         return offset
 
     def free(self, offset: int, size: int) -> None:
         size = self._align(size)
-        self.in_use -= size
         blocks = self.blocks
         for i, block in enumerate(blocks):
             if block[0] + block[1] == offset:
@@ -266,9 +265,16 @@ def reserve_bytes(graph: Graph, alignment: int = TENSOR_ALIGNMENT) -> int:
 
 
 def reserve(graph: Graph, alignment: int = TENSOR_ALIGNMENT) -> tuple[int, int]:
-    """(the buffer ``ggml_gallocr_reserve_n`` sizes for ``graph``, the most bytes live while an expert matmul runs)."""
-    mem = _FreeBlocks(alignment)
-    expert_live = 0
+    """(the buffer ``ggml_gallocr_reserve_n`` sizes for ``graph``'s device nodes, the one for its host nodes).
+
+    Without ``host`` tensors everything is one buffer (the CPU backend alone) and the second figure is 0. With them
+    the graph is the one ``ggml_backend_sched_split_graph`` hands the allocator beside a GPU: host tensors go to
+    the host buffer; a device node that reads a host tensor reads its copy in the device buffer (pass 5's
+    ``tensor_id_copy``, made once per tensor and live until its last device reader); a device node that reads a
+    host weight (op offload) reads a copy made at the start of the node's own split and dropped after it."""
+    mem, host_mem = _FreeBlocks(alignment), _FreeBlocks(alignment)
+    copies: dict[int, Tensor] = {}
+    readers: dict[int, int] = {}  # device readers left per host tensor
 
     def allocate(t: Tensor) -> None:
         if t.external or t.allocated or t.is_view:
@@ -276,17 +282,23 @@ def reserve(graph: Graph, alignment: int = TENSOR_ALIGNMENT) -> tuple[int, int]:
         t.allocated = True
         if t.op in INPLACE_OPS:
             for p in t.src:
-                if (p.allocated and not p.is_output and p.n_children == 1 and p.n_views == 0
+                if (p.allocated and not p.is_output and p.n_children == 1 and p.n_views == 0 and p.host == t.host
                         and p.es == t.es and p.ne == t.ne and p.nb == t.nb):
                     t.offset = p.offset  # ggml_gallocr_allocate_node: reuse the parent (same layout, no extra)
                     p.allocated = False
                     return
-        t.offset = mem.alloc(t.nbytes)
+        t.offset = (host_mem if t.host else mem).alloc(t.nbytes)
 
     def release(t: Tensor) -> None:
         if not t.is_output:
-            mem.free(t.offset, t.nbytes)
+            (host_mem if t.host else mem).free(t.offset, t.nbytes)
             t.allocated = False
+
+    def device_copy(s: Tensor) -> None:
+        """A host tensor read on the device: its copy, allocated at the first device reader."""
+        if id(s) not in copies:
+            copies[id(s)] = Tensor(s.ne, s.es)
+            allocate(copies[id(s)])
 
     for leaf in graph.leafs:
         allocate(leaf)
@@ -299,13 +311,24 @@ def reserve(graph: Graph, alignment: int = TENSOR_ALIGNMENT) -> tuple[int, int]:
             s.n_children += 1
             if s.is_input:
                 allocate(s)
+            if s.host and not node.host and not s.external:
+                readers[id(s)] = readers.get(id(s), 0) + 1
     for node in graph.nodes:
         for s in node.src:
             allocate(s)
+            if s.host and not node.host and not s.external:
+                device_copy(s)
+        weight_copies = [Tensor((s.copy_bytes,), 1) for s in node.src if s.copy_bytes and not node.host]
+        for c in weight_copies:
+            allocate(c)
         allocate(node)
-        if node.op == "MUL_MAT_ID":
-            expert_live = max(expert_live, mem.in_use)
+        for c in weight_copies:
+            release(c)
         for p in node.src:
+            if p.host and not node.host and not p.external:
+                readers[id(p)] -= 1
+                if readers[id(p)] == 0:
+                    release(copies[id(p)])
             p.n_children -= 1
             if p.n_children == 0 and p.n_views == 0:
                 if p.is_view:
@@ -316,7 +339,7 @@ def reserve(graph: Graph, alignment: int = TENSOR_ALIGNMENT) -> tuple[int, int]:
                         release(base)
                 elif p.allocated:
                     release(p)
-    return mem.max_size, expert_live
+    return mem.max_size, host_mem.max_size
 
 
 def mark_outputs(tensors: Iterable[Tensor]) -> None:

@@ -35,6 +35,12 @@ class ReserveShape:
     flash_attn: bool
     quant_k: bool  # a quantized K cache: K (and Q) go through a Hadamard rotation first
     quant_v: bool
+    n_outputs: int = 0  # rows the reserve graph outputs (``out_ids``); 0: every token
+    # Beside a GPU (``ggml_backend_sched_split_graph``): the inputs and the token embedding's GET_ROWS run on the
+    # host, and these host weights' matmuls, when offloaded, read a copy of the weight (name → bytes it takes).
+    split: bool = False
+    host_weights: tuple[tuple[str, int], ...] = ()
+    offload_min_batch: int = 0  # 0: --no-op-offload
 
 
 class _Builder:
@@ -45,13 +51,33 @@ class _Builder:
         self.E = model.n_embd
         nextn = {t.layer for t in model.tensors if t.layer is not None and ".nextn." in t.name}
         self.n_layer = model.n_layer - len(nextn)
+        self.host_weights = dict(shape.host_weights)
+
+    def out_ids(self) -> Tensor:
+        return g.inp(self.s.n_outputs or self.T, es=I32)
+
+    def offload(self, node: Tensor, batch: int) -> Tensor:
+        """``ggml_backend_sched_backend_id_from_cur``: a matmul whose weight is on the host runs on the GPU, reading
+        a copy of the weight, when ``ggml_backend_cuda_device_offload_op`` takes it (batch >= the minimum, 32);
+        else on the host."""
+        w = node.src[0]
+        if w.copy_bytes:
+            if self.s.offload_min_batch and batch >= self.s.offload_min_batch:
+                return node
+            w.copy_bytes = 0
+        if w.host:
+            node.host = True
+        return node
 
     def has(self, il: int, name: str) -> bool:
         return f"blk.{il}.{name}" in self.names
 
     def w(self, name: str) -> Tensor:
         shape = self.names.get(name)
-        return g.weight(*(shape or (1,)))
+        t = g.weight(*(shape or (1,)))
+        if name in self.host_weights:
+            t.host, t.copy_bytes = True, self.host_weights[name]
+        return t
 
     def lw(self, il: int, name: str) -> Tensor:
         return self.w(f"blk.{il}.{name}")
@@ -67,6 +93,7 @@ class _Builder:
         tokens = g.inp(self.T, es=I32)
         embd = g.inp(self.E, self.T)  # the vector-embeddings input: allocated, never read (ggml_build_forward_select)
         rows = g.get_rows(self.w("token_embd.weight"), tokens)
+        rows.host = self.s.split  # the embedding stays on the host and GET_ROWS is never offloaded
         self.gf.expand(rows, embd)
         return rows
 
@@ -154,7 +181,7 @@ class _Builder:
 
     def moe(self, cur: Tensor, il: int, gating: str, norm_w: bool) -> Tensor:
         """``build_moe_ffn``: router, top-k, the used experts' up/gate/down, weighting, the sum over experts."""
-        m, T, E = self.m, self.T, self.E
+        m, T, E = self.m, cur.ne[1], self.E
         n_exp, n_used = m.n_expert, m.n_expert_used
         logits = g.mul_mat(self.lw(il, "ffn_gate_inp.weight"), cur)
         if self.has(il, "ffn_gate_inp.bias"):
@@ -174,13 +201,13 @@ class _Builder:
             weights = g.reshape(g.same_shape("DIV", w2, total), 1, n_used, T)
         self.gf.expand(weights)
         x = g.reshape(cur, E, 1, T)
-        up = g.mul_mat_id(self.lw(il, "ffn_up_exps.weight"), x, selected)
+        up = self.offload(g.mul_mat_id(self.lw(il, "ffn_up_exps.weight"), x, selected), T)
         if self.has(il, "ffn_up_exps.bias"):
             up = g.same_shape("ADD_ID", up, self.lw(il, "ffn_up_exps.bias"), selected)
-        gate = g.mul_mat_id(self.lw(il, "ffn_gate_exps.weight"), x, selected)
+        gate = self.offload(g.mul_mat_id(self.lw(il, "ffn_gate_exps.weight"), x, selected), T)
         if self.has(il, "ffn_gate_exps.bias"):
             gate = g.same_shape("ADD_ID", gate, self.lw(il, "ffn_gate_exps.bias"), selected)
-        experts = g.mul_mat_id(self.lw(il, "ffn_down_exps.weight"), g.glu(gate, up), selected)
+        experts = self.offload(g.mul_mat_id(self.lw(il, "ffn_down_exps.weight"), g.glu(gate, up), selected), T)
         if self.has(il, "ffn_down_exps.bias"):
             experts = g.same_shape("ADD_ID", experts, self.lw(il, "ffn_down_exps.bias"), selected)
         experts = g.same_shape("MUL", experts, weights)
@@ -228,7 +255,7 @@ def _transformer(b: _Builder) -> None:
     pos = g.inp(T, es=I32)
     base = b.attn_inputs(swa=False)
     swa = b.attn_inputs(swa=True) if arch == "gpt-oss" else base
-    out_ids = g.inp(T, es=I32)
+    out_ids = b.out_ids()
     hd = m.head_dim_k
     for il in range(b.n_layer):
         inpSA = inpL
@@ -295,7 +322,7 @@ def _hybrid(b: _Builder) -> None:
     copy_ids = g.inp(1, es=I32)  # build_rs_inp: one recurrent state per sequence, no extra ones
     s_copy = (g.view(copy_ids, (1,)), g.view(copy_ids, (0,)))
     pos = g.inp(T * (4 if m.arch in ("qwen35moe", "qwen35") else 1), es=I32)  # M-RoPE: 4 positions per token
-    out_ids = g.inp(T, es=I32)
+    out_ids = b.out_ids()
     for il in range(b.n_layer):
         inpSA = inpL
         cur = b.norm(inpL, il, "attn_norm.weight")
@@ -429,12 +456,15 @@ def reserve_graph(model: ModelInfo, shape: ReserveShape) -> Graph:
         _hybrid(b)
     else:
         _transformer(b)
+    if shape.split:  # ggml_backend_sched_backend_id_from_cur: graph inputs go to the last backend, the CPU
+        for leaf in b.gf.leafs:
+            leaf.host = leaf.host or leaf.is_input
     return b.gf
 
 
 def compute_buffer_bytes(model: ModelInfo, shape: ReserveShape) -> tuple[int, int]:
-    """(the CPU compute buffer llama.cpp reserves for ``model`` at ``shape``, the bytes live at its largest expert
-    matmul): the reserve graph placed by ggml's allocator, as the engine does."""
+    """(the compute buffer llama.cpp reserves for ``model`` at ``shape`` on the device, or on the CPU when there is
+    no GPU; the host's beside a GPU, else 0): the reserve graph placed by ggml's allocator, as the engine does."""
     return g.reserve(reserve_graph(model, shape))
 
 

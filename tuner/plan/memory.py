@@ -7,8 +7,9 @@ the KV of a layer lives where the layer lives.
 
 Two backends are modelled separately. CPU: validated against the engine's own breakdown (see
 ``scripts/bench_memory_model.py``; the compute buffer, built as the engine builds it by tuner.plan.graph_arch,
-in ``scripts/bench_compute_buffer.py``). CUDA: the same placement and KV arithmetic, the CPU compute-buffer
-model applied to the device, plus a fixed CUDA context overhead; not validated on a GPU here.
+in ``scripts/bench_compute_buffer.py``). CUDA: the same placement and KV arithmetic; the compute buffers are the
+same graph split as ``ggml_backend_sched_split_graph`` splits it (host inputs, device copies, op offload), checked
+against an H100's own breakdown (results/benchmarks/gpu-lease-2); plus a fixed CUDA context overhead.
 
 Host RAM is the engine's buffer placement for the backend planned for (:func:`host_buffer`): each host
 tensor lives in exactly one buffer, pinned (CUDA_Host), repacked (CPU_REPACK), mapped from the file
@@ -19,6 +20,7 @@ or were read into anonymous memory) is *reclaimable*: the kernel drops it under 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields, replace
 from enum import Enum
 
@@ -129,9 +131,13 @@ class Resolved:
     flash_attn: bool
     n_gpu_layers: int
     n_cpu_moe: int
+    n_outputs: int  # rows of logits the reserve graph computes
 
 
-def resolve(model: ModelInfo, cfg: LaunchConfig, backend: str) -> Resolved:
+def resolve(model: ModelInfo, cfg: LaunchConfig, backend: str, fit_params: bool = False) -> Resolved:
+    """``fit_params``: as llama-fit-params projects it, every token of the ubatch an output (``n_outputs_max``
+    defaults to ``n_batch``); llama-server caps the outputs at one per slot plus its drafts
+    (``server_output_limits`` → ``common_speculative_get_output_limits``)."""
     ctx = cfg.ctx if cfg.ctx else model.ctx_train
     n_seq = cfg.parallel if cfg.parallel else DEFAULT_PARALLEL
     unified = cfg.kv_unified if cfg.kv_unified is not None else cfg.parallel is None
@@ -146,7 +152,9 @@ def resolve(model: ModelInfo, cfg: LaunchConfig, backend: str) -> Resolved:
     if backend == "cpu":
         ngl = 0
     n_cpu_moe = min(cfg.n_cpu_moe or 0, model.n_layer)
-    return Resolved(n_ctx, n_seq, unified, n_ubatch, fa, ngl, n_cpu_moe)
+    # With speculation the draft length depends on the type's defaults: every token, as a bound.
+    n_outputs = n_ubatch if fit_params or cfg.spec_types else min(n_ubatch, n_seq)
+    return Resolved(n_ctx, n_seq, unified, n_ubatch, fa, ngl, n_cpu_moe, n_outputs)
 
 
 def effective_config(cfg: LaunchConfig, physical_cores: int) -> LaunchConfig:
@@ -245,15 +253,6 @@ def compute_bytes(model: ModelInfo, r: Resolved, cfg: LaunchConfig | None = None
     return _reserve_bytes(model, reserve_shape(model, r, cfg))[0]
 
 
-def expert_phase_bytes(model: ModelInfo, r: Resolved, cfg: LaunchConfig | None = None) -> int:
-    """What is live in the compute buffer while a layer's routed experts run (the reserve graph's allocator at its
-    largest MUL_MAT_ID), the activations a host expert weight copied up for op offload sits beside. Architectures
-    without a graph: the KQ mask plus the routed experts' activations (:func:`_moe_activation_bytes`)."""
-    if model.arch not in GRAPH_ARCHS:
-        return _mask_cells(r) * r.n_ubatch * (2 if r.flash_attn else 4) + _moe_activation_bytes(model, r.n_ubatch)
-    return _reserve_bytes(model, reserve_shape(model, r, cfg))[1]
-
-
 def reserve_shape(model: ModelInfo, r: Resolved, cfg: LaunchConfig | None = None) -> ReserveShape:
     """What the reserve graph is built for: ``graph_reserve`` rounds the tokens up to a multiple of the slots; a
     split cache gives each slot its own stream of cells; quantized K/V caches add a Hadamard rotation."""
@@ -266,15 +265,14 @@ def reserve_shape(model: ModelInfo, r: Resolved, cfg: LaunchConfig | None = None
     type_v = cfg.cache_type_v if cfg is not None else CacheType.F16
     plain = (CacheType.F16, CacheType.F32, CacheType.BF16)
     return ReserveShape(n_tokens, _mask_cells(r), n_kv_swa, n_stream, r.flash_attn, type_k not in plain,
-                        type_v not in plain)
+                        type_v not in plain, min(r.n_outputs, n_tokens))
 
 
 _RESERVED: dict[tuple[int, ReserveShape], tuple[ModelInfo, tuple[int, int]]] = {}
 
 
 def _reserve_bytes(model: ModelInfo, shape: ReserveShape) -> tuple[int, int]:
-    """Memoized by the model's identity (hashing a header's tensor list would cost more than a lookup should):
-    plans and searches price the same model at the same shape many times."""
+    """Memoized by the model's identity: plans and searches price the same model at one shape many times."""
     key = (id(model), shape)
     hit = _RESERVED.get(key)
     if hit is not None and hit[0] is model:
@@ -287,10 +285,8 @@ def _reserve_bytes(model: ModelInfo, shape: ReserveShape) -> tuple[int, int]:
 
 
 def fitted_compute_bytes(model: ModelInfo, r: Resolved) -> int:
-    """The former closed formula (architectures without a graph in tuner.plan.graph_arch): the larger of an
-    attention peak (the KQ mask, f16 with flash attention and f32 without, the f32 KQ scores without it, per-token
-    activations, the routed experts' activations with flash attention) and an output peak (the logits of every
-    token plus three embedding-wide tensors), fitted to the CPU backend's figures on six real shapes."""
+    """The former closed formula (architectures without a graph): the larger of an attention peak (mask, KQ scores
+    without flash attention, activations) and an output peak (every token's logits), fitted on six CPU shapes."""
     n_tok = r.n_ubatch
     n_q = model.n_head * model.head_dim_k
     moe = _moe_activation_bytes(model, n_tok)
@@ -311,8 +307,7 @@ def fitted_compute_bytes(model: ModelInfo, r: Resolved) -> int:
 
 
 def _moe_activation_bytes(model: ModelInfo, n_tok: int) -> int:
-    """Routed experts of one layer: gate, up and activation per used expert, the expert outputs, and a few
-    embedding-wide residual tensors. At long contexts this, with the mask still live, is the peak."""
+    """Routed experts of one layer: gate, up, activation and output per used expert, a few residual tensors."""
     return n_tok * 4 * (model.n_expert_used * (3 * model.n_ff_exp + model.n_embd) + 5 * model.n_embd)
 
 
@@ -327,10 +322,12 @@ def mtp_layers(model: ModelInfo) -> frozenset[int]:
     return frozenset(t.layer for t in model.tensors if t.layer is not None and ".nextn." in t.name)
 
 
-def estimate(model: ModelInfo, cfg: LaunchConfig, hw: Hardware, draft: ModelInfo | None = None) -> MemoryEstimate:
-    """``draft``: the header of ``cfg.draft_model`` when speculation drafts with a second model."""
+def estimate(model: ModelInfo, cfg: LaunchConfig, hw: Hardware, draft: ModelInfo | None = None, *,
+             fit_params: bool = False) -> MemoryEstimate:
+    """``draft``: the header of ``cfg.draft_model`` when speculation drafts with a second model. ``fit_params``:
+    the compute buffer as llama-fit-params projects it (every token an output), not as llama-server reserves it."""
     backend = "cuda" if hw.has_gpu else "cpu"
-    r = resolve(model, cfg, backend)
+    r = resolve(model, cfg, backend, fit_params)
     skipped = mtp_layers(model)
     gpu_w = 0
     loaded: list[TensorInfo] = []
@@ -364,29 +361,27 @@ def estimate(model: ModelInfo, cfg: LaunchConfig, hw: Hardware, draft: ModelInfo
             gpu_kv, gpu_rec = gpu_kv + kv, gpu_rec + rec
         else:
             host_kv, host_rec = host_kv + kv, host_rec + rec
-    graph = compute_bytes(model, r, cfg)
-    # --no-op-offload: host weights' ops stay on the CPU, nothing is copied up (llama_context passes
-    # cparams.op_offload to ggml_backend_sched_new).
-    copy = offload_copy_bytes(model, r, loaded, where, cfg) if backend == "cuda" and cfg.op_offload else 0
     # Logits of every slot are copied back to a host output buffer.
     host_overhead = r.n_seq * model.n_vocab * 4
-    if backend == "cuda":
-        any_host_layers = r.n_cpu_moe > 0 or r.n_gpu_layers < model.n_layer + 1
-        host_compute = r.n_ubatch * 4 * model.n_embd * 2
-        if any_host_layers:
-            host_compute += r.n_ubatch * 4 * 3 * model.n_expert_used * model.n_ff_exp
-        gpu = Breakdown(gpu_w, int(gpu_kv), gpu_rec, max(graph, copy), CUDA_CONTEXT_BYTES)
+    copy = 0
+    if backend == "cuda":  # --no-op-offload: host weights' ops stay on the CPU (ggml_backend_sched_new's op_offload)
+        host_weights = [t for t, w in zip(loaded, where, strict=True)
+                        if w is not None and t.klass is not TensorClass.TOKEN_EMBD and len(t.shape) >= 2]
+        if cfg.op_offload and r.n_ubatch >= OP_OFFLOAD_MIN_BATCH and host_weights:
+            copy = max(cuda_alloc_bytes(t) for t in host_weights)
+        gpu_compute, host_compute = split_compute_bytes(model, r, cfg, host_weights)
+        gpu = Breakdown(gpu_w, int(gpu_kv), gpu_rec, gpu_compute, CUDA_CONTEXT_BYTES)
         host = Breakdown(host_w, int(host_kv), host_rec, host_compute, host_overhead)
     else:
         gpu = Breakdown()
-        host = Breakdown(host_w, int(host_kv), host_rec, graph, host_overhead)
+        host = Breakdown(host_w, int(host_kv), host_rec, compute_bytes(model, r, cfg), host_overhead)
     if cfg.spec_types:
         gpu, host = speculation_bytes(model, cfg, hw, r, gpu, host, draft)
     host = replace(host, reuse_bytes=checkpoints_bytes(model, cfg, r) + prompt_cache_bytes(cfg))
     verdict = judge(gpu, host, hw)
     buffers = tuple((b.value, n) for b, n in by_buffer.items() if n)
     return MemoryEstimate(backend, gpu, host, repack, mapped, r.n_ctx, r.n_seq, r.n_ubatch, r.flash_attn, verdict,
-                          buffers, span, reclaimable, copy if copy > graph else 0)
+                          buffers, span, reclaimable, copy)
 
 
 def _mapped_span(loaded: list[TensorInfo], where: list[HostBuffer | None]) -> int:
@@ -397,27 +392,34 @@ def _mapped_span(loaded: list[TensorInfo], where: list[HostBuffer | None]) -> in
 
 
 OP_OFFLOAD_MIN_BATCH = 32  # ggml-cuda's op_offload_min_batch_size default
+MATRIX_ROW_PADDING = 512  # ggml-cuda/common.cuh
 
 
-def offload_copy_bytes(model: ModelInfo, r: Resolved, loaded: list[TensorInfo], where: list[HostBuffer | None],
-                       cfg: LaunchConfig | None = None) -> int:
-    """GPU compute buffer when a batch of >= 32 tokens runs a host weight's matmul on the GPU.
+def cuda_alloc_bytes(t: TensorInfo) -> int:
+    """``ggml_backend_cuda_buffer_type_get_alloc_size``: a quantized tensor's rows are padded to a multiple of 512."""
+    pad = (-t.shape[0]) % MATRIX_ROW_PADDING
+    if not pad or t.ggml_type in ("F32", "F16", "BF16"):
+        return t.n_bytes
+    return t.n_bytes + t.n_bytes * pad // math.prod(t.shape)
 
-    ``ggml_backend_cuda_device_offload_op`` takes a MUL_MAT / MUL_MAT_ID of at least 32 tokens to the GPU
-    even when the weight lives on the host (never GET_ROWS: the token embedding stays). The scheduler
-    (``ggml_backend_sched_split_graph``) then copies the weight into the GPU's compute buffer at its full
-    size (``ggml_dup_tensor_layout``; only the used experts' rows are transferred) and starts a new split at
-    each such weight "so the memory of the previously offloaded weights can be reused": one copy is live at a
-    time, beside that layer's expert activations (:func:`expert_phase_bytes`). The compute buffer is reserved at
-    n_ubatch tokens, so it holds the largest host weight plus those activations when n_ubatch >= 32.
-    """
-    if r.n_ubatch < OP_OFFLOAD_MIN_BATCH:
-        return 0
-    host = [t.n_bytes for t, w in zip(loaded, where, strict=True)
-            if w is not None and t.klass is not TensorClass.TOKEN_EMBD and len(t.shape) >= 2]
-    if not host:
-        return 0
-    return max(host) + expert_phase_bytes(model, r, cfg)
+
+def split_compute_bytes(model: ModelInfo, r: Resolved, cfg: LaunchConfig, host_weights: list[TensorInfo]
+                        ) -> tuple[int, int]:
+    """(GPU, host) compute buffers beside a GPU: the reserve graph as ``ggml_backend_sched_split_graph`` splits it.
+    Graph inputs and the token embedding's GET_ROWS run on the host (``ggml_backend_sched_backend_id_from_cur``),
+    the device reads copies of them; a host weight's matmul of at least 32 tokens runs on the GPU
+    (``ggml_backend_cuda_device_offload_op``) on a copy of the weight made at the start of its own split and
+    dropped after it. Architectures without a graph: the fitted formulas."""
+    offload = OP_OFFLOAD_MIN_BATCH if cfg.op_offload else 0
+    if model.arch in GRAPH_ARCHS:
+        shape = replace(reserve_shape(model, r, cfg), split=True, offload_min_batch=offload,
+                        host_weights=tuple((t.name, cuda_alloc_bytes(t)) for t in host_weights))
+        return _reserve_bytes(model, shape)
+    act = _mask_cells(r) * r.n_ubatch * (2 if r.flash_attn else 4) + _moe_activation_bytes(model, r.n_ubatch)
+    copy = max(t.n_bytes for t in host_weights) + act if offload and r.n_ubatch >= offload and host_weights else 0
+    on_host = r.n_cpu_moe > 0 or r.n_gpu_layers <= model.n_layer
+    return max(fitted_compute_bytes(model, r), copy), r.n_ubatch * 4 * (model.n_embd * 2 + 3 * model.n_expert_used
+                                                                         * model.n_ff_exp * on_host)
 
 
 def _plus(a: Breakdown, b: Breakdown) -> Breakdown:
