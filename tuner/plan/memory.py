@@ -27,6 +27,7 @@ from tuner.core.machine_spec import Hardware
 from tuner.core.model import ModelInfo, TensorClass, TensorInfo
 from tuner.core.units import MIB
 from tuner.plan.graph_arch import GRAPH_ARCHS, ReserveShape, compute_buffer_bytes
+from tuner.plan.op_offload import offloads_ubatch
 
 CTX_PAD = 256
 DEFAULT_BATCH = 2048
@@ -396,12 +397,10 @@ def _mapped_span(loaded: list[TensorInfo], where: list[HostBuffer | None]) -> in
     return sum(t.n_bytes for t in loaded[idx[0]:idx[-1] + 1]) if idx else 0
 
 
-OP_OFFLOAD_MIN_BATCH = 32  # ggml-cuda's op_offload_min_batch_size default
-
-
 def offload_copy_bytes(model: ModelInfo, r: Resolved, loaded: list[TensorInfo], where: list[HostBuffer | None],
                        cfg: LaunchConfig | None = None) -> int:
-    """GPU compute buffer when a batch of >= 32 tokens runs a host weight's matmul on the GPU.
+    """GPU compute buffer when a batch of >= 32 tokens (the op-offload threshold) runs a host weight's matmul on
+    the GPU; a threshold above n_ubatch keeps every batch's matmul on the CPU, and no copy is reserved.
 
     ``ggml_backend_cuda_device_offload_op`` takes a MUL_MAT / MUL_MAT_ID of at least 32 tokens to the GPU
     even when the weight lives on the host (never GET_ROWS: the token embedding stays). The scheduler
@@ -411,7 +410,7 @@ def offload_copy_bytes(model: ModelInfo, r: Resolved, loaded: list[TensorInfo], 
     time, beside that layer's expert activations (:func:`expert_phase_bytes`). The compute buffer is reserved at
     n_ubatch tokens, so it holds the largest host weight plus those activations when n_ubatch >= 32.
     """
-    if r.n_ubatch < OP_OFFLOAD_MIN_BATCH:
+    if not offloads_ubatch(cfg, r.n_ubatch):
         return 0
     host = [t.n_bytes for t, w in zip(loaded, where, strict=True)
             if w is not None and t.klass is not TensorClass.TOKEN_EMBD and len(t.shape) >= 2]
