@@ -234,3 +234,33 @@ def test_the_fit_choice_counts_the_layers_it_puts_on_the_host_not_its_last_index
     split = (r'-c 8192 -ngl 49 -ts 30,19 '
         r'-ot "blk\.29\.ffn_down.*=CUDA1,blk\.47\.ffn_(up|down|gate_up|gate)_(ch|)exps=CPU"')
     assert flags.parse_fit_line(split, base, 48).n_cpu_moe == 1  # an overflow to the next GPU stays on a device
+
+
+def test_the_op_offload_threshold_is_environment_in_the_line_and_read_back():
+    """llama.cpp reads GGML_OP_OFFLOAD_MIN_BATCH from its environment (ggml-cuda.cu, ggml_backend_cuda_reg), not
+    argv: the config's threshold is the process's environment, the printed line's ``VAR=value`` prefix, and a pasted
+    line's prefix is read back into the config."""
+    cfg = LaunchConfig(model=MODEL, n_cpu_moe=20, ubatch=4096, batch=4096, op_offload_min_batch=512)
+    assert flags.server_env(cfg) == {"GGML_OP_OFFLOAD_MIN_BATCH": "512"}
+    assert flags.server_env(LaunchConfig(model=MODEL)) == {}  # the engine's 32: not rendered
+    line = flags.launch_line(cfg)
+    assert line.startswith("GGML_OP_OFFLOAD_MIN_BATCH=512 llama-server -m ")
+    assert "GGML_OP_OFFLOAD_MIN_BATCH" not in flags.server_argv(Path("llama-server"), cfg)  # not a flag
+    assert flags.parse_command(line).config == cfg
+    assert flags.launch_line(flags.parse_command(line).config) == line  # a fixed point
+    pasted = "CUDA_VISIBLE_DEVICES=0 GGML_OP_OFFLOAD_MIN_BATCH=4096 llama-server -m /m.gguf --n-cpu-moe 4"
+    assert flags.parse_command(pasted).config.op_offload_min_batch == 4096
+    with pytest.raises(UsageError, match="only matters with op offload on"):
+        flags.parse_command(pasted + " --no-op-offload")
+    with pytest.raises(UsageError, match="whole number"):
+        flags.parse_command("GGML_OP_OFFLOAD_MIN_BATCH=lots llama-server -m /m.gguf")
+    with pytest.raises(UsageError, match=">= 1"):
+        flags.server_argv(Path("llama-server"), LaunchConfig(model=MODEL, op_offload_min_batch=0))
+
+
+def test_one_llama_bench_process_has_one_op_offload_threshold():
+    """A llama-bench process has one environment: configs that differ in the threshold cannot share it."""
+    a = LaunchConfig(model=MODEL, n_cpu_moe=4, threads=2)
+    b = LaunchConfig(model=MODEL, n_cpu_moe=4, threads=2, op_offload_min_batch=512)
+    with pytest.raises(UsageError, match="op-offload threshold"):
+        flags.bench_group_argv(Path("llama-bench"), [a, b], n_prompt=8, n_gen=8, repetitions=1)

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import psutil
@@ -21,7 +22,7 @@ from tuner.core.config import CacheType, FlashAttn, LaunchConfig
 from tuner.core.errors import TrialFailedError, UsageError
 from tuner.engine import flags
 from tuner.engine.build import EngineLocation
-from tuner.machine.sampler import SpillKind
+from tuner.machine.sampler import Sampler, SpillKind
 from tuner.measure import bench, failures
 from tuner.measure.bench import BenchRow
 from tuner.measure.failures import FailureKind
@@ -61,6 +62,10 @@ def test_configs_are_grouped_only_into_exact_cross_products():
         flags.bench_group_argv(Path("llama-bench"), group, n_prompt=1, n_gen=1, repetitions=1)
     # A different expert placement is a different model load: its own run.
     assert len(bench.group_configs([LaunchConfig(model=m, n_cpu_moe=0), LaunchConfig(model=m, n_cpu_moe=4)])) == 2
+    # The op-offload threshold is the process's environment (GGML_OP_OFFLOAD_MIN_BATCH): one run per threshold.
+    by_env = [LaunchConfig(model=m, n_cpu_moe=4, op_offload_min_batch=t, flash_attn=fa)
+              for t in (None, 512) for fa in (fa_on, fa_off)]
+    assert [[c.op_offload_min_batch for c in g] for g in bench.group_configs(by_env)] == [[None, None], [512, 512]]
 
 
 def test_rows_are_matched_back_to_their_config():
@@ -104,6 +109,48 @@ def test_noise_control_repeats_until_the_error_is_small_or_the_cap(engine_loc, m
     worst = max(r.spread.rse_pct for r in res.rows)
     assert worst <= bench.RSE_TARGET_PCT or all(len(r.samples_tok_s) == cap for r in res.rows)
     assert res.runs == 1 + (len(res.rows[0].samples_tok_s) - bench.MIN_REPETITIONS + 2) // 3
+
+
+def _environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
+    return dict(kv.partition("=")[::2] for kv in raw.split("\0") if kv)
+
+
+class EnvironReadingSampler(Sampler):
+    """The real sampler, which also reads the environment of the process it is attached to as it starts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.environs: list[tuple[int, dict[str, str]]] = []
+
+    def attach(self, pid: int) -> None:
+        self.environs.append((pid, _environ(pid)))
+        super().attach(pid)
+
+
+def test_the_op_offload_threshold_reaches_the_engines_environment(engine_loc, model, tmp_path):
+    """The threshold travels as GGML_OP_OFFLOAD_MIN_BATCH in the environment of the real llama-bench and
+    llama-server a trial starts (read from /proc while they run; the CPU build ignores it), not in argv; a config
+    without one leaves the engine's default. Both processes are gone afterwards."""
+    cfg = LaunchConfig(model=model, ctx=512, parallel=1, threads=2, op_offload_min_batch=4096)
+    sampler = EnvironReadingSampler()
+    with sampler:
+        res = bench.run_bench(engine_loc, cfg, n_prompt=16, n_gen=4, repetitions=1, sampler=sampler)
+    [(pid, env)] = sampler.environs
+    assert env.get("GGML_OP_OFFLOAD_MIN_BATCH") == "4096" and res.prompt_tok_s > 0
+    assert not any("OFFLOAD" in a for a in res.argv) and _gone(pid)
+    seen: dict[str, dict[str, str]] = {}
+
+    def ready(server) -> None:
+        seen[str(server.proc.pid)] = _environ(server.proc.pid)
+
+    bench.run_server_trial(engine_loc, cfg, SMALL, log_dir=tmp_path, on_ready=ready)
+    default = replace(cfg, op_offload_min_batch=None)
+    bench.run_server_trial(engine_loc, default, SMALL, log_dir=tmp_path, on_ready=ready)
+    (pid_set, env_set), (pid_default, env_default) = seen.items()
+    assert env_set.get("GGML_OP_OFFLOAD_MIN_BATCH") == "4096"
+    assert env_default.get("GGML_OP_OFFLOAD_MIN_BATCH") == os.environ.get("GGML_OP_OFFLOAD_MIN_BATCH")
+    assert _gone(int(pid_set)) and _gone(int(pid_default))
 
 
 def test_server_trial_at_parallel_two(engine_loc, model, tmp_path):

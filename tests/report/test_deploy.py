@@ -175,6 +175,46 @@ def test_the_prompt_side_levers_travel_in_every_format(fmt):
         assert "--no-op-offload" in text and "--no-host" in text, fmt
 
 
+def _threshold_in(fmt: str, rendered: deploy.Rendered) -> str | None:
+    """GGML_OP_OFFLOAD_MIN_BATCH as each format hands it to the engine (read the way that format's reader does)."""
+    text = rendered.text
+    if fmt == "shell":
+        words = shlex.split(text)
+        return dict(w.split("=", 1) for w in words[:words.index("/opt/llama/llama-server")]).get(
+            "GGML_OP_OFFLOAD_MIN_BATCH")
+    if fmt == "json":
+        return json.loads(text)["env"].get("GGML_OP_OFFLOAD_MIN_BATCH")
+    if fmt == "llama-swap":
+        [entry] = yaml_doc(text)["models"].values()
+        return dict(e.split("=", 1) for e in entry.get("env", [])).get("GGML_OP_OFFLOAD_MIN_BATCH")
+    if fmt == "systemd":
+        envs = [shlex.split(x.removeprefix("Environment="))[0] for x in text.splitlines()
+                if x.startswith("Environment=")]
+        return dict(e.split("=", 1) for e in envs).get("GGML_OP_OFFLOAD_MIN_BATCH")
+    if fmt == "compose":
+        [service] = yaml_doc(text)["services"].values()
+        return service.get("environment", {}).get("GGML_OP_OFFLOAD_MIN_BATCH")
+    assert fmt == "preset", fmt  # the router's environment is its children's: written in, and said not carried
+    said = [n for n in rendered.not_carried if n.startswith("GGML_OP_OFFLOAD_MIN_BATCH=")]
+    return said[0].split("=", 1)[1] if said and said[0] in text else None
+
+
+@pytest.mark.parametrize("fmt", deploy.FORMATS)
+def test_the_op_offload_threshold_travels_in_every_format(fmt):
+    """GGML_OP_OFFLOAD_MIN_BATCH is part of the measured line though the engine reads it from its environment: each
+    format hands it to the engine as that format sets an environment (or, for a preset, says it must be set)."""
+    from tuner.core.config import LaunchConfig
+
+    cfg = LaunchConfig(model=Path("/models/m.gguf"), ctx=8192, n_cpu_moe=20, ubatch=4096, batch=4096,
+                       op_offload_min_batch=512)
+    line = deploy.Line(cfg, "tuned", "study")
+    rendered = deploy.render(line, fmt, port=8080, binary="/opt/llama/llama-server")
+    assert _threshold_in(fmt, rendered) == "512"
+    plain = deploy.render(deploy.Line(LaunchConfig(model=cfg.model), "tuned", "study"), fmt, port=8080,
+                          binary="/opt/llama/llama-server")
+    assert _threshold_in(fmt, plain) is None and "GGML_OP_OFFLOAD_MIN_BATCH" not in plain.text
+
+
 def test_a_preset_is_loaded_by_the_pinned_llama_servers_router(engine_loc, demo_models, tmp_path):
     """launch-line --format preset writes a section llama-server's router reads (--models-preset, common/preset.cpp
     load_from_ini): the router lists the model and the arguments it would start it with are the measured line's."""

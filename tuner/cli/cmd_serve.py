@@ -171,7 +171,7 @@ def serve_cmd(
     elif key is not None:
         _say(f"{'a new key was written to' if key.made else 'the key is in'} {key.where}: clients send "
              "`Authorization: Bearer KEY` (OpenAI clients: api_key=KEY)")
-    env = dict(key.env) if key is not None else {}
+    env = {**study_report.launch_env(found.result, rank=rank), **(key.env if key is not None else {})}
     if not any(t in ALIAS_FLAGS or t.startswith("--alias=") for t in extra or []):  # one passed through wins
         env[served.ALIAS_ENV] = served.alias_for(Path(chosen.config["model"]), alias)
         _say(f"served as model {env[served.ALIAS_ENV]!r} (what /v1/models lists and clients send as model)")

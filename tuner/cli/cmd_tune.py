@@ -379,5 +379,5 @@ def launch_line_cmd(
             raise UsageError("--exec runs the shell form: drop --format")
         binary = str(build.locate_engine(llama_cpp_dir).tool("llama-server"))
         argv = study_report.launch_argv(data, rank=rank, host=host, port=port, binary=binary)
-        runner.run_process(argv, timeout_s=10**9, what="llama-server",
-                           fix="check the flags in the launch line")
+        runner.run_process(argv, timeout_s=10**9, what="llama-server", fix="check the flags in the launch line",
+                           env=study_report.launch_env(data, rank=rank))

@@ -89,6 +89,10 @@ class LaunchConfig:
     # With a GPU, an op on a host weight whose batch reaches 32 tokens runs on the GPU, the weight copied over PCIe
     # once per ubatch (ggml-cuda's ``ggml_backend_cuda_device_offload_op``); ``--no-op-offload`` keeps it on the CPU.
     op_offload: bool = True
+    # The smallest batch (tokens of the ubatch an op processes) that op offload takes to the GPU: the engine reads
+    # ``GGML_OP_OFFLOAD_MIN_BATCH`` from its environment, not argv (None: its default, 32). Above a turn's length
+    # and below a long prompt's ubatch, short turns stay on the CPU while long prompts copy the experts up.
+    op_offload_min_batch: int | None = None
     # ``-dev``: the devices to offload to; "none" runs on the CPU on purpose (None: every GPU, the default).
     device: str | None = None
     # Speculative decoding (llama-server only). Empty: none, the engine default.

@@ -128,7 +128,7 @@ def fit_params_breakdown(engine: EngineLocation, cfg: LaunchConfig, timeout_s: f
     """The engine's projection (``llama-fit-params -fitp on``): header only, no weights loaded."""
     argv = flags.fit_params_argv(engine.tool("llama-fit-params"), cfg)
     res = runner.run_process(argv, timeout_s=timeout_s, what="llama-fit-params",
-                             fix="check the model file and flags")
+                             fix="check the model file and flags", env=flags.server_env(cfg))
     return parse_fit_params(res.stdout)
 
 
@@ -138,7 +138,8 @@ def server_breakdown(engine: EngineLocation, cfg: LaunchConfig, log_dir: Path,
     argv = flags.server_argv(engine.tool("llama-server"), cfg)
     found: list[MemoryBreakdown] = []
     for _ in range(SERVER_ATTEMPTS):
-        with runner.serve(argv, log_dir=log_dir, load_timeout_s=load_timeout_s, log_jsonl=True) as server:
+        with runner.serve(argv, log_dir=log_dir, load_timeout_s=load_timeout_s, log_jsonl=True,
+                          env=flags.server_env(cfg)) as server:
             log = server.log
         found = parse_log_jsonl(log.read_text(errors="replace"))
         if len(found) >= 2:

@@ -122,7 +122,7 @@ def run_batched(engine: EngineLocation, cfg: LaunchConfig, *, n_prompt: int, n_g
 
         try:
             res = runner.run_process(argv, timeout_s=timeout_s, what=TOOL, fix="check the model file and flags",
-                                     on_start=windows.attach, on_stdout=batch_done)
+                                     on_start=windows.attach, on_stdout=batch_done, env=flags.server_env(cfg))
         except TunerError as exc:
             raise failures.TrialFailedError(TOOL, failures.from_error(exc)) from None
         elapsed += res.elapsed_s

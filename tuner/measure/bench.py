@@ -174,7 +174,9 @@ def rows_for(cfg: LaunchConfig, rows: Sequence[BenchRow]) -> tuple[BenchRow, ...
     return tuple(r for r in rows if all(dict(r.params).get(k, v) == v for k, v in want.items()))
 
 
-_LOAD_FIELDS = ("model", "mmap", "repack", "no_host", "op_offload", "device", "n_gpu_layers", "n_cpu_moe")
+# op_offload_min_batch is the engine's environment, read once per process: configs that differ in it never share one.
+_LOAD_FIELDS = ("model", "mmap", "repack", "no_host", "op_offload", "op_offload_min_batch", "device", "n_gpu_layers",
+                "n_cpu_moe")
 _SWEPT_FIELDS = ("cache_type_k", "cache_type_v", "flash_attn", "threads", "batch", "ubatch")
 
 
@@ -282,7 +284,7 @@ def _bench_once(engine: EngineLocation, cfgs: Sequence[LaunchConfig], *, tests: 
         try:
             result = runner.run_process(
                 argv, timeout_s=timeout_s, what="llama-bench", fix="check the model file and flags",
-                on_start=started, on_stderr=progress, on_exit=windows.exited,
+                on_start=started, on_stderr=progress, on_exit=windows.exited, env=flags.server_env(cfgs[0]),
             )
         except TunerError as exc:
             raise TrialFailedError("llama-bench", failures.from_error(exc)) from None
@@ -465,7 +467,8 @@ def run_server_trial(
     levels: tuple[LevelResult, ...] = ()
     failure: failures.Failure | None = None
     try:
-        with runner.serve(argv, log_dir=log_dir, load_timeout_s=load_timeout_s, log_jsonl=log_jsonl) as server:
+        with runner.serve(argv, log_dir=log_dir, load_timeout_s=load_timeout_s, log_jsonl=log_jsonl,
+                          env=flags.server_env(cfg)) as server:
             sampler.attach(server.proc.pid)
             if on_ready is not None:
                 on_ready(server)

@@ -201,7 +201,7 @@ def run_session_trial(engine: EngineLocation, cfg: LaunchConfig, session: Sessio
     argv = flags.server_argv(binary, cfg, caps) + (flags.trace_argv() if trace else [])
     try:
         with runner.serve(argv, log_dir=log_dir, load_timeout_s=load_timeout_s,
-                          log_jsonl=flags.server_logs_jsonl(caps)) as server:
+                          log_jsonl=flags.server_logs_jsonl(caps), env=flags.server_env(cfg)) as server:
             sessions = [s(server.tokenize) if callable(s) else s for s in sources]
             server.stream_complete(server.tokenize("Warm up the engine.") or [1], 4, timeout_s=request_timeout_s)
             ours = [server.proc.pid]

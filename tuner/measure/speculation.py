@@ -174,7 +174,8 @@ def measure_arm(loc: EngineLocation, arm: Arm, load: Workload, *, round_index: i
 
     try:
         argv = flags.server_argv(loc.tool("llama-server"), arm.config, caps)
-        with runner.serve(argv, log_dir=log_dir, load_timeout_s=load_timeout_s) as server:
+        with runner.serve(argv, log_dir=log_dir, load_timeout_s=load_timeout_s,
+                          env=flags.server_env(arm.config)) as server:
             prompts = _prompt_tokens(server, load, requests, texts, slot_context(arm.config))
             workload.warm_up(server, request_timeout_s)
             done = []

@@ -29,6 +29,7 @@ from tuner.core.machine_spec import Hardware
 from tuner.core.model import ModelInfo, TensorClass, TensorInfo
 from tuner.core.units import MIB
 from tuner.plan.graph_arch import GRAPH_ARCHS, ReserveShape, compute_buffer_bytes
+from tuner.plan.op_offload import min_batch, offloads_ubatch
 
 CTX_PAD = 256
 DEFAULT_BATCH = 2048
@@ -367,7 +368,7 @@ def estimate(model: ModelInfo, cfg: LaunchConfig, hw: Hardware, draft: ModelInfo
     if backend == "cuda":  # --no-op-offload: host weights' ops stay on the CPU (ggml_backend_sched_new's op_offload)
         host_weights = [t for t, w in zip(loaded, where, strict=True)
                         if w is not None and t.klass is not TensorClass.TOKEN_EMBD and len(t.shape) >= 2]
-        if cfg.op_offload and r.n_ubatch >= OP_OFFLOAD_MIN_BATCH and host_weights:
+        if offloads_ubatch(cfg, r.n_ubatch) and host_weights:
             copy = max(cuda_alloc_bytes(t) for t in host_weights)
         gpu_compute, host_compute = split_compute_bytes(model, r, cfg, host_weights)
         gpu = Breakdown(gpu_w, int(gpu_kv), gpu_rec, gpu_compute, CUDA_CONTEXT_BYTES)
@@ -391,7 +392,6 @@ def _mapped_span(loaded: list[TensorInfo], where: list[HostBuffer | None]) -> in
     return sum(t.n_bytes for t in loaded[idx[0]:idx[-1] + 1]) if idx else 0
 
 
-OP_OFFLOAD_MIN_BATCH = 32  # ggml-cuda's op_offload_min_batch_size default
 MATRIX_ROW_PADDING = 512  # ggml-cuda/common.cuh
 
 
@@ -409,8 +409,9 @@ def split_compute_bytes(model: ModelInfo, r: Resolved, cfg: LaunchConfig, host_w
     Graph inputs and the token embedding's GET_ROWS run on the host (``ggml_backend_sched_backend_id_from_cur``),
     the device reads copies of them; a host weight's matmul of at least 32 tokens runs on the GPU
     (``ggml_backend_cuda_device_offload_op``) on a copy of the weight made at the start of its own split and
-    dropped after it. Architectures without a graph: the fitted formulas."""
-    offload = OP_OFFLOAD_MIN_BATCH if cfg.op_offload else 0
+    dropped after it (GGML_OP_OFFLOAD_MIN_BATCH: :mod:`tuner.plan.op_offload`). Architectures without a graph: the
+    fitted formulas."""
+    offload = min_batch(cfg) if cfg.op_offload else 0
     if model.arch in GRAPH_ARCHS:
         shape = replace(reserve_shape(model, r, cfg), split=True, offload_min_batch=offload,
                         host_weights=tuple((t.name, cuda_alloc_bytes(t)) for t in host_weights))

@@ -4,7 +4,8 @@ is PCIe-bound. Pure, like tuner.plan.memory.
 tg: every generated token reads the dense weights, the active experts (n_expert_used of n_expert) and the
 KV cache filled so far; what lives on the GPU is read at GPU bandwidth, the rest at host RAM bandwidth.
 pp: weights kept on the host (experts, or a dense model's layers below -ngl) are copied to the GPU once per
-ubatch for large batches (the scheduler's op offload), so pp <= n_ubatch / (bytes / PCIe).
+ubatch for large batches (the scheduler's op offload, from GGML_OP_OFFLOAD_MIN_BATCH tokens of the ubatch), so
+pp <= n_ubatch / (bytes / PCIe).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from tuner.core.config import LaunchConfig
 from tuner.core.machine_spec import Hardware
 from tuner.core.model import ModelInfo, TensorClass
 from tuner.plan.memory import kv_bytes_per_cell, resolve, tensor_on_gpu
+from tuner.plan.op_offload import offloads_ubatch
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +61,7 @@ def roofline(model: ModelInfo, cfg: LaunchConfig, hw: Hardware, depth_tokens: in
                 seconds += n_bytes / bw
     gen = 1.0 / seconds if known and seconds > 0 else 0.0
     prompt = None
-    if backend == "cuda" and offloaded and cfg.op_offload and hw.pcie_bandwidth_bytes_s > 0:
+    # A threshold above the ubatch keeps the host experts on the CPU: no copy, so no PCIe bound.
+    if backend == "cuda" and offloaded and offloads_ubatch(cfg, r.n_ubatch) and hw.pcie_bandwidth_bytes_s > 0:
         prompt = r.n_ubatch / (offloaded / hw.pcie_bandwidth_bytes_s)
     return Roofline(int(gpu), int(host), gen, prompt)

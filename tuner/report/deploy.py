@@ -59,7 +59,7 @@ def line_env(environ: Mapping[str, str]) -> dict[str, str]:
 
 def render(line: Line, fmt: str, *, host: str | None = None, port: int | None = None,
            binary: str = "llama-server", env: Mapping[str, str] | None = None) -> Rendered:
-    env = dict(env or {})
+    env = {**(env or {}), **flags.server_env(line.config)}  # the engine reads part of the config from there
     if fmt in SERVICE_FORMATS:  # clients of a service see the model by name, not by this machine's path
         env.setdefault(served.ALIAS_ENV, served.alias_for(line.config.model))
     argv = flags.server_argv(Path(binary), line.config) + flags.address_argv(host, port)

@@ -223,8 +223,9 @@ def point(result: StudyResult, ctx: int | None, slots: int | None) -> FrontierPo
 def launch_line(result: StudyResult, ctx: int | None, slots: int | None, *, host: str | None = None,
                 port: int | None = None, binary: str = "llama-server") -> str:
     """The measured llama-server line of the frontier point at ``ctx``/``slots`` (the fastest there)."""
-    p = point(result, ctx, slots)
-    return shlex.join(flags.server_argv(Path(binary), config_from_dict(p.config)) + flags.address_argv(host, port))
+    cfg = config_from_dict(point(result, ctx, slots).config)
+    env = [f"{k}={v}" for k, v in flags.server_env(cfg).items()]
+    return shlex.join([*env, *flags.server_argv(Path(binary), cfg), *flags.address_argv(host, port)])
 
 
 def write(result: StudyResult, out_dir: Path) -> list[Path]:

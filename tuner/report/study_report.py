@@ -119,6 +119,11 @@ def launch_argv(result: StudyResult, *, rank: int = 1, host: str | None = None, 
     return _argv(_pick_at(result, rank), host, port, binary)
 
 
+def launch_env(result: StudyResult, *, rank: int = 1) -> dict[str, str]:
+    """What the ``rank``-th config's engine reads from its environment (:func:`tuner.engine.flags.server_env`)."""
+    return flags.server_env(config_from_dict(_pick_at(result, rank).config))
+
+
 def launch_line(result: StudyResult, *, rank: int = 1, fmt: str = "shell", host: str | None = None,
                 port: int | None = None, binary: str = "llama-server", env: Mapping[str, str] | None = None,
                 llama_cpp_dir: Path | None = None) -> str:

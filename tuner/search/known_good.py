@@ -40,7 +40,8 @@ def fit_config(loc: EngineLocation, base: LaunchConfig, n_layers: int, timeout_s
     if fit_target is not None:
         argv = flags.with_fit_target(argv, fit_target)
     try:
-        res = runner.run_process(argv, timeout_s=timeout_s, what="llama-fit-params", fix="check the model file")
+        res = runner.run_process(argv, timeout_s=timeout_s, what="llama-fit-params", fix="check the model file",
+                                 env=flags.server_env(base))
     except TunerError:
         return None
     line = flags.fit_choice_line(res.stdout)

@@ -30,7 +30,7 @@ from tuner.measure import session as session_mod
 from tuner.measure import session_run
 from tuner.measure.session_run import Finding, SessionResult
 from tuner.models.gguf_reader import ModelInfo
-from tuner.search import decide, space
+from tuner.search import decide, levers, space
 from tuner.search.trials import config_to_dict
 from tuner.search.verdict import BETTER, WORSE, Verdict, compare_quiet
 from tuner.search.watched_round import watched_round
@@ -141,7 +141,8 @@ def stage_arms(default: LaunchConfig, tuned: LaunchConfig, info: ModelInfo, hw: 
                caps: Capabilities | None, vram_margin_mib: float | None = None) -> tuple[list[tuple[str, LaunchConfig]],
                                                                                          dict[str, str]]:
     """``default``, ``tuned`` (when the finish printed another line than the default), and the base line (``tuned``,
-    else ``default``) with each reuse setting that applies and fits."""
+    else ``default``) with each reuse setting that applies and fits, and with the op-offload threshold at its ubatch
+    where its experts live in RAM beside a GPU (:func:`tuner.search.levers.session_threshold`)."""
     arms = [("default", default)]
     if tuned != default:
         arms.append(("tuned", tuned))
@@ -153,6 +154,9 @@ def stage_arms(default: LaunchConfig, tuned: LaunchConfig, info: ModelInfo, hw: 
             notes[arm.label] = "not launched: the memory model says it does not fit"
             continue
         arms.append((f"{base} + {arm.label}", cfg))
+    threshold = levers.session_threshold(tuned, hw)
+    if threshold is not None:  # short turns' experts on the CPU, full ubatches still copied up: same memory
+        arms.append((f"{base} + op offload from {threshold} tokens", replace(tuned, op_offload_min_batch=threshold)))
     return arms, notes
 
 

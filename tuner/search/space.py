@@ -45,6 +45,7 @@ from tuner.plan.memory import (
 )
 from tuner.plan.placement import fit_interval, offload_of, overs
 from tuner.plan.ram import TIGHT_MARGIN_BYTES, ram_side
+from tuner.search.levers import host_levers, levers_note
 
 F16, Q8, Q4 = CacheType.F16, CacheType.Q8_0, CacheType.Q4_0
 # Same-type pairs and K-more-precise-than-V pairs over f16 > q8_0 > q4_0, most precise first. The exotic
@@ -93,10 +94,11 @@ class SearchSpace:
     # --cache-ram of every config, set where llama-server's default prompt cache would not fit beside the host
     # weights (tuner.plan.ram); None: the engine's default.
     cache_ram_mib: int | None = None
-    # The prompt-side levers of a CUDA rig with experts in RAM (:func:`host_levers`): op offload on/off and the
-    # host buffer (llama.cpp's default or --no-host); a single value is fixed, not searched.
+    # The prompt-side levers of a CUDA rig with experts in RAM (:mod:`tuner.search.levers`): op offload on/off, its
+    # threshold (asked only with op offload on) and the host buffer; a single value is fixed, not searched.
     op_offload: tuple[bool, ...] = (True,)
     no_host: tuple[bool, ...] = (False,)
+    op_offload_min_batch: tuple[int | None, ...] = (None,)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -110,6 +112,8 @@ class SearchSpace:
             **({"cache_ram_mib": self.cache_ram_mib} if self.cache_ram_mib is not None else {}),
             **({"op_offload": list(self.op_offload)} if len(self.op_offload) > 1 else {}),
             **({"no_host": list(self.no_host)} if len(self.no_host) > 1 else {}),
+            **({"op_offload_min_batch": list(self.op_offload_min_batch)} if len(self.op_offload_min_batch) > 1
+               else {}),
         }
 
     @property
@@ -200,24 +204,9 @@ def build_space(model_path: Path, info: ModelInfo, hw: Hardware, *, ctx: int, pa
         model=model_path, ctx=ctx, parallel=parallel, n_cpu_moe=moe, kv_pairs=pairs,
         flash_attn=(FlashAttn.ON, FlashAttn.OFF), threads=_physical_threads(max(1, hw.physical_cores)),
         ubatch=ubatch, slots=slot_counts(concurrency), n_cpu_moe_why=why, device=device, n_gpu_layers=ngl,
-        left_out=left_out + note + (LEVERS_NOTE if levers else ()), cache_ram_mib=cache_ram,
+        left_out=left_out + note + (levers_note() if levers else ()), cache_ram_mib=cache_ram,
         op_offload=(True, False) if levers else (True,), no_host=(False, True) if levers else (False,),
     )
-
-
-LEVERS_NOTE = (
-    "op offload (on/off) and the host buffer (llama.cpp's default or --no-host) searched: with experts in RAM, "
-    "each ubatch of a prompt copies them to the GPU (op offload) or runs them on the CPU, where --no-host lets "
-    "the CPU backend repack them (make_cpu_buft_list); --no-repack is not searched (with the default mmap load, "
-    "--no-host --no-repack maps the experts as the default does), nor GGML_OP_OFFLOAD_MIN_BATCH (on/off first)",)
-
-
-def host_levers(hw: Hardware, device: str | None, moe: tuple[int, int] | None) -> bool:
-    """Are the prompt-side levers of host experts worth searching: a GPU is used and every config of the space
-    keeps experts in RAM (where the card holds them all, the likeliest winner has none on the host and the
-    levers would only spend trials). A CPU-only run has neither op offload (no device to offload to) nor a host
-    buffer choice (every weight is the CPU's)."""
-    return hw.has_gpu and device != "none" and moe is not None and moe[0] > 0
 
 
 def _cache_ram(info: ModelInfo, hw: Hardware, cfg: LaunchConfig, moe: tuple[int, int] | None,
@@ -309,6 +298,7 @@ def make_config(space: SearchSpace, params: dict[str, Any]) -> LaunchConfig:
     ctk, ctv = _kv_from_label(params["kv"]) if "kv" in params else space.kv_pairs[0]
     fa = FlashAttn.ON if ctv.is_quantized else FlashAttn(params.get("flash_attn", space.flash_attn[0].value))
     ubatch = params.get("ubatch", space.ubatch[0])
+    op_offload = params.get("op_offload", space.op_offload[0])
     return LaunchConfig(
         model=space.model,
         n_cpu_moe=params.get("n_cpu_moe") if space.n_cpu_moe else None,
@@ -316,7 +306,8 @@ def make_config(space: SearchSpace, params: dict[str, Any]) -> LaunchConfig:
         cache_type_k=ctk, cache_type_v=ctv, flash_attn=fa, ctx=space.ctx, parallel=space.parallel,
         threads=params.get("threads", space.threads[-1]), ubatch=ubatch, batch=batch_for(ubatch),
         device=space.device, cache_ram_mib=space.cache_ram_mib,
-        op_offload=params.get("op_offload", space.op_offload[0]), no_host=params.get("no_host", space.no_host[0]),
+        op_offload=op_offload, no_host=params.get("no_host", space.no_host[0]),
+        op_offload_min_batch=params.get("op_offload_min_batch", space.op_offload_min_batch[0]) if op_offload else None,
     )
 
 
@@ -346,6 +337,9 @@ def params_of(space: SearchSpace, cfg: LaunchConfig) -> dict[str, Any]:
         params["op_offload"] = cfg.op_offload
     if len(space.no_host) > 1:
         params["no_host"] = cfg.no_host
+    if len(space.op_offload_min_batch) > 1 and params.get("op_offload", cfg.op_offload):
+        n = cfg.op_offload_min_batch
+        params["op_offload_min_batch"] = n if n in space.op_offload_min_batch else space.op_offload_min_batch[0]
     return params
 
 
@@ -369,6 +363,10 @@ def suggest(trial: Any, space: SearchSpace) -> LaunchConfig:
         params["op_offload"] = trial.suggest_categorical("op_offload", list(space.op_offload))
     if len(space.no_host) > 1:
         params["no_host"] = trial.suggest_categorical("no_host", list(space.no_host))
+    if len(space.op_offload_min_batch) > 1 and params.get("op_offload", space.op_offload[0]):
+        # Asked only with op offload on: off has no threshold, so no trial is spent on off at each threshold.
+        params["op_offload_min_batch"] = trial.suggest_categorical("op_offload_min_batch",
+                                                                   list(space.op_offload_min_batch))
     return make_config(space, params)
 
 
@@ -378,10 +376,12 @@ def iter_configs(space: SearchSpace) -> Iterator[LaunchConfig]:
     ngl: Sequence[int | None] = range(space.n_gpu_layers[1], space.n_gpu_layers[0] - 1, -1) \
         if space.n_gpu_layers else [None]
     seen: set[LaunchConfig] = set()
-    for n, g, kv, fa, t, u, po, nh in product(moe, ngl, space.kv_pairs, space.flash_attn, space.threads,
-                                              space.ubatch, space.op_offload, space.no_host):
+    for n, g, kv, fa, t, u, po, nh, mb in product(moe, ngl, space.kv_pairs, space.flash_attn, space.threads,
+                                                  space.ubatch, space.op_offload, space.no_host,
+                                                  space.op_offload_min_batch):
         params: dict[str, Any] = {"n_cpu_moe": n, "n_gpu_layers": g, "kv": kv_label(*kv), "flash_attn": fa.value,
-                                  "threads": t, "ubatch": u, "op_offload": po, "no_host": nh}
+                                  "threads": t, "ubatch": u, "op_offload": po, "no_host": nh,
+                                  "op_offload_min_batch": mb}
         cfg = make_config(space, params)
         if cfg not in seen:
             seen.add(cfg)

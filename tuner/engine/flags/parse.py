@@ -10,6 +10,7 @@ from pathlib import Path
 
 from tuner.core.config import CacheType, FlashAttn, LaunchConfig, SpecType
 from tuner.core.errors import UsageError
+from tuner.engine.flags.env import config_env_fields
 from tuner.engine.flags.render import _IGNORED_BARE, _IGNORED_WITH_VALUE, _SPEC_NUMBERS, _SPELL, validate
 
 # One part of an -ot list that moves FFN tensors of some layers: ``blk\.(3|4|5)\.ffn_(up|down|gate)_exps=CPU``
@@ -42,8 +43,10 @@ def parse_command(text: str) -> ParsedCommand:
         tokens = shlex.split(text.replace("\\\n", " "))
     except ValueError as exc:
         raise UsageError(f"cannot read the pasted command ({exc}): check its quotes") from None
+    assignments: dict[str, str] = {}
     while tokens and "=" in tokens[0] and not tokens[0].startswith("-"):
-        tokens.pop(0)  # environment assignments before the program
+        key, _, val = tokens.pop(0).partition("=")  # environment assignments before the program
+        assignments[key] = val
     if not tokens or not os.path.basename(tokens[0]).startswith("llama-server"):
         raise UsageError("the pasted command must start with llama-server: paste the whole launch line")
     values: dict[str, object] = {}
@@ -87,6 +90,7 @@ def parse_command(text: str) -> ParsedCommand:
                 values[name] = value()
         else:
             values[name] = value()
+    values.update(config_env_fields(assignments))
     return ParsedCommand(_config_from(values), tuple(ignored))
 
 
@@ -137,6 +141,8 @@ def _config_from(values: dict[str, object]) -> LaunchConfig:
     kwargs["repack"] = not values.get("no_repack", False)
     kwargs["no_host"] = bool(values.get("no_host", False))
     kwargs["op_offload"] = not values.get("no_op_offload", False)
+    if "op_offload_min_batch" in values:
+        kwargs["op_offload_min_batch"] = values["op_offload_min_batch"]
     if "device" in values:
         kwargs["device"] = str(values["device"])
     kwargs.update(_spec_from(values))

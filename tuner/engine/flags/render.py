@@ -17,6 +17,7 @@ from typing import Any
 from tuner.core.config import CacheType, FlashAttn, LaunchConfig
 from tuner.core.errors import UnsupportedFlagError, UsageError
 from tuner.engine.caps import Capabilities
+from tuner.engine.flags.env import env_prefix, validate_env
 
 SERVER = "llama-server"
 BENCH = "llama-bench"
@@ -103,6 +104,7 @@ def validate(cfg: LaunchConfig) -> None:
         raise UsageError(f"ubatch {cfg.ubatch} is larger than batch {cfg.batch}: use -ub <= -b")
     _validate_spec(cfg)
     _validate_reuse(cfg)
+    validate_env(cfg)
 
 
 REUSE_FIELDS = ("cache_reuse", "ctx_checkpoints", "checkpoint_min_step", "cache_ram_mib")
@@ -274,8 +276,10 @@ def bench_group_argv(
         raise UsageError("no configs to benchmark: pass at least one")
     for cfg in cfgs:
         validate(cfg)
-    if len({(c.model, c.mmap, c.repack, c.no_host, c.op_offload, c.device) for c in cfgs}) != 1:
-        raise UsageError("configs in one llama-bench run must share the model file, load mode and device")
+    if len({(c.model, c.mmap, c.repack, c.no_host, c.op_offload, c.op_offload_min_batch, c.device)
+            for c in cfgs}) != 1:
+        raise UsageError("configs in one llama-bench run must share the model file, load mode, device and "
+                         "op-offload threshold (the environment of the process)")
     depths = [depth] if isinstance(depth, int) else list(depth)
     a = _Argv(binary, BENCH, caps)
     first = cfgs[0]
@@ -462,8 +466,8 @@ def with_fit_target(argv: list[str], margin_mib: int) -> list[str]:
 
 
 def launch_line(cfg: LaunchConfig, binary: str = "llama-server") -> str:
-    """The command a user pastes into a shell."""
-    return shlex.join(server_argv(Path(binary), cfg))
+    """The command a user pastes into a shell: what the engine reads from its environment first (``VAR=value``)."""
+    return shlex.join([*env_prefix(cfg), *server_argv(Path(binary), cfg)])
 
 
 def with_overrides(cfg: LaunchConfig, **changes: object) -> LaunchConfig:

@@ -1,0 +1,47 @@
+"""The prompt-side levers of a CUDA rig with experts in host RAM: op offload on/off, the batch from which it
+offloads (``GGML_OP_OFFLOAD_MIN_BATCH``), and the host buffer (llama.cpp's default or ``--no-host``).
+
+With experts in RAM each ubatch of a prompt either copies them to the GPU (op offload: ~1 s for 14 GiB over a
+PCIe 4.0 x8 link) or runs them on the CPU. Which wins depends on the link and on the batch, so both are measured,
+never assumed: on an H100 (PCIe 5) op offload off ran an agent turn's prompt at 0.05x.
+"""
+
+from __future__ import annotations
+
+from tuner.core.config import LaunchConfig
+from tuner.machine.hardware import Hardware
+from tuner.plan.memory import DEFAULT_UBATCH
+from tuner.plan.op_offload import OP_OFFLOAD_MIN_BATCH
+
+
+def host_levers(hw: Hardware, device: str | None, moe: tuple[int, int] | None) -> bool:
+    """Are the prompt-side levers of host experts worth searching: a GPU is used and every config of the space
+    keeps experts in RAM (where the card holds them all, the likeliest winner has none on the host and the
+    levers would only spend trials). A CPU-only run has neither op offload (no device to offload to) nor a host
+    buffer choice (every weight is the CPU's)."""
+    return hw.has_gpu and device != "none" and moe is not None and moe[0] > 0
+
+
+def session_threshold(cfg: LaunchConfig, hw: Hardware) -> int | None:
+    """The op-offload threshold the agent session stage tries on ``cfg`` (None: none applies): its ubatch. The engine
+    compares the threshold with the tokens of the ubatch an op processes, so at the line's own ubatch every full
+    ubatch of a long prompt still copies the experts to the GPU while a turn shorter than one (a tool result on a
+    cached history) runs them on the CPU, where one copy of every host expert can cost more than the CPU takes
+    for a few hundred tokens (~1 s for 14 GiB over PCIe 4.0 x8). llama-bench, the search's measure, times full
+    ubatches only, so a threshold at or below them measures as op offload on: only whole sessions tell it apart."""
+    if not (hw.has_gpu and cfg.device != "none" and cfg.op_offload and cfg.op_offload_min_batch is None):
+        return None
+    if not (cfg.n_cpu_moe or (cfg.n_gpu_layers is not None and cfg.n_gpu_layers <= 0)):
+        return None  # no host experts: nothing to copy
+    ubatch = cfg.ubatch or DEFAULT_UBATCH
+    return ubatch if ubatch > OP_OFFLOAD_MIN_BATCH else None
+
+
+def levers_note() -> tuple[str, ...]:
+    """What the space says about the levers it searches."""
+    return ("op offload (on/off) and the host buffer (llama.cpp's default or --no-host) searched: with experts in "
+            "RAM, each ubatch of a prompt copies them to the GPU (op offload) or runs them on the CPU, where "
+            "--no-host lets the CPU backend repack them (make_cpu_buft_list); --no-repack is not searched (with the "
+            "default mmap load, --no-host --no-repack maps the experts as the default does); the op-offload "
+            "threshold (GGML_OP_OFFLOAD_MIN_BATCH, 32 tokens) is tried by the agent session stage, whose turns are "
+            "shorter than a ubatch (llama-bench times full ubatches only)",)
