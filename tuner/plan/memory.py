@@ -20,7 +20,6 @@ or were read into anonymous memory) is *reclaimable*: the kernel drops it under 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, fields, replace
 from enum import Enum
 
@@ -29,7 +28,7 @@ from tuner.core.machine_spec import Hardware
 from tuner.core.model import ModelInfo, TensorClass, TensorInfo
 from tuner.core.units import MIB
 from tuner.plan.graph_arch import GRAPH_ARCHS, ReserveShape, compute_buffer_bytes
-from tuner.plan.op_offload import min_batch, offloads_ubatch
+from tuner.plan.op_offload import cuda_alloc_bytes, min_batch, offloads_ubatch
 
 CTX_PAD = 256
 DEFAULT_BATCH = 2048
@@ -390,17 +389,6 @@ def _mapped_span(loaded: list[TensorInfo], where: list[HostBuffer | None]) -> in
     file (tensors are listed in file order), so whatever lies between counts in the engine's figure."""
     idx = [i for i, w in enumerate(where) if w is HostBuffer.MAPPED]
     return sum(t.n_bytes for t in loaded[idx[0]:idx[-1] + 1]) if idx else 0
-
-
-MATRIX_ROW_PADDING = 512  # ggml-cuda/common.cuh
-
-
-def cuda_alloc_bytes(t: TensorInfo) -> int:
-    """``ggml_backend_cuda_buffer_type_get_alloc_size``: a quantized tensor's rows are padded to a multiple of 512."""
-    pad = (-t.shape[0]) % MATRIX_ROW_PADDING
-    if not pad or t.ggml_type in ("F32", "F16", "BF16"):
-        return t.n_bytes
-    return t.n_bytes + t.n_bytes * pad // math.prod(t.shape)
 
 
 def split_compute_bytes(model: ModelInfo, r: Resolved, cfg: LaunchConfig, host_weights: list[TensorInfo]
