@@ -160,3 +160,20 @@ class FakeFrontierRunner:
             out.append(Measured(request_s, tg, pp, slots * 32 / request_s if slots > 1 else None, 1.0, 2,
                                 ("fake-bench",)))
         return out
+
+
+def small_card(info, base, host_layers: int, ram_gib: int = 64):  # type: ignore[no-untyped-def]
+    """A fake card (at the hardware boundary) whose VRAM holds ``base`` with the experts of ``host_layers`` layers on
+    the host and not one fewer, at a zero margin: sized from the memory model, so a test
+    about the search's behaviour on a small card does not depend on what the model prices this year."""
+    from dataclasses import replace as _replace
+
+    from tuner.catalog.cards import find_card
+    from tuner.plan import memory
+
+    gib = 2**30
+    card = find_card("RTX 4060 Ti 16GB").hardware(ram_gib * gib, (ram_gib - 4) * gib, 50e9, physical_cores=2)
+    need, one_more = (memory.estimate(info, _replace(base, n_cpu_moe=n), card).gpu.total_bytes
+                      for n in (host_layers, host_layers - 1))
+    vram = need + (one_more - need) // 2  # half a layer's experts of slack: the next config down does not fit
+    return _replace(card, vram_total_bytes=vram, vram_free_bytes=vram)

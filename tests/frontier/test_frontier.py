@@ -11,9 +11,8 @@ from dataclasses import replace
 import pytest
 from optuna.trial import TrialState
 
-from tests.fakes import FakeFrontierRunner
-from tuner.catalog.cards import find_card
-from tuner.core.config import CacheType
+from tests.fakes import FakeFrontierRunner, small_card
+from tuner.core.config import CacheType, FlashAttn, LaunchConfig
 from tuner.core.errors import UsageError
 from tuner.frontier import hypervolume, pareto
 from tuner.machine.hardware import Hardware
@@ -121,8 +120,7 @@ def test_cpu_frontier_has_a_point_per_context_and_launch_line_picks_one(model, t
 
 def test_gpu_frontier_never_launches_what_cannot_fit_and_batch_searches_slots(model, tmp_path):
     info = inspect_model(model)
-    card = find_card("RTX 4060 Ti 16GB").hardware(64 * GIB, 60 * GIB, 50e9, physical_cores=2)
-    hw = replace(card, vram_total_bytes=330 * 2**20, vram_free_bytes=330 * 2**20)
+    hw = small_card(info, LaunchConfig(model=model, ctx=1024, parallel=1, flash_attn=FlashAttn.ON), info.n_layer // 4)
     runner = FakeFrontierRunner()
     load = preset(WorkloadKind.BATCH, 64, 32)
     st, fs, out, front = _run(model, hw, load, (1024, 2048, 4096), (1, 2, 4), tmp_path, 20, runner, margin=0)

@@ -250,9 +250,11 @@ def test_a_ubatch_above_the_batch_is_clamped_as_the_engine_does(demo_models):
     assert memory.resolve(info, replace(cfg, ubatch=4096), "cpu").n_ubatch == 2048
     assert memory.resolve(info, replace(cfg, ubatch=4096, batch=4096), "cpu").n_ubatch == 4096
     assert memory.resolve(info, replace(cfg, ctx=3000, ubatch=4096, batch=4096), "cpu").n_ubatch == 3072
-    two = memory.estimate(info, replace(cfg, ubatch=2048, batch=2048), CPU).host.compute_bytes
-    four = memory.estimate(info, replace(cfg, ubatch=4096, batch=4096), CPU).host.compute_bytes
-    assert four == 2 * two
+    two, four = (memory.estimate(info, replace(cfg, ubatch=u, batch=u), CPU, fit_params=True).host.compute_bytes
+                 for u in (2048, 4096))
+    assert four == 2 * two  # as llama-fit-params projects it: every token an output, everything per token
+    served = memory.estimate(info, replace(cfg, ubatch=4096, batch=4096), CPU).host.compute_bytes
+    assert two < served < four  # llama-server reserves one row of logits per slot (server_output_limits)
 
 
 @pytest.mark.parametrize(("target", "ctx"), [(t, 32768) for t in UB_SHAPES] + [("Qwen3-30B-A3B:Q4_K_M", 262144)])

@@ -60,7 +60,14 @@ def test_memory_model_counts_what_speculation_adds(demo_models):
     cfg = LaunchConfig(model=target.paths[0], ctx=4096, parallel=1)
     plain = memory.estimate(target, cfg, CPU)
     ngram = memory.estimate(target, replace(cfg, spec_types=(SpecType.NGRAM_MOD,)), CPU)
-    assert ngram.host.total_bytes - plain.host.total_bytes == memory.NGRAM_MOD_TABLE_BYTES
+    assert ngram.host.overhead_bytes - plain.host.overhead_bytes == memory.NGRAM_MOD_TABLE_BYTES
+    # llama-server reserves logits for one token per slot plus the most a mode drafts (server_output_limits):
+    # ngram-mod's n_max, 64 (common/common.h), so 65 rows of the ubatch's 512 instead of 1.
+    from tuner.plan import outputs
+
+    assert outputs.reserved_outputs(replace(cfg, spec_types=(SpecType.NGRAM_MOD,)), 512, 1) == 65
+    assert outputs.reserved_outputs(cfg, 512, 1) == 1 and outputs.reserved_outputs(cfg, 512, 1, fit_params=True) == 512
+    assert ngram.host.compute_bytes > plain.host.compute_bytes
     with_draft = memory.estimate(target, replace(cfg, spec_types=(SpecType.DRAFT_SIMPLE,), draft_model=draft.paths[0]),
                                  GPU, draft)
     on_gpu = memory.estimate(target, cfg, GPU)

@@ -9,6 +9,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from tests.fakes import small_card
 from tuner.catalog.cards import find_card
 from tuner.core.config import FlashAttn, LaunchConfig
 from tuner.core.errors import UsageError
@@ -46,8 +47,7 @@ def test_search_gates_by_memory_resumes_and_stops_on_ctrl_c(demo_models, tmp_pat
     loc = build.locate_engine()
     caps = build.capabilities(loc)
     # A fake small card (at the hardware boundary): low n_cpu_moe values cannot fit, high ones can.
-    card = find_card("RTX 4060 Ti 16GB").hardware(64 * GIB, 60 * GIB, 50e9, physical_cores=2)
-    hw = replace(card, vram_total_bytes=319 * 2**20, vram_free_bytes=319 * 2**20)
+    hw = small_card(info, LaunchConfig(model=model, ctx=1024, parallel=1, flash_attn=FlashAttn.ON), info.n_layer // 2)
     sp = build_space(model, info, hw, ctx=1024, parallel=1, prompt_tokens=16, vram_margin_mib=0)
     # --n-cpu-moe is searched from the memory model's fitting boundary up, not from 0.
     assert sp.n_cpu_moe is not None and 0 < sp.n_cpu_moe[0] <= sp.n_cpu_moe[1] <= info.n_layer

@@ -29,6 +29,7 @@ from tuner.core.model import ModelInfo, TensorClass, TensorInfo
 from tuner.core.units import MIB
 from tuner.plan.graph_arch import GRAPH_ARCHS, ReserveShape, compute_buffer_bytes
 from tuner.plan.op_offload import cuda_alloc_bytes, min_batch, offloads_ubatch
+from tuner.plan.outputs import reserved_outputs
 
 CTX_PAD = 256
 DEFAULT_BATCH = 2048
@@ -152,8 +153,7 @@ def resolve(model: ModelInfo, cfg: LaunchConfig, backend: str, fit_params: bool 
     if backend == "cpu":
         ngl = 0
     n_cpu_moe = min(cfg.n_cpu_moe or 0, model.n_layer)
-    # With speculation the draft length depends on the type's defaults: every token, as a bound.
-    n_outputs = n_ubatch if fit_params or cfg.spec_types else min(n_ubatch, n_seq)
+    n_outputs = reserved_outputs(cfg, n_ubatch, n_seq, fit_params)
     return Resolved(n_ctx, n_seq, unified, n_ubatch, fa, ngl, n_cpu_moe, n_outputs)
 
 
