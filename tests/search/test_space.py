@@ -155,31 +155,45 @@ def test_prompt_heavy_workloads_offer_big_ubatches_with_a_batch_as_large(model, 
 
 
 def test_the_memory_model_prices_the_big_ubatch_and_leaves_out_one_that_never_fits(tmp_path):
-    """Qwen3.5-35B-A3B's 248K vocabulary: the compute buffer holds n_vocab x ubatch f32 logits, ~3.9 GiB at -ub 4096
-    and ~7.8 GiB at 8192. On an 8 GB card with every expert on the host, 8192 fits nowhere and is left out, said;
-    4096 fits only with more experts on the host than the default ubatch needs."""
+    """Qwen3.5-35B-A3B at -c 16384, one slot: the compute buffer grows with -ub (activations are n_embd x ubatch
+    per tensor), while llama-server reserves logits for one output a slot, not a ubatch of them
+    (server_context::load_model sets n_outputs_max from common_speculative_n_max; llama_context::llama_context
+    reserves min(n_tokens, n_outputs_max)). A bigger ubatch moves experts to the host on an 8 GB card; on a
+    (fake) card sized between -ub 4096 and -ub 8192 with every expert on the host, 8192 fits nowhere and is left
+    out, said, and 4096 stays."""
     from tuner.models import shape_model
+    from tuner.plan import memory, placement
 
     path = shape_model.write_catalog_model("Qwen3.5-35B-A3B:Q4_K_M", tmp_path / "q35.gguf").path
     big = inspect_model(path)
     card = find_card("RTX 4060 Ti 8GB").hardware(64 * GIB, 60 * GIB, 50e9)
-    sp = space.build_space(path, big, card, ctx=16384, parallel=1, prompt_tokens=8192)
+    by_ub = {u: space.fitting_boundary(big, space.ubatch_config(path, CacheType.Q8_0, CacheType.Q8_0, 16384, 1, u),
+                                       card) for u in (None, 4096, 8192)}
+    assert None not in by_ub.values() and by_ub[None] < by_ub[4096] < by_ub[8192]  # each doubling costs experts
+    cfg = space.make_config(space.build_space(path, big, card, ctx=16384, parallel=1, prompt_tokens=8192),
+                            {"ubatch": 4096, "n_cpu_moe": by_ub[4096], "kv": "q8_0/q8_0"})
+    assert space.check(big, cfg, card).feasible
+    assert space.check(big, replace(cfg, n_cpu_moe=by_ub[4096] - 1), card).vram_over_mib > 0
+
+    every = big.n_layer
+    need = {u: max(memory.estimate(big, replace(space.ubatch_config(path, k, v, 16384, 1, u), n_cpu_moe=every),
+                                   card).gpu.total_bytes for k, v in space.KV_PAIRS) for u in (4096, 8192)}
+    low = min(memory.estimate(big, replace(space.ubatch_config(path, k, v, 16384, 1, 8192), n_cpu_moe=every),
+                              card).gpu.total_bytes for k, v in space.KV_PAIRS)
+    assert need[4096] < low  # the cheapest KV pair at 8192 needs more than the dearest at 4096
+    budget = (need[4096] + low) // 2 + memory.FIT_MARGIN_BYTES
+    tiny = replace(card, vram_total_bytes=budget, vram_free_bytes=budget)  # a fake card at the hardware boundary
+    assert placement.overs(memory.estimate(big, replace(cfg, n_cpu_moe=every), tiny), tiny)[0] < 0
+    sp = space.build_space(path, big, tiny, ctx=16384, parallel=1, prompt_tokens=8192)
     assert sp.ubatch == (None, 1024, 2048, 4096)
     assert sp.left_out[0] == "-ub 8192 left out: its compute buffer fits at no --n-cpu-moe on this card at -c 16384"
     assert not any("-ub" in n and "left out" in n for n in sp.left_out[1:])
-    by_ub = {u: space.fitting_boundary(big, space.ubatch_config(path, CacheType.Q8_0, CacheType.Q8_0, 16384, 1, u),
-                                       card) for u in (None, 4096, 8192)}
-    assert by_ub[8192] is None and by_ub[4096] is not None and by_ub[None] is not None
-    assert by_ub[4096] > by_ub[None]  # the bigger compute buffer moves experts to the host
-    cfg = space.make_config(sp, {"ubatch": 4096, "n_cpu_moe": by_ub[4096], "kv": "q8_0/q8_0"})
-    assert space.check(big, cfg, card).feasible
-    assert space.check(big, replace(cfg, n_cpu_moe=by_ub[4096] - 1), card).vram_over_mib > 0
 
 
 def test_a_space_whose_host_weights_leave_no_room_for_the_prompt_cache_sets_cache_ram():
     """Issue 41: llama-server's prompt cache may grow to --cache-ram 8192 MiB (common_params::cache_ram_mib) on top
-    of the host experts. On an 8 GB card with 24 GiB of RAM, four slots of Qwen3.6-35B-A3B Q4_K_M at 32K leave
-    under 2 GiB beside the fewest host experts that fit (plan --ram 24 -c 32768: --n-cpu-moe 31-32), so every
+    of the host experts. On an 8 GB card with 23 GiB of RAM, four slots of Qwen3.6-35B-A3B Q4_K_M at 32K leave
+    under 2 GiB beside the fewest host experts that fit (--n-cpu-moe 30: 21.6 GiB of host need), so every
     config the search measures, and so the printed line, carries the --cache-ram that fits (0), said in the
     space's notes; one slot leaves room for part of the cache; with 64 GiB nothing changes."""
     from tuner.engine import flags
@@ -187,7 +201,7 @@ def test_a_space_whose_host_weights_leave_no_room_for_the_prompt_cache_sets_cach
 
     shape = resolve_model("qwen3.6-35b-a3b:Q4_K_M", header_only=True).path
     card = find_card("RTX 4060 8GB")
-    for ram_gib, slots, want in ((24, 4, 0), (24, 1, "part"), (64, 4, None)):
+    for ram_gib, slots, want in ((23, 4, 0), (23, 1, "part"), (64, 4, None)):
         hw = card.hardware(ram_gib * GIB, ram_gib * GIB, 89.6e9, 8, 0)
         sp = space.build_space(shape, inspect_model(shape), hw, ctx=32768, parallel=slots, prompt_tokens=512)
         if want == "part":  # some of the 8192 MiB fits, in 256 MiB steps
