@@ -187,6 +187,14 @@ class Graph:
         self.nodes: list[Tensor] = []
         self.leafs: list[Tensor] = []
         self._seen: set[int] = set()
+        # A backend's allocation dependencies (``ggml_backend_graph_optimize_params::add_alloc_dep``): id of the
+        # ``until`` node → the tensors kept allocated until it is computed (ggml_backend_sched_split_graph adds a
+        # GGML_OP_NONE node right after it with them as sources).
+        self.deps: dict[int, list[Tensor]] = {}
+
+    def keep_until(self, until: Tensor, *kept: Tensor) -> None:
+        keep = self.deps.setdefault(id(until), [])
+        keep.extend(t for t in kept if all(t is not k for k in keep))
 
     def expand(self, *tensors: Tensor) -> None:
         for t in tensors:
@@ -270,8 +278,9 @@ def reserve(graph: Graph, alignment: int = TENSOR_ALIGNMENT) -> tuple[int, int]:
     Without ``host`` tensors everything is one buffer (the CPU backend alone) and the second figure is 0. With them
     the graph is the one ``ggml_backend_sched_split_graph`` hands the allocator beside a GPU: host tensors go to
     the host buffer; a device node that reads a host tensor reads its copy in the device buffer (pass 5's
-    ``tensor_id_copy``, made once per tensor and live until its last device reader); a device node that reads a
-    host weight (op offload) reads a copy made at the start of the node's own split and dropped after it."""
+    ``tensor_id_copy``, made once per tensor, allocated where the split that first reads it starts, live until its
+    last device reader); a device node that reads a host weight (op offload) reads a copy made at the start of the
+    node's own split and dropped after it. ``graph.deps`` keeps tensors alive as a backend's fusions ask."""
     mem, host_mem = _FreeBlocks(alignment), _FreeBlocks(alignment)
     copies: dict[int, Tensor] = {}
     readers: dict[int, int] = {}  # device readers left per host tensor
@@ -300,6 +309,19 @@ def reserve(graph: Graph, alignment: int = TENSOR_ALIGNMENT) -> tuple[int, int]:
             copies[id(s)] = Tensor(s.ne, s.es)
             allocate(copies[id(s)])
 
+    def consumed(p: Tensor) -> None:
+        """``ggml_gallocr_alloc_graph_impl``'s "update parents": one reader fewer; freed after its last."""
+        p.n_children -= 1
+        if p.n_children == 0 and p.n_views == 0:
+            if p.is_view:
+                base = p.view_src
+                assert base is not None
+                base.n_views -= 1
+                if base.n_views == 0 and base.n_children == 0 and base.allocated:
+                    release(base)
+            elif p.allocated:
+                release(p)
+
     for leaf in graph.leafs:
         allocate(leaf)
     for node in graph.nodes:
@@ -307,39 +329,63 @@ def reserve(graph: Graph, alignment: int = TENSOR_ALIGNMENT) -> tuple[int, int]:
             node.view_src.n_views += 1  # type: ignore[union-attr]
         if node.is_input:
             allocate(node)
+        for k in graph.deps.get(id(node), ()):
+            k.n_children += 1  # the dependency node reads them
         for s in node.src:
             s.n_children += 1
             if s.is_input:
                 allocate(s)
             if s.host and not node.host and not s.external:
                 readers[id(s)] = readers.get(id(s), 0) + 1
-    for node in graph.nodes:
+    split_inputs = _split_inputs(graph.nodes)
+    weight_copies: dict[int, Tensor] = {}
+    for i, node in enumerate(graph.nodes):
+        for s in split_inputs.get(i, ()):  # graph_copy: each input's copy, allocated where its split starts
+            if s.copy_bytes:
+                weight_copies[id(s)] = Tensor((s.copy_bytes,), 1)
+                allocate(weight_copies[id(s)])
+            else:
+                device_copy(s)
         for s in node.src:
             allocate(s)
-            if s.host and not node.host and not s.external:
-                device_copy(s)
-        weight_copies = [Tensor((s.copy_bytes,), 1) for s in node.src if s.copy_bytes and not node.host]
-        for c in weight_copies:
-            allocate(c)
         allocate(node)
-        for c in weight_copies:
-            release(c)
+        for s in node.src:
+            if id(s) in weight_copies and not node.host:
+                release(weight_copies.pop(id(s)))
         for p in node.src:
             if p.host and not node.host and not p.external:
                 readers[id(p)] -= 1
                 if readers[id(p)] == 0:
                     release(copies[id(p)])
-            p.n_children -= 1
-            if p.n_children == 0 and p.n_views == 0:
-                if p.is_view:
-                    base = p.view_src
-                    assert base is not None
-                    base.n_views -= 1
-                    if base.n_views == 0 and base.n_children == 0 and base.allocated:
-                        release(base)
-                elif p.allocated:
-                    release(p)
+            consumed(p)
+        for k in graph.deps.get(id(node), ()):  # the dependency node, computed right after ``node``
+            consumed(k)
     return mem.max_size, host_mem.max_size
+
+
+def _split_inputs(nodes: Sequence[Tensor]) -> dict[int, list[Tensor]]:
+    """``ggml_backend_sched_split_graph``'s pass 5, device side: the index of the node each split starts at → the
+    host tensors (activations, and weights the device reads under op offload) the split copies to the device, in
+    the order found; ``graph_copy`` allocates those copies at the split's start. A split starts where the backend
+    changes, and at a device node reading a host weight once the split already has inputs. A tensor is copied once
+    for the whole graph (``tensor_id_copy``); view ops neither start a split nor read."""
+    out: dict[int, list[Tensor]] = {}
+    copied: set[int] = set()
+    host: bool | None = None
+    start = n_inputs = 0
+    for i, node in enumerate(nodes):
+        if node.op in VIEW_OPS:
+            continue
+        if host is None or node.host != host or (n_inputs and not node.host and any(s.copy_bytes for s in node.src)):
+            host, start, n_inputs = node.host, i, 0
+        if node.host:
+            continue
+        for s in node.src:
+            if s.host and (s.copy_bytes or not s.external) and id(s) not in copied:
+                copied.add(id(s))
+                n_inputs += 1
+                out.setdefault(start, []).append(s)
+    return out
 
 
 def mark_outputs(tensors: Iterable[Tensor]) -> None:

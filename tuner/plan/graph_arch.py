@@ -17,6 +17,8 @@ from tuner.core.model import ModelInfo
 from tuner.plan import graph_alloc as g
 from tuner.plan.graph_alloc import F16, F32, I32, I64, Graph, Tensor
 
+# ggml-cuda.cu's MOE_WEIGHTED_REDUCTION_MAX_EXPERTS: the most experts a token uses for the fused weighted sum.
+CUDA_MOE_REDUCTION_MAX_EXPERTS = 15
 HYBRID_ARCHS = frozenset({"qwen35moe", "qwen35", "qwen3next"})
 # Archs whose last layer gathers the output rows before the FFN (the others gather after the final norm, since
 # ``cparams.embeddings_nextn_masked`` is false by default).
@@ -218,6 +220,11 @@ class _Builder:
         for v in views[1:]:
             out = g.same_shape("ADD", out, v)
             self.gf.expand(out)
+        if self.s.split and not experts.src[0].host and 2 <= n_used <= CUDA_MOE_REDUCTION_MAX_EXPERTS:
+            # ggml_backend_cuda_graph_optimize: the weighting and the sum over experts match
+            # ggml_cuda_match_moe_weighted_reduction, and the fusion keeps the unweighted experts and the router
+            # weights allocated until the sum (add_alloc_dep), so the MUL cannot take the experts' memory in place.
+            self.gf.keep_until(out, experts.src[0], weights)
         return g.cont(out) if n_used == 1 else out
 
     def shared_gated(self, cur: Tensor, il: int, moe_out: Tensor) -> Tensor:

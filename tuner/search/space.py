@@ -94,11 +94,11 @@ class SearchSpace:
     # --cache-ram of every config, set where llama-server's default prompt cache would not fit beside the host
     # weights (tuner.plan.ram); None: the engine's default.
     cache_ram_mib: int | None = None
-    # The prompt-side levers of a CUDA rig with experts in RAM (:mod:`tuner.search.levers`): op offload on/off, its
-    # threshold (asked only with op offload on) and the host buffer; a single value is fixed, not searched.
+    # The prompt-side levers of a CUDA rig with experts in RAM (:mod:`tuner.search.levers`): op offload on/off and
+    # the host buffer; a single value is fixed, not searched. Op offload's threshold is no axis: llama-bench cannot
+    # tell thresholds apart, so the session stage measures it as one arm (levers.session_threshold).
     op_offload: tuple[bool, ...] = (True,)
     no_host: tuple[bool, ...] = (False,)
-    op_offload_min_batch: tuple[int | None, ...] = (None,)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -112,8 +112,6 @@ class SearchSpace:
             **({"cache_ram_mib": self.cache_ram_mib} if self.cache_ram_mib is not None else {}),
             **({"op_offload": list(self.op_offload)} if len(self.op_offload) > 1 else {}),
             **({"no_host": list(self.no_host)} if len(self.no_host) > 1 else {}),
-            **({"op_offload_min_batch": list(self.op_offload_min_batch)} if len(self.op_offload_min_batch) > 1
-               else {}),
         }
 
     @property
@@ -298,7 +296,6 @@ def make_config(space: SearchSpace, params: dict[str, Any]) -> LaunchConfig:
     ctk, ctv = _kv_from_label(params["kv"]) if "kv" in params else space.kv_pairs[0]
     fa = FlashAttn.ON if ctv.is_quantized else FlashAttn(params.get("flash_attn", space.flash_attn[0].value))
     ubatch = params.get("ubatch", space.ubatch[0])
-    op_offload = params.get("op_offload", space.op_offload[0])
     return LaunchConfig(
         model=space.model,
         n_cpu_moe=params.get("n_cpu_moe") if space.n_cpu_moe else None,
@@ -306,8 +303,7 @@ def make_config(space: SearchSpace, params: dict[str, Any]) -> LaunchConfig:
         cache_type_k=ctk, cache_type_v=ctv, flash_attn=fa, ctx=space.ctx, parallel=space.parallel,
         threads=params.get("threads", space.threads[-1]), ubatch=ubatch, batch=batch_for(ubatch),
         device=space.device, cache_ram_mib=space.cache_ram_mib,
-        op_offload=op_offload, no_host=params.get("no_host", space.no_host[0]),
-        op_offload_min_batch=params.get("op_offload_min_batch", space.op_offload_min_batch[0]) if op_offload else None,
+        op_offload=params.get("op_offload", space.op_offload[0]), no_host=params.get("no_host", space.no_host[0]),
     )
 
 
@@ -337,9 +333,6 @@ def params_of(space: SearchSpace, cfg: LaunchConfig) -> dict[str, Any]:
         params["op_offload"] = cfg.op_offload
     if len(space.no_host) > 1:
         params["no_host"] = cfg.no_host
-    if len(space.op_offload_min_batch) > 1 and params.get("op_offload", cfg.op_offload):
-        n = cfg.op_offload_min_batch
-        params["op_offload_min_batch"] = n if n in space.op_offload_min_batch else space.op_offload_min_batch[0]
     return params
 
 
@@ -363,10 +356,6 @@ def suggest(trial: Any, space: SearchSpace) -> LaunchConfig:
         params["op_offload"] = trial.suggest_categorical("op_offload", list(space.op_offload))
     if len(space.no_host) > 1:
         params["no_host"] = trial.suggest_categorical("no_host", list(space.no_host))
-    if len(space.op_offload_min_batch) > 1 and params.get("op_offload", space.op_offload[0]):
-        # Asked only with op offload on: off has no threshold, so no trial is spent on off at each threshold.
-        params["op_offload_min_batch"] = trial.suggest_categorical("op_offload_min_batch",
-                                                                   list(space.op_offload_min_batch))
     return make_config(space, params)
 
 
@@ -376,12 +365,10 @@ def iter_configs(space: SearchSpace) -> Iterator[LaunchConfig]:
     ngl: Sequence[int | None] = range(space.n_gpu_layers[1], space.n_gpu_layers[0] - 1, -1) \
         if space.n_gpu_layers else [None]
     seen: set[LaunchConfig] = set()
-    for n, g, kv, fa, t, u, po, nh, mb in product(moe, ngl, space.kv_pairs, space.flash_attn, space.threads,
-                                                  space.ubatch, space.op_offload, space.no_host,
-                                                  space.op_offload_min_batch):
+    for n, g, kv, fa, t, u, po, nh in product(moe, ngl, space.kv_pairs, space.flash_attn, space.threads,
+                                              space.ubatch, space.op_offload, space.no_host):
         params: dict[str, Any] = {"n_cpu_moe": n, "n_gpu_layers": g, "kv": kv_label(*kv), "flash_attn": fa.value,
-                                  "threads": t, "ubatch": u, "op_offload": po, "no_host": nh,
-                                  "op_offload_min_batch": mb}
+                                  "threads": t, "ubatch": u, "op_offload": po, "no_host": nh}
         cfg = make_config(space, params)
         if cfg not in seen:
             seen.add(cfg)
