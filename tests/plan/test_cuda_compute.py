@@ -13,7 +13,6 @@ from tuner.core.config import FlashAttn, LaunchConfig
 from tuner.machine.hardware import Hardware
 from tuner.models import gguf_reader, shape_model
 from tuner.plan import memory
-from tuner.plan.placement import engine_agrees
 
 MIB = 2**20
 H100 = Hardware("NVIDIA H100 80GB HBM3", 80 * 2**30, 80 * 2**30, 3.35e12, 50e9, 126 * 2**30, 125 * 2**30, 0, 40e9,
@@ -27,9 +26,12 @@ H100_ROWS = [
     ((8192, 49, FlashAttn.ON, None, True), (225, 16)),  # every expert on the host
     ((8192, None, FlashAttn.AUTO, None, True), (92, 16)),  # everything on the GPU
     ((32768, 49, FlashAttn.AUTO, None, True), (249, 40)),
-    ((32768, 49, FlashAttn.AUTO, None, False), (112, 80)),  # --no-op-offload
+    # --no-op-offload: the host experts' up/gate/down and the activation between them run on the host, which reads
+    # copies of the normed input and the expert ids; the device reads a copy of their output.
+    ((32768, 49, FlashAttn.AUTO, None, False), (112, 80)),
     # -ub 4096: the fused MoE weighted sum's allocation dependencies keep the unweighted experts (256 MiB) alive
-    # beside the weighted ones; without them the replay says 928.
+    # beside the weighted ones; without them the replay says 928. Without the split inputs allocated where their
+    # split starts, the first six rows are 8 MiB over.
     ((32768, 35, FlashAttn.ON, 4096, True), (1149, 320)),
 ]
 # Documented gaps: the host figure matches, the device one does not yet (strict xfail: a fix must update this).
@@ -53,8 +55,7 @@ def _check(info, row, engine) -> None:
                        batch=ub, op_offload=op_offload)
     est = memory.estimate(info, cfg, H100)
     ours = (est.gpu.compute_bytes // MIB, est.host.compute_bytes // MIB)
-    assert engine_agrees(ours[1], engine[1], info.tensor_bytes), (ours, engine)
-    assert ours[0] == engine[0], (ours, engine)  # the device figure to the MiB the engine prints
+    assert ours == engine, (ours, engine)  # device and host, to the MiB the engine prints
 
 
 @pytest.mark.parametrize(("row", "engine"), H100_ROWS)

@@ -188,13 +188,19 @@ class Graph:
         self.leafs: list[Tensor] = []
         self._seen: set[int] = set()
         # A backend's allocation dependencies (``ggml_backend_graph_optimize_params::add_alloc_dep``): id of the
-        # ``until`` node → the tensors kept allocated until it is computed (ggml_backend_sched_split_graph adds a
-        # GGML_OP_NONE node right after it with them as sources).
+        # ``until`` node → the nodes whose sources stay allocated until it is computed (ggml_backend_sched_split_graph
+        # adds a GGML_OP_NONE node right after it with them as sources). The backend looks at the split graph, so a
+        # source is whatever the node reads once pass 5 has put copies in: resolved when the graph is placed.
         self.deps: dict[int, list[Tensor]] = {}
 
-    def keep_until(self, until: Tensor, *kept: Tensor) -> None:
-        keep = self.deps.setdefault(id(until), [])
-        keep.extend(t for t in kept if all(t is not k for k in keep))
+    def keep_sources_until(self, until: Tensor, *readers: Tensor) -> None:
+        self.deps.setdefault(id(until), []).extend(readers)
+
+    def kept(self, node: Tensor) -> list[Tensor]:
+        out: list[Tensor] = []
+        for r in self.deps.get(id(node), ()):
+            out.extend(s for s in r.src if all(s is not k for k in out))
+        return out
 
     def expand(self, *tensors: Tensor) -> None:
         for t in tensors:
@@ -276,14 +282,11 @@ def reserve(graph: Graph, alignment: int = TENSOR_ALIGNMENT) -> tuple[int, int]:
     """(the buffer ``ggml_gallocr_reserve_n`` sizes for ``graph``'s device nodes, the one for its host nodes).
 
     Without ``host`` tensors everything is one buffer (the CPU backend alone) and the second figure is 0. With them
-    the graph is the one ``ggml_backend_sched_split_graph`` hands the allocator beside a GPU: host tensors go to
-    the host buffer; a device node that reads a host tensor reads its copy in the device buffer (pass 5's
-    ``tensor_id_copy``, made once per tensor, allocated where the split that first reads it starts, live until its
-    last device reader); a device node that reads a host weight (op offload) reads a copy made at the start of the
-    node's own split and dropped after it. ``graph.deps`` keeps tensors alive as a backend's fusions ask."""
+    the graph is the one ``ggml_backend_sched_split_graph`` hands the allocator beside a GPU (:func:`_split`): a
+    node that reads a tensor of the other backend reads its copy, allocated where the split that first reads it
+    starts; the original has one more reader there (``input_dep``). ``graph.deps`` keeps tensors alive as a
+    backend's fusions ask. The graph's sources are rewritten to the copies, as the engine rewrites them."""
     mem, host_mem = _FreeBlocks(alignment), _FreeBlocks(alignment)
-    copies: dict[int, Tensor] = {}
-    readers: dict[int, int] = {}  # device readers left per host tensor
 
     def allocate(t: Tensor) -> None:
         if t.external or t.allocated or t.is_view:
@@ -303,12 +306,6 @@ def reserve(graph: Graph, alignment: int = TENSOR_ALIGNMENT) -> tuple[int, int]:
             (host_mem if t.host else mem).free(t.offset, t.nbytes)
             t.allocated = False
 
-    def device_copy(s: Tensor) -> None:
-        """A host tensor read on the device: its copy, allocated at the first device reader."""
-        if id(s) not in copies:
-            copies[id(s)] = Tensor(s.ne, s.es)
-            allocate(copies[id(s)])
-
     def consumed(p: Tensor) -> None:
         """``ggml_gallocr_alloc_graph_impl``'s "update parents": one reader fewer; freed after its last."""
         p.n_children -= 1
@@ -322,55 +319,51 @@ def reserve(graph: Graph, alignment: int = TENSOR_ALIGNMENT) -> tuple[int, int]:
             elif p.allocated:
                 release(p)
 
+    starts = _split(graph.nodes)
     for leaf in graph.leafs:
         allocate(leaf)
-    for node in graph.nodes:
+    for i, node in enumerate(graph.nodes):
+        for orig, _ in starts.get(i, ()):
+            orig.n_children += 1  # input_dep: the original is read where its copy is made
         if node.is_view and node.op != "NONE":
             node.view_src.n_views += 1  # type: ignore[union-attr]
         if node.is_input:
             allocate(node)
-        for k in graph.deps.get(id(node), ()):
+        for k in graph.kept(node):
             k.n_children += 1  # the dependency node reads them
         for s in node.src:
             s.n_children += 1
             if s.is_input:
                 allocate(s)
-            if s.host and not node.host and not s.external:
-                readers[id(s)] = readers.get(id(s), 0) + 1
-    split_inputs = _split_inputs(graph.nodes)
-    weight_copies: dict[int, Tensor] = {}
     for i, node in enumerate(graph.nodes):
-        for s in split_inputs.get(i, ()):  # graph_copy: each input's copy, allocated where its split starts
-            if s.copy_bytes:
-                weight_copies[id(s)] = Tensor((s.copy_bytes,), 1)
-                allocate(weight_copies[id(s)])
-            else:
-                device_copy(s)
+        for orig, copy in starts.get(i, ()):  # graph_copy: input_dep, then the input's copy, at the split start
+            allocate(orig)
+            consumed(orig)
+            allocate(copy)
         for s in node.src:
             allocate(s)
         allocate(node)
-        for s in node.src:
-            if id(s) in weight_copies and not node.host:
-                release(weight_copies.pop(id(s)))
         for p in node.src:
-            if p.host and not node.host and not p.external:
-                readers[id(p)] -= 1
-                if readers[id(p)] == 0:
-                    release(copies[id(p)])
             consumed(p)
-        for k in graph.deps.get(id(node), ()):  # the dependency node, computed right after ``node``
+        for k in graph.kept(node):  # the dependency node, computed right after ``node``
             consumed(k)
     return mem.max_size, host_mem.max_size
 
 
-def _split_inputs(nodes: Sequence[Tensor]) -> dict[int, list[Tensor]]:
-    """``ggml_backend_sched_split_graph``'s pass 5, device side: the index of the node each split starts at → the
-    host tensors (activations, and weights the device reads under op offload) the split copies to the device, in
-    the order found; ``graph_copy`` allocates those copies at the split's start. A split starts where the backend
-    changes, and at a device node reading a host weight once the split already has inputs. A tensor is copied once
-    for the whole graph (``tensor_id_copy``); view ops neither start a split nor read."""
-    out: dict[int, list[Tensor]] = {}
-    copied: set[int] = set()
+def _on_host(t: Tensor) -> bool:
+    """The backend a tensor lives on; a view lives on its source's (``ggml_backend_sched_split_graph`` pass 4)."""
+    return (t.view_src or t).host
+
+
+def _split(nodes: Sequence[Tensor]) -> dict[int, list[tuple[Tensor, Tensor]]]:
+    """``ggml_backend_sched_split_graph``'s pass 5 on a GPU and the host: the index of the node each split starts at →
+    (original, copy) for each tensor of the other backend the split reads, in the order found (activations both
+    ways, and host weights the device reads under op offload, copied as ``copy_bytes``). A split starts where the
+    backend changes, and at a device node reading a host weight once the split already has inputs. A tensor is
+    copied once per backend for the whole graph (``tensor_id_copy``), and every later reader there reads that
+    copy: the nodes' sources are rewritten. View ops neither start a split nor read."""
+    out: dict[int, list[tuple[Tensor, Tensor]]] = {}
+    copies: dict[tuple[int, bool], Tensor] = {}
     host: bool | None = None
     start = n_inputs = 0
     for i, node in enumerate(nodes):
@@ -378,13 +371,19 @@ def _split_inputs(nodes: Sequence[Tensor]) -> dict[int, list[Tensor]]:
             continue
         if host is None or node.host != host or (n_inputs and not node.host and any(s.copy_bytes for s in node.src)):
             host, start, n_inputs = node.host, i, 0
-        if node.host:
-            continue
-        for s in node.src:
-            if s.host and (s.copy_bytes or not s.external) and id(s) not in copied:
-                copied.add(id(s))
+        src = list(node.src)
+        for j, s in enumerate(src):
+            if not (bool(s.copy_bytes) and not node.host if s.external else _on_host(s) != node.host):
+                continue
+            key = (id(s), node.host)
+            if key not in copies:
+                copy = Tensor((s.copy_bytes,), 1) if s.external else Tensor(s.ne, s.es, nb=s.nb)
+                copy.host = node.host
+                copies[key] = copy
                 n_inputs += 1
-                out.setdefault(start, []).append(s)
+                out.setdefault(start, []).append((s, copy))
+            src[j] = copies[key]
+        node.src = tuple(src)
     return out
 
 

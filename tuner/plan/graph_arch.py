@@ -209,7 +209,12 @@ class _Builder:
         gate = self.offload(g.mul_mat_id(self.lw(il, "ffn_gate_exps.weight"), x, selected), T)
         if self.has(il, "ffn_gate_exps.bias"):
             gate = g.same_shape("ADD_ID", gate, self.lw(il, "ffn_gate_exps.bias"), selected)
-        experts = self.offload(g.mul_mat_id(self.lw(il, "ffn_down_exps.weight"), g.glu(gate, up), selected), T)
+        act = g.glu(gate, up)
+        # ggml_backend_sched_split_graph pass 2: an op without weights goes with its neighbours, and the host's
+        # backend spreads down only after every GPU's has spread up and down: between host experts' up/gate and
+        # down, the activation stays on the host.
+        act.host = gate.host and up.host
+        experts = self.offload(g.mul_mat_id(self.lw(il, "ffn_down_exps.weight"), act, selected), T)
         if self.has(il, "ffn_down_exps.bias"):
             experts = g.same_shape("ADD_ID", experts, self.lw(il, "ffn_down_exps.bias"), selected)
         experts = g.same_shape("MUL", experts, weights)
@@ -220,11 +225,12 @@ class _Builder:
         for v in views[1:]:
             out = g.same_shape("ADD", out, v)
             self.gf.expand(out)
-        if self.s.split and not experts.src[0].host and 2 <= n_used <= CUDA_MOE_REDUCTION_MAX_EXPERTS:
+        if self.s.split and 2 <= n_used <= CUDA_MOE_REDUCTION_MAX_EXPERTS:
             # ggml_backend_cuda_graph_optimize: the weighting and the sum over experts match
-            # ggml_cuda_match_moe_weighted_reduction, and the fusion keeps the unweighted experts and the router
-            # weights allocated until the sum (add_alloc_dep), so the MUL cannot take the experts' memory in place.
-            self.gf.keep_until(out, experts.src[0], weights)
+            # ggml_cuda_match_moe_weighted_reduction, and the fusion keeps the unweighted experts (their copy, when
+            # host experts ran on the host) and the router weights allocated until the sum (add_alloc_dep), so the
+            # MUL cannot take the experts' memory in place.
+            self.gf.keep_sources_until(out, experts)
         return g.cont(out) if n_used == 1 else out
 
     def shared_gated(self, cur: Tensor, il: int, moe_out: Tensor) -> Tensor:
