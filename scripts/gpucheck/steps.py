@@ -258,7 +258,7 @@ def steps_for(c: Check) -> list[Step]:
     model_s = float(EST["model-random" if c.args.random_weights else "model-zero"])
     if not c.has_gpu:
         return [Step("model", False, 3.0, step_model, f"write {c.args.model} at real scale"),
-                Step("plan-budgets", False, 3.0 * len(runs_wanted(c)), step_plan_budgets,
+                Step("plan-budgets", False, 10.0 * len(runs_wanted(c)), step_plan_budgets,
                      "memory model per budget (planned, not measured)"),
                 Step("ballast", False, 1.0, step_ballast_cpu, "VRAM ballast (reports that no GPU is here)")]
     engine_s, engine_what = engine_est_s(c)

@@ -3,10 +3,12 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
+import pytest
+
 from tests.conftest import run_cli
 from tests.hub_server import HubServer, root_layout
 from tuner.catalog import cards
-from tuner.core.config import LaunchConfig
+from tuner.core.config import CacheType, LaunchConfig
 from tuner.machine.hardware import Hardware
 from tuner.models import gguf_reader
 from tuner.plan import placement, roofline
@@ -170,9 +172,38 @@ def test_make_plan_estimates_each_config_once(demo_models, monkeypatch):
     p = placement.make_plan(info, LaunchConfig(model=info.paths[0], ctx=1000), hw, [1000, 2000],
                             placement.KV_CHOICES)
     summary = {cfg: k for cfg, k in seen.items() if cfg.ctx in (1000, 2000)}
-    assert len(summary) == 2 * len(placement.KV_CHOICES) * (info.n_layer + 1)
+    table = [cfg for cfg in summary if cfg.ctx == 1000 and cfg.cache_type_k == cfg.cache_type_v == CacheType.F16]
+    assert len(table) == info.n_layer + 1  # every step of the table, and no other estimate of its pair
     assert set(summary.values()) == {1}, [cfg for cfg, k in summary.items() if k > 1][:2]
     assert p.smallest_fits[0].interval == placement.fit_interval(info, LaunchConfig(model=info.paths[0], ctx=1000), hw)
+
+
+@pytest.mark.parametrize("kind", ["moe", "dense"])
+def test_the_bisected_interval_is_the_one_every_step_gives(kind, demo_models, trained_model):
+    """fit_interval bisects each end (the card's need falls step by step, the host's rises); it must say what
+    interval_of says over every step: fits, short of VRAM, short of RAM, short of both, a card with no GPU."""
+    path = demo_models[("qwen3moe", "Q4_K_M")] if kind == "moe" else trained_model
+    info = gguf_reader.inspect_model(path)
+    axis = placement.offload_of(info)
+    base = LaunchConfig(model=path, ctx=4096)
+    card = cards.find_card("RTX 3060").hardware(32 * 2**30, 32 * 2**30, 40e9)
+    every = [estimate(info, axis.apply(base, n), card) for n in range(axis.steps)]
+    gpu = [e.gpu.total_bytes + FIT_MARGIN_BYTES for e in every]
+    host = [e.host.total_bytes for e in every]
+    seen = set()
+    for vram in (gpu[-1] - 1, gpu[-1], (gpu[0] + gpu[-1]) // 2, gpu[0], gpu[0] + 2**30):
+        for ram in (host[0] - 1, host[0], (host[0] + host[-1]) // 2, host[-1], host[-1] + 2**30):
+            hw = replace(card, ram_total_bytes=ram, ram_available_bytes=ram, vram_total_bytes=vram,
+                         vram_free_bytes=vram)
+            want = placement.interval_of([estimate(info, axis.apply(base, n), hw) for n in range(axis.steps)], hw,
+                                         axis=axis)
+            assert placement.fit_interval(info, base, hw) == want, (vram, ram)
+            seen.add((want.fits, want.ram_short_bytes is None, want.vram_short_bytes is None))
+    assert len(seen) >= 4  # fits, and each way of not fitting
+    cpu = cards.machine(None)
+    if not cpu.has_gpu:
+        assert placement.fit_interval(info, base, cpu) == placement.interval_of(
+            [estimate(info, axis.apply(base, n), cpu) for n in range(axis.steps)], cpu, axis=axis)
 
 
 def test_cli_plan_of_a_dense_model_is_along_ngl(trained_model):

@@ -11,7 +11,7 @@ from optuna.trial import TrialState
 
 from tests.fakes import small_card
 from tuner.catalog.cards import find_card
-from tuner.core.config import FlashAttn, LaunchConfig
+from tuner.core.config import CacheType, FlashAttn, LaunchConfig
 from tuner.core.errors import UsageError
 from tuner.engine import build
 from tuner.models.gguf_reader import inspect_model
@@ -46,8 +46,11 @@ def test_search_gates_by_memory_resumes_and_stops_on_ctrl_c(demo_models, tmp_pat
     info = inspect_model(model)
     loc = build.locate_engine()
     caps = build.capabilities(loc)
-    # A fake small card (at the hardware boundary): low n_cpu_moe values cannot fit, high ones can.
-    hw = small_card(info, LaunchConfig(model=model, ctx=1024, parallel=1, flash_attn=FlashAttn.ON), info.n_layer // 2)
+    # A fake small card (at the hardware boundary): low n_cpu_moe values cannot fit, high ones can, with the
+    # space's cheapest KV pair too (on the tiny model q4_0 saves more than four layers' experts).
+    cheapest = LaunchConfig(model=model, ctx=1024, parallel=1, flash_attn=FlashAttn.ON, cache_type_k=CacheType.Q4_0,
+                            cache_type_v=CacheType.Q4_0)
+    hw = small_card(info, cheapest, info.n_layer // 2)
     sp = build_space(model, info, hw, ctx=1024, parallel=1, prompt_tokens=16, vram_margin_mib=0)
     # --n-cpu-moe is searched from the memory model's fitting boundary up, not from 0.
     assert sp.n_cpu_moe is not None and 0 < sp.n_cpu_moe[0] <= sp.n_cpu_moe[1] <= info.n_layer

@@ -11,7 +11,7 @@ empty with neither end at the edge.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from tuner.core.config import CacheType, FlashAttn, LaunchConfig
@@ -142,10 +142,42 @@ def overs(est: MemoryEstimate, hw: Hardware, margin_bytes: int = FIT_MARGIN_BYTE
 def fit_interval(model: ModelInfo, cfg: LaunchConfig, hw: Hardware,
                  margin_bytes: int = FIT_MARGIN_BYTES) -> FitInterval:
     """Which offload steps fit ``cfg`` on ``hw`` (:func:`offload_of`), and, when none does, what is short by how
-    much."""
+    much: :func:`interval_of` over every step, from a handful of estimates.
+
+    Each step moves one layer's weights from the card to the host, so the card's need falls and the host's rises
+    step by step (the compute buffer may grow by a host weight's copy, less than the layer it moved): the steps
+    that fit the card are a suffix, those that fit the RAM a prefix, and a bisection finds each end. On a 30B MoE
+    that is 12 compute-graph replays instead of 49."""
     axis = offload_of(model)
-    return interval_of([estimate(model, axis.apply(cfg, n), hw) for n in range(axis.steps)], hw, margin_bytes,
-                       axis)
+    seen: dict[int, tuple[int, int]] = {}
+
+    def over(n: int) -> tuple[int, int]:
+        if n not in seen:
+            seen[n] = overs(estimate(model, axis.apply(cfg, n), hw), hw, margin_bytes)
+        return seen[n]
+
+    last = axis.steps - 1
+    lo = _first(lambda n: over(n)[0] <= 0, last)  # the fewest steps the card holds
+    hi = _first(lambda n: over(n)[1] > 0, last)  # the first step the RAM does not hold
+    hi = last if hi is None else hi - 1 if hi > 0 else None
+    if lo is not None and hi is not None and lo <= hi:
+        return FitInterval(lo, hi, offload=axis)
+    return FitInterval(None, None, ram_short_bytes=over(lo)[1] if lo is not None else None,
+                       vram_short_bytes=over(hi)[0] if hi is not None else None, offload=axis)
+
+
+def _first(holds: Callable[[int], bool], last: int) -> int | None:
+    """The smallest step in 0..last where ``holds`` (false below it, true from it on), or None."""
+    if not holds(last):
+        return None
+    a, b = 0, last
+    while a < b:
+        mid = (a + b) // 2
+        if holds(mid):
+            b = mid
+        else:
+            a = mid + 1
+    return a
 
 
 def interval_of(estimates: Sequence[MemoryEstimate], hw: Hardware,
