@@ -113,7 +113,7 @@ RIGS = [
     Rig(HARDWARE_CORNER, "RTX 3090", 64, "gpt-oss-120b:MXFP4_MOE", 131072, 27, (23.0, 24.0),
         "'just under the 24 GB limit': under the card's 24 GiB and within 1 GiB of it", 1.61, tg_depth=1400,
         contradicts=(
-            ("vram", "the planner needs 21.4 GiB at the trained context (less at any smaller one), 2 GiB short of "
+            ("vram", "the planner needs 21.3 GiB at the trained context (less at any smaller one), 1.7 GiB short of "
                      "'just under 24 GB'; the article gives neither the context nor a figure, and nvidia-smi counts "
                      "every process on the card"),
             ("ceiling", "1.6 tok/s is a few % of the bound whatever the channel count of its DDR4-3200; with 43 GiB "
@@ -122,7 +122,7 @@ RIGS = [
     Rig(LOCALLLAMA, None, 64, "gpt-oss-120b:MXFP4_MOE", 131072, 36, (7.5, 8.5),
         "'everything else on the GPU, about 8GB': 7.5-8.5 GiB (GB read as GiB, as for the 24 GB cards)",
         25.62, tg_depth=12717 + 1966 // 2,
-        contradicts=(("vram", "the planner needs 7.16 GiB: 0.34 GiB under 'about 8GB' read as GiB (read as "
+        contradicts=(("vram", "the planner needs 7.11 GiB: 0.39 GiB under 'about 8GB' read as GiB (read as "
                               "decimal GB, 6.98-7.92 GiB, it would pass; the post does not say which)"),)),
     Rig(FIELD_002, "RTX 3090", 64, "qwen3.5-35b-a3b:Q4_K_M", 120000, 0, _point(18.68), "18.68 GiB (table)", 94,
         file_gib=15.45, contradicts=(("ceiling", _FULL_GPU),)),
