@@ -26,8 +26,10 @@ class FakeNVML:
                  processes: list[tuple[int, int]] | None = None, graphics: list[tuple[int, int]] | None = None,
                  util_pct: int | None = None, process_sm: dict[int, int] | None = None,
                  compute_capability: tuple[int, int] = (8, 6), sample_lag_s: float = 0.0,
-                 lost: str | None = None) -> None:
+                 lost: str | None = None, cuda_driver: int = 12080) -> None:
         self.cards = cards or []
+        # nvmlSystemGetCudaDriverVersion: the newest CUDA the driver runs (12080: CUDA 12.8, driver 570's)
+        self.cuda_driver = cuda_driver
         self.processes = processes or []  # (pid, used bytes) holding a compute context on every card
         self.graphics = graphics or []  # (pid, used bytes) holding a graphics context (a display, a browser)
         self.util_pct = util_pct  # device utilization; None: the driver does not say
@@ -53,6 +55,9 @@ class FakeNVML:
 
     def nvmlSystemGetDriverVersion(self) -> str:  # noqa: N802
         return self.driver
+
+    def nvmlSystemGetCudaDriverVersion(self) -> int:  # noqa: N802
+        return self.cuda_driver
 
     def nvmlDeviceGetCount(self) -> int:  # noqa: N802
         self.queries += 1

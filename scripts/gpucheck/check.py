@@ -21,23 +21,18 @@ no GPU is there.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import shlex
 import sys
-import threading
 import time
 from pathlib import Path
-from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO), str(REPO / "scripts")]
 
 from gpucheck import lease as gpu_lease  # noqa: E402
+from gpucheck.context import RESUMABLE_MIN_S, Check  # noqa: E402
 from gpucheck.steps import (  # noqa: E402, F401 - parse_smi: the check's public name
     DEFAULT_MODEL,
-    ENGINE_CMDS,
-    FIRST_BUDGET_GIB,
     LATER_BUDGETS_GIB,
     LONG_CTX,
     parse_smi,
@@ -45,109 +40,43 @@ from gpucheck.steps import (  # noqa: E402, F401 - parse_smi: the check's public
     use_site,
 )
 from tuner.core.errors import ProcessTimeoutError, TunerError  # noqa: E402
-from tuner.engine import build, runner  # noqa: E402
-from tuner.machine import ballast, hardware  # noqa: E402
+from tuner.engine import build  # noqa: E402
+from tuner.machine import hardware  # noqa: E402
 
 EXIT_CONTINUE = 75  # stopped before the time limit: run the same command again
-RESUMABLE_MIN_S = 60.0  # a step that goes on where it stopped (the build) starts with at least this much left
-
-
-class Check:
-    """The state of one check run: options, OUT folder, state file, engine and model once known."""
-
-    def __init__(self, args: argparse.Namespace) -> None:
-        self.args = args
-        self.out: Path = args.out or REPO / "results" / "gpu-check"
-        self.gpu_reason = ballast.gpu_missing_reason()  # None: a GPU is here
-        self.has_gpu = self.gpu_reason is None
-        self.state_path = self.out / "state.json"
-        self.state: dict[str, Any] = {"steps": {}, "machine": {}}
-        source = self.state_path if self.state_path.is_file() else args.state
-        if source is not None and source.is_file():
-            raw = json.loads(source.read_text())
-            self.state = raw.get("state", raw)  # a gpu-<card>.json that came back holds the state inside
-            if source == args.state:  # another lease's machine: this one's card is asked again
-                self.state["steps"].pop("gpu-info", None)
-                self._again(args.again)
-            self._forget_what_is_not_here()
-        self.state["command"] = "scripts/gpu_check " + shlex.join(sys.argv[1:])
-        self.started = time.monotonic()
-        self.packing: threading.Thread | None = None
-
-    def _again(self, names: tuple[str, ...]) -> None:
-        """Steps a new lease measures again (after a fix): their earlier results move to ``earlier``, kept in the
-        state. Only a lease that starts from ``--state`` does this, so the second command of one lease, which
-        continues from the state in --out, does not measure them a third time."""
-        earlier = self.state.setdefault("earlier", {})
-        for name in names:
-            if name in self.state["steps"]:
-                earlier.setdefault(name, []).append(self.state["steps"].pop(name))
-
-    def _forget_what_is_not_here(self) -> None:
-        """A state carried from another machine (a fresh, bare one): its wheels, engine and model are not here,
-        so those steps run again; measured steps stay done."""
-        steps = self.state["steps"]
-        checks = {"wheels": lambda r: (self.out / "site").is_dir() or not r.get("installed"),
-                  "engine": lambda r: Path(r.get("bin", "/nonexistent")).is_dir(),
-                  "model": lambda r: Path(r.get("path", "/nonexistent")).is_file(),
-                  "gpu-info": lambda r: True}
-        for name, here in checks.items():
-            if name in steps and not here(steps[name].get("result") or {}):
-                del steps[name]
-
-    def save(self) -> None:
-        self.out.mkdir(parents=True, exist_ok=True)
-        tmp = self.state_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.state, indent=2, default=str) + "\n")
-        tmp.replace(self.state_path)
-
-    def left_s(self) -> float:
-        """Seconds left of --time-limit in this run (children get no more, so none outlives the command)."""
-        return max(30.0, self.args.time_limit - (time.monotonic() - self.started))
-
-    def result(self, name: str) -> dict[str, Any]:
-        return (self.state["steps"].get(name) or {}).get("result") or {}
-
-    @property
-    def engine_dir(self) -> Path | None:
-        found = self.result("engine").get("bin")
-        return Path(found) if found else None
-
-    @property
-    def model_path(self) -> Path:
-        return Path(self.result("model")["path"])
-
-    @property
-    def budget_mib(self) -> int:
-        return FIRST_BUDGET_GIB * 1024
-
-    def cli(self, *argv: str, env: dict[str, str] | None = None) -> dict[str, Any]:
-        """One `moe-tune` command (the CLI is the stable contract), its --json output parsed."""
-        extra = ["--llama-cpp-dir", str(self.engine_dir)] if self.engine_dir and argv[0] in ENGINE_CMDS else []
-        res = runner.run_process([sys.executable, "-m", "tuner.cli", *argv, *extra, "--json"], timeout_s=self.left_s(),
-                                 what=f"moe-tune {argv[0]}", fix="see the step's note", env=env, cwd=REPO)
-        return json.loads(res.stdout)
-
-    def log(self, text: str) -> None:
-        print(f"  {text}", file=sys.stderr, flush=True)
-
-
+DEFAULT_ROUNDS = 6  # scripts/sim_lease_power.py: P = 0.99 at 1.14x and sigma 4 % (5 rounds: 0.94)
 
 
 # ------------------------------------------------------------------------------------------------ driver
 
 
 def dry_run(c: Check) -> int:
+    from gpucheck import power
+
+    c.planning = True
     gpu_steps = steps_for(_with_gpu(c, True))
     todo = [s for s in gpu_steps if (c.state["steps"].get(s.name) or {}).get("status") != "done"]
     plan = gpu_lease.plan([gpu_lease.Planned(s.name, s.est_s, s.what, s.part, s.resumable) for s in todo])
-    line = "scripts/gpu_check --from .gpu-pack --out results/gpu-check --copy-to $OUT"
+    line = f"scripts/gpu_check --from {c.args.from_dir or '.gpu-pack'} --out results/gpu-check --copy-to $OUT"
     if c.args.state is not None:  # a new lease from another's state: the first command names it (and --again)
         line += f" --state {c.args.state}" + (f" --again {','.join(c.args.again)}" if c.args.again else "")
-    print(f"on a GPU machine (estimates for 16 cores; model {c.args.model}; {len(gpu_steps) - len(todo)} steps done "
-          "in the state):")
+    if c.args.rounds != DEFAULT_ROUNDS:
+        line += f" --rounds {c.args.rounds}"
+    source = f"the state {c.args.state} came back with" if c.args.state is not None else "a fresh state"
+    print(f"the next lease, from {source} (estimates for 16 cores from lease 2's measured steps, "
+          f"scripts/gpucheck/estimates.py; model {c.args.model}; {len(gpu_steps) - len(todo)} steps done):")
+    engine = c.args.from_dir / "engine" / "engine.json" if c.args.from_dir else None
+    if engine is None or not engine.is_file():
+        print("  prerequisite, here, before the first device call: the engine is built here and carried, so the lease "
+              "spends no time building it:\n    MOE_TUNE_CUDA_ARCHS=90 moe-tune engine install --backend cuda   "
+              "(27 min on 2 cores, results/benchmarks/cuda-build-2core.md)\n"
+              f"    scripts/gpu_check --pack {c.args.from_dir or '.gpu-pack'} --engine 90   (carry it)")
     done_parts = [s.part for s in gpu_steps if s.part and s not in todo]
     print(gpu_lease.render(plan, line, done_parts), end="")
+    p = power.power(c.args.rounds, power.TARGET_GAIN, power.TARGET_SIGMA)
+    print(f"each versus step: {c.args.rounds} interleaved rounds decide a {power.TARGET_GAIN:.2f}x gain at "
+          f"{100 * power.TARGET_SIGMA:.0f} % round-to-round noise with P = {p.p_better:.2f} (99 % verdict; "
+          "scripts/sim_lease_power.py); it stops between rounds at its command's limit, keeping what it measured")
     cpu_steps = steps_for(_with_gpu(c, False))
     print(f"without a GPU (this machine: {c.gpu_reason or 'a GPU is here'}):")
     for s in cpu_steps:
@@ -233,12 +162,21 @@ def _describe_machine(c: Check) -> None:
     m["engine_commit"], m["engine_backend"] = eng.get("commit", build.PIN.commit), eng.get("backend", "n/a")
 
 
+def newest_state() -> Path | None:
+    """The state the last lease brought back (results/benchmarks/gpu-<card>.json), as a path from the repo root."""
+    found = sorted((REPO / "results" / "benchmarks").glob("gpu-*.json"), key=lambda p: p.stat().st_mtime)
+    return found[-1].relative_to(REPO) if found else None
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="scripts/gpu_check", description=__doc__.split("\n\n")[0])
     p.add_argument("--pack", type=Path, metavar="DIR", help="write the carry folder (trimmed source, wheels)")
     p.add_argument("--no-wheels", action="store_true", help="pack no wheels (offline; the GPU side must have them)")
     p.add_argument("--wheels-from", type=Path, metavar="DIR", help="copy wheels from DIR instead of downloading")
     p.add_argument("--sdist", type=Path, help="llama-cpp-python sdist to trim (default: the engine build's)")
+    p.add_argument("--engine", metavar="ARCH", help="with --pack: carry the CUDA engine built here for ARCH (90: "
+                   "H100/H200), so the lease restores it instead of building")
+    p.add_argument("--engine-dir", type=Path, metavar="BIN", help="with --engine: that build's bin folder")
     p.add_argument("--from", dest="from_dir", type=Path, metavar="DIR",
                    help="use a pack: build the engine from it (or restore DIR/engine, brought back by a lease)")
     p.add_argument("--out", type=Path, help="state, logs and the table (default results/gpu-check)")
@@ -248,11 +186,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--again", type=lambda s: tuple(x for x in s.split(",") if x), default=(), metavar="STEPS",
                    help="steps done in --state's lease to measure again (comma-separated), e.g. after a fix")
     p.add_argument("--budgets", type=lambda s: tuple(int(x) for x in s.split(",")), default=LATER_BUDGETS_GIB,
-                   help=f"free VRAM of the later chat runs, GiB (default 8,16,24; {FIRST_BUDGET_GIB} comes first)")
+                   help="free VRAM of more chat runs the CPU fallback plans, GiB (default 24)")
     p.add_argument("--long-ctx", type=int, default=LONG_CTX, help="context of the long-context run (0: none)")
     p.add_argument("--trials", type=int, default=3, help="auto-tune trials per run")
     p.add_argument("--model", default=DEFAULT_MODEL, help="catalog model and recipe for shape-model")
-    p.add_argument("--random-weights", action="store_true", help="valid random weights (speed-true prompts, ~90 s)")
+    p.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS,
+                   help=f"interleaved rounds per versus step (default {DEFAULT_ROUNDS}: P >= 0.9 at 1.14x, sigma 4 %%)")
     p.add_argument("--unified-spill", action="store_true", help="also spill with GGML_CUDA_ENABLE_UNIFIED_MEMORY=1")
     p.add_argument("--plan-card", default="RTX 4090", help="card the CPU fallback plans for")
     p.add_argument("--time-limit", type=float, default=gpu_lease.COMMAND_MAX_S,
@@ -270,8 +209,16 @@ def main(argv: list[str] | None = None) -> int:
             res = gpu_pack.make_pack(args.pack, sdist=args.sdist, wheels=not args.no_wheels,
                                      wheel_dir=args.wheels_from)
             print(gpu_pack.describe(res), end="")
+            if args.engine is not None:
+                packed = gpu_pack.pack_engine(args.pack, args.engine, args.engine_dir)
+                print(f"  engine/ (arch {args.engine}): {packed.get('archive_mib')} MiB"
+                      + ("" if packed.get("packed") else f" NOT PACKED: {packed.get('note')}"))
             if not args.dry_run and args.out is None:
                 return 0
+        if args.dry_run and args.state is None and args.pack is None:
+            args.state = newest_state()  # the next lease: from what the last one brought back
+        if args.dry_run and args.from_dir is None:
+            args.from_dir = Path(".gpu-pack")
         c = Check(args)
         if args.dry_run:
             return dry_run(c)

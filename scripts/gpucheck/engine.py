@@ -27,7 +27,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tuner.core.errors import UsageError
 from tuner.engine import build, cuda_toolkit, runner
 
 CHECK_TOOLS = ("llama-server", "llama-bench", "llama-fit-params")  # what (a)-(c) run
@@ -41,19 +40,14 @@ _NINJA = re.compile(r"^\[(\d+)/(\d+)\]")
 def identity(arch: str) -> dict[str, Any]:
     """What makes a build reusable on another machine: the pin, the product's flags, the card's architecture."""
     os.environ["MOE_TUNE_CUDA_ARCHS"] = arch  # read by build.cmake_flags
-    return {"pin": build.PIN.commit, "arch": arch, "cmake_flags": list(build.cmake_flags(build.Backend.CUDA))}
+    return {"pin": build.PIN.commit, "arch": arch, "cmake_flags": list(build.build_identity(build.Backend.CUDA))}
 
 
 def configure_argv(src: Path, bdir: Path, arch: str) -> tuple[list[str], list[Path]]:
     """The configure command and the runtime libraries the binaries need beside them."""
-    toolkit = cuda_toolkit.find_toolkit()
-    if toolkit is None:
-        raise UsageError("no nvcc on this machine (PATH, CUDA_HOME, /usr/local/cuda): the CUDA build needs one")
-    cublas = None if toolkit.library("cublas") else cuda_toolkit.installed_cublas(toolkit)
-    vmm = cuda_toolkit.driver_library(toolkit) is not None
-    flags = [*identity(arch)["cmake_flags"], *cuda_toolkit.cmake_flags(toolkit, arch, cublas, vmm)]
-    return (["cmake", "-S", str(src), "-B", str(bdir), "-G", "Ninja", *flags],
-            cuda_toolkit.runtime_libraries(toolkit, cublas))
+    flags, runtime = cuda_toolkit.configure_parts(arch)
+    return (["cmake", "-S", str(src), "-B", str(bdir), "-G", "Ninja", *build.cmake_flags(build.Backend.CUDA), *flags],
+            runtime)
 
 
 def compile_engine(src: Path, bdir: Path, arch: str, *, timeout_s: float, log: Callable[[str], None],
@@ -98,9 +92,15 @@ def link_runtime(bin_dir: Path, libs: list[Path]) -> None:
             link.symlink_to(lib)
 
 
+# The toolkit's runtime and cuBLAS (copied beside a managed build's binaries): never packed; the GPU machine has
+# its own.
+RUNTIME_PREFIXES = ("libcudart", "libcublas")
+
+
 def _packed(bin_dir: Path) -> list[Path]:
     return sorted(p for p in bin_dir.iterdir()
-                  if p.is_file() and not p.is_symlink() and (p.name in CHECK_TOOLS or ".so" in p.name))
+                  if p.is_file() and not p.is_symlink() and (p.name in CHECK_TOOLS or ".so" in p.name)
+                  and not p.name.startswith(RUNTIME_PREFIXES))
 
 
 def pack(bin_dir: Path, dest: Path, meta: dict[str, Any], *, limit_bytes: int = BACK_LIMIT_BYTES,
@@ -114,7 +114,8 @@ def pack(bin_dir: Path, dest: Path, meta: dict[str, Any], *, limit_bytes: int = 
             tar.add(path, arcname=path.name)
         # The library links the loader follows (libllama.so.0 -> libllama.so.0.5.0): kept as links.
         for path in sorted(bin_dir.iterdir()):
-            if path.is_symlink() and not Path(os.readlink(path)).is_absolute():
+            if path.is_symlink() and not Path(os.readlink(path)).is_absolute() \
+                    and not path.name.startswith(RUNTIME_PREFIXES):
                 tar.add(path, arcname=path.name)
     data = lzma.compress(raw.getvalue(), preset=6)
     took = round(time.monotonic() - t0, 1)

@@ -22,7 +22,7 @@ COMMANDS = 2  # back-to-back commands per lease
 TIMEOUT_MARGIN_S = 40.0  # the device call's timeout_s above the command's own --time-limit
 
 # What each question is, as the dry run and the table name it.
-PARTS = {"a": "memory model vs llama.cpp's CUDA breakdown", "b": "tuned vs --fit vs default",
+PARTS = {"a": "memory model vs llama.cpp's CUDA breakdown", "b": "tuned vs llama.cpp's default (valid weights)",
          "c": "induced spill classified", "d": "op offload on vs off on an agent turn"}
 
 

@@ -6,7 +6,7 @@ With a CUDA device, llama.cpp runs every op on a host-resident weight whose batc
 host experts over PCIe for each ubatch. ``--no-op-offload`` (common/arg.cpp) turns it off for the whole context:
 the flag auto-tune searches and prints, and what this step measures.
 
-The lines are the ones (b) measured on the agent workload: the tuned line and llama.cpp's ``--fit`` choice, each
+The lines are the agent search's best line and llama.cpp's default (lease 2: the tuned line and ``--fit``), each
 loaded once with op offload as llama.cpp ships it and once with it off, interleaved, at the same free VRAM. Each
 load serves an agent turn (a tool result of ``TURN_TOKENS`` new tokens) and a long prompt (``LONG_TOKENS``).
 """
@@ -28,16 +28,21 @@ LONG_TOKENS = 4096
 GEN_TOKENS = 32
 
 
-def arms_of(tune_result: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
-    """(label, config dict) of the tuned line and the --fit baseline in a tune step's result."""
-    tune = tune_result.get("tune") or {}
-    winner = tune.get("winner") or {}
-    fit = next((b for b in (tune.get("finish") or {}).get("baselines", []) if b.get("label") == "fit"), None)
-    arms = [("tuned", winner["config"])] if winner.get("config") else []
-    if fit is not None and fit.get("config") and fit.get("launch_line") != winner.get("launch_line"):
-        arms.append(("fit", fit["config"]))
+def arms_of(search_result: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(label, config dict) of the search's best line and llama.cpp's default in a search step's result (or, from
+    lease 2's state, a whole tune's winner and its --fit baseline)."""
+    if "best" in search_result or "default" in search_result:
+        arms = [(label, search_result[key]) for label, key in (("tuned", "best"), ("default", "default"))
+                if search_result.get(key)]
+    else:
+        tune = search_result.get("tune") or {}
+        winner = tune.get("winner") or {}
+        fit = next((b for b in (tune.get("finish") or {}).get("baselines", []) if b.get("label") == "fit"), None)
+        arms = [("tuned", winner["config"])] if winner.get("config") else []
+        if fit is not None and fit.get("config") and fit.get("launch_line") != winner.get("launch_line"):
+            arms.append(("fit", fit["config"]))
     if not arms:
-        raise ValueError("the agent tune step measured no line to compare")
+        raise ValueError("the agent search step measured no line to compare")
     return arms
 
 

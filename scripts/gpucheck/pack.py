@@ -23,6 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 from tuner.core.errors import UsageError
 from tuner.engine import build, runner
@@ -209,3 +210,26 @@ def describe(res: PackResult) -> str:
     if res.missing_wheels:
         out.write(f"  NO WHEEL FOUND for: {', '.join(res.missing_wheels)} (the GPU side cannot import them)\n")
     return out.getvalue()
+
+
+def pack_engine(folder: Path, arch: str, bin_dir: Path | None = None) -> dict[str, Any]:
+    """The CUDA engine built here (``moe-tune engine install --backend cuda`` with ``MOE_TUNE_CUDA_ARCHS=arch``)
+    into ``folder/engine``, as a lease brings one back: the lease restores it in seconds instead of building
+    (lease 1: 263 s of its 900). Found among the managed builds by its identity (pin, flags, architecture, toolkit)
+    unless ``bin_dir`` names it; the toolkit's runtime and cuBLAS stay behind (the GPU machine has its own)."""
+    from gpucheck import engine as gpu_engine
+
+    want = gpu_engine.identity(arch)
+    if bin_dir is None:
+        for candidate in build.managed_builds():
+            stamp = build.build_info(candidate)
+            if stamp.get("identity") == want["cmake_flags"]:
+                bin_dir = candidate
+                break
+    if bin_dir is None:
+        raise UsageError(f"no CUDA engine for arch {arch} built here with this toolkit: run MOE_TUNE_CUDA_ARCHS={arch} "
+                         "moe-tune engine install --backend cuda first (about 27 min on 2 cores)")
+    stamp = build.build_info(bin_dir)
+    meta = {**want, "build": {"build_s": stamp.get("build_s"), "built_at": stamp.get("built_at"),
+                              "where": "built before the lease (moe-tune engine install)"}}
+    return gpu_engine.pack(bin_dir, folder / "engine", meta)

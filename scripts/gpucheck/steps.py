@@ -9,36 +9,31 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from gpucheck.context import FIRST_BUDGET_GIB, Check
 from tuner.core.errors import NoGpuError, UsageError
 from tuner.engine import build, runner
 from tuner.machine import ballast, paths
-
-if TYPE_CHECKING:
-    from gpucheck.check import Check
+from tuner.search.trials import config_from_dict
 
 REPO = Path(__file__).resolve().parents[2]
 
-FIRST_BUDGET_GIB = 12  # (a) and (b) of the first lease: a 12 GB card's worth of free VRAM
-LATER_BUDGETS_GIB = (8, 16, 24)  # (b) chat in later leases
+# (b) as the lease decides it: the tuner's line vs llama.cpp's default on agent sessions at three budgets, and chat
+# at 12 GiB as the control; in this order (the agent at 12 GiB answers the question soonest).
+VERSUS_RUNS = ((12, "agent"), (8, "agent"), (16, "agent"), (12, "chat"))
+LATER_BUDGETS_GIB = (24,)  # chat in later leases (lease 2: the default, everything on the card, was right)
 DEFAULT_MODEL = "qwen3-30b-a3b:Q4_K_M"
 CHAT_CTX = 8192
 AGENT_CTX = 32768
-AGENT_PROMPT = 4096  # an agent's first turn: long enough for -ub 4096 to be offered
+AGENT_PROMPT = 4096  # the search's agent prompt: long enough for -ub 4096 to be offered
 LONG_CTX = 65536
 LONG_BUDGET_GIB = 16
 SPILL_SHORT_MIB = 2048  # the spill ballast leaves this much less than the config needs
-ENGINE_CMDS = {"auto-tune", "bench"}  # moe-tune commands that take --llama-cpp-dir
-# Estimates on the GPU machine (16 cores), seconds. The build was measured in the first lease: 262.6 s for the
-# three tools with 16 jobs on an H100 machine, arch 90 only (results/benchmarks/gpu-lease-1/cmd1-engine.json); a
-# lease that carries the engine back restores it in seconds instead.
-ENGINE_EST_S = 270.0
-RESTORE_EST_S = 5.0
-EST = {"gpu-info": 2, "wheels": 10, "model-zero": 10, "model-random": 90, "memory": 35, "spill": 30,
-       "tune-chat": 130, "tune-agent": 190, "opoff": 90, "long": 180, "spill-unified": 240}
-
-
+# Speed figures only on valid weights; zero weights (a sparse file, seconds) for memory checks only.
+SPEED_WEIGHTS = "random"
+ENGINE_EST_S = 270.0  # a CUDA build there: 262.6 s on an H100 machine's 16 cores (gpu-lease-1/cmd1-engine.json)
+RESTORE_EST_S = 5.0  # lease 2 restored the carried engine in 5.0 s
 @dataclass(frozen=True, slots=True)
 class Step:
     name: str
@@ -137,29 +132,20 @@ def _pack_engine(c: Check, bin_dir: Path, meta: dict[str, Any]) -> None:
 
 
 def step_model(c: Check) -> dict[str, Any]:
-    """A real-scale model written here: zero-filled and sparse (seconds) unless --random-weights asks for valid
-    random weights (speed-true prompt processing, about 90 s)."""
+    """The real-scale model, written here: valid random weights on a GPU (speed figures need a router that spreads
+    over the experts), zero-filled and sparse without one (seconds; memory checks only)."""
     target = c.args.model
-    random_ok = c.has_gpu and c.args.random_weights and not c.state.get("timeouts", {}).get("model") \
-        and random_weights_available()
-    weights = "random" if random_ok else "zero"
+    weights = SPEED_WEIGHTS if c.has_gpu else "zero"
     path = paths.cache_root() / "models" / "gpu-check" / f"{target.replace(':', '-')}-{weights}.gguf"
     if not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
-        argv = [sys.executable, "-m", "tuner.cli", "shape-model", target, "--out", str(path)]
-        runner.run_process(argv + (["--weights", "random"] if random_ok else []), timeout_s=c.left_s(),
-                           what="moe-tune shape-model", fix="check disk space (df -h)", cwd=REPO)
-    label = "random weights (valid, speed-true)" if random_ok else \
-        "zero-filled weights (shape-true; the router ties, so prompt speed is optimistic)"
+        argv = [sys.executable, "-m", "tuner.cli", "shape-model", target, "--out", str(path), "--weights", weights]
+        runner.run_process(argv, timeout_s=c.left_s(), what="moe-tune shape-model", fix="check disk space (df -h)",
+                           cwd=REPO)
+    label = ("valid random weights (the router spreads over the experts: speed-true)" if weights != "zero" else
+             "zero-filled weights (shape-true; the router ties: memory figures only, never a speed figure)")
     return {"target": target, "path": str(path), "weights": weights, "weights_label": label,
             "logical_bytes": path.stat().st_size}
-
-
-def random_weights_available() -> bool:
-    """Can this checkout's shape-model write valid random weights (the speed-true models issue)?"""
-    helptext = runner.run_process([sys.executable, "-m", "tuner.cli", "shape-model", "--help"], timeout_s=60,
-                                  what="moe-tune shape-model --help", fix="check the checkout", cwd=REPO).stdout
-    return "--weights" in helptext
 
 
 def step_memory(c: Check) -> dict[str, Any]:
@@ -169,13 +155,29 @@ def step_memory(c: Check) -> dict[str, Any]:
     return gpu_memory.memory_check(c.engine_dir, c.model_path, c.budget_mib, CHAT_CTX, c.out / "memory-logs")
 
 
-def _tune_step(budget_gib: int, kind: str, ctx: int, prompt: int | None) -> Callable[[Check], dict[str, Any]]:
+def _search_step(budget_gib: int, kind: str) -> Callable[[Check], dict[str, Any]]:
     def run(c: Check) -> dict[str, Any]:
         from gpucheck import tune as gpu_tune
 
         assert c.engine_dir is not None
-        return gpu_tune.tune(c.engine_dir, c.model_path, budget_gib * 1024, kind, ctx, prompt,
-                             c.out / f"tune-{budget_gib}g-{kind}", c.log, trials=c.args.trials)
+        ctx, prompt = (AGENT_CTX, AGENT_PROMPT) if kind == "agent" else (CHAT_CTX, None)
+        return gpu_tune.search(c.engine_dir, c.model_path, budget_gib * 1024, kind, ctx, prompt,
+                               c.out / f"search-{budget_gib}g-{kind}", c.log, trials=c.args.trials)
+    return run
+
+
+def _versus_step(budget_gib: int, kind: str) -> Callable[[Check], dict[str, Any]]:
+    def run(c: Check) -> dict[str, Any]:
+        from gpucheck import versus as gpu_versus
+
+        assert c.engine_dir is not None
+        found = c.result(f"search-{budget_gib}g-{kind}")
+        if not found.get("best"):
+            return {"kind": kind, "budget_mib": budget_gib * 1024, "verdict": None,
+                    "note": "the search's best line is llama.cpp's own (default or --fit): nothing to compare"}
+        return gpu_versus.versus(c.engine_dir, config_from_dict(found["best"]), config_from_dict(found["default"]),
+                                 budget_gib * 1024, kind, rounds=c.args.rounds,
+                                 log_dir=c.out / f"versus-{budget_gib}g-{kind}", deadline_s=c.deadline_s(), log=c.log)
     return run
 
 
@@ -183,7 +185,7 @@ def step_opoff(c: Check) -> dict[str, Any]:
     from gpucheck import opoff as gpu_opoff
 
     assert c.engine_dir is not None
-    return gpu_opoff.opoff_run(c.engine_dir, c.result(f"tune-{FIRST_BUDGET_GIB}g-agent"), c.budget_mib,
+    return gpu_opoff.opoff_run(c.engine_dir, c.result(f"search-{FIRST_BUDGET_GIB}g-agent"), c.budget_mib,
                                c.out / "opoff-logs")
 
 
@@ -229,9 +231,9 @@ def step_ballast_cpu(c: Check) -> dict[str, Any]:
 
 
 def runs_wanted(c: Check) -> list[tuple[int, str, int]]:
-    """(budget GiB, workload, ctx) of every tune: the first lease's budget, then the later ones."""
-    runs = [(FIRST_BUDGET_GIB, "chat", CHAT_CTX), (FIRST_BUDGET_GIB, "agent", AGENT_CTX)]
-    runs += [(b, "chat", CHAT_CTX) for b in c.args.budgets if b != FIRST_BUDGET_GIB]
+    """(budget GiB, workload, ctx) the CPU fallback plans: the lease's runs, then the later chat budgets."""
+    runs = [(b, kind, AGENT_CTX if kind == "agent" else CHAT_CTX) for b, kind in VERSUS_RUNS]
+    runs += [(b, "chat", CHAT_CTX) for b in c.args.budgets if (b, "chat") not in VERSUS_RUNS]
     if c.args.long_ctx:
         runs.append((LONG_BUDGET_GIB, "agent", c.args.long_ctx))
     return runs
@@ -242,7 +244,9 @@ def engine_est_s(c: Check) -> tuple[float, str]:
     before (the state that came back) takes what it took; otherwise the estimate."""
     carried = c.args.from_dir is not None and (c.args.from_dir / "engine" / "engine.json").is_file()
     if carried:
-        return RESTORE_EST_S, "restore the engine the last lease brought back (carried in the pack)"
+        return RESTORE_EST_S, "restore the engine carried in the pack (built here before the lease, or brought back)"
+    if c.planning:  # the dry run plans the lease as it is to be run: its engine built here first and carried
+        return RESTORE_EST_S, "restore the engine built here before the lease (the prerequisite above)"
     measured = (c.state.get("machine", {}).get("build") or {})
     if measured.get("finished") and measured.get("build_s"):
         return float(measured["build_s"]), f"CUDA build, measured {measured['build_s']:.0f} s on such a machine"
@@ -255,7 +259,9 @@ def engine_est_s(c: Check) -> tuple[float, str]:
 
 
 def steps_for(c: Check) -> list[Step]:
-    model_s = float(EST["model-random" if c.args.random_weights else "model-zero"])
+    from gpucheck import estimates as est
+    from gpucheck import versus as gpu_versus
+
     if not c.has_gpu:
         return [Step("model", False, 3.0, step_model, f"write {c.args.model} at real scale"),
                 Step("plan-budgets", False, 10.0 * len(runs_wanted(c)), step_plan_budgets,
@@ -263,31 +269,34 @@ def steps_for(c: Check) -> list[Step]:
                 Step("ballast", False, 1.0, step_ballast_cpu, "VRAM ballast (reports that no GPU is here)")]
     engine_s, engine_what = engine_est_s(c)
     g = FIRST_BUDGET_GIB
-    steps = [Step("gpu-info", True, EST["gpu-info"], step_gpu_info, "card, compute capability, free VRAM (nvidia-smi)"),
-             Step("wheels", True, EST["wheels"], step_wheels, "install the carried wheels (optuna, gguf)"),
+    steps = [Step("gpu-info", True, est.GPU_INFO_S, step_gpu_info, "card, compute capability, free VRAM (nvidia-smi)"),
+             Step("wheels", True, est.WHEELS_S, step_wheels, "install the carried wheels (optuna, gguf)"),
              Step("engine", True, engine_s, step_engine, engine_what, resumable=True),
-             Step("model", True, model_s, step_model, f"write {c.args.model} at real scale "
-                  f"({'random' if c.args.random_weights else 'zero-filled, sparse'} weights)"),
-             Step(f"memory-{g}g", True, EST["memory"], step_memory, f"{g} GiB free: the model's pick at -c {CHAT_CTX}, "
-                  "projected (llama-fit-params) and loaded (llama-server at exit), CUDA0 and host, per component",
-                  "a"),
-             Step("spill-oom", True, EST["spill"], _spill_step(1), f"a ballast leaves {SPILL_SHORT_MIB} MiB less "
-                  "than every expert on the card needs: the OOM at load classified", "c"),
-             Step(f"tune-{g}g-agent", True, EST["tune-agent"], _tune_step(g, "agent", AGENT_CTX, AGENT_PROMPT),
-                  f"{g} GiB free, agent -c {AGENT_CTX} -p {AGENT_PROMPT}: auto-tune ({c.args.trials} trials, "
-                  "3-4 rounds) vs default vs --fit (-ub 4096 offered)", "b"),
-             Step(f"opoff-{g}g-agent", True, EST["opoff"], step_opoff, f"{g} GiB free: the agent's tuned and --fit "
-                  "lines with op offload on and off, an agent turn and a long prompt each", "d"),
-             Step(f"tune-{g}g-chat", True, EST["tune-chat"], _tune_step(g, "chat", CHAT_CTX, None),
-                  f"{g} GiB free, chat -c {CHAT_CTX}: the same", "b"),
-             Step("spill-oom-more", True, 2 * EST["spill"], _spill_step(2), "the OOM spill twice more: every time?",
-                  "c")]
-    for budget, kind, ctx in runs_wanted(c)[2:]:
-        name = f"long-{budget}g" if kind == "agent" else f"budget-{budget}g"
-        steps.append(Step(name, True, EST["long" if kind == "agent" else "tune-chat"],
-                          _tune_step(budget, kind, ctx, None), f"{budget} GiB free, {kind} -c {ctx}: tuned vs "
-                          "default vs --fit", "b"))
-    steps.append(Step("spill-unified", True, EST["spill-unified"] if c.args.unified_spill else 1,
+             Step("model", True, est.MODEL_VALID_S, step_model, f"write {c.args.model} at real scale with valid "
+                  "random weights (the router spreads: speed-true)")]
+    for budget, kind in VERSUS_RUNS:
+        ctx = AGENT_CTX if kind == "agent" else CHAT_CTX
+        what = "chat requests (512 + 128 tokens)" if kind == "chat" else (
+            f"agent sessions ({gpu_versus.TURNS} turns of {gpu_versus.TURN_TOKENS} new tokens and a "
+            f"{gpu_versus.AGENT_GEN_TOKENS}-token reply)")
+        steps += [Step(f"search-{budget}g-{kind}", True, est.SEARCH_S[kind], _search_step(budget, kind),
+                       f"{budget} GiB free, {kind} -c {ctx}: auto-tune's search ({c.args.trials} trials, no finish)",
+                       "b"),
+                  Step(f"versus-{budget}g-{kind}", True,
+                       est.versus_s(budget, kind, c.args.rounds, turns=gpu_versus.TURNS,
+                                    turn_tokens=gpu_versus.TURN_TOKENS, gen_tokens=gpu_versus.AGENT_GEN_TOKENS),
+                       _versus_step(budget, kind), f"{budget} GiB free: its best line vs llama.cpp's default, both "
+                       f"loaded, {c.args.rounds} interleaved rounds of {what}", "b")]
+    steps += [Step(f"memory-{g}g", True, est.MEMORY_S, step_memory, f"{g} GiB free: the model's pick at -c {CHAT_CTX}, "
+                   "projected (llama-fit-params) and loaded (llama-server at exit), CUDA0 and host, per component",
+                   "a"),
+              Step("spill-oom", True, est.SPILL_S, _spill_step(1), f"a ballast leaves {SPILL_SHORT_MIB} MiB less "
+                   "than every expert on the card needs: the OOM at load classified", "c"),
+              Step(f"opoff-{g}g-agent", True, est.OPOFF_S, step_opoff, f"{g} GiB free: the agent search's best line "
+                   "and the default with op offload on and off, on valid weights", "d"),
+              Step("spill-oom-more", True, 2 * est.SPILL_S, _spill_step(2), "the OOM spill twice more: every time?",
+                   "c")]
+    steps.append(Step("spill-unified", True, 240.0 if c.args.unified_spill else 1,
                       _spill_step(1, unified=True), "GGML_CUDA_ENABLE_UNIFIED_MEMORY=1: spill and the tok/s collapse "
                       "(opt-in: --unified-spill)", "c"))
     return steps

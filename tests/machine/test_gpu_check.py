@@ -101,46 +101,51 @@ def _dry_run_commands(stdout: str) -> list[dict[str, object]]:
     return commands
 
 
-def test_dry_run_plans_the_first_lease_command_by_command_and_reaches_a_to_d(tmp_path):
+def test_dry_run_with_no_options_plans_the_next_lease_that_decides_agents(tmp_path):
+    """Issue 53: with no options the dry run plans the next lease from the state the last one brought back: the
+    engine restored (built here before the lease: 0 s of building there), valid weights, then the tuner's line
+    against llama.cpp's default on agent sessions at 12, 8 and 16 GiB and chat at 12 GiB, every step estimated
+    from lease 2's measured steps, the whole lease inside 900 s of device time."""
     res = _run("--dry-run", cache=tmp_path / "cache")
     assert res.returncode == 0, res.stderr
+    state = "results/benchmarks/gpu-nvidia-h100-80gb-hbm3.json"
+    assert res.stdout.startswith(f"the next lease, from the state {state} came back with")
+    assert "prerequisite, here, before the first device call" in res.stdout  # no engine in a pack here
     commands = _dry_run_commands(res.stdout)
     assert len(commands) == 2  # two back-to-back commands
     names = [[name for _, name, _ in c["steps"]] for c in commands]  # type: ignore[union-attr]
     assert names[0][:4] == ["gpu-info", "wheels", "engine", "model"]  # what the answers need, first
-    parts = {part: name for c in commands for part, name, _ in c["steps"] if part}  # type: ignore[union-attr]
-    assert {"a", "b", "c", "d"} <= set(parts) and parts["a"] == "memory-12g" and parts["d"] == "opoff-12g-agent"
-    # (b) at 12 GiB, the agent; the chat tune, with the three rounds a verdict takes (tuner/search/verdict.py
-    # MIN_ROUNDS; two could never decide), no longer fits beside a first build: it leads the later leases.
-    assert "tune-12g-agent" in {n for c in names for n in c}
-    # Ordered by what answers soonest: the memory check, the spill, the agent tune and its lines with op offload
-    # on and off (issue 43: the first lease answers whether that lever matters), then the chat tune.
+    steps = {n: est for c in commands for _, n, est in c["steps"]}  # type: ignore[union-attr]
+    assert steps["engine"] == 5  # restored, not built
+    assert "valid random weights" in res.stdout.split("command 1:")[1].split(" model ")[1].splitlines()[0]
     order = [n for c in names for n in c]
-    assert order.index("memory-12g") < order.index("spill-oom") < order.index("tune-12g-agent") \
-        < order.index("opoff-12g-agent")
-    assert res.stdout.split("later leases")[1].splitlines()[1].split()[:2] == ["(b)", "tune-12g-chat"]
+    runs = ["12g-agent", "8g-agent", "16g-agent", "12g-chat"]
+    for run in runs:
+        assert order.index(f"search-{run}") + 1 == order.index(f"versus-{run}"), run  # its line, then the verdict
+    assert [order.index(f"versus-{r}") for r in runs] == sorted(order.index(f"versus-{r}") for r in runs)
+    # Lease 2's speed steps ran on zero weights: the op-offload step is planned again; memory and spill are not.
+    assert "opoff-12g-agent" in order and "memory-12g" not in order and "spill-oom" not in order
     lease = 0.0
     for c in commands:
         total = sum(est for _, _, est in c["steps"])  # type: ignore[union-attr]
         assert total == c["total"] and total <= c["limit"] <= 540  # each command fits its own limit, <= 9 min
         lease += total + 10  # its transfers
     assert lease + 120 <= 900  # the machine's start (1-2 min) and both commands fit 15 minutes of device time
-    m = re.search(r"first lease on the estimates: ~(\d+) s of 900 s; reaches \(a\) .*\(b\) .*\(c\) .*\(d\) ",
+    m = re.search(r"6 interleaved rounds decide a 1.14x gain at 4 % round-to-round noise with P = (\d\.\d+)",
                   res.stdout)
-    assert m and "NOT" not in res.stdout.split("first lease on the estimates")[1].splitlines()[0]
-    engine_est = next(est for c in commands for _, n, est in c["steps"] if n == "engine")  # type: ignore[union-attr]
-    assert engine_est == 270 and "263 s on an H100 machine's 16 cores" in res.stdout  # measured, first lease
-    later = res.stdout.split("later leases")[1]
-    for step in ("budget-8g", "budget-16g", "budget-24g", "long-16g", "spill-unified"):
-        assert f" {step} " in later, step
+    assert m and float(m.group(1)) >= 0.9
     assert "without a GPU (this machine: no NVIDIA GPU found" in res.stdout
     for step in ("model", "plan-budgets", "ballast"):
         assert f"  {step} " in res.stdout.split("without a GPU")[1], step
 
 
-def test_a_measured_build_time_from_the_state_that_came_back_replans_the_lease(tmp_path):
-    """A later lease starts from the JSON the last one brought back: its done steps are not planned again and the
-    build time it measured replaces the estimate; a build too slow for one lease moves (b) to the next."""
+def test_a_measured_build_time_from_the_state_that_came_back_is_what_a_run_without_a_carried_engine_expects(
+        tmp_path):
+    """A later lease starts from the JSON the last one brought back: its done steps are not planned again. The dry
+    run plans the engine as carried (built here first); a run whose pack holds none expects the build time the
+    state measured."""
+    from gpucheck import check as gpu_check
+    from gpucheck import steps as gpu_steps
     from gpucheck import table as gpu_table
 
     done = {"status": "done", "took_s": 1.0}
@@ -151,17 +156,11 @@ def test_a_measured_build_time_from_the_state_that_came_back_replans_the_lease(t
     assert back.name == "gpu-nvidia-h100-80gb-hbm3.json"
     res = _run("--dry-run", "--state", str(back), "--out", str(tmp_path / "fresh"), cache=tmp_path / "cache")
     assert res.returncode == 0, res.stderr
-    commands = _dry_run_commands(res.stdout)
-    planned = [n for c in commands for _, n, _ in c["steps"]]  # type: ignore[union-attr]
+    planned = {n: est for c in _dry_run_commands(res.stdout) for _, n, est in c["steps"]}  # type: ignore[union-attr]
     assert "memory-12g" not in planned and "gpu-info" in planned  # gpu-info: the next machine is asked again
-    assert "CUDA build, measured 610 s on such a machine" in res.stdout
-    # The build spans both commands (ninja goes on where the first stopped); (b) no longer fits this lease.
-    assert [n for _, n, _ in commands[1]["steps"]][:2] == ["engine", "model"]  # type: ignore[index]
-    assert sum(est for c in commands for _, n, est in c["steps"] if n == "engine") == 610  # type: ignore[union-attr]
-    first = res.stdout.split("later leases")[0]
-    assert "reaches (a) memory model vs llama.cpp's CUDA breakdown (done earlier), (c) induced spill classified; " \
-        "NOT (b)" in first
-    assert " tune-12g-chat " in res.stdout.split("later leases")[1]
+    assert planned["engine"] == 5
+    c = gpu_check.Check(gpu_check.parse_args(["--state", str(back), "--out", str(tmp_path / "run")]))
+    assert gpu_steps.engine_est_s(c) == (610.0, "CUDA build, measured 610 s on such a machine")
 
 
 def test_lease_plan_keeps_the_order_and_stops_at_the_first_step_that_does_not_fit():
@@ -174,7 +173,8 @@ def test_lease_plan_keeps_the_order_and_stops_at_the_first_step_that_does_not_fi
     assert [s.name for s in plan.later] == ["c"]  # 10 s short of the 230 s left
     assert plan.commands[1].limit_s == 900 - 120 - 2 * 10 - 530 and plan.parts_first == ("a", "b")
     text = gpu_lease.render(plan, "cmd")
-    assert "reaches (a) memory model vs llama.cpp's CUDA breakdown, (b) tuned vs --fit vs default; NOT (c)" in text
+    assert "reaches (a) memory model vs llama.cpp's CUDA breakdown, (b) tuned vs llama.cpp's default (valid " \
+        "weights); NOT (c)" in text
 
 
 def test_an_engine_comes_back_in_parts_and_is_restored_only_for_the_same_build(tmp_path, monkeypatch):
@@ -209,7 +209,7 @@ def test_an_engine_comes_back_in_parts_and_is_restored_only_for_the_same_build(t
     pack = tmp_path / "pack"
     shutil.copytree(back, pack / "engine")
     res2 = _run("--dry-run", "--from", str(pack), cache=tmp_path / "cache")
-    assert "restore the engine the last lease brought back" in res2.stdout
+    assert "restore the engine carried in the pack" in res2.stdout and "prerequisite" not in res2.stdout
     assert next(est for c in _dry_run_commands(res2.stdout) for _, n, est in c["steps"]  # type: ignore[union-attr]
                 if n == "engine") == 5
 
@@ -262,8 +262,9 @@ def test_cpu_fallback_plans_each_budget_and_resumes(tmp_path):
     doc = json.loads((out / "table.json").read_text())
     assert json.loads((tmp_path / "back" / "gpu-cpu.json").read_text())["state"]["steps"].keys() == \
         json.loads((out / "state.json").read_text())["steps"].keys()
-    (row,) = [r for r in doc["plan"] if r["budget_mib"] == 16384]
+    (row,) = [r for r in doc["plan"] if r["budget_mib"] == 16384 and r["workload"] == "chat"]
     assert {(r["budget_mib"], r["workload"]) for r in doc["plan"]} == {(12288, "chat"), (12288, "agent"),
+                                                                       (8192, "agent"), (16384, "agent"),
                                                                        (16384, "chat")}
     assert row["budget_mib"] == 16384 and 0 < row["n_cpu_moe"] < 48  # 17 GiB of weights, 16 GiB free
     assert row["vram_bytes"] + 1024 * 2**20 <= 16384 * 2**20
@@ -344,6 +345,9 @@ def test_the_op_offload_step_takes_the_agent_lines_and_its_table_says_off_vs_on(
     assert [label for label, _ in gpu_opoff.arms_of(same)] == ["tuned"]  # one line is measured once
     with pytest.raises(ValueError, match="no line to compare"):
         gpu_opoff.arms_of({"tune": {}})
+    search = {"best": tuned, "default": {"model": "/m.gguf", "ctx": 32768}}  # the next lease's search step
+    assert [(label, cfg) for label, cfg in gpu_opoff.arms_of(search)] == [("tuned", tuned),
+                                                                          ("default", search["default"])]
     rows = [{"line": "tuned", "op_offload": "on (min batch 32)", "n_cpu_moe": 24, "ubatch": 4096,
              "turn_prompt_tok_s": 400.0, "long_prompt_tok_s": 2400.0, "gen_tok_s": 30.0, "spill": "none"},
             {"line": "tuned", "op_offload": "off", "n_cpu_moe": 24, "ubatch": 4096, "turn_prompt_tok_s": 600.0,
@@ -378,17 +382,62 @@ def test_the_pack_keeps_paths_longer_than_100_characters_inside_the_tree(tmp_pat
 
 
 def test_a_new_lease_measures_again_the_steps_it_names_from_a_carried_state(tmp_path):
-    """The second H100 lease's state (results/benchmarks/gpu-nvidia-h100-80gb-hbm3.json): every step done. After
-    the fixes it found, ``--again`` plans those steps anew, keeps what they measured under ``earlier``, and the
-    first command of the plan names both --state and --again."""
+    """The second H100 lease's state (results/benchmarks/gpu-nvidia-h100-80gb-hbm3.json): every step done, the speed
+    steps on zero weights. Those are measured again on valid weights (their results kept under ``earlier``);
+    ``--again`` plans named steps anew, and the first command of the plan names both --state and --again."""
+    from gpucheck import check as gpu_check
+
     state = REPO / "results" / "benchmarks" / "gpu-nvidia-h100-80gb-hbm3.json"
-    again = "memory-12g,tune-12g-chat"
+    again = "memory-12g,spill-oom"
     plain = _run("--dry-run", "--state", str(state), "--out", str(tmp_path / "a"), cache=tmp_path / "cache")
     assert plain.returncode == 0, plain.stderr
-    assert not {"memory-12g", "tune-12g-chat"} & {n for c in _dry_run_commands(plain.stdout) for _, n, _ in c["steps"]}  # type: ignore[union-attr]
+    assert not {"memory-12g", "spill-oom"} & {n for c in _dry_run_commands(plain.stdout) for _, n, _ in c["steps"]}  # type: ignore[union-attr]
     res = _run("--dry-run", "--state", str(state), "--again", again, "--out", str(tmp_path / "b"),
                cache=tmp_path / "cache")
     assert res.returncode == 0, res.stderr
     planned = [n for c in _dry_run_commands(res.stdout) for _, n, _ in c["steps"]]  # type: ignore[union-attr]
-    assert {"memory-12g", "tune-12g-chat"} <= set(planned) and "tune-12g-agent" not in planned
+    assert {"memory-12g", "spill-oom"} <= set(planned)
     assert f"--state {state} --again {again}" in res.stdout.split("command 1: ")[1].splitlines()[0]
+    c = gpu_check.Check(gpu_check.parse_args(["--state", str(state), "--out", str(tmp_path / "c")]))
+    assert {"tune-12g-agent", "opoff-12g-agent", "budget-8g"} <= set(c.state["earlier"])
+    assert "opoff-12g-agent" not in c.state["steps"] and c.state["steps"]["memory-12g"]["status"] == "done"
+
+
+def test_the_pack_carries_the_cuda_engine_built_here_without_the_toolkits_libraries(tmp_path, monkeypatch):
+    """`--pack DIR --engine 90`: the managed CUDA build whose identity (pin, flags, architecture, toolkit) is the
+    one the lease asks for goes into DIR/engine; the copies of cudart and cuBLAS beside its binaries stay behind
+    (the GPU machine links its own), and a build for another architecture is not taken."""
+    from gpucheck import engine as gpu_engine
+    from gpucheck import pack as gpu_pack
+
+    from tuner.engine import build
+
+    monkeypatch.setenv("MOE_TUNE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("MOE_TUNE_CUDA_FROM", "installed")
+    root = tmp_path / "cache" / "engine"
+
+    def managed(name: str, arch: str) -> Path:
+        bin_dir = root / name / "bin"
+        bin_dir.mkdir(parents=True)
+        for tool in gpu_engine.CHECK_TOOLS:
+            (bin_dir / tool).write_bytes(os.urandom(2000))
+        (bin_dir / "libggml-cuda.so").write_bytes(os.urandom(4000))
+        (bin_dir / "libcublas.so.13").write_bytes(os.urandom(8000))  # copied in by `engine install`
+        (bin_dir / "libcudart.so.13").write_bytes(os.urandom(1000))
+        (bin_dir / "libcudart.so").symlink_to("libcudart.so.13")
+        (root / name / build.STAMP_NAME).write_text(json.dumps(
+            {"identity": gpu_engine.identity(arch)["cmake_flags"], "build_s": 1642.0}))
+        return bin_dir
+
+    managed("cuda-89", "89")
+    with pytest.raises(gpu_pack.UsageError, match="no CUDA engine for arch 90"):
+        gpu_pack.pack_engine(tmp_path / "pack", "90")
+    managed("cuda-90", "90")
+    res = gpu_pack.pack_engine(tmp_path / "pack", "90")
+    assert res["packed"]
+    meta = json.loads((tmp_path / "pack" / "engine" / gpu_engine.META).read_text())
+    assert meta["arch"] == "90" and meta["build"]["build_s"] == 1642.0
+    assert any(f.startswith("toolkit=installed-") for f in meta["cmake_flags"])
+    restored = tmp_path / "lease" / "bin"
+    assert gpu_engine.restore(tmp_path / "pack" / "engine", restored, gpu_engine.identity("90")) is not None
+    assert sorted(p.name for p in restored.iterdir()) == sorted([*gpu_engine.CHECK_TOOLS, "libggml-cuda.so"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import asdict
 from typing import Annotated
@@ -11,16 +12,21 @@ import typer
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from tuner.cli.app import JsonFlag, LlamaDir, engine_app, err, facts_table, friendly, out
-from tuner.engine import build
+from tuner.engine import build, cuda_wheels
+from tuner.engine.cuda_wheels import CudaSource
 
 
 @engine_app.command("install", short_help="Build the pinned llama.cpp engine (once).")
 @friendly
 def engine_install(
     backend: Annotated[build.Backend, typer.Option(
-        help="auto: CUDA when an NVIDIA GPU and a CUDA toolkit are here (nvcc on PATH, in CUDA_HOME/CUDA_PATH, "
-        "/usr/local/cuda or /opt/cuda).")]
+        help="auto: CUDA when an NVIDIA GPU is here and a toolkit can build for it (nvcc on PATH, in "
+        "CUDA_HOME/CUDA_PATH, /usr/local/cuda or /opt/cuda; else NVIDIA's wheels, see --cuda-from).")]
     = build.Backend.AUTO,
+    cuda_from: Annotated[CudaSource | None, typer.Option(
+        "--cuda-from", help="Where a CUDA build's toolkit comes from: auto (an installed one, else NVIDIA's CUDA 13 "
+        "wheels from the package index, ~900 MiB, for a machine with only the driver), installed, or wheels (even "
+        "where a toolkit is installed). Default: MOE_TUNE_CUDA_FROM, else auto.")] = None,
     force: Annotated[bool, typer.Option(help="Rebuild even if a matching build exists.")] = False,
     jobs: Annotated[int | None, typer.Option("--jobs", "-j", help="Parallel compile jobs (default: all cores).")]
     = None,
@@ -32,7 +38,10 @@ def engine_install(
     Example:
       moe-tune engine install --backend cpu
       MOE_TUNE_CUDA_ARCHS=86 moe-tune engine install --backend cuda
+      moe-tune engine install --backend cuda --cuda-from wheels   # no toolkit needed, only the driver
     """
+    if cuda_from is not None:
+        os.environ[cuda_wheels.ENV] = cuda_from.value  # the one knob the library reads (as MOE_TUNE_CUDA_ARCHS)
     start = time.monotonic()
     chosen, why = build.backend_choice(backend)
     err.print(f"backend: {chosen.value} ({why})", highlight=False, soft_wrap=True)

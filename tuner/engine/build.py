@@ -30,7 +30,7 @@ from tuner.core.errors import (
     ProcessFailedError,
     UsageError,
 )
-from tuner.engine import cuda_toolkit, runner
+from tuner.engine import cuda_toolkit, cuda_wheels, runner
 from tuner.engine.caps import (  # the engine's public names: build.EngineLocation, build.parse_devices, ...
     FA_QUANTS_DEFAULT,
     FA_VEC_FLAG,
@@ -43,6 +43,7 @@ from tuner.engine.caps import (  # the engine's public names: build.EngineLocati
     parse_help_flags,
     parse_version,
 )
+from tuner.engine.cuda_wheels import CudaSource
 from tuner.engine.flags import server_argv, trace_argv
 from tuner.engine.flags.quantize import help_argv
 from tuner.machine import hardware, paths
@@ -234,24 +235,25 @@ def note_engine_log(loc: EngineLocation, log_text: str) -> Capabilities:
 
 
 def backend_choice(requested: Backend) -> tuple[Backend, str]:
-    """The backend to build and why, in words. ``auto`` means CUDA when a CUDA toolkit can build it AND an
-    NVIDIA GPU is there to run it, else CPU: a toolkit without a GPU (common on CI images) would spend an hour
-    compiling kernels nothing can run. nvcc is looked for where toolkits are installed, not only on PATH."""
+    """The backend to build and why, in words. ``auto`` means CUDA when an NVIDIA GPU is there to run it AND a
+    toolkit can build it (an installed one, or NVIDIA's CUDA 13 wheels when the driver and card take them), else
+    CPU: a toolkit without a GPU (common on CI images) would spend an hour compiling kernels nothing can run. nvcc
+    is looked for where toolkits are installed, not only on PATH."""
     if requested is Backend.CPU:
         return Backend.CPU, "asked for with --backend cpu"
     gpus = hardware.probe_gpus().gpus
-    toolkit = cuda_toolkit.find_toolkit() if gpus or requested is Backend.CUDA else None
-    if requested is Backend.CUDA:
-        if toolkit is None:
-            return Backend.CUDA, "asked for with --backend cuda (no nvcc found yet)"
-        return Backend.CUDA, f"asked for with --backend cuda; {toolkit.describe()}"
-    if not gpus:
+    if not gpus and requested is not Backend.CUDA:
         return Backend.CPU, "no NVIDIA GPU found (NVML lists none)"
-    if toolkit is None:
-        return Backend.CPU, (f"an {gpus[0].name} is here but no CUDA toolkit (looked for nvcc in "
-                             f"{hardware.nvcc_looked_in()}): install it, or set CUDA_HOME, then run "
-                             "`moe-tune engine install --backend cuda`")
-    return Backend.CUDA, f"an {gpus[0].name} is here and {toolkit.describe()}"
+    src, toolkit = cuda_toolkit.chosen_toolkit()
+    blocked = cuda_wheels.blocker() if src is CudaSource.WHEELS else None
+    how = toolkit.describe() if toolkit is not None else "no nvcc found yet" if src is CudaSource.INSTALLED \
+        else f"CUDA {cuda_wheels.release_text()} from NVIDIA's wheels (fetched at install, once)"
+    if requested is Backend.CUDA:
+        return Backend.CUDA, f"asked for with --backend cuda; {how}"
+    if toolkit is None and (blocked or src is CudaSource.INSTALLED):
+        why = blocked or f"no CUDA toolkit (looked for nvcc in {hardware.nvcc_looked_in()})"
+        return Backend.CPU, f"an {gpus[0].name} is here but {why}; then run `moe-tune engine install --backend cuda`"
+    return Backend.CUDA, f"an {gpus[0].name} is here; {how}"
 
 
 def resolve_backend(requested: Backend) -> Backend:
@@ -279,8 +281,15 @@ def cmake_flags(backend: Backend) -> tuple[str, ...]:
     return tuple(flags)
 
 
+def build_identity(backend: Backend) -> tuple[str, ...]:
+    """What makes two builds the same: the flags, and for CUDA the toolkit that compiles them (an installed
+    13.0 and the wheels' 13.5 are two builds)."""
+    flags = cmake_flags(backend)
+    return (*flags, f"toolkit={cuda_toolkit.toolkit_id()}") if backend is Backend.CUDA else flags
+
+
 def _build_key(backend: Backend) -> str:
-    digest = hashlib.sha256("\n".join(cmake_flags(backend)).encode()).hexdigest()[:8]
+    digest = hashlib.sha256("\n".join(build_identity(backend)).encode()).hexdigest()[:8]
     return f"llama.cpp-{PIN.version}-{PIN.commit}-{backend.value}-{digest}"
 
 
@@ -297,6 +306,7 @@ def _stamp_matches(target: Path, backend: Backend) -> bool:
     return (
         data.get("pin") == asdict(PIN)
         and data.get("cmake_flags") == list(cmake_flags(backend))
+        and data.get("identity", data.get("cmake_flags")) == list(build_identity(backend))
         # Every tool this version runs: a build made before a tool was added is built again, once.
         and all((target / "bin" / t).is_file() for t in TOOLS)
     )
@@ -310,10 +320,15 @@ def _check_build_tools(backend: Backend) -> tuple[str, str]:
     cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
     if not cxx:
         raise BuildToolMissingError("no C++ compiler found: install g++ (apt install build-essential) and retry")
-    if backend is Backend.CUDA and cuda_toolkit.find_toolkit() is None:
-        raise BuildToolMissingError(f"--backend cuda needs nvcc and none was found (looked in "
-                                    f"{hardware.nvcc_looked_in()}): install the CUDA toolkit, or set CUDA_HOME to "
-                                    "where it is, or use --backend cpu")
+    if backend is Backend.CUDA:
+        src, toolkit = cuda_toolkit.chosen_toolkit()
+        if src is CudaSource.INSTALLED and toolkit is None:
+            raise BuildToolMissingError(f"--backend cuda needs nvcc and none was found (looked in "
+                                        f"{hardware.nvcc_looked_in()}): install the CUDA toolkit, or set CUDA_HOME "
+                                        "to where it is, or use --cuda-from wheels, or --backend cpu")
+        blocked = cuda_wheels.blocker() if src is CudaSource.WHEELS else None
+        if blocked:
+            raise BuildToolMissingError(blocked)
     if shutil.which("ninja"):
         return cmake, "Ninja"
     if shutil.which("make"):
@@ -443,6 +458,7 @@ def install(
                 "pin": asdict(PIN),
                 "backend": backend.value,
                 "cmake_flags": list(cmake_flags(backend)),
+                "identity": list(build_identity(backend)),
                 "cmake_flags_here": extra,  # this machine's toolkit and cuBLAS (not part of the build's identity)
                 "tools": list(TOOLS),
                 "build_s": round(elapsed, 1),  # this run's time: a resumed build's earlier part is not in it
@@ -461,21 +477,7 @@ def _cuda_parts(backend: Backend, phase: Callable[[str], None]) -> tuple[list[st
     """Configure flags and runtime libraries of this machine's CUDA toolkit (nothing for the CPU build)."""
     if backend is not Backend.CUDA:
         return [], []
-    toolkit = cuda_toolkit.find_toolkit()
-    assert toolkit is not None  # _check_build_tools refused a CUDA build without one
-    cublas_root = None
-    if toolkit.library("cublas") is None:  # NVIDIA's wheel: installed here already, fetched earlier, or now
-        installed = cuda_toolkit.installed_cublas(toolkit)
-        cublas_root = installed or cuda_toolkit.cached_cublas(toolkit)
-        if cublas_root is None:
-            phase(f"fetch cuBLAS ({cuda_toolkit.cublas_wheel(toolkit)}; the toolkit has none)")
-            cublas_root = cuda_toolkit.fetch_cublas(toolkit)
-        else:
-            how = "installed here" if installed else "fetched earlier"
-            phase(f"cuBLAS {how} ({cublas_root}; the toolkit has none)")
-    vmm = cuda_toolkit.driver_library(toolkit) is not None
-    flags = cuda_toolkit.cmake_flags(toolkit, cuda_toolkit.architectures(), cublas_root, vmm)
-    return flags, cuda_toolkit.runtime_libraries(toolkit, cublas_root)
+    return cuda_toolkit.configure_parts(cuda_toolkit.architectures(), phase)
 
 
 def _run_step(step: str, argv: list[str], on_line: Callable[[str], None], log_path: Path, fix: str) -> None:

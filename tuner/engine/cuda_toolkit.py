@@ -12,6 +12,12 @@ wheel on PyPI (``nvidia-cublas`` for CUDA 13, ``nvidia-cublas-cu12`` for 12): th
 the toolkit's stub of it) the build turns off VMM, which is the only part that links the driver directly.
 ``CMAKE_CUDA_ARCHITECTURES=native`` needs a GPU at configure time, so the architecture is the card's compute
 capability read through NVML (``MOE_TUNE_CUDA_ARCHS`` overrides it).
+
+Where no toolkit is installed (or ``MOE_TUNE_CUDA_FROM=wheels`` asks for it), the toolkit is NVIDIA's CUDA 13
+wheels unpacked into the engine cache (:mod:`tuner.engine.cuda_wheels`). A toolkit without the driver library
+(both of these: the wheels carry no ``libcuda.so`` stub, nor does this project's machine's toolkit) links against
+a stub made here from the toolkit's own ``cuda.h`` (:func:`driver_stub`), so VMM stays on, as in a build on a
+machine with the driver: the carried engine is the one users build.
 """
 
 from __future__ import annotations
@@ -22,13 +28,14 @@ import shutil
 import sys
 import tempfile
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
 from tuner.core.errors import BuildToolMissingError
-from tuner.engine import runner
+from tuner.engine import cuda_wheels, runner
+from tuner.engine.cuda_wheels import CudaSource
 from tuner.machine import hardware, paths
 
 _TOP = re.compile(r"TOP=(\S+)")
@@ -71,6 +78,32 @@ def find_toolkit() -> Toolkit | None:
     return None
 
 
+def chosen_toolkit(*, fetch: bool = False,
+                   phase: Callable[[str], None] | None = None) -> tuple[CudaSource, Toolkit | None]:
+    """The toolkit a CUDA build uses, by ``MOE_TUNE_CUDA_FROM``: an installed one (``auto``'s first choice), or
+    NVIDIA's wheels (None until fetched; ``fetch`` fetches them)."""
+    src = cuda_wheels.source()
+    if src is not CudaSource.WHEELS:
+        installed = find_toolkit()
+        if installed is not None or src is CudaSource.INSTALLED:
+            return CudaSource.INSTALLED, installed
+    nvcc = cuda_wheels.fetch(phase) if fetch else cuda_wheels.cached_nvcc()
+    return CudaSource.WHEELS, (_wheels_toolkit(nvcc) if nvcc is not None else None)
+
+
+def toolkit_id() -> str:
+    """The toolkit part of a CUDA build's identity: ``installed-13.0``, ``wheels-13.5``."""
+    src, toolkit = chosen_toolkit()
+    if src is CudaSource.WHEELS:
+        return f"wheels-{cuda_wheels.release_text()}"
+    return f"installed-{toolkit.version_text}" if toolkit is not None else "installed-none"
+
+
+@cache
+def _wheels_toolkit(nvcc: Path) -> Toolkit | None:
+    return _ask(nvcc, "NVIDIA's wheels")
+
+
 def _ask(nvcc: Path, where: str) -> Toolkit | None:
     version = runner.run_process([str(nvcc), "--version"], timeout_s=60, what="nvcc --version",
                                  fix="reinstall the CUDA toolkit", check=False)
@@ -100,6 +133,64 @@ def driver_library(toolkit: Toolkit) -> Path | None:
         if found:
             return found[0]
     return None
+
+
+# Every driver API entry point ``cuda.h`` declares, after the preprocessor has mapped the versioned names
+# (``cuMemGetInfo`` → ``cuMemGetInfo_v2``) as it does for the code that links against them.
+_DRIVER_API = re.compile(r"\bCUresult\s+(cu[A-Za-z0-9_]+)\s*\(")
+CUDA_ERROR_STUB_LIBRARY = 34  # what NVIDIA's own stubs answer: "the driver loaded is a stub library"
+
+
+def cuda_header(toolkit: Toolkit) -> Path | None:
+    for inc in (toolkit.root / "include", *sorted((toolkit.root / "targets").glob("*/include"))):
+        if (inc / "cuda.h").is_file():
+            return inc / "cuda.h"
+    return None
+
+
+def driver_stub(toolkit: Toolkit) -> Path:
+    """``libcuda.so`` (soname ``libcuda.so.1``) that defines every driver API function of the toolkit's ``cuda.h``
+    and does nothing: what the build links ``CUDA::cuda_driver`` (VMM, ggml-cuda's CMakeLists) against when no
+    driver library is here. At run time the loader finds the real driver's ``libcuda.so.1``; the stub is never
+    copied beside the binaries (it would shadow the driver through ``RPATH=$ORIGIN``)."""
+    dest = paths.engine_root() / "cuda-deps" / f"driver-stub-{toolkit.version_text}"
+    lib = dest / "libcuda.so"
+    if lib.is_file() and (dest / "libcuda.so.1").is_symlink():
+        return lib
+    header = cuda_header(toolkit)
+    if header is None:
+        raise BuildToolMissingError(f"the CUDA toolkit at {toolkit.root} has no cuda.h: reinstall it (the "
+                                    "runtime's headers) and retry")
+    # Any C or C++ compiler does (told the source is C): the build machine has one, the CUDA build needs it.
+    cc = os.environ.get("CC") or next((found for name in ("cc", "gcc", "clang", "c++", "g++")
+                                       if (found := shutil.which(name))), "cc")
+    pre = runner.run_process([cc, "-E", "-P", "-x", "c", "-I", str(header.parent), str(header)], timeout_s=120,
+                             what="preprocess cuda.h", fix="install gcc (apt install build-essential) and retry")
+    names = sorted(set(_DRIVER_API.findall(pre.stdout)))
+    if "cuMemCreate" not in names:
+        raise BuildToolMissingError(f"{header} declares no cuMemCreate: the toolkit is too old for llama.cpp's VMM "
+                                    "pool; install CUDA 11.2 or newer")
+    staging = dest.with_name(dest.name + ".staging")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    source = staging / "libcuda_stub.c"
+    source.write_text("/* Link-time stand-in for the NVIDIA driver library, made by moe-tune from "
+                      f"{header}. */\n"
+                      + "".join(f"int {n}(void) {{ return {CUDA_ERROR_STUB_LIBRARY}; }}\n" for n in names))
+    runner.run_process([cc, "-shared", "-fPIC", "-O0", "-o", str(staging / "libcuda.so"),
+                        "-Wl,-soname,libcuda.so.1", "-x", "c", str(source)], timeout_s=300,
+                       what="compile the driver stub", fix="install gcc (apt install build-essential) and retry")
+    (staging / "libcuda.so.1").symlink_to("libcuda.so")
+    shutil.rmtree(dest, ignore_errors=True)
+    staging.rename(dest)
+    return lib
+
+
+def link_driver(toolkit: Toolkit) -> tuple[Path, bool]:
+    """The driver library the build links (VMM on): the installed driver's or the toolkit's stub when there is
+    one, else :func:`driver_stub`; and whether it is the stub made here."""
+    found = driver_library(toolkit)
+    return (found, False) if found is not None else (driver_stub(toolkit), True)
 
 
 def architectures(nvml: object = None) -> str:
@@ -168,23 +259,32 @@ def fetch_cublas(toolkit: Toolkit) -> Path:
     return have[0].parent.parent
 
 
-def cmake_flags(toolkit: Toolkit, archs: str, cublas_root: Path | None, vmm: bool) -> list[str]:
-    """What the pinned CUDA build is configured with here (see the module docstring for each part)."""
+def cmake_flags(toolkit: Toolkit, archs: str, cublas_root: Path | None, driver: Path | None) -> list[str]:
+    """What the pinned CUDA build is configured with here (see the module docstring for each part). ``driver``:
+    the ``libcuda.so`` VMM links against (:func:`link_driver`); None turns VMM off."""
     flags = ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={archs}", f"-DCMAKE_CUDA_COMPILER={toolkit.nvcc}",
              f"-DCUDAToolkit_ROOT={toolkit.root}"]
-    if not vmm:
+    link_dirs = []
+    if driver is None:
         flags.append("-DGGML_CUDA_NO_VMM=ON")
+    else:
+        # FindCUDAToolkit's cache variable for CUDA::cuda_driver; its folder also holds libcuda.so.1, the name
+        # libggml-cuda records, which the tools' link looks for (-rpath-link, as for cuBLAS below).
+        flags.append(f"-DCUDA_cuda_driver_LIBRARY={driver}")
+        link_dirs.append(driver.parent)
     if cublas_root is not None:
         libs = cublas_root / "lib"
         lt = sorted(libs.glob("libcublasLt.so*"))
         flags += [f"-DCUDA_cublas_LIBRARY={sorted(libs.glob('libcublas.so*'))[0]}",
                   *([f"-DCUDA_cublasLt_LIBRARY={lt[0]}"] if lt else []),
-                  f"-DCMAKE_CUDA_FLAGS=-I{cublas_root / 'include'}", f"-DCMAKE_CXX_FLAGS=-I{cublas_root / 'include'}",
-                  # The tools link libggml-cuda, which needs libcublas.so.13 from a folder no linker searches:
-                  # without this every executable's link failed ("libcublas.so.13, needed by
-                  # bin/libggml-cuda.so…, not found"), after the whole CUDA compile had succeeded.
-                  f"-DCMAKE_EXE_LINKER_FLAGS=-Wl,-rpath-link,{libs}",
-                  f"-DCMAKE_SHARED_LINKER_FLAGS=-Wl,-rpath-link,{libs}"]
+                  f"-DCMAKE_CUDA_FLAGS=-I{cublas_root / 'include'}", f"-DCMAKE_CXX_FLAGS=-I{cublas_root / 'include'}"]
+        # The tools link libggml-cuda, which needs libcublas.so.13 from a folder no linker searches:
+        # without this every executable's link failed ("libcublas.so.13, needed by
+        # bin/libggml-cuda.so…, not found"), after the whole CUDA compile had succeeded.
+        link_dirs.append(libs)
+    if link_dirs:
+        rpath_link = ",".join(f"-rpath-link,{d}" for d in link_dirs)
+        flags += [f"-DCMAKE_EXE_LINKER_FLAGS=-Wl,{rpath_link}", f"-DCMAKE_SHARED_LINKER_FLAGS=-Wl,{rpath_link}"]
     return flags
 
 
@@ -200,3 +300,28 @@ def runtime_libraries(toolkit: Toolkit, cublas_root: Path | None) -> list[Path]:
                 break
     return wanted
 
+
+
+def configure_parts(archs: str, phase: Callable[[str], None] = lambda _: None) -> tuple[list[str], list[Path]]:
+    """The CUDA build's configure flags on this machine (toolkit, cuBLAS, driver library) and the runtime
+    libraries its binaries need beside them. Fetches what is missing: the wheels' toolkit when it is the one
+    chosen, cuBLAS when the toolkit has none (from the wheel installed in this Python, else the package index)."""
+    _, toolkit = chosen_toolkit(fetch=True, phase=phase)
+    if toolkit is None:
+        raise BuildToolMissingError(f"--backend cuda needs nvcc and none was found (looked in "
+                                    f"{hardware.nvcc_looked_in()}): install the CUDA toolkit, or set CUDA_HOME, "
+                                    "or use --cuda-from wheels")
+    cublas_root = None
+    if toolkit.library("cublas") is None:
+        installed = installed_cublas(toolkit)
+        cublas_root = installed or cached_cublas(toolkit)
+        if cublas_root is None:
+            phase(f"fetch cuBLAS ({cublas_wheel(toolkit)}; the toolkit has none)")
+            cublas_root = fetch_cublas(toolkit)
+        else:
+            phase(f"cuBLAS {'installed here' if installed else 'fetched earlier'} ({cublas_root}; the toolkit "
+                  "has none)")
+    driver, stub = link_driver(toolkit)
+    if stub:
+        phase(f"link VMM against a driver stub made from {toolkit.root}'s cuda.h (no libcuda.so here)")
+    return cmake_flags(toolkit, archs, cublas_root, driver), runtime_libraries(toolkit, cublas_root)

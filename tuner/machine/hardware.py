@@ -170,6 +170,22 @@ def compute_capability(nvml: Any = None) -> tuple[int, int] | None:
     return (int(cc[0]), int(cc[1])) if cc else None
 
 
+def driver_cuda_version(nvml: Any = None) -> tuple[int, int] | None:
+    """The newest CUDA release the installed driver runs, (13, 0) for driver 580; None without a driver."""
+    try:
+        nvml = open_nvml(nvml)
+    except NvmlUnavailableError:
+        return None
+    try:
+        version = nvml.nvmlSystemGetCudaDriverVersion()
+    except Exception:  # a driver too old to say
+        version = None
+    finally:
+        close_nvml(nvml)
+    # NVML encodes it as the driver API does: 1000 * major + 10 * minor (13000 for 13.0, 12080 for 12.8).
+    return (int(version) // 1000, int(version) % 1000 // 10) if version else None
+
+
 @dataclass(frozen=True, slots=True)
 class GpuProcess:
     pid: int

@@ -64,6 +64,9 @@ class TuneRequest:
     session: session_stage.SessionRequest | None = None
     # Lines others measured (`--seed-from`): seeds beside the default, --fit and the memory model's guess.
     proposals: tuple[proposals.Proposal, ...] = ()
+    # Stop after the search with its best configs (``TuneResult.candidates``), for a caller that judges them
+    # itself (the GPU check's interleaved comparison on live servers); no finish, no session stage.
+    search_only: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +77,9 @@ class TuneResult:
     result: study_result.StudyResult
     search: study.SearchOutcome
     session: session_stage.SessionStage | None = None
+    # With ``search_only``: the search's best configs, best first, and the bare default line they are judged against.
+    candidates: tuple[LaunchConfig, ...] = ()
+    default: LaunchConfig | None = None
 
 
 def choose_ctx(req: TuneRequest, info: ModelInfo, hw: Hardware, parallel: int) -> int:
@@ -208,6 +214,10 @@ def auto_tune(req: TuneRequest, loc: build.EngineLocation, hw: Hardware, *,
     same_as_baseline = [cfg for _, cfg in baselines] if len(sp.slots) < 2 else []
     top = study.top_configs(recs, req.top_candidates, exclude=same_as_baseline, model=req.model,
                             same=lambda cfg: effective_config(cfg, hw.physical_cores))
+    if req.search_only:
+        st.set_user_attr(FINISH_PENDING, False)
+        return TuneResult(name, storage, result_dir, study_result.result_from_study(st), outcome,
+                          candidates=tuple(cfg for _, cfg in top), default=finish.default_config(sp))
 
     def roof(cfg: LaunchConfig) -> float | None:
         return roofline(info, cfg, hw).gen_tok_s or None
