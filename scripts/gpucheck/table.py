@@ -104,6 +104,10 @@ def render(state: dict[str, Any]) -> tuple[str, dict[str, Any]]:
                            "spill": spill_rows(state), "opoff": opoff_rows(state), "plan": plan_rows(state),
                            "steps": {k: {"status": v.get("status"), "took_s": v.get("took_s"),
                                          "note": v.get("note")} for k, v in state.get("steps", {}).items()}}
+    from gpucheck import versus as gpu_versus
+
+    doc["versus"] = gpu_versus.rows(state)
+    lines += gpu_versus.markdown(state)
     if doc["tune"]:
         lines += ["## (b) auto-tune vs llama.cpp default vs --fit (one run each, arms interleaved; --max-kld off)", "",
                   "| run | free VRAM MiB | workload | ctx | tuned gen / prompt tok/s | default gen / prompt | "

@@ -125,3 +125,57 @@ def versus(engine_dir: Path, tuned: LaunchConfig, default: LaunchConfig, budget_
 def _ratio(scores: dict[str, list[float | None]], i: int) -> str:
     a, b = scores["tuned"][i], scores["default"][i]
     return f"{a / b:.3f}" if a and b else "n/a"
+
+
+def _median(values: list[float | None]) -> float | None:
+    got = [x for x in values if x]
+    return statistics.median(got) if got else None
+
+
+def _num(x: float | None, fmt: str) -> str:
+    return "-" if x is None or x != x or not x else format(x, fmt)  # None, NaN (no rounds) or 0
+
+
+def rows(state: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per versus step: the verdict, each arm's median figure and its launch line."""
+    out = []
+    for name, step in state.get("steps", {}).items():
+        res = step.get("result") or {}
+        if not name.startswith("versus-"):
+            continue
+        v = res.get("verdict") or {}
+        arms = res.get("arms") or {}
+        scores = res.get("scores") or {}
+
+        out.append({"run": name, "workload": res.get("kind"), "budget_mib": res.get("budget_mib"),
+                    "rounds": v.get("rounds"), "ratio": v.get("ratio"), "low": v.get("low"), "high": v.get("high"),
+                    "noise_pct": v.get("noise_pct"), "outcome": v.get("outcome"), "said": res.get("said"),
+                    "tuned_score": _median(scores.get("tuned", [])),
+                    "default_score": _median(scores.get("default", [])),
+                    "tuned": (arms.get("tuned") or {}).get("launch_line"),
+                    "default": (arms.get("default") or {}).get("launch_line"), "note": res.get("note")})
+    return out
+
+
+def markdown(state: dict[str, Any]) -> list[str]:
+    found = rows(state)
+    if not found:
+        return []
+
+    def per(x: float | None) -> str:
+        return "-" if not x else f"{1 / x:.2f}"
+
+    lines = ["## (b) the tuner's line vs llama.cpp's default, both loaded, interleaved rounds (valid weights)", "",
+             "Seconds per agent session (a 2K system prompt cached, four turns of 1K new tokens and a 32-token reply) "
+             "or per chat request (512 + 128 tokens), medians; the verdict is the project's own (99 %).", "",
+             "| run | rounds | tuned s | default s | tuned/default | 99 % interval | noise % | verdict |",
+             "|---|---:|---:|---:|---:|---|---:|---|"]
+    for r in found:
+        interval = f"{r['low']:.2f}-{r['high']:.2f}x" if r["rounds"] and r["rounds"] > 1 else "-"
+        lines.append(f"| {r['run']} | {r['rounds'] or 0} | {per(r['tuned_score'])} | {per(r['default_score'])} | "
+                     f"{_num(r['ratio'], '.2f')}x | {interval} | {_num(r['noise_pct'], '.1f')} | "
+                     f"{r['outcome'] or r['note'] or '-'} |")
+    lines += ["", "Lines:", ""]
+    for r in found:
+        lines += [f"- {r['run']} tuned: `{r['tuned']}`", f"- {r['run']} default: `{r['default']}`"]
+    return lines + [""]

@@ -90,6 +90,13 @@ def test_versus_measures_both_live_servers_in_interleaved_rounds_and_stops_at_it
     v = res["verdict"]
     assert v["rounds"] == 3 and v["outcome"] in ("better", "worse", "undecided") and "note" not in res
     assert not _llama_children()  # both servers stopped
+    from gpucheck import table as gpu_table
+
+    md, doc = gpu_table.render({"steps": {"versus-12g-agent": {"status": "done", "result": res}}})
+    (row,) = doc["versus"]
+    assert row["rounds"] == 3 and row["ratio"] == v["ratio"] and row["tuned"].endswith("-b 256 -ub 256")
+    assert f"| versus-12g-agent | 3 | {1 / row['tuned_score']:.2f} | {1 / row['default_score']:.2f} | " \
+        f"{v['ratio']:.2f}x | {v['low']:.2f}-{v['high']:.2f}x |" in md
     # A deadline reached after the first round: it stops between rounds and keeps what it measured.
     cut = gpu_versus.versus(engine_loc.bin_dir, tuned, default, 8192, "chat", rounds=50,
                             log_dir=tmp_path / "logs2", deadline_s=time.monotonic() + 25, log=lambda _: None,
