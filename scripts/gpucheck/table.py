@@ -22,7 +22,10 @@ def _mib(v: Any) -> str:
 def _roof(row: dict[str, Any], zero_weights: bool) -> str:
     """The tuned line's generation and prompt speed as shares of their ceilings (tuner.plan.roofline). A zero-filled
     model's router ties, so a ubatch copies a few experts instead of nearly all: its prompt share is not shown."""
-    prompt = "n/m (zero weights)" if zero_weights else _f(row.get("prompt_roofline_pct"), "{:.0f}")
+    pct = row.get("prompt_roofline_pct")
+    prompt = "n/m (zero weights)" if zero_weights else _f(pct, "{:.0f}")
+    if pct is not None and pct > 100 and not zero_weights:  # the bound counts the experts an even router uses
+        prompt += " (fewer experts copied than an even router uses)"
     return f"{_f(row.get('roofline_pct'), '{:.0f}')} / {prompt}"
 
 
