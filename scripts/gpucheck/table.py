@@ -19,6 +19,16 @@ def _mib(v: Any) -> str:
     return "-" if v is None else f"{v / 2**20:,.0f}"
 
 
+def _roof(row: dict[str, Any], zero_weights: bool) -> str:
+    """The tuned line's generation and prompt speed as shares of their ceilings (tuner.plan.roofline). A zero-filled
+    model's router ties, so a ubatch copies a few experts instead of nearly all: its prompt share is not shown."""
+    pct = row.get("prompt_roofline_pct")
+    prompt = "n/m (zero weights)" if zero_weights else _f(pct, "{:.0f}")
+    if pct is not None and pct > 100 and not zero_weights:  # the bound counts the experts an even router uses
+        prompt += " (fewer experts copied than an even router uses)"
+    return f"{_f(row.get('roofline_pct'), '{:.0f}')} / {prompt}"
+
+
 def _arm(rows: list[dict[str, Any]], label: str) -> dict[str, Any]:
     return next((r for r in rows if r.get("label") == label), {})
 
@@ -43,7 +53,8 @@ def tune_rows(state: dict[str, Any]) -> list[dict[str, Any]]:
             "fit_gen_tok_s": fit.get("gen_tok_s"), "fit_prompt_tok_s": fit.get("prompt_tok_s"),
             "tuned_vs_default": (tune.get("speedup") or {}).get("default"),
             "tuned_vs_fit": (tune.get("speedup") or {}).get("fit"),
-            "roofline_pct": win.get("roofline_pct"), "tok_per_j": win.get("tokens_per_joule"),
+            "roofline_pct": win.get("roofline_pct"), "prompt_roofline_pct": win.get("prompt_roofline_pct"),
+            "tok_per_j": win.get("tokens_per_joule"),
             "vram_peak_bytes": win.get("vram_peak_bytes"), "spill": win.get("spill"),
             "default_failure": (default.get("failure") or {}).get("kind"),
         })
@@ -108,10 +119,12 @@ def render(state: dict[str, Any]) -> tuple[str, dict[str, Any]]:
 
     doc["versus"] = gpu_versus.rows(state)
     lines += gpu_versus.markdown(state)
+    zero = model.get("weights") == "zero"
     if doc["tune"]:
         lines += ["## (b) auto-tune vs llama.cpp default vs --fit (one run each, arms interleaved; --max-kld off)", "",
                   "| run | free VRAM MiB | workload | ctx | tuned gen / prompt tok/s | default gen / prompt | "
-                  "--fit gen / prompt | tuned/default | tuned/fit | roofline % | tok/J | VRAM peak MiB | spill |",
+                  "--fit gen / prompt | tuned/default | tuned/fit | roofline % gen / prompt | tok/J | VRAM peak MiB | "
+                  "spill |",
                   "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
         for r in doc["tune"]:
             default = f"{_f(r['default_gen_tok_s'])} / {_f(r['default_prompt_tok_s'], '{:,.0f}')}" \
@@ -121,7 +134,7 @@ def render(state: dict[str, Any]) -> tuple[str, dict[str, Any]]:
                 f"{_f(r['tuned_gen_tok_s'])} / {_f(r['tuned_prompt_tok_s'], '{:,.0f}')} | {default} | "
                 f"{_f(r['fit_gen_tok_s'])} / {_f(r['fit_prompt_tok_s'], '{:,.0f}')} | "
                 f"{_f(r['tuned_vs_default'], '{:.2f}x')} | {_f(r['tuned_vs_fit'], '{:.2f}x')} | "
-                f"{_f(r['roofline_pct'], '{:.0f}')} | {_f(r['tok_per_j'], '{:.2f}')} | "
+                f"{_roof(r, zero)} | {_f(r['tok_per_j'], '{:.2f}')} | "
                 f"{_mib(r['vram_peak_bytes'])} | {r['spill'] or '-'} |")
         lines += ["", "Tuned launch lines:", ""] + [f"- {r['run']}: `{r['tuned']}`" for r in doc["tune"]] + [""]
     if doc["memory"]:

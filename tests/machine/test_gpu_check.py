@@ -360,6 +360,26 @@ def test_the_op_offload_step_takes_the_agent_lines_and_its_table_says_off_vs_on(
     assert "failed: out_of_memory: cudaMalloc failed" in md and len(doc["opoff"]) == 3
 
 
+def test_the_roofline_column_gives_generation_and_prompt_and_no_prompt_share_on_zero_weights():
+    """(b)'s roofline column: the tuned line's generation and prompt speed as shares of their ceilings; a zero-filled
+    model's prompt share is not meaningful (its tied router copies k of E experts a ubatch), so it is not printed;
+    a share above an even router's bound says that fewer experts were copied (issue 53)."""
+    from gpucheck import table as gpu_table
+
+    def render(weights: str, prompt_pct: float) -> str:
+        win = {"label": "candidate-1", "launch_line": "a", "gen_tok_s": 40.0, "prompt_tok_s": 900.0,
+               "roofline_pct": 41.6, "prompt_roofline_pct": prompt_pct}
+        state = {"steps": {"model": {"status": "done", "result": {"weights": weights}},
+                           "tune-12g-chat": {"status": "done", "result": {"free_mib": 12288, "workload": "chat",
+                                                                          "ctx": 8192, "tune": {"winner": win}}}}}
+        return gpu_table.render(state)[0]
+
+    assert "roofline % gen / prompt" in render("random", 63.2)
+    assert "| 42 / 63 |" in render("random", 63.2)
+    assert "| 42 / n/m (zero weights) |" in render("zero", 163.2)
+    assert "| 42 / 109 (fewer experts copied than an even router uses) |" in render("random", 109.0)
+
+
 def test_the_pack_keeps_paths_longer_than_100_characters_inside_the_tree(tmp_path):
     """The sdist is a PAX archive: a member's long name travels in its PAX "path" header, which tarfile wrote back
     over the trimmed name, so every CUDA template instance kept the sdist's prefix and the first lease's

@@ -175,6 +175,26 @@ def test_the_prompt_side_levers_travel_in_every_format(fmt):
         assert "--no-op-offload" in text and "--no-host" in text, fmt
 
 
+@pytest.mark.parametrize("fmt", deploy.FORMATS)
+def test_the_load_mode_travels_in_every_format(fmt):
+    """--load-mode none (pinned host experts, issue 53) is part of the measured line: every output format hands it
+    to llama-server, in the spelling that format's reader takes; the default (mmap) adds nothing."""
+    from tuner.core.config import LaunchConfig
+
+    cfg = LaunchConfig(model=Path("/models/m.gguf"), ctx=8192, n_cpu_moe=20, mmap=False)
+    text = deploy.render(deploy.Line(cfg, "tuned", "study"), fmt, port=8080, binary="/opt/llama/llama-server").text
+    mapped = deploy.render(deploy.Line(LaunchConfig(model=cfg.model, ctx=8192, n_cpu_moe=20), "tuned", "study"), fmt,
+                           port=8080, binary="/opt/llama/llama-server").text
+    if fmt == "preset":  # an INI key per flag, any of its spellings without dashes (common/preset.cpp)
+        assert "\nlm = none\n" in text and "lm =" not in mapped
+    elif fmt in ("compose", "json"):  # argv as a list: the flag, then its value
+        argv, plain = ([*yaml_doc(t)["services"].values()][0]["command"] if fmt == "compose" else json.loads(t)["argv"]
+                       for t in (text, mapped))
+        assert argv[argv.index("-lm") + 1] == "none" and "-lm" not in plain
+    else:
+        assert " -lm none " in text and "-lm" not in mapped, fmt
+
+
 def _threshold_in(fmt: str, rendered: deploy.Rendered) -> str | None:
     """GGML_OP_OFFLOAD_MIN_BATCH as each format hands it to the engine (read the way that format's reader does)."""
     text = rendered.text

@@ -4,7 +4,9 @@ session stage rather than the bench search, and priced by the plan."""
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
+import optuna
 import pytest
 
 from tuner.catalog.cards import find_card
@@ -84,3 +86,81 @@ def test_a_threshold_above_the_ubatch_prices_the_host_experts_on_the_cpu(shape, 
     assert e_above.gpu.compute_bytes == memory.estimate(info, off, slow_link).gpu.compute_bytes
     assert roofline.roofline(info, above, slow_link).prompt_tok_s is None
     assert roofline.roofline(info, at, slow_link).prompt_tok_s == roofline.roofline(info, on, slow_link).prompt_tok_s
+
+
+def _fake_gpu_machine(ram_gib: float) -> Hardware:
+    """This machine as the probe sees it with an RTX 4060 Ti 16GB in it (the NVML fake) and ``ram_gib`` of RAM."""
+    from tests.fakes import FakeNVML
+    from tuner.machine import hardware
+
+    hw = hardware.probe_hardware(FakeNVML([("NVIDIA GeForce RTX 4060 Ti", 16 * GIB, GIB)]), host_bandwidth_s=0)
+    return replace(hw, ram_total_bytes=int(ram_gib * GIB), ram_available_bytes=int(ram_gib * GIB),
+                   host_bandwidth_bytes_s=89.6e9, physical_cores=8)
+
+
+def _pinned_headroom(info, sp, hw) -> float:
+    """RAM (GiB) the pinned copy leaves at the space's most host experts and largest ubatch, as the plan counts it."""
+    from tuner.plan import memory, ram
+
+    most = replace(space.ubatch_config(sp.model, *sp.kv_pairs[0], sp.ctx, sp.parallel, sp.ubatch[-1]),
+                   n_cpu_moe=sp.n_cpu_moe[1], cache_ram_mib=sp.cache_ram_mib, mmap=False)
+    return ram.ram_side(memory.estimate(info, most, hw), most, hw).headroom_bytes / GIB
+
+
+def test_the_load_mode_is_an_axis_where_a_gpu_copies_host_experts_and_ram_holds_the_pinned_copy(shape, info):
+    """Issue 53: a GPU (the NVML fake), experts on the host and RAM for the pinned copy with the 2 GiB margin:
+    --load-mode none vs mmap is searched, rendered as llama-server and llama-bench take it, asked only where
+    --no-host leaves a pinned buffer to choose; the pinned copy holds the experts once, as the mapped one does."""
+    from tuner.engine import flags
+    from tuner.plan import memory
+
+    hw = _fake_gpu_machine(64)
+    assert hw.has_gpu and hw.source == "probed"
+    sp = space.build_space(shape, info, hw, ctx=32768, parallel=1, prompt_tokens=4096)
+    assert sp.n_cpu_moe is not None and sp.n_cpu_moe[0] > 0 and _pinned_headroom(info, sp, hw) > 2
+    assert sp.load_mode == ("mmap", "none") and sp.describe()["load_mode"] == ["mmap", "none"]
+    assert any(n.startswith("--load-mode none vs mmap searched") for n in sp.left_out)
+    configs = list(space.iter_configs(sp))
+    assert {(c.no_host, c.mmap) for c in configs} == {(False, True), (False, False), (True, True)}
+    pinned = next(c for c in configs if not c.mmap)
+    assert space.make_config(sp, space.params_of(sp, pinned)) == pinned
+    assert " -lm none" in flags.launch_line(pinned)
+    assert flags.parse_command(flags.launch_line(pinned)).config == pinned
+    bench = flags.bench_group_argv(Path("llama-bench"), [pinned], n_prompt=8, n_gen=8, repetitions=1)
+    assert bench[bench.index("-lm") + 1] == "none"
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
+    asked = [space.suggest(study.ask(), sp) for _ in range(40)]
+    assert {c.mmap for c in asked if not c.no_host} == {True, False} and all(c.mmap for c in asked if c.no_host)
+    e_pin, e_map = (memory.estimate(info, c, hw) for c in (pinned, replace(pinned, mmap=True)))
+    assert e_pin.pinned_bytes == e_map.mapped_bytes > 0 and e_map.pinned_bytes == 0 and e_pin.mapped_bytes == 0
+    assert e_pin.host.weights_bytes == e_map.host.weights_bytes
+    from tuner.plan import ram
+
+    side = ram.ram_side(e_pin, pinned, hw)
+    assert side.locked_bytes == e_pin.pinned_bytes and "GiB of the need pinned" in side.describe()
+    assert ram.ram_side(e_map, replace(pinned, mmap=True), hw).locked_bytes == 0
+
+
+def test_the_load_mode_is_no_axis_where_the_pinned_copy_would_page_or_nothing_is_copied(shape, info):
+    """Never where the pinned copy would leave under the 2 GiB margin (it cannot be paged out: the mapped default
+    stays, said), on a CPU-only machine, with --device none, or where the card holds every expert."""
+    roomy = space.build_space(shape, info, _fake_gpu_machine(64), ctx=32768, parallel=1, prompt_tokens=4096)
+    # RAM that holds the mapped experts at the space's most host experts, but leaves the pinned copy 1 GiB (with
+    # llama-server's prompt cache capped to nothing, as a line short of RAM would set it).
+    need = 64 - _pinned_headroom(info, replace(roomy, cache_ram_mib=0), _fake_gpu_machine(64))
+    tight_hw = _fake_gpu_machine(need + 1.0)
+    tight = space.build_space(shape, info, tight_hw, ctx=32768, parallel=1, prompt_tokens=4096)
+    assert tight.n_cpu_moe == roomy.n_cpu_moe
+    assert _pinned_headroom(info, replace(tight, cache_ram_mib=0), tight_hw) == pytest.approx(1.0, abs=0.01)
+    assert tight.load_mode == ("mmap",) and "load_mode" not in tight.describe()
+    assert any(n.startswith("--load-mode none not searched: its pinned copy of ") for n in tight.left_out)
+    assert all(c.mmap for c in space.iter_configs(tight))
+    mapped = replace(space.make_config(tight, {"n_cpu_moe": tight.n_cpu_moe[1]}), cache_ram_mib=0)
+    assert space.check(info, mapped, tight_hw).feasible  # the mapped default holds there
+    big = find_card("RTX 5090").hardware(64 * GIB, 64 * GIB, 89.6e9, 8, 0)
+    for sp in (space.build_space(shape, info, CPU_ONLY, ctx=8192, parallel=1, prompt_tokens=4096),
+               space.build_space(shape, info, _fake_gpu_machine(64), ctx=32768, parallel=1, prompt_tokens=4096,
+                                 device="none"),
+               space.build_space(shape, info, big, ctx=8192, parallel=1, prompt_tokens=512)):
+        assert sp.load_mode == ("mmap",) and all(c.mmap for c in space.iter_configs(sp))
+        assert not any("--load-mode" in n for n in sp.left_out)

@@ -11,6 +11,7 @@ import contextlib
 import os
 import shutil
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -287,20 +288,32 @@ def pcie_bandwidth_bytes_s(generation: int, width: int) -> float:
     return per_lane * width
 
 
-def measure_host_bandwidth(seconds: float = 1.0, block_bytes: int = 256 * 2**20) -> float:
-    """Host RAM read+write bandwidth in bytes/s: repeated copies of a buffer larger than any CPU cache."""
+def measure_host_bandwidth(seconds: float = 1.0, block_bytes: int = 256 * 2**20, threads: int | None = None) -> float:
+    """Host RAM read+write bandwidth in bytes/s: copies of a buffer larger than any CPU cache, split over one thread
+    per core (``threads``; default: the physical cores) copying at once, as llama.cpp's threads read host experts.
+
+    One thread reaches a fraction of a server's RAM bandwidth: lease 2's H100 host measured 19-23 GB/s that way
+    while llama.cpp's 16 threads read its host experts at 26-33 GB/s, so every line with experts on the host read
+    107-145 % of its generation ceiling (results/benchmarks/gpu-lease-2). numpy releases the GIL while it copies."""
     import numpy as np
 
-    src = np.ones(block_bytes // 8, dtype=np.float64)
-    dst = np.empty_like(src)
-    np.copyto(dst, src)  # touch pages first
+    n = max(1, threads or psutil.cpu_count(logical=False) or os.cpu_count() or 1)
+    part = max(1, block_bytes // n // 8)
+    src = [np.ones(part, dtype=np.float64) for _ in range(n)]
+    dst = [np.empty_like(a) for a in src]
+    moved = 2 * 8 * part * n  # one read plus one write per byte copied
+
+    def copy(i: int) -> None:
+        np.copyto(dst[i], src[i])
+
     best = 0.0
-    deadline = time.perf_counter() + seconds
-    while time.perf_counter() < deadline:
-        t0 = time.perf_counter()
-        np.copyto(dst, src)
-        dt = time.perf_counter() - t0
-        best = max(best, 2 * block_bytes / dt)  # one read plus one write per byte copied
+    with ThreadPoolExecutor(max_workers=n) as pool:
+        list(pool.map(copy, range(n)))  # touch pages first
+        deadline = time.perf_counter() + seconds
+        while time.perf_counter() < deadline:
+            t0 = time.perf_counter()
+            list(pool.map(copy, range(n)))
+            best = max(best, moved / (time.perf_counter() - t0))
     return best
 
 

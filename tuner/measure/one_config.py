@@ -23,6 +23,7 @@ from tuner.measure.session_run import SessionTrial
 from tuner.measure.workload import Workload, WorkloadKind
 from tuner.models.gguf_reader import inspect_model
 from tuner.plan import roofline
+from tuner.plan.placement import placed_by_fit
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +108,8 @@ def bench_config(loc: EngineLocation, cfg: LaunchConfig, load: Workload, *, dept
     hw = hardware.with_vram_budget(hardware.probe_hardware(host_bandwidth_s=1.0), vram_budget_mib)
     if cfg.device == gpu_use.CPU_DEVICE:
         hw = hw.cpu_only()
-    roof = roofline.roofline(inspect_model(cfg.model), cfg, hw, depth_tokens=depth)
+    info = inspect_model(cfg.model)
+    roof = roofline.roofline(info, placed_by_fit(info, cfg, hw), hw, depth_tokens=depth)
     trial = None
     if server and load.kind is WorkloadKind.AGENT and session is not None:
         many = len(session) if isinstance(session, (list, tuple)) else 1

@@ -112,6 +112,12 @@ class MemoryEstimate:
         return self.host.total_bytes
 
     @property
+    def pinned_bytes(self) -> int:
+        """Host weights in the GPU's pinned buffer (CUDA_Host: ``--load-mode none`` on a CUDA build): page-locked, so
+        the kernel can neither drop nor swap them; mapped experts (mmap) it can drop and read back from the file."""
+        return dict(self.host_buffers).get(HostBuffer.PINNED.value, 0)
+
+    @property
     def engine_host_weights_bytes(self) -> int:
         """Host weights as llama.cpp's own breakdown counts them (the mapped span instead of the mapped tensors)."""
         return self.host.weights_bytes - self.mapped_bytes + self.mapped_span_bytes

@@ -166,6 +166,19 @@ def fit_interval(model: ModelInfo, cfg: LaunchConfig, hw: Hardware,
                        vram_short_bytes=over(hi)[0] if hi is not None else None, offload=axis)
 
 
+def placed_by_fit(model: ModelInfo, cfg: LaunchConfig, hw: Hardware) -> LaunchConfig:
+    """``cfg`` as llama.cpp's ``--fit`` (on by default) places it where the line leaves the placement open (no
+    ``--n-cpu-moe``, no ``-ngl``): the card keeps everything it can within the 1 GiB margin of the VRAM free at
+    start (not of a ``--vram-budget``: fit does not know it), the rest of the experts (layers, for a dense model) go
+    to the host. Priced as written, such a line reads as every weight on the card: lease 2's default lines read 2 %
+    of that ceiling. For a bound, one step fewer than the fewest that fit whole: fit may keep the up and gate
+    matrices of one more layer on the card (common/fit.cpp, LAYER_FRACTION_UP/GATE)."""
+    if not hw.has_gpu or cfg.device == "none" or cfg.n_cpu_moe is not None or cfg.n_gpu_layers is not None:
+        return cfg
+    lo = fit_interval(model, cfg, replace(hw, vram_budget_override_bytes=None)).lo
+    return offload_of(model).apply(cfg, lo - 1) if lo else cfg
+
+
 def _first(holds: Callable[[int], bool], last: int) -> int | None:
     """The smallest step in 0..last where ``holds`` (false below it, true from it on), or None."""
     if not holds(last):

@@ -11,6 +11,13 @@ pages the mapped experts back in from disk on every token, silently (issue 41). 
   does.
 - a margin for what the rest of the desktop grows by while the model runs (a browser tab, an IDE's indexer):
   a config that leaves less than :data:`TIGHT_MARGIN_BYTES` is "tight".
+
+The load mode decides what "tight" costs. Under mmap (llama.cpp's default) host experts are the file's mapped
+pages: short of RAM, the kernel drops them and reads them back on every token (slow, not fatal). Under
+``--load-mode none`` on a CUDA build they are one pinned copy (CUDA_Host, ``cudaHostAlloc``): page-locked, it can be
+neither dropped nor swapped, so short of RAM the load fails or the kernel kills a process (a 128 GB box running
+out while pinning its experts was OOM-killed mid-load, noonghunna/club-3090 issue 978). A pinned copy is planned
+only where it leaves the margin (:func:`lock_fits`).
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ class RamSide:
     need_bytes: int  # resident host need of the config (the memory model)
     cache_reach_bytes: int | None  # what the prompt cache can still add (None: --cache-ram -1, no limit)
     cache_ram_fit_mib: int | None  # the --cache-ram that fits, where the default would not (None: no change)
+    locked_bytes: int = 0  # part of ``need_bytes`` pinned (CUDA_Host): it cannot be paged out
 
     @property
     def headroom_bytes(self) -> int:
@@ -57,6 +65,8 @@ class RamSide:
         if self.cache_ram_fit_mib is not None:
             text += (f" with --cache-ram {self.cache_ram_fit_mib} (the default {DEFAULT_CACHE_RAM_MIB} MiB prompt "
                      "cache would not fit)")
+        if self.locked_bytes:
+            text += f" ({self.locked_bytes / GIB:.1f} GiB of the need pinned: it cannot be paged out)"
         if self.tight:
             text += f": tight (under the {TIGHT_MARGIN_BYTES / GIB:.0f} GiB margin)"
         return text
@@ -80,7 +90,15 @@ def ram_side(est: MemoryEstimate, cfg: LaunchConfig, hw: Hardware) -> RamSide:
     if cfg.cache_ram_mib is None and reach is not None and avail - need - reach < TIGHT_MARGIN_BYTES:
         room_mib = max(0, (avail - need - TIGHT_MARGIN_BYTES) // MIB)
         fit = int(room_mib // CACHE_RAM_STEP_MIB * CACHE_RAM_STEP_MIB)
-    return RamSide(avail, need, reach, fit)
+    return RamSide(avail, need, reach, fit, est.pinned_bytes)
+
+
+def lock_fits(est: MemoryEstimate, cfg: LaunchConfig, hw: Hardware) -> bool:
+    """Can ``cfg``'s pinned host copy be held: with the prompt cache at the size it can reach (or the --cache-ram
+    that fits), at least :data:`TIGHT_MARGIN_BYTES` of RAM stays free beside it. A pinned copy never pages, so where
+    this fails it does not slow down like a mapped one: it fails to load or pushes other processes out."""
+    side = ram_side(est, cfg, hw)
+    return not side.exceeds and not side.tight
 
 
 def holders_line(holders: tuple[tuple[str, int], ...], hw: Hardware) -> str | None:

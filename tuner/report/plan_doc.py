@@ -130,8 +130,9 @@ def _copy_note(row: PlanRow, hw: Hardware) -> str | None:
     prompt, e = row.roofline.prompt_tok_s, row.estimate
     if not prompt or not hw.has_gpu or hw.pcie_bandwidth_bytes_s <= 0:
         return None
-    copy_s = e.n_ubatch / prompt
+    copied = row.roofline.prompt_copy_bytes
+    copy_s = copied / hw.pcie_bandwidth_bytes_s
     return (f"op offload: each ubatch of a prompt (-ub {e.n_ubatch}) copies "
-            f"{copy_s * hw.pcie_bandwidth_bytes_s / 2**30:.1f} GiB of host weights to the GPU, "
+            f"{copied / 2**30:.1f} GiB of host weights to the GPU, "
             f"{1000 * copy_s:,.0f} ms at {hw.pcie_bandwidth_bytes_s / 1e9:.1f} GB/s PCIe: at most {prompt:,.0f} "
             "prompt tok/s; a larger -ub copies as often for more tokens, --no-op-offload computes them on the CPU")

@@ -19,8 +19,8 @@ from tuner.measure.workload import Workload
 from tuner.models import fingerprint
 from tuner.models.gguf_reader import ModelInfo, inspect_model
 from tuner.plan.memory import effective_config
-from tuner.plan.placement import largest_fitting_ctx
-from tuner.plan.roofline import roofline
+from tuner.plan.placement import largest_fitting_ctx, placed_by_fit
+from tuner.plan.roofline import Roofline, roofline
 from tuner.quality import kv_price
 from tuner.quality.kv_price import KvPrice
 from tuner.search import finish, proposals, session_stage, space, speculation, study
@@ -219,8 +219,13 @@ def auto_tune(req: TuneRequest, loc: build.EngineLocation, hw: Hardware, *,
         return TuneResult(name, storage, result_dir, study_result.result_from_study(st), outcome,
                           candidates=tuple(cfg for _, cfg in top), default=finish.default_config(sp))
 
-    def roof(cfg: LaunchConfig) -> float | None:
-        return roofline(info, cfg, hw).gen_tok_s or None
+    roofs: dict[LaunchConfig, Roofline] = {}
+
+    def roof(cfg: LaunchConfig) -> Roofline:
+        # A line that leaves placement to llama.cpp's --fit is priced as fit places it, not as every weight on the card.
+        if cfg not in roofs:
+            roofs[cfg] = roofline(info, placed_by_fit(info, cfg, hw), hw)
+        return roofs[cfg]
 
     done = finish.finish(loc, [(rec.number, cfg) for rec, cfg in top], baselines, req.workload,
                          log_dir=result_dir / "logs", caps=caps, roofline_of=roof, kld_of=kld_of, slots=sp.slots,

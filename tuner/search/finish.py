@@ -21,6 +21,7 @@ from tuner.engine.build import Capabilities, EngineLocation
 from tuner.machine.sampler import PagingKind
 from tuner.measure import bench, failures
 from tuner.measure.workload import LevelResult, Workload
+from tuner.plan.roofline import Roofline
 from tuner.quality.kv_price import KvPrice
 from tuner.search import decide
 from tuner.search.known_good import (  # noqa: F401 - re-exported: callers know them as finish.*
@@ -82,6 +83,9 @@ class ServerMeasurement:
     # while it generated, with that round's evidence and what to change; such a config is never the printed line.
     host_paging: str | None = None
     host_paging_evidence: str | None = None
+    # The median prompt speed as a share of the link bound for host weights copied per ubatch (tuner.plan.roofline);
+    # None where no such bound applies (every weight on the card, op offload off).
+    prompt_roofline_pct: float | None = None
 
     @property
     def paging(self) -> bool:
@@ -123,7 +127,8 @@ def round_score(levels: Sequence[LevelResult], load: Workload) -> float | None:
 
 
 def summarize(label: str, cfg: LaunchConfig, runs: Sequence[bench.ServerTrial | failures.Failure], load: Workload,
-              *, roofline_tok_s: float | None = None, trial_number: int | None = None,
+              *, roofline_tok_s: float | None = None, prompt_roofline_tok_s: float | None = None,
+              trial_number: int | None = None,
               kld: KvPrice | None = None, noise: Sequence[str | None] = ()) -> ServerMeasurement:
     """An arm's rounds as one measurement: medians over rounds, the per-round scores kept for the verdict."""
     from tuner.search.study import config_to_dict
@@ -141,12 +146,15 @@ def summarize(label: str, cfg: LaunchConfig, runs: Sequence[bench.ServerTrial | 
                                  scores=[None] * len(runs), **quality)
     samples = [t.levels[0].per_request_gen_tok_s for t in ok]
     gen = _median(samples)
+    prompt = _median([t.levels[0].per_request_prompt_tok_s for t in ok])
+    if prompt and prompt_roofline_tok_s:
+        quality["prompt_roofline_pct"] = 100 * prompt / prompt_roofline_tok_s
     last = ok[-1]
     paged = next((t.host_paging for t in ok if t.host_paging.paging), last.host_paging)
     quality |= {"host_paging": paged.kind.value, "host_paging_evidence": paged.describe()}
     return ServerMeasurement(
         label, config_to_dict(cfg), line, list(last.argv), gen, samples, cv_pct(samples),
-        _median([t.levels[0].per_request_prompt_tok_s for t in ok]), _median([t.levels[0].ttft_s for t in ok]),
+        prompt, _median([t.levels[0].ttft_s for t in ok]),
         _median([t.levels[-1].aggregate_gen_tok_s for t in ok]), max(t.memory.rss_peak_bytes or 0 for t in ok) or None,
         max(t.memory.vram_peak_bytes or 0 for t in ok) or None, last.spill.kind.value, last.tokens_per_joule,
         100 * gen / roofline_tok_s if roofline_tok_s and gen else None, None, trial_number, cfg.parallel or 1,
@@ -407,9 +415,16 @@ def slot_arms(candidates: Sequence[tuple[int, LaunchConfig]], slots: Sequence[in
     return arms
 
 
+def _ceiling(roofline_of: Callable[[LaunchConfig], Roofline | None] | None, cfg: LaunchConfig
+             ) -> tuple[float | None, float | None]:
+    """(generation, prompt) ceilings of ``cfg`` in tok/s, None where unknown."""
+    roof = roofline_of(cfg) if roofline_of else None
+    return (roof.gen_tok_s or None, roof.prompt_tok_s) if roof else (None, None)
+
+
 def finish(loc: EngineLocation, candidates: Sequence[tuple[int, LaunchConfig]],
            baselines: Sequence[tuple[str, LaunchConfig]], load: Workload, *, log_dir: Path,
-           caps: Capabilities | None = None, roofline_of: Callable[[LaunchConfig], float | None] | None = None,
+           caps: Capabilities | None = None, roofline_of: Callable[[LaunchConfig], Roofline | None] | None = None,
            kld_of: Callable[[LaunchConfig], KvPrice | None] | None = None, slots: Sequence[int] = (1,),
            min_tok_s: float | None = None, rounds: Rounds = DEFAULT_ROUNDS,
            on_step: Callable[[str], None] | None = None, vram_budget_bytes: int | None = None) -> Finish:
@@ -429,7 +444,7 @@ def finish(loc: EngineLocation, candidates: Sequence[tuple[int, LaunchConfig]],
             on_step(f"round {r} ({phase}): llama-server {label} ({flags.launch_line(cfg)})")
         got = watched_round(cfg, label, f"round {r}", lambda: bench.run_server_trial(
             loc, cfg, replace(sent, concurrency=cfg.parallel or 1), log_dir=log_dir, caps=caps,
-            roofline_tok_s=roofline_of(cfg) if roofline_of else None, vram_budget_bytes=vram_budget_bytes), on_step)
+            roofline_tok_s=_ceiling(roofline_of, cfg)[0], vram_budget_bytes=vram_budget_bytes), on_step)
         run = got.value if got.value is not None else got.failure
         assert run is not None  # a round either measured or failed
         runs[phase].setdefault(label, []).append(run)
@@ -437,9 +452,9 @@ def finish(loc: EngineLocation, candidates: Sequence[tuple[int, LaunchConfig]],
         return (round_score(got.value.levels, load) if got.value is not None else None), got.noise
 
     def table(phase: str) -> Finish:
-        done = [summarize(label, cfg, runs[phase][label], load, roofline_tok_s=roofline_of(cfg) if roofline_of
-                          else None, trial_number=num, kld=kld_of(cfg) if kld_of else None,
-                          noise=noise[phase][label])
+        done = [summarize(label, cfg, runs[phase][label], load, roofline_tok_s=_ceiling(roofline_of, cfg)[0],
+                          prompt_roofline_tok_s=_ceiling(roofline_of, cfg)[1], trial_number=num,
+                          kld=kld_of(cfg) if kld_of else None, noise=noise[phase][label])
                 for label, cfg, num in arms if label in runs[phase]]
         return Finish(tuple(m for m in done if m.label.startswith("candidate")),
                       tuple(m for m in done if not m.label.startswith("candidate")), load.prompt_tokens,

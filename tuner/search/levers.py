@@ -1,5 +1,6 @@
 """The prompt-side levers of a CUDA rig with experts in host RAM: op offload on/off, the batch from which it
-offloads (``GGML_OP_OFFLOAD_MIN_BATCH``), and the host buffer (llama.cpp's default or ``--no-host``).
+offloads (``GGML_OP_OFFLOAD_MIN_BATCH``), the host buffer (llama.cpp's default or ``--no-host``) and the load mode
+(mmap or ``--load-mode none``: the experts mapped pageable, or one pinned copy).
 
 With experts in RAM each ubatch of a prompt either copies them to the GPU (op offload: ~1 s for 14 GiB over a
 PCIe 4.0 x8 link) or runs them on the CPU. Which wins depends on the link and on the batch, so both are measured,
@@ -8,10 +9,16 @@ never assumed: on an H100 (PCIe 5) op offload off ran an agent turn's prompt at 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from tuner.core.config import LaunchConfig
+from tuner.core.model import ModelInfo
 from tuner.machine.hardware import Hardware
-from tuner.plan.memory import DEFAULT_UBATCH
+from tuner.plan.memory import DEFAULT_UBATCH, estimate
 from tuner.plan.op_offload import OP_OFFLOAD_MIN_BATCH
+from tuner.plan.ram import TIGHT_MARGIN_BYTES, lock_fits
+
+LOAD_MODES = ("mmap", "none")  # llama-server's --load-mode values the search measures (mmap: its default)
 
 
 def host_levers(hw: Hardware, device: str | None, moe: tuple[int, int] | None) -> bool:
@@ -45,3 +52,32 @@ def levers_note() -> tuple[str, ...]:
             "default mmap load, --no-host --no-repack maps the experts as the default does); the op-offload "
             "threshold (GGML_OP_OFFLOAD_MIN_BATCH, 32 tokens) is tried by the agent session stage, whose turns are "
             "shorter than a ubatch (llama-bench times full ubatches only)",)
+
+
+def load_mode_axis(info: ModelInfo, hw: Hardware, device: str | None, moe: tuple[int, int] | None,
+                   most_host: LaunchConfig) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The load modes the space searches, and what it says about them.
+
+    With a GPU and experts on the host, mmap (the default) leaves them the file's pageable pages (CPU_Mapped) and
+    ``--load-mode none`` makes them one pinned copy (CUDA_Host): ``create_tensor`` (src/llama-model-loader.cpp)
+    swaps the GPU's host buffer for plain CPU when mmap is on, and warns "tensor overrides to CPU are used with
+    mmap enabled - consider using --load-mode none for better performance". Each prompt ubatch copies the experts
+    to the GPU (op offload), from pinned memory by DMA at the link's speed, from pageable pages through the
+    driver's staging buffer at 0.30-0.77x of it in published measurements (tuner.plan.roofline): a gain no header
+    prices, so it is measured. Both hold the experts once in RAM (tuner.plan.memory), but the pinned copy can
+    never be paged out: the axis is offered only where it leaves the RAM margin at the most host experts the space
+    tries (``most_host``, its largest ubatch), never where it would page. Without a GPU, or with every expert on
+    the card, nothing is copied and mmap stays."""
+    if not host_levers(hw, device, moe):
+        return (LOAD_MODES[0],), ()
+    pinned = replace(most_host, mmap=False, no_host=False)
+    est = estimate(info, pinned, hw)
+    if not lock_fits(est, pinned, hw):
+        return (LOAD_MODES[0],), (
+            f"--load-mode none not searched: its pinned copy of {est.pinned_bytes / 2**30:.1f} GiB of experts (at "
+            f"--n-cpu-moe {pinned.n_cpu_moe}) would leave under {TIGHT_MARGIN_BYTES / 2**30:.0f} GiB of "
+            f"{hw.ram_available_bytes / 2**30:.1f} GiB RAM, and pinned memory cannot be paged out",)
+    return LOAD_MODES, ("--load-mode none vs mmap searched: pinned host experts copy to the GPU at the link's speed, "
+                        "mapped ones through the driver's staging buffer (slower by an amount only a measurement "
+                        f"tells); the pinned copy leaves the {TIGHT_MARGIN_BYTES / 2**30:.0f} GiB RAM margin at "
+                        f"--n-cpu-moe {pinned.n_cpu_moe}",)

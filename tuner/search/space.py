@@ -45,7 +45,7 @@ from tuner.plan.memory import (
 )
 from tuner.plan.placement import fit_interval, offload_of, overs
 from tuner.plan.ram import TIGHT_MARGIN_BYTES, ram_side
-from tuner.search.levers import host_levers, levers_note
+from tuner.search.levers import host_levers, levers_note, load_mode_axis
 
 F16, Q8, Q4 = CacheType.F16, CacheType.Q8_0, CacheType.Q4_0
 # Same-type pairs and K-more-precise-than-V pairs over f16 > q8_0 > q4_0, most precise first. The exotic
@@ -99,6 +99,7 @@ class SearchSpace:
     # tell thresholds apart, so the session stage measures it as one arm (levers.session_threshold).
     op_offload: tuple[bool, ...] = (True,)
     no_host: tuple[bool, ...] = (False,)
+    load_mode: tuple[str, ...] = ("mmap",)  # --load-mode: mmap, or none (pinned host experts): levers.load_mode_axis
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -112,6 +113,7 @@ class SearchSpace:
             **({"cache_ram_mib": self.cache_ram_mib} if self.cache_ram_mib is not None else {}),
             **({"op_offload": list(self.op_offload)} if len(self.op_offload) > 1 else {}),
             **({"no_host": list(self.no_host)} if len(self.no_host) > 1 else {}),
+            **({"load_mode": list(self.load_mode)} if len(self.load_mode) > 1 else {}),
         }
 
     @property
@@ -198,12 +200,16 @@ def build_space(model_path: Path, info: ModelInfo, hw: Hardware, *, ctx: int, pa
         ngl, why = _gpu_layers(info, hw, model_path, ctx, parallel, pairs, ubatch, vram_margin_mib)
     cache_ram, note = _cache_ram(info, hw, ubatch_config(model_path, *pairs[0], ctx, parallel, None), moe, ngl)
     levers = host_levers(hw, device, moe if with_moe else None)
+    most_host = replace(ubatch_config(model_path, *pairs[0], ctx, parallel, ubatch[-1]), cache_ram_mib=cache_ram,
+                        n_cpu_moe=moe[1] if moe else None)
+    load_modes, load_note = load_mode_axis(info, hw, device, moe if with_moe else None, most_host)
     return SearchSpace(
         model=model_path, ctx=ctx, parallel=parallel, n_cpu_moe=moe, kv_pairs=pairs,
         flash_attn=(FlashAttn.ON, FlashAttn.OFF), threads=_physical_threads(max(1, hw.physical_cores)),
         ubatch=ubatch, slots=slot_counts(concurrency), n_cpu_moe_why=why, device=device, n_gpu_layers=ngl,
-        left_out=left_out + note + (levers_note() if levers else ()), cache_ram_mib=cache_ram,
+        left_out=left_out + note + (levers_note() if levers else ()) + load_note, cache_ram_mib=cache_ram,
         op_offload=(True, False) if levers else (True,), no_host=(False, True) if levers else (False,),
+        load_mode=load_modes,
     )
 
 
@@ -304,6 +310,8 @@ def make_config(space: SearchSpace, params: dict[str, Any]) -> LaunchConfig:
         threads=params.get("threads", space.threads[-1]), ubatch=ubatch, batch=batch_for(ubatch),
         device=space.device, cache_ram_mib=space.cache_ram_mib,
         op_offload=params.get("op_offload", space.op_offload[0]), no_host=params.get("no_host", space.no_host[0]),
+        # --no-host leaves no pinned buffer to choose: the load mode is asked only without it.
+        mmap=params.get("no_host", space.no_host[0]) or params.get("load_mode", space.load_mode[0]) == "mmap",
     )
 
 
@@ -333,6 +341,8 @@ def params_of(space: SearchSpace, cfg: LaunchConfig) -> dict[str, Any]:
         params["op_offload"] = cfg.op_offload
     if len(space.no_host) > 1:
         params["no_host"] = cfg.no_host
+    if len(space.load_mode) > 1 and not cfg.no_host:
+        params["load_mode"] = "mmap" if cfg.mmap else "none"
     return params
 
 
@@ -356,6 +366,8 @@ def suggest(trial: Any, space: SearchSpace) -> LaunchConfig:
         params["op_offload"] = trial.suggest_categorical("op_offload", list(space.op_offload))
     if len(space.no_host) > 1:
         params["no_host"] = trial.suggest_categorical("no_host", list(space.no_host))
+    if len(space.load_mode) > 1 and not params.get("no_host", space.no_host[0]):
+        params["load_mode"] = trial.suggest_categorical("load_mode", list(space.load_mode))
     return make_config(space, params)
 
 
@@ -365,10 +377,10 @@ def iter_configs(space: SearchSpace) -> Iterator[LaunchConfig]:
     ngl: Sequence[int | None] = range(space.n_gpu_layers[1], space.n_gpu_layers[0] - 1, -1) \
         if space.n_gpu_layers else [None]
     seen: set[LaunchConfig] = set()
-    for n, g, kv, fa, t, u, po, nh in product(moe, ngl, space.kv_pairs, space.flash_attn, space.threads,
-                                              space.ubatch, space.op_offload, space.no_host):
+    for n, g, kv, fa, t, u, po, nh, lm in product(moe, ngl, space.kv_pairs, space.flash_attn, space.threads,
+                                                  space.ubatch, space.op_offload, space.no_host, space.load_mode):
         params: dict[str, Any] = {"n_cpu_moe": n, "n_gpu_layers": g, "kv": kv_label(*kv), "flash_attn": fa.value,
-                                  "threads": t, "ubatch": u, "op_offload": po, "no_host": nh}
+                                  "threads": t, "ubatch": u, "op_offload": po, "no_host": nh, "load_mode": lm}
         cfg = make_config(space, params)
         if cfg not in seen:
             seen.add(cfg)
