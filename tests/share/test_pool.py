@@ -22,7 +22,7 @@ from tuner.catalog.cards import find_card
 from tuner.engine import flags
 from tuner.hub.repos import HubOptions
 from tuner.models import fingerprint, shape_model
-from tuner.share import pool, seeds, shards
+from tuner.share import consolidate, pool, seeds, shards
 from tuner.share.gate import read_record
 from tuner.share.match import ModelQuery
 
@@ -216,3 +216,20 @@ def _with_record(parquet: bytes, text: str) -> bytes:
 def test_a_pool_query_names_the_models_keys():
     q = ModelQuery("x", hub_repo="Org/M-GGUF", quant="Q4_K_M", sha=(1, "ab" * 32, "cd" * 32))
     assert q.keys == {"hub:org/m-gguf", f"sha:{'ab' * 32}"}
+
+
+def test_the_keeper_consolidates_records_into_shards_in_one_commit(model, tmp_path):
+    files = {f"records/{i:016x}.json": data(record(model, sharer, tool=f"r{i}"))
+             for i, sharer in enumerate([A, A, B, C, D])}
+    files["records/00000000000000ff.json"] = data(record(model, D, gen=-1.0))  # refused: stays in records/
+    with HubServer() as hub:
+        repo = hub.add_repo("alice/pool", files, repo_type="dataset")
+        options = HubOptions(endpoint=hub.endpoint, token="hf_test", cache_dir=tmp_path / "hf")
+        done = consolidate.consolidate("alice/pool", options)
+        assert done.records == 5 and len(done.files_taken) == 5 and repo.commits == [
+            "moe-tune: 5 records consolidated into 1 shard(s)"]
+        assert sorted(repo.files) == ["records/00000000000000ff.json", *done.shards]
+        again = pool.fetch("alice/pool", options, pool.PoolQuery(12, ModelQuery.parse(str(model)).keys,
+                                                                  ModelQuery.parse(str(model)).sha[1]))
+        assert again.files_read == 1 and again.shard_rows_read == 5 and len(again.records) == 5
+        assert len(again.skipped) == 1 and "gen_tok_s must be a finite number, 0 or more" in again.skipped[0]

@@ -100,6 +100,20 @@ def push(repo_id: str, path_in_repo: str, data: bytes, message: str, options: Hu
     return Pushed(path_in_repo, str(url), str(info.oid), create_pr)
 
 
+def commit_files(repo_id: str, adds: dict[str, bytes], deletes: list[str], message: str,
+                 options: HubOptions = DEFAULT_OPTIONS) -> str:
+    """One commit to main of the user's own dataset repo: ``adds`` written, ``deletes`` removed; its URL."""
+    from huggingface_hub import CommitOperationAdd, CommitOperationDelete
+
+    _need_token(options)
+    ops: list[CommitOperationAdd | CommitOperationDelete] = [
+        CommitOperationAdd(path_in_repo=path, path_or_fileobj=data) for path, data in adds.items()]
+    ops += [CommitOperationDelete(path_in_repo=path) for path in deletes]
+    with hub_errors(repo_id, options):
+        info = _api(options).create_commit(repo_id, ops, commit_message=message, repo_type=DATASET)
+    return str(info.commit_url)
+
+
 def repo_commit(repo_id: str, options: HubOptions = DEFAULT_OPTIONS) -> str:
     """The dataset repo's current commit on main (every later read names it, so they agree)."""
     with hub_errors(repo_id, options):

@@ -21,7 +21,7 @@ import re
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tuner.core.errors import RecordError, TunerError
 from tuner.hub import records as hub
@@ -57,6 +57,7 @@ class Fetched:
     bytes_read: int = 0
     files_read: int = 0
     shard_rows_read: int = 0
+    from_files: tuple[str, ...] = ()  # ids of the records read from records/ files (not yet in a shard)
 
 
 @dataclass
@@ -65,37 +66,56 @@ class _Reading:
     commit: str
     options: HubOptions
     deadline: float
+    bounds: Bounds
     records: dict[str, SharedRecord]
     skipped: list[str]
     bytes_read: int = 0
     files_read: int = 0
     shard_rows: int = 0
+    from_files: list[str] = field(default_factory=list)
 
-    def gate(self, raw: bytes, record_id: str) -> None:
+    def gate(self, raw: bytes, record_id: str) -> bool:
         if record_id in self.records:
-            return  # the same record (content-addressed) consolidated and still in records/: read once
+            return False  # the same record (content-addressed) consolidated and still in records/: read once
         try:
             self.records[record_id] = read_record(raw, record_id)
         except RecordError as exc:
             self.skipped.append(str(exc))
+            return False
+        return True
+
+
+@dataclass(frozen=True, slots=True)
+class Bounds:
+    """How much one read of a pool may take (a look-up's; consolidating a pool takes more)."""
+
+    files: int = MAX_FILES
+    listed: int = MAX_LISTED
+    shard_rows: int = MAX_SHARD_ROWS
+    shard_bytes: int = MAX_SHARD_BYTES
+    seconds: float = DEADLINE_S
 
 
 def fetch(repo_id: str, options: HubOptions = DEFAULT_OPTIONS, query: PoolQuery = PoolQuery(), *,
-          rng: random.Random | None = None, clock: Callable[[], float] = time.monotonic) -> Fetched:
+          rng: random.Random | None = None, clock: Callable[[], float] = time.monotonic,
+          bounds: Bounds | None = None) -> Fetched:
     """The gated records of ``repo_id`` that ``query`` may want; the rest named in ``skipped``."""
     hub.check_repo_id(repo_id)
-    reading = _Reading(repo_id, hub.repo_commit(repo_id, options), options, clock() + DEADLINE_S, {}, [])
+    b = bounds or Bounds(MAX_FILES, MAX_LISTED, MAX_SHARD_ROWS, MAX_SHARD_BYTES, DEADLINE_S)  # read when called
+    reading = _Reading(repo_id, hub.repo_commit(repo_id, options), options, clock() + b.seconds, b, {}, [])
     _from_shards(reading, query, clock)
     _from_files(reading, rng or random.Random(), clock)
     return Fetched(repo_id, reading.commit, tuple(sorted(reading.records.values(), key=lambda r: r.record_id)),
-                   tuple(reading.skipped), reading.bytes_read, reading.files_read, reading.shard_rows)
+                   tuple(reading.skipped), reading.bytes_read, reading.files_read, reading.shard_rows,
+                   tuple(sorted(reading.from_files)))
 
 
 def _from_shards(reading: _Reading, query: PoolQuery, clock: Callable[[], float]) -> None:
     from tuner.share import shards
 
+    b = reading.bounds
     listing = hub.list_files(reading.repo_id, reading.commit, shards.FOLDER, ".parquet", reading.options,
-                             max_entries=MAX_LISTED, late=lambda: clock() > reading.deadline)
+                             max_entries=b.listed, late=lambda: clock() > reading.deadline)
     wanted = []
     for f in listing.files:
         m = shards.PATH.fullmatch(f.path)
@@ -110,12 +130,12 @@ def _from_shards(reading: _Reading, query: PoolQuery, clock: Callable[[], float]
     for f in wanted[:MAX_SHARDS]:
         if clock() > reading.deadline:
             reading.skipped.append(f"shard {shown(f.path, 80)} and those after it were not read: the look-up's "
-                                   f"{DEADLINE_S:.0f} s were spent")
+                                   f"{b.seconds:.0f} s were spent")
             break
-        source = hub.RangeFile(reading.repo_id, f.path, reading.commit, f.size_bytes, MAX_SHARD_BYTES - spent,
+        source = hub.RangeFile(reading.repo_id, f.path, reading.commit, f.size_bytes, b.shard_bytes - spent,
                                reading.options)
         try:
-            got = shards.read_rows(source, query.keys, query.sha_head, MAX_SHARD_ROWS - reading.shard_rows)
+            got = shards.read_rows(source, query.keys, query.sha_head, b.shard_rows - reading.shard_rows)
         except TunerError as exc:  # ShardError, and the Hub's errors
             reading.skipped.append(f"shard {shown(f.path, 80)} skipped: {shown(exc, 200)}")
             continue
@@ -125,17 +145,18 @@ def _from_shards(reading: _Reading, query: PoolQuery, clock: Callable[[], float]
         reading.shard_rows += len(got.rows)
         if got.left:
             reading.skipped.append(f"{got.left:,} rows of {shown(f.path, 80)} were not read (at most "
-                                   f"{MAX_SHARD_ROWS:,} rows a look-up)")
+                                   f"{b.shard_rows:,} rows a look-up)")
         for rid, raw in got.rows:
             reading.gate(raw, rid)
 
 
 def _from_files(reading: _Reading, rng: random.Random, clock: Callable[[], float]) -> None:
-    listing = hub.list_files(reading.repo_id, reading.commit, FOLDER, "", reading.options, max_entries=MAX_LISTED,
+    b = reading.bounds
+    listing = hub.list_files(reading.repo_id, reading.commit, FOLDER, "", reading.options, max_entries=b.listed,
                              late=lambda: clock() > reading.deadline)
     if listing.cut:
         reading.skipped.append(f"records/ holds more than the {len(listing.files):,} files listed (at most "
-                               f"{MAX_LISTED:,}, within {DEADLINE_S:.0f} s): the pool needs consolidating")
+                               f"{b.listed:,}, within {b.seconds:.0f} s): the pool needs consolidating")
     todo = []
     for f in listing.files:
         m = RECORD_PATH.fullmatch(f.path)
@@ -148,10 +169,10 @@ def _from_files(reading: _Reading, rng: random.Random, clock: Callable[[], float
         elif m["id"] not in reading.records:
             todo.append(m["id"])
     rng.shuffle(todo)
-    if len(todo) > MAX_FILES:
-        reading.skipped.append(f"{len(todo) - MAX_FILES:,} of {len(todo):,} record files were not read: a random "
-                               f"{MAX_FILES:,} were (the pool needs consolidating)")
-        todo = todo[:MAX_FILES]
+    if len(todo) > b.files:
+        reading.skipped.append(f"{len(todo) - b.files:,} of {len(todo):,} record files were not read: a random "
+                               f"{b.files:,} were (the pool needs consolidating)")
+        todo = todo[:b.files]
 
     def download(rid: str) -> tuple[str, bytes | str]:
         try:
@@ -164,7 +185,7 @@ def _from_files(reading: _Reading, rng: random.Random, clock: Callable[[], float
         for start in range(0, len(todo), WORKERS * 4):
             if clock() > reading.deadline:
                 reading.skipped.append(f"{len(todo) - start:,} record files were not read: the look-up's "
-                                       f"{DEADLINE_S:.0f} s were spent")
+                                       f"{b.seconds:.0f} s were spent")
                 break
             for rid, got in pool.map(download, todo[start:start + WORKERS * 4]):
                 if isinstance(got, str):
@@ -172,4 +193,5 @@ def _from_files(reading: _Reading, rng: random.Random, clock: Callable[[], float
                     continue
                 reading.files_read += 1
                 reading.bytes_read += len(got)
-                reading.gate(got, rid)
+                if reading.gate(got, rid):
+                    reading.from_files.append(rid)

@@ -83,8 +83,8 @@ def _may_hold(stats: Any, keys: frozenset[str]) -> bool:
 
 
 def read_rows(source: Any, keys: frozenset[str], sha_head: str | None, max_rows: int) -> ShardRows:
-    """The rows of one shard for a model (any of ``keys``, or a fingerprint head ``sha_head``), at most
-    ``max_rows``; :class:`ShardError` when the file is not a shard this reader can read."""
+    """The rows of one shard for a model (any of ``keys``, or a fingerprint head ``sha_head``; neither: every row), at
+    most ``max_rows``; :class:`ShardError` when the file is not a shard this reader can read."""
     try:
         return _read_rows(source, keys, sha_head, max_rows)
     except (pa.ArrowException, OSError, ValueError, TypeError, IndexError) as exc:
@@ -101,7 +101,8 @@ def _read_rows(source: Any, keys: frozenset[str], sha_head: str | None, max_rows
         raise ShardError(f"no {', '.join(missing)} column")
     meta = pf.metadata
     groups = list(range(meta.num_row_groups))
-    if sha_head is None:  # rows are sorted by model key: its statistics rule row groups out
+    every = not keys and sha_head is None  # every model (consolidating a pool)
+    if sha_head is None and not every:  # rows are sorted by model key: its statistics rule row groups out
         col = names.index("model_key")
         groups = [g for g in groups if _may_hold(meta.row_group(g).column(col).statistics, keys)]
     if not groups:
@@ -113,7 +114,7 @@ def _read_rows(source: Any, keys: frozenset[str], sha_head: str | None, max_rows
     for g in groups:
         n = meta.row_group(g).num_rows
         for i in range(offset, offset + n):
-            if model_keys[i] in keys or (sha_head is not None and heads[i] == sha_head):
+            if every or model_keys[i] in keys or (sha_head is not None and heads[i] == sha_head):
                 wanted.setdefault(g, []).append(i - offset)
         offset += n
     rows: list[tuple[str, bytes]] = []
