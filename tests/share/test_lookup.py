@@ -102,3 +102,14 @@ def test_json_of_a_group_holds_only_escaped_text():
     [g] = lookup.group(matching([r], MODEL, CardQuery.parse("RTX 3060 12GB")))["0c1e570"]
     text = json.dumps(g.to_dict())
     assert "\\u001b" not in text and g.to_dict()["why"] == ["faster [link=https://evil.example]click[/link]"]
+
+
+def test_seeds_are_few_and_the_lines_more_sharers_agree_on_come_first():
+    confirmed = LINE + " -ub 512"
+    singles = [f"{LINE} -t {t}" for t in range(1, 6)]  # sort before it by text, one sharer each
+    recs = [rec(i, f"{i:016x}", line=s) for i, s in enumerate(singles)]
+    recs += [rec(10, SHARER_A, line=confirmed), rec(11, SHARER_B, line=confirmed)]
+    props = seeds.proposals(matching(recs, MODEL, CardQuery.parse("RTX 3060 12GB")), "o/pool")
+    assert len(props) == seeds.MAX_SEEDS == 4
+    assert props[0].config.ubatch == 512 and props[0].origin.endswith("2 sharers")
+    assert [p.config.threads for p in props[1:]] == [1, 2, 3]

@@ -236,3 +236,14 @@ def test_the_keeper_consolidates_records_into_shards_in_one_commit(model, tmp_pa
                                                                   ModelQuery.parse(str(model)).sha[1]))
         assert again.files_read == 1 and again.shard_rows_read == 5 and len(again.records) == 5
         assert len(again.skipped) == 1 and "gen_tok_s must be a finite number, 0 or more" in again.skipped[0]
+
+
+def test_a_download_that_fails_is_one_line_and_the_others_are_read(model, tmp_path):
+    files = {f"records/{i:016x}.json": data(record(model, sharer, tool=f"r{i}")) for i, sharer in enumerate([A, B])}
+    with HubServer() as hub:
+        hub.add_repo(REPO, files, repo_type="dataset")
+        hub.cut_next_download(REPO, "records/0000000000000001.json", after_bytes=10, times=3)
+        got = pool.fetch(REPO, HubOptions(endpoint=hub.endpoint, token=False, cache_dir=tmp_path / "hf"))
+    assert [r.record_id for r in got.records] == ["0000000000000000"]
+    [line] = got.skipped
+    assert line.startswith("shared record 0000000000000001 skipped: download failed (") and "\n" not in line
