@@ -110,7 +110,8 @@ def hostile_pool(model: Path) -> tuple[dict[str, bytes], int]:
 
 def env_for(hub: HubServer, tmp_path: Path) -> dict[str, str]:
     return {"HF_ENDPOINT": hub.endpoint, "HF_TOKEN": "hf_test", "HF_HUB_CACHE": str(tmp_path / "hf"),
-            "HF_HUB_DISABLE_TELEMETRY": "1", "MOE_TUNE_CONFIG": str(tmp_path / "config")}
+            "HF_HUB_DISABLE_TELEMETRY": "1", "MOE_TUNE_CONFIG": str(tmp_path / "config"),
+            "MOE_TUNE_CACHE": str(tmp_path / "cache")}  # header stand-ins: this test's own
 
 
 def agreeing(stdout: str) -> list[tuple[str, str]]:
@@ -247,3 +248,46 @@ def test_a_download_that_fails_is_one_line_and_the_others_are_read(model, tmp_pa
     assert [r.record_id for r in got.records] == ["0000000000000000"]
     [line] = got.skipped
     assert line.startswith("shared record 0000000000000001 skipped: download failed (") and "\n" not in line
+
+
+def test_a_hub_name_is_bound_by_its_quants_header_read_with_range_requests(model, tmp_path):
+    def on_hub(quant: str, sharer: str, gen: float, repo: str = "o/small-GGUF") -> bytes:
+        d = record(model, sharer, gen=gen)
+        d["model"] |= {"hub_repo": repo, "hub_file": model.name, "quant": quant}
+        return data(d)
+
+    pool_files = {"records/0000000000000001.json": on_hub("Q8_0", A, 100.0),
+                  "records/0000000000000002.json": on_hub("Q8_0", B, 1e9),
+                  "records/0000000000000003.json": on_hub("Q4_K_M", C, 100.0),
+                  "records/0000000000000004.json": on_hub("Q8_0", A, 100.0, "o/gone-GGUF"),
+                  "records/0000000000000005.json": on_hub("Q8_0", B, 1e9, "o/gone-GGUF")}
+    with HubServer() as hub:
+        hub.add_repo(REPO, pool_files, repo_type="dataset")
+        hub.add_repo("o/small-GGUF", {model.name: model})
+        env = env_for(hub, tmp_path)
+        exact = run_cli("lookup", "o/small-GGUF:Q8_0", "--gpu", "RTX 3060 12GB", "--repo", REPO, "--json", env=env)
+        every = run_cli("lookup", "o/small-GGUF", "--gpu", "RTX 3060 12GB", "--repo", REPO, "--json", env=env)
+        header_ranges = hub.ranges_requested(model.name)
+        unknown = run_cli("lookup", "o/gone-GGUF:Q8_0", "--gpu", "RTX 3060 12GB", "--repo", REPO, "--json",
+                          env=env)
+    assert exact.returncode == every.returncode == unknown.returncode == 0, exact.stderr + every.stderr
+    first = json.loads(exact.stdout)
+    [group] = first["by_engine_commit"]["0c1e570"]
+    assert group["record_ids"] == ["0000000000000001"]
+    [absurd] = first["skipped"]
+    assert absurd.startswith("shared record 0000000000000002 skipped: default claims gen_tok_s 1e+09")
+    assert absurd.endswith("a token: the roofline of its header)")
+    assert header_ranges and all(r and r.startswith("bytes=") for r in header_ranges)  # the header, not the file
+    # Every quant of the repo: another quant is bound by its listed size; a quant the repo lacks is refused.
+    assert sorted(json.loads(every.stdout)["skipped"]) == [
+        "shared record 0000000000000002 skipped: default claims gen_tok_s 1e+09, above the " + absurd.split(
+            "above the ", 1)[1],
+        "shared record 0000000000000003 skipped: quant Q4_K_M is not in the model's repo"]
+    # A model that cannot be read: said, and the records' own size claim is all that bounds them.
+    gone = json.loads(unknown.stdout)
+    assert [g["record_ids"] for g in gone["by_engine_commit"]["0c1e570"]] == [["0000000000000004"]]
+    [refused, note] = gone["skipped"]
+    assert refused.startswith("shared record 0000000000000005 skipped: default claims gen_tok_s 1e+09")
+    assert refused.endswith("1/64 of its claimed size (the model could not be read))")
+    assert note.startswith("the model could not be read (") and note.endswith(
+        "figures were bounded by each record's own size claim only")
