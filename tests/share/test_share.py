@@ -185,3 +185,7 @@ def test_share_and_lookup_refuse_bad_input_in_one_line(tmp_path):
     assert frontier.returncode == 1 and "drop --frontier" in frontier.stderr and "Traceback" not in frontier.stderr
     card = run_cli("lookup", "o/m-GGUF:Q4_K_M", "--gpu", "Totally Real GPU 12GB")
     assert card.returncode == 1 and card.stderr.startswith("error: no card matches 'Totally Real GPU 12GB'")
+    offline = run_cli("lookup", "o/m-GGUF:Q4_K_M", "--gpu", "RTX 3060 12GB", "--repo", REPO,
+                      env={"HF_HUB_OFFLINE": "1"})
+    assert offline.returncode == 1 and offline.stderr == (f"error: {REPO} is on the Hub and offline mode is on: unset "
+                                                          "HF_HUB_OFFLINE to share or look up\n")

@@ -55,6 +55,11 @@ def _api(options: HubOptions, token: str | bool | None = None) -> Any:
     return HfApi(endpoint=options.endpoint, token=options.token if token is None else token)
 
 
+def _online(repo_id: str, options: HubOptions) -> None:
+    if options.is_offline:
+        raise HubError(f"{repo_id} is on the Hub and offline mode is on: unset HF_HUB_OFFLINE to share or look up")
+
+
 def _need_token(options: HubOptions) -> None:
     from huggingface_hub import get_token
 
@@ -65,6 +70,7 @@ def _need_token(options: HubOptions) -> None:
 
 def namespaces(options: HubOptions = DEFAULT_OPTIONS) -> frozenset[str]:
     """The user the token belongs to and the organizations it is a member of (whoami)."""
+    _online("whoami", options)
     _need_token(options)
     with hub_errors("whoami", options):
         me = _api(options).whoami(cache=True)
@@ -77,6 +83,8 @@ def is_public(repo_id: str, repo_type: str = "model", options: HubOptions = DEFA
     Any failure to learn it answers False."""
     from huggingface_hub.errors import HfHubHTTPError
 
+    if options.is_offline:
+        return False
     try:
         with hub_errors(repo_id, options):
             info = _api(options, token=False).repo_info(repo_id, repo_type=repo_type, timeout=STALL_S)
@@ -89,6 +97,7 @@ def push(repo_id: str, path_in_repo: str, data: bytes, message: str, options: Hu
          create_pr: bool = False) -> Pushed:
     """``data`` at ``path_in_repo`` as one commit to main (creating the repo if it is missing), or, with
     ``create_pr``, as a pull request to an existing repo (nothing reaches main until its owner merges)."""
+    _online(repo_id, options)
     _need_token(options)
     api = _api(options)
     with hub_errors(repo_id, options):
@@ -105,6 +114,7 @@ def commit_files(repo_id: str, adds: dict[str, bytes], deletes: list[str], messa
     """One commit to main of the user's own dataset repo: ``adds`` written, ``deletes`` removed; its URL."""
     from huggingface_hub import CommitOperationAdd, CommitOperationDelete
 
+    _online(repo_id, options)
     _need_token(options)
     ops: list[CommitOperationAdd | CommitOperationDelete] = [
         CommitOperationAdd(path_in_repo=path, path_or_fileobj=data) for path, data in adds.items()]
@@ -116,6 +126,7 @@ def commit_files(repo_id: str, adds: dict[str, bytes], deletes: list[str], messa
 
 def repo_commit(repo_id: str, options: HubOptions = DEFAULT_OPTIONS) -> str:
     """The dataset repo's current commit on main (every later read names it, so they agree)."""
+    _online(repo_id, options)
     with hub_errors(repo_id, options):
         info = _api(options).dataset_info(repo_id, timeout=STALL_S, expand=["sha"])
     return info.sha or "main"
@@ -157,8 +168,7 @@ def read_range(repo_id: str, path_in_repo: str, commit: str, start: int, end: in
     from huggingface_hub import hf_hub_url
     from huggingface_hub.utils import build_hf_headers
 
-    if options.is_offline:
-        raise HubError(f"{repo_id} cannot be read with offline mode on: run without HF_HUB_OFFLINE")
+    _online(repo_id, options)
     url = hf_hub_url(repo_id, path_in_repo, repo_type=DATASET, revision=commit, endpoint=options.endpoint)
     with hub_errors(repo_id, options):
         return _fetch_range(url, build_hf_headers(token=options.token), start, end, timeout_s=STALL_S)

@@ -249,10 +249,10 @@ def read_record(raw: bytes, record_id: str) -> SharedRecord:
     try:
         clean = _check(data, TOP, "")
         _sane(clean)
-        printed = clean["printed"]["line"], clean["model"]["file_name"]
-        clean["printed"]["line"], config = read_line(*printed)
+        model_file = clean["model"]["file_name"]
+        clean["printed"]["line"], config = read_line(clean["printed"]["line"], model_file)
         for ln in clean["lines"]:
-            ln["line"] = read_line(ln["line"], printed[1])[0]
+            ln["line"] = read_line(ln["line"], model_file)[0]
     except ValueError as exc:
         raise refusal(record_id, str(exc)) from None
     return SharedRecord(record_id, clean, config)
