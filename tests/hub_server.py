@@ -10,7 +10,14 @@ EntryNotFound), so the client raises its own typed errors.
 Writes (what ``HfApi.create_repo`` and ``upload_file``/``create_commit`` send): ``POST /api/repos/create``
 (409 when it exists), ``POST /api/{models,datasets}/REPO/preupload/REV`` (every file "regular": no LFS, no
 Xet) and ``POST /api/{models,datasets}/REPO/commit/REV`` (the NDJSON commit: a header line, then
-``file`` lines with base64 content and ``deletedFile`` lines); each commit gets a new commit id.
+``file`` lines with base64 content and ``deletedFile`` lines); each commit gets a new commit id. As on the Hub,
+a write needs a known token (``users``: token → user and organizations, ``GET /api/whoami-v2``); a commit to
+main needs the repo's namespace to be the user's or one of their organizations' (else 403), while
+``?create_pr=1`` (huggingface_hub's ``create_pr=True``) from any known user opens a pull request instead: the
+commit lands on ``refs/pr/N`` (kept in ``HubRepo.pulls``, main untouched) and the answer carries
+``pullRequestUrl`` (``…/discussions/N``). A private repo is answered 404 (RepoNotFound) to anyone but its
+namespace's users, and its info says ``private: true``. Tree listings are paginated as the Hub's are (``Link:
+<…&cursor=…>; rel="next"``, ``tree_page`` entries a page).
 
 Test hooks: ``cut_next_download`` (close the socket mid-body), ``corrupt`` (serve different bytes than
 the advertised sha256), gated repos answering 401/403 unless a granted token is sent. Every request is
@@ -32,7 +39,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, unquote, urlparse
+from urllib.parse import parse_qs, unquote, urlencode, urlparse
 
 import gguf
 
@@ -67,6 +74,8 @@ class HubRepo:
     commit: str
     gated: bool = False
     commits: list[str] = field(default_factory=list)  # summaries of the commits pushed to it, oldest first
+    private: bool = False
+    pulls: list[dict[str, bytes | None]] = field(default_factory=list)  # refs/pr/N (N = index + 1): its files
 
 
 @dataclass(frozen=True)
@@ -93,8 +102,11 @@ class HubServer:
     on the redirect response and clients must not forward the token to the CDN host.
     """
 
-    def __init__(self, cdn_redirect: bool = False) -> None:
+    def __init__(self, cdn_redirect: bool = False, tree_page: int = 1000) -> None:
         self.cdn_redirect = cdn_redirect
+        self.tree_page = tree_page
+        # token → (user name, organizations): who may write, and where (whoami-v2)
+        self.users: dict[str, tuple[str, tuple[str, ...]]] = {"hf_test": ("alice", ())}
         self.repos: dict[tuple[str, str], HubRepo] = {}
         self.granted_tokens: set[str] = set()
         self.requests: list[Request] = []
@@ -106,7 +118,8 @@ class HubServer:
     # -- repos -------------------------------------------------------------------------------------
 
     def add_repo(
-        self, repo_id: str, files: Mapping[str, Path | bytes], *, repo_type: str = "model", gated: bool = False
+        self, repo_id: str, files: Mapping[str, Path | bytes], *, repo_type: str = "model", gated: bool = False,
+        private: bool = False,
     ) -> HubRepo:
         entries = {}
         for path, source in files.items():
@@ -115,7 +128,7 @@ class HubServer:
         digest = hashlib.sha1(repo_id.encode())
         for path in sorted(entries):
             digest.update(path.encode() + entries[path].sha256.encode())
-        repo = HubRepo(repo_id, repo_type, entries, digest.hexdigest(), gated)
+        repo = HubRepo(repo_id, repo_type, entries, digest.hexdigest(), gated, private=private)
         self.repos[(repo_type, repo_id)] = repo
         return repo
 
@@ -212,16 +225,24 @@ class _Handler(BaseHTTPRequestHandler):
         self._dispatch(head=False)
 
     def do_POST(self) -> None:
-        path = unquote(urlparse(self.path).path)
+        url = urlparse(self.path)
+        path = unquote(url.path)
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         status, sent = 404, 0
         try:
-            if path == "/api/repos/create":
-                status, sent = self._create(json.loads(body or b"{}"))
+            user = self._user()
+            if user is None:
+                status, sent = self._error(401, "Unauthorized", "Invalid credentials in Authorization header")
+            elif path == "/api/repos/create":
+                status, sent = self._create(json.loads(body or b"{}"), user)
             elif (m := _API.match(path)) and (w := re.match(r"^/(preupload|commit)/[^/]+$", m.group("rest") or "")):
                 repo = self._repo(m.group("kind")[:-1], m.group("repo"))
+                as_pr = parse_qs(url.query).get("create_pr", ["0"])[0] == "1"
                 if repo is None:
                     status, sent = self._error(404, "RepoNotFound", "Repository not found")
+                elif not as_pr and repo.repo_id.split("/")[0] not in user:
+                    status, sent = self._error(403, "Forbidden", "You don't have the rights to push to this repo: "
+                                               "open a pull request (create_pr=1)", repo)
                 elif w.group(1) == "preupload":
                     files = json.loads(body or b"{}").get("files", [])
                     status, sent = self._json(200, {"files": [
@@ -229,23 +250,31 @@ class _Handler(BaseHTTPRequestHandler):
                          "oid": repo.files[f["path"]].git_oid if f["path"] in repo.files else None}
                         for f in files]}, repo)
                 else:
-                    status, sent = self._commit(repo, body)
+                    status, sent = self._commit(repo, body, as_pr)
             else:
                 status, sent = self._error(404, "RepoNotFound", "Unknown route")
         finally:
             self.hub._record(Request("POST", path, None, status, sent, self.headers.get("Authorization")))
 
-    def _create(self, payload: dict[str, Any]) -> tuple[int, int]:
+    def _user(self) -> tuple[str, ...] | None:
+        """The namespaces of the token's user (their name first, then their organizations), or None."""
+        token = (self.headers.get("Authorization") or "").removeprefix("Bearer ").strip()
+        known = self.hub.users.get(token)
+        return None if known is None else (known[0], *known[1])
+
+    def _create(self, payload: dict[str, Any], user: tuple[str, ...]) -> tuple[int, int]:
         kind = payload.get("type") or "model"
-        repo_id = f"{payload.get('organization') or 'user'}/{payload['name']}"
+        repo_id = f"{payload.get('organization') or user[0]}/{payload['name']}"
         existing = self._repo(kind, repo_id)
         if existing is not None:
             return self._error(409, "RepoExists", "You already created this repo", existing)
+        if repo_id.split("/")[0] not in user:
+            return self._error(403, "Forbidden", "You don't have the rights to create a repo in this namespace")
         repo = self.hub.add_repo(repo_id, {}, repo_type=kind)
         prefix = "" if kind == "model" else f"{kind}s/"
         return self._json(200, {"url": f"{self.hub.endpoint}/{prefix}{repo_id}", "name": repo_id}, repo)
 
-    def _commit(self, repo: HubRepo, body: bytes) -> tuple[int, int]:
+    def _commit(self, repo: HubRepo, body: bytes, as_pr: bool = False) -> tuple[int, int]:
         summary = ""
         files: dict[str, bytes | None] = {}
         for line in body.splitlines():
@@ -259,8 +288,16 @@ class _Handler(BaseHTTPRequestHandler):
                 files[value["path"]] = None
             else:
                 return self._error(400, "BadRequest", f"unsupported commit operation {item.get('key')}", repo)
-        commit = self.hub.commit(repo, summary, files)
         prefix = "" if repo.repo_type == "model" else f"{repo.repo_type}s/"
+        if as_pr:  # main stays as it is: the commit goes on refs/pr/N
+            with self.hub._lock:
+                repo.pulls.append(files)
+                number = len(repo.pulls)
+            commit = hashlib.sha1(f"{repo.commit}\npr {number}\n{summary}".encode()).hexdigest()
+            page = f"{self.hub.endpoint}/{prefix}{repo.repo_id}"
+            return self._json(200, {"success": True, "commitOid": commit, "commitUrl": f"{page}/commit/{commit}",
+                                    "pullRequestUrl": f"{page}/discussions/{number}"}, repo)
+        commit = self.hub.commit(repo, summary, files)
         return self._json(200, {"success": True, "commitOid": commit, "pullRequestUrl": None,
                                 "commitUrl": f"{self.hub.endpoint}/{prefix}{repo.repo_id}/commit/{commit}"}, repo)
 
@@ -272,7 +309,14 @@ class _Handler(BaseHTTPRequestHandler):
         sent = 0
         status = 404
         try:
-            if m := _API.match(path):
+            if path == "/api/whoami-v2":
+                user = self._user()
+                if user is None:
+                    status, sent = self._error(401, "Unauthorized", "Invalid credentials in Authorization header")
+                else:
+                    status, sent = self._json(200, {"type": "user", "name": user[0],
+                                                    "orgs": [{"name": o} for o in user[1:]]}, None)
+            elif m := _API.match(path):
                 status, sent = self._api(m.group("kind")[:-1], m.group("repo"), m.group("rest") or "", url.query)
             elif m := _RESOLVE.match(path):
                 kind = (m.group("kind") or "models")[:-1]
@@ -291,7 +335,11 @@ class _Handler(BaseHTTPRequestHandler):
                                      self.headers.get("Authorization")))
 
     def _repo(self, kind: str, repo_id: str) -> HubRepo | None:
-        return self.hub.repos.get((kind, repo_id))
+        """The repo, as this request may see it: a private one only to its namespace's users."""
+        repo = self.hub.repos.get((kind, repo_id))
+        if repo is not None and repo.private and repo_id.split("/")[0] not in (self._user() or ()):
+            return None
+        return repo
 
     def _revision_ok(self, repo: HubRepo, rev: str) -> bool:
         return rev in ("main", repo.commit)
@@ -306,7 +354,7 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._error(404, "RevisionNotFound", "Invalid rev id")
             info = {
                 "_id": repo.commit[:24], "id": repo.repo_id, "author": repo.repo_id.split("/")[0],
-                "sha": repo.commit, "private": False, "gated": "manual" if repo.gated else False,
+                "sha": repo.commit, "private": repo.private, "gated": "manual" if repo.gated else False,
                 "disabled": False, "tags": ["gguf"], "library_name": "gguf",
                 "siblings": [{"rfilename": p} for p in sorted(repo.files)],
             }
@@ -314,8 +362,17 @@ class _Handler(BaseHTTPRequestHandler):
         if m := re.match(r"^/tree/(?P<rev>[^/]+)(?:/(?P<sub>.*))?$", rest):
             if not self._revision_ok(repo, m.group("rev")):
                 return self._error(404, "RevisionNotFound", "Invalid rev id")
-            recursive = parse_qs(query).get("recursive", ["false"])[0].lower() in ("true", "1")
-            return self._json(200, _tree(repo, (m.group("sub") or "").strip("/"), recursive), repo)
+            params = parse_qs(query)
+            recursive = params.get("recursive", ["false"])[0].lower() in ("true", "1")
+            entries = _tree(repo, (m.group("sub") or "").strip("/"), recursive)
+            start = int(params.get("cursor", ["0"])[0])
+            page = entries[start:start + self.hub.tree_page]
+            more = start + self.hub.tree_page < len(entries)
+            link = None
+            if more:
+                rest_query = urlencode({**{k: v[0] for k, v in params.items()}, "cursor": start + self.hub.tree_page})
+                link = f'<{self.hub.endpoint}/api/{kind}s/{repo_id}{rest}?{rest_query}>; rel="next"'
+            return self._json(200, page, repo, link=link)
         return self._error(404, "RepoNotFound", "Unknown route")
 
     def _resolve(self, kind: str, repo_id: str, rev: str, path: str, head: bool) -> tuple[int, int]:
@@ -398,12 +455,15 @@ class _Handler(BaseHTTPRequestHandler):
 
     # -- responses ---------------------------------------------------------------------------------
 
-    def _json(self, status: int, payload: Any, repo: HubRepo) -> tuple[int, int]:
+    def _json(self, status: int, payload: Any, repo: HubRepo | None, link: str | None = None) -> tuple[int, int]:
         body = json.dumps(payload).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
-        self.send_header("X-Repo-Commit", repo.commit)
+        if repo is not None:
+            self.send_header("X-Repo-Commit", repo.commit)
+        if link is not None:
+            self.send_header("Link", link)
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(body)

@@ -58,6 +58,7 @@ OWNERS = {
     "matplotlib": ("report/",),
     "huggingface_hub": ("hub/",), "httpx": ("hub/",), "httpx2": ("hub/",),
     "mcp": ("mcp_server/",), "mcp_types": ("mcp_server/",),
+    "pyarrow": ("share/shards.py",),
 }
 # Strings that look like llama.cpp flags but are another program's arguments: pip's `-m pip download -d DIR`,
 # nvcc's `-o OUT` and `python -c CODE` for the VRAM ballast, nvcc's `-c` and pip's `-d` for the CUDA toolkit.

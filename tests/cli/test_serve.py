@@ -171,8 +171,15 @@ def test_a_key_on_the_command_line_is_refused_in_one_line(tuned, tmp_path):
             "LLAMA_API_KEY, or give --api-key-file FILE (made with a new key when it does not exist)")
     empty = tmp_path / "empty-key"
     empty.write_text("# no key yet\n")
+    empty.chmod(0o600)  # the user's alone: else refused before it is read
     res = run_cli("serve", str(tuned), "--api-key-file", str(empty))
     assert res.returncode == 1 and f"error: --api-key-file {empty} holds no key" in res.stderr
+    empty.write_text("sesame\n")
+    empty.chmod(0o644)  # readable by every local user: refused before llama-server starts
+    res = run_cli("serve", str(tuned), "--host", "0.0.0.0", "--api-key-file", str(empty))
+    assert res.returncode == 1 and "Traceback" not in res.stderr and "llama-server (pid" not in res.stderr
+    assert res.stderr.strip().splitlines()[-1] == (f"error: --api-key-file {empty} can be read or written by others "
+                                                   f"(mode 644): run `chmod 600 {empty}`")
 
 
 def test_a_busy_port_is_one_line_and_the_open_network_is_warned(tuned):

@@ -103,7 +103,8 @@ def serve_cmd(
         show_default=False)] = None,
     port: Annotated[int | None, typer.Option("--port", help="Port to listen on (default: a free one).")] = None,
     host: Annotated[str, typer.Option(
-        "--host", help="Address to listen on; any but loopback lets the network in (add --api-key).")]
+        "--host", help="Address to listen on; any but loopback lets the network in (add --api-key-file, "
+                 f"or export {served.API_KEY_ENV}).")]
     = "127.0.0.1",
     api_key_file: Annotated[Path | None, typer.Option(
         "--api-key-file", metavar="FILE",
@@ -134,9 +135,9 @@ def serve_cmd(
       moe-tune serve results/<study> --port 8080 --alias qwen3 -- --jinja
     On the network (clients send the key):
       moe-tune serve MODEL --host 0.0.0.0 --api-key-file ~/.moe-tune-key
-    The key never goes on a command line (every local user reads those): it
-    comes from the file or from LLAMA_API_KEY, and llama-server gets it by
-    environment.
+    The key never goes on a command line (every local user reads those, so
+    --api-key is refused): it comes from the file (yours alone: mode 600) or
+    from LLAMA_API_KEY, and llama-server gets it by environment.
     """
     if api_key_in_argv is not None:
         raise _key_in_argv()

@@ -22,29 +22,37 @@ RepoOpt = Annotated[str, typer.Option("--repo", help="Hugging Face dataset repo,
 def share_cmd(
     result: Annotated[Path, typer.Argument(help="results/<study>/result.json (or the folder).")],
     repo: RepoOpt,
+    hub_repo: Annotated[str | None, typer.Option(
+        "--hub-repo", metavar="OWNER/NAME", show_default=False,
+        help="Name the model's Hub repo in the record (by default named only when it is public).")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the record; send nothing.")] = False,
     as_json: JsonFlag = False,
 ) -> None:
     """Share an auto-tune result: one JSON record (card, host size, engine, model by Hub id or fingerprint,
-    workload, every measured line with its verdicts, the printed line and why) committed to a dataset repo.
-    No paths, host name, user or serial numbers: see docs/sharing.md. Uses your Hugging Face token
-    (`hf auth login` or HF_TOKEN).
+    workload, every measured line with its verdicts, the printed line and why, this installation's random sharer
+    id) sent to a dataset repo: committed to a repo you own, opened as a pull request on anyone else's (the
+    pool's owner merges it). No paths, host name, user or serial numbers, and the model's Hub repo only when it
+    is public: see docs/sharing.md. Uses your Hugging Face token (`hf auth login` or HF_TOKEN).
 
     \b
     Examples:
       moe-tune share results/<study>/result.json --dry-run \\
         --repo you/moe-tune-results
       moe-tune share results/<study> --repo you/moe-tune-results
+      moe-tune share results/<study> --repo moe-tune/shared-results
     """
     from tuner.share import store
 
-    done = store.share(result, repo, dry_run=dry_run)
+    done = store.share(result, repo, dry_run=dry_run, hub_repo=hub_repo)
+    for note in done.notes:
+        err.print(f"note: {note}", highlight=False, soft_wrap=True)
     if dry_run or as_json:
-        payload = done.record if dry_run and not as_json else {"path": done.path, "commit_url": done.commit_url,
-                                                               "record": done.record}
+        payload = done.record if dry_run and not as_json else {
+            "path": done.path, "url": done.url, "pull_request": done.pull_request, "record": done.record}
         out.print_json(json.dumps(payload))
         return
-    out.print(f"shared {done.path} to {repo}: {done.commit_url}", highlight=False, soft_wrap=True)
+    how = "opened a pull request for" if done.pull_request else "committed"
+    out.print(f"{how} {done.path} to {repo}: {done.url}", highlight=False, soft_wrap=True)
 
 
 @app.command("lookup", short_help="What others measured for a model on a card (no GPU needed).")
@@ -55,8 +63,10 @@ def lookup_cmd(
     repo: RepoOpt = DEFAULT_REPO,
     as_json: JsonFlag = False,
 ) -> None:
-    """List the lines shared for MODEL (and its quants) on a card and its siblings (same VRAM class), by engine
-    commit, with how many records agree, their verdicts and figures. Measures nothing.
+    """List the lines shared for MODEL (and its quants) on a card and its siblings (cards of the same VRAM class
+    the card catalog knows), by engine commit, with how many sharers agree (one installation counts once), their
+    verdicts and figures. Lines only one sharer reports come last, marked unconfirmed. Every record is checked
+    before it is shown (docs/sharing.md); each one refused is one warning line. Measures nothing.
 
     \b
     Examples:
@@ -64,36 +74,39 @@ def lookup_cmd(
       moe-tune lookup model.gguf --gpu "RTX 4060 Ti 16GB" --json \\
         --repo you/moe-tune-results
     """
-    from tuner.share import lookup, store
+    from tuner.share import lookup, match
 
-    model_q = lookup.ModelQuery.parse(model)
-    card_q = lookup.CardQuery.parse(gpu)
-    got = store.fetch(repo)
-    groups = lookup.group(lookup.matching(got.records, model_q, card_q))
+    model_q = match.ModelQuery.parse(model)
+    card_q = match.CardQuery.parse(gpu)
+    answer = lookup.lookup(repo, model_q, card_q)
+    got = answer.fetched
     if as_json:
         out.print_json(json.dumps({
             "repo": repo, "commit": got.commit, "model": model, "card": card_q.name,
-            "vram_class_gib": card_q.vram_class_gib, "records_read": len(got.records), "skipped": list(got.skipped),
-            "by_engine_commit": {c: [g.to_dict() for g in lines] for c, lines in groups.items()}}))
+            "vram_class_gib": card_q.vram_class_gib, "records_read": len(got.records), "bytes_read": got.bytes_read,
+            "skipped": list(answer.skipped),
+            "by_engine_commit": {c: [g.to_dict() for g in lines] for c, lines in answer.groups.items()}}))
         return
-    for line in got.skipped:
+    for line in answer.skipped:
         err.print(f"warning: {line}", highlight=False, soft_wrap=True)
-    if not groups:
+    if not answer.groups:
         out.print(f"no shared record in {repo} for {model} on {card_q.name} or a card of its VRAM class "
                   f"({len(got.records)} records read)", highlight=False, soft_wrap=True)
         return
-    for commit, lines in groups.items():
+    for commit, lines in answer.groups.items():
         table = Table(title=f"engine {commit}", box=box.SIMPLE_HEAD)
-        for col in ("records", "printed", "gen tok/s", "pp tok/s", "cards", "workloads"):
-            table.add_column(col, justify="right" if col in ("records", "gen tok/s", "pp tok/s") else "left")
+        for col in ("sharers", "records", "printed", "gen tok/s", "pp tok/s", "cards", "workloads"):
+            table.add_column(col, justify="right" if col in ("sharers", "records", "gen tok/s", "pp tok/s")
+                             else "left")
         for g in lines:
             d = g.to_dict()
-            table.add_row(str(d["records"]), d["label"], _num(d["median_gen_tok_s"]), _num(d["median_prompt_tok_s"]),
-                          ", ".join(d["cards"]), ", ".join(d["workloads"]))
+            table.add_row(str(d["sharers"]), str(d["records"]), d["label"], _num(d["median_gen_tok_s"]),
+                          _num(d["median_prompt_tok_s"]), ", ".join(d["cards"]), ", ".join(d["workloads"]))
         out.print(table)
         for g in lines:
             d = g.to_dict()
-            out.print(f"{d['records']} record(s) agree: {d['line']}", highlight=False, soft_wrap=True, markup=False)
+            agree = ("1 sharer (unconfirmed)" if d["single_sharer"] else f"{d['sharers']} sharers agree")
+            out.print(f"{agree}: {d['line']}", highlight=False, soft_wrap=True, markup=False)
             for why in d["why"]:
                 out.print(f"  why: {why}", highlight=False, soft_wrap=True, markup=False)
             for v in d["verdicts"]:

@@ -167,7 +167,7 @@ def auto_tune_cmd(
         say(f"machine: {hw.describe()}" + ("; measuring the CPU on purpose (--device none)"
                                            if req.device == "none" and hw.has_gpu else ""))
         if seed_from:
-            from tuner.share.lookup import seeds_from
+            from tuner.share.seeds import seeds_from
 
             req = replace(req, proposals=tuple(seeds_from(seed_from, req.model, hw, on_step=say)))
         if frontier:

@@ -166,6 +166,10 @@ class RecordError(UsageError):
     """A shared record (tuner.share) that cannot be used: malformed, too large, hostile or from a newer schema."""
 
 
+class ShardError(RecordError):
+    """A consolidated shard of a shared pool (tuner.share.shards) that cannot be read as one."""
+
+
 class NoRoomError(UsageError):
     """An agent session: the bundled session's system prompt leaves no room for a turn at this depth."""
 

@@ -8,10 +8,12 @@ process behind. What it runs (the measured line, checked to still hold) is the c
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import os
 import secrets
 import socket
+import stat
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,15 +76,46 @@ class ApiKey:
     made: bool = False  # a new key was written to the file just now
 
 
+MAX_KEY_FILE_BYTES = 64 * 1024
+
+
 def _keys_in(path: Path) -> list[str]:
     """The keys of a key file as llama-server reads it (common/arg.cpp `--api-key-file`: one per line, lines
-    starting with '#' skipped)."""
-    return [k for k in path.read_text().splitlines() if k and not k.startswith("#")]
+    starting with '#' skipped), once the file is shown to be the user's alone: a regular file (a symbolic link is
+    not followed, a FIFO not waited on), owned by the user, that no one else may read or write (as ssh asks of a
+    private key)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UsageError(f"--api-key-file {path} is a symbolic link: give the key file itself") from None
+        raise UsageError(f"--api-key-file {path} cannot be read ({exc.strerror or exc}): give a readable file with "
+                         "one key per line") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise UsageError(f"--api-key-file {path} is not a regular file: give a file holding one key per line")
+    with os.fdopen(fd, "rb") as fh:
+        if st.st_uid != os.getuid():
+            raise UsageError(f"--api-key-file {path} belongs to another user (uid {st.st_uid}): use a key file of "
+                             "your own")
+        if st.st_mode & 0o077:
+            raise UsageError(f"--api-key-file {path} can be read or written by others (mode "
+                             f"{stat.S_IMODE(st.st_mode):o}): run `chmod 600 {path}`")
+        data = fh.read(MAX_KEY_FILE_BYTES + 1)
+    if len(data) > MAX_KEY_FILE_BYTES:
+        raise UsageError(f"--api-key-file {path} is larger than {MAX_KEY_FILE_BYTES:,} bytes: it is not a key file")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise UsageError(f"--api-key-file {path} is not text: write one key per line") from None
+    return [k for k in text.splitlines() if k and not k.startswith("#")]
 
 
 def api_key(environ: Mapping[str, str], key_file: Path | None) -> ApiKey | None:
     """The server's key: from ``key_file`` (a new random key written there, mode 600, when it does not exist), else
-    from ``LLAMA_API_KEY``; None when neither is given. An unreadable or empty file is one line naming it."""
+    from ``LLAMA_API_KEY``; None when neither is given. A file that is not the user's alone, unreadable or empty is
+    one line naming it."""
     if key_file is None:
         return ApiKey({}, f"${API_KEY_ENV}") if environ.get(API_KEY_ENV) else None
     path = key_file.expanduser().absolute()
@@ -98,12 +131,7 @@ def api_key(environ: Mapping[str, str], key_file: Path | None) -> ApiKey | None:
         with os.fdopen(fd, "w") as fh:
             fh.write(secrets.token_hex(16) + "\n")
         made = True
-    try:
-        keys = _keys_in(path)
-    except (OSError, UnicodeDecodeError) as exc:
-        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise UsageError(f"--api-key-file {path} cannot be read ({why}): give a readable file with one key per "
-                         "line") from None
+    keys = _keys_in(path)
     if not keys:
         raise UsageError(f"--api-key-file {path} holds no key: write one per line (`openssl rand -hex 16 > "
                          f"{path}`), or remove it and serve writes a new one")

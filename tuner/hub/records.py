@@ -1,19 +1,24 @@
-"""Small JSON files in a Hugging Face dataset repo, through huggingface_hub's own API: create the repo, push one
-file as one commit, list the files under a folder with their sizes, download one into the standard cache.
+"""Small files in a Hugging Face dataset repo, through huggingface_hub's own API and the Hub's file routes: who the
+token belongs to, whether a repo is public, one commit (or one pull request) of one file, a bounded listing of a
+folder, a bounded read of one file, and byte ranges of a large one (a columnar shard).
 
 Bytes only: what the files mean (a shared auto-tune record) and whether they are to be trusted is
-:mod:`tuner.share`'s to say. A file listed larger than the caller's bound is never downloaded.
+:mod:`tuner.share`'s to say. Every read here is bounded: a listing in entries and seconds, a file in bytes (a
+file listed larger than the caller's bound is never asked for), every request in seconds of stall.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
+from typing import Any
 
-from tuner.core.errors import UsageError
+from tuner.core.errors import HubError, UsageError
+from tuner.hub.remote_header import _fetch_range
 from tuner.hub.repos import DEFAULT_OPTIONS, HubOptions, hub_errors
 
 DATASET = "dataset"
+STALL_S = 20.0  # one request may wait this long for the server before it is given up
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,10 +28,18 @@ class RemoteRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class Listing:
+    commit: str
+    files: tuple[RemoteRecord, ...]
+    cut: bool  # the folder holds more than was listed (bounded in entries or seconds)
+
+
+@dataclass(frozen=True, slots=True)
 class Pushed:
     path: str
-    commit_url: str
+    url: str  # the commit's page, or the pull request's
     commit: str
+    pull_request: bool  # opened as a pull request (the repo's owner merges it), not committed to main
 
 
 def check_repo_id(repo_id: str) -> str:
@@ -36,45 +49,173 @@ def check_repo_id(repo_id: str) -> str:
     return repo_id
 
 
-def push(repo_id: str, path_in_repo: str, data: bytes, message: str, options: HubOptions = DEFAULT_OPTIONS
-         ) -> Pushed:
-    """Create the dataset repo if it is missing, then commit ``data`` at ``path_in_repo`` (one commit)."""
-    from huggingface_hub import HfApi, get_token
+def _api(options: HubOptions, token: str | bool | None = None) -> Any:
+    from huggingface_hub import HfApi
+
+    return HfApi(endpoint=options.endpoint, token=options.token if token is None else token)
+
+
+def _online(repo_id: str, options: HubOptions) -> None:
+    if options.is_offline:
+        raise HubError(f"{repo_id} is on the Hub and offline mode is on: unset HF_HUB_OFFLINE to share or look up")
+
+
+def _need_token(options: HubOptions) -> None:
+    from huggingface_hub import get_token
 
     if options.token is False or (options.token is None and get_token() is None):
         raise UsageError("sharing writes to the Hub and needs a token with write access: run `hf auth login` "
                          "or set HF_TOKEN (--dry-run prints the record without one)")
-    api = HfApi(endpoint=options.endpoint, token=options.token)
+
+
+def namespaces(options: HubOptions = DEFAULT_OPTIONS) -> frozenset[str]:
+    """The user the token belongs to and the organizations it is a member of (whoami)."""
+    _online("whoami", options)
+    _need_token(options)
+    with hub_errors("whoami", options):
+        me = _api(options).whoami(cache=True)
+    orgs = [o.get("name") for o in me.get("orgs") or () if isinstance(o, dict)]
+    return frozenset(n for n in (me.get("name"), *orgs) if isinstance(n, str) and n)
+
+
+def is_public(repo_id: str, repo_type: str = "model", options: HubOptions = DEFAULT_OPTIONS) -> bool:
+    """Whether anyone may see ``repo_id`` (asked without the user's token): not private, not gated, and there.
+    Any failure to learn it answers False."""
+    from huggingface_hub.errors import HfHubHTTPError
+
+    if options.is_offline:
+        return False
+    try:
+        with hub_errors(repo_id, options):
+            info = _api(options, token=False).repo_info(repo_id, repo_type=repo_type, timeout=STALL_S)
+    except (HubError, UsageError, HfHubHTTPError, ValueError):
+        return False
+    return info.private is False and not info.gated and not getattr(info, "disabled", False)
+
+
+def push(repo_id: str, path_in_repo: str, data: bytes, message: str, options: HubOptions = DEFAULT_OPTIONS, *,
+         create_pr: bool = False) -> Pushed:
+    """``data`` at ``path_in_repo`` as one commit to main (creating the repo if it is missing), or, with
+    ``create_pr``, as a pull request to an existing repo (nothing reaches main until its owner merges)."""
+    _online(repo_id, options)
+    _need_token(options)
+    api = _api(options)
     with hub_errors(repo_id, options):
-        api.create_repo(repo_id, repo_type=DATASET, exist_ok=True)
+        if not create_pr:
+            api.create_repo(repo_id, repo_type=DATASET, exist_ok=True)
         info = api.upload_file(path_or_fileobj=data, path_in_repo=path_in_repo, repo_id=repo_id, repo_type=DATASET,
-                               commit_message=message)
-    return Pushed(path_in_repo, str(info.commit_url), str(info.oid))
+                               commit_message=message, create_pr=create_pr)
+    url = info.pr_url if create_pr and info.pr_url else info.commit_url
+    return Pushed(path_in_repo, str(url), str(info.oid), create_pr)
 
 
-def list_records(repo_id: str, folder: str, options: HubOptions = DEFAULT_OPTIONS) -> tuple[str, list[RemoteRecord]]:
-    """The repo's commit and its ``*.json`` files under ``folder`` (an empty list when the folder is missing)."""
-    from huggingface_hub import HfApi
+def commit_files(repo_id: str, adds: dict[str, bytes], deletes: list[str], message: str,
+                 options: HubOptions = DEFAULT_OPTIONS) -> str:
+    """One commit to main of the user's own dataset repo: ``adds`` written, ``deletes`` removed; its URL."""
+    from huggingface_hub import CommitOperationAdd, CommitOperationDelete
+
+    _online(repo_id, options)
+    _need_token(options)
+    ops: list[CommitOperationAdd | CommitOperationDelete] = [
+        CommitOperationAdd(path_in_repo=path, path_or_fileobj=data) for path, data in adds.items()]
+    ops += [CommitOperationDelete(path_in_repo=path) for path in deletes]
+    with hub_errors(repo_id, options):
+        info = _api(options).create_commit(repo_id, ops, commit_message=message, repo_type=DATASET)
+    return str(info.commit_url)
+
+
+def repo_commit(repo_id: str, options: HubOptions = DEFAULT_OPTIONS) -> str:
+    """The dataset repo's current commit on main (every later read names it, so they agree)."""
+    _online(repo_id, options)
+    with hub_errors(repo_id, options):
+        info = _api(options).dataset_info(repo_id, timeout=STALL_S, expand=["sha"])
+    return info.sha or "main"
+
+
+def list_files(repo_id: str, commit: str, folder: str, suffix: str, options: HubOptions = DEFAULT_OPTIONS, *,
+               max_entries: int, late: Callable[[], bool]) -> Listing:
+    """Up to ``max_entries`` files under ``folder`` ending in ``suffix`` at ``commit``, in the server's order, listed
+    until ``late()`` says the caller's time is spent; an empty listing when the folder is missing."""
+    from huggingface_hub.errors import RemoteEntryNotFoundError
     from huggingface_hub.hf_api import RepoFile
 
-    api = HfApi(endpoint=options.endpoint, token=options.token)
+    files: list[RemoteRecord] = []
+    cut = False
     with hub_errors(repo_id, options):
-        info = api.dataset_info(repo_id)
-        commit = info.sha or "main"
-        names = {s.rfilename for s in info.siblings or ()}
-        if not any(n.startswith(f"{folder}/") for n in names):
-            return commit, []
-        tree = api.list_repo_tree(repo_id, path_in_repo=folder, repo_type=DATASET, revision=commit, recursive=True)
-        files = [RemoteRecord(e.path, int(e.size)) for e in tree
-                 if isinstance(e, RepoFile) and e.path.endswith(".json")]
-    return commit, sorted(files, key=lambda f: f.path)
+        try:
+            for e in _api(options).list_repo_tree(repo_id, path_in_repo=folder, repo_type=DATASET, revision=commit,
+                                                  recursive=True):
+                if len(files) >= max_entries or late():
+                    cut = True
+                    break
+                if isinstance(e, RepoFile) and e.path.endswith(suffix):
+                    files.append(RemoteRecord(e.path, int(e.size)))
+        except RemoteEntryNotFoundError:
+            pass
+    return Listing(commit, tuple(files), cut)
 
 
-def download(repo_id: str, path_in_repo: str, commit: str, options: HubOptions = DEFAULT_OPTIONS) -> Path:
-    """One file of the repo at ``commit``, through the standard Hugging Face cache."""
-    from huggingface_hub import hf_hub_download
+def read_file(repo_id: str, path_in_repo: str, commit: str, max_bytes: int,
+              options: HubOptions = DEFAULT_OPTIONS) -> bytes:
+    """At most ``max_bytes + 1`` bytes of one file at ``commit`` (one more than the bound: the caller tells an
+    oversized file from a full one)."""
+    return read_range(repo_id, path_in_repo, commit, 0, max_bytes + 1, options)
 
+
+def read_range(repo_id: str, path_in_repo: str, commit: str, start: int, end: int,
+               options: HubOptions = DEFAULT_OPTIONS) -> bytes:
+    """Bytes [start, end) of one file at ``commit`` (fewer where the file ends first)."""
+    from huggingface_hub import hf_hub_url
+    from huggingface_hub.utils import build_hf_headers
+
+    _online(repo_id, options)
+    url = hf_hub_url(repo_id, path_in_repo, repo_type=DATASET, revision=commit, endpoint=options.endpoint)
     with hub_errors(repo_id, options):
-        return Path(hf_hub_download(repo_id=repo_id, filename=path_in_repo, repo_type=DATASET, revision=commit,
-                                    endpoint=options.endpoint, token=options.token, cache_dir=options.cache_dir,
-                                    local_files_only=options.is_offline))
+        return _fetch_range(url, build_hf_headers(token=options.token), start, end, timeout_s=STALL_S)
+
+
+class RangeFile:
+    """One file of a repo as a read-only, seekable binary file: every read is an HTTP range request, and the bytes
+    read are counted against ``budget_bytes`` (a reader that wants more is stopped with :class:`HubError`)."""
+
+    def __init__(self, repo_id: str, path_in_repo: str, commit: str, size_bytes: int, budget_bytes: int,
+                 options: HubOptions = DEFAULT_OPTIONS) -> None:
+        self.repo_id, self.path, self.commit, self.size = repo_id, path_in_repo, commit, size_bytes
+        self.budget_bytes = budget_bytes
+        self.options = options
+        self.bytes_read = 0
+        self.requests = 0
+        self.closed = False
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def writable(self) -> bool:
+        return False
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        base = {0: 0, 1: self._pos, 2: self.size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def read(self, n: int = -1) -> bytes:
+        end = self.size if n is None or n < 0 else min(self.size, self._pos + n)
+        if end <= self._pos:
+            return b""
+        if self.bytes_read + (end - self._pos) > self.budget_bytes:
+            raise HubError(f"{self.path} would need more than {self.budget_bytes:,} bytes read")
+        data = read_range(self.repo_id, self.path, self.commit, self._pos, end, self.options)
+        self.bytes_read += len(data)
+        self.requests += 1
+        self._pos += len(data)
+        return data
+
+    def close(self) -> None:
+        self.closed = True

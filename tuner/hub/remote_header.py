@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from huggingface_hub.file_download import hf_hub_url, repo_folder_name
 from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
@@ -108,12 +109,14 @@ def read_remote_header(
         want = min(max(len(buf) * 2, end), limit)
 
 
-def _fetch_range(url: str, headers: dict[str, str], start: int, end: int) -> bytes:
-    """Bytes [start, end) of the file; stops reading even if the server ignores Range."""
+def _fetch_range(url: str, headers: dict[str, str], start: int, end: int, timeout_s: float | None = None) -> bytes:
+    """Bytes [start, end) of the file; stops reading even if the server ignores Range. ``timeout_s``: how long any
+    one step of the exchange may stall (None: the client's default, which waits)."""
     want = end - start
     got = bytearray()
+    wait: dict[str, Any] = {"timeout": timeout_s} if timeout_s else {}
     with get_session().stream("GET", url, headers={**headers, "Range": f"bytes={start}-{end - 1}"},
-                              follow_redirects=True) as response:
+                              follow_redirects=True, **wait) as response:
         if response.status_code >= 400:
             response.read()
             hf_raise_for_status(response)

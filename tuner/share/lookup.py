@@ -1,210 +1,146 @@
-"""Which shared records speak of this model on this card: matching, grouping by engine commit, agreement; and
-the matching records' lines as search seeds (:class:`tuner.search.proposals.Proposal`). Measures nothing.
+"""`moe-tune lookup`: what others measured for a model on a card, as lines and how many *sharers* agree on each.
+Measures nothing.
 
-A model matches by its fingerprint (a local file) or by Hub repo and quant; without a quant, every quant of the
-repo matches. A card matches by name, or as a sibling: another card of the same VRAM class (whole GiB, as the
-card reports it). ``cpu`` names results measured without a GPU.
+Reading the pool is :mod:`tuner.share.pool`'s; matching :mod:`tuner.share.match`'s; the roofline bound on figures
+:mod:`tuner.share.physics`' (a record that breaks it is refused in one line). Here the matched records become
+lines: grouped by engine commit and printed line, counted by distinct sharers (one installation's copies of a line
+count once; every version 1 record, which names no sharer, counts as one sharer together), with each sharer's
+median figures and the median of those. Lines two or more sharers agree on come first; a line only one sharer
+reports is shown after them, marked unconfirmed (docs/sharing.md).
 """
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from tuner.catalog.cards import find_card
-from tuner.core.errors import UsageError
-from tuner.engine.flags import parse_command
-from tuner.hub.repos import DEFAULT_OPTIONS, HubOptions, parse_hub_ref
-from tuner.machine.hardware import Hardware
-from tuner.models import fingerprint
-from tuner.search.proposals import Proposal
-from tuner.share.record import CPU_CARD, SharedRecord, model_identity
+from tuner.core.errors import TunerError
+from tuner.hub.repos import DEFAULT_OPTIONS, HubOptions
+from tuner.share import physics
+from tuner.share.gate import refusal, shown
+from tuner.share.match import CardQuery, Matched, ModelQuery, matching
+from tuner.share.pool import Fetched, PoolQuery, fetch
 
-BASELINES = ("default", "fit")
+MAX_SHOWN = 5  # distinct reasons and verdicts shown per line
 
 
-@dataclass(frozen=True, slots=True)
-class ModelQuery:
-    text: str
-    hub_repo: str | None = None
-    quant: str | None = None  # None: every quant of the repo
-    sha: tuple[int, str, str] | None = None  # a local file's (size, head, tail)
-
-    @classmethod
-    def parse(cls, text: str) -> ModelQuery:
-        path = Path(text).expanduser()
-        if path.is_file():
-            ident = model_identity(path, fingerprint.fingerprint(path))
-            if ident["hub_repo"]:
-                return cls(text, ident["hub_repo"], ident["quant"], _sha(ident))
-            return cls(text, sha=_sha(ident))
-        ref = parse_hub_ref(text)
-        if ref is None:
-            raise UsageError(f"model {text} not found: give a .gguf path or a Hugging Face name like "
-                             "unsloth/Qwen3-30B-A3B-GGUF:Q4_K_M")
-        return cls(text, ref.repo_id, ref.quant)
-
-    def matches(self, model: dict[str, Any]) -> bool:
-        if self.sha is not None and _sha(model) == self.sha:
-            return True
-        if self.hub_repo is None or (model.get("hub_repo") or "").lower() != self.hub_repo.lower():
-            return False
-        return self.quant is None or (model.get("quant") or "").upper() == self.quant.upper()
-
-
-def _sha(model: dict[str, Any]) -> tuple[int, str, str] | None:
-    head, tail = model.get("head_sha256"), model.get("tail_sha256")
-    return (int(model.get("size_bytes") or 0), head, tail) if head and tail else None
-
-
-@dataclass(frozen=True, slots=True)
-class CardQuery:
-    name: str  # the catalog's name, or "cpu"
-    vram_class_gib: int  # 0: no GPU
-
-    @classmethod
-    def parse(cls, text: str) -> CardQuery:
-        if text.strip().lower() in (CPU_CARD, "none"):
-            return cls(CPU_CARD, 0)
-        card = find_card(text)
-        return cls(card.name, vram_class(card.vram_bytes))
-
-    @classmethod
-    def of(cls, hw: Hardware) -> CardQuery:
-        return cls(hw.gpu_name, vram_class(hw.vram_total_bytes)) if hw.has_gpu else cls(CPU_CARD, 0)
-
-    def relation(self, card: dict[str, Any]) -> str | None:
-        """"same card", "sibling" (same VRAM class) or None."""
-        name = card["name"]
-        if name == CPU_CARD or self.name == CPU_CARD:
-            return "same card" if name == self.name else None
-        if _canonical(name) == _canonical(self.name):
-            return "same card"
-        return "sibling" if vram_class(card["vram_total_bytes"]) == self.vram_class_gib else None
-
-
-def vram_class(vram_bytes: int) -> int:
-    return round(vram_bytes / 2**30)
-
-
-def _canonical(name: str) -> str:
-    try:
-        return find_card(name).name
-    except UsageError:
-        return name.strip().lower()
-
-
-@dataclass(frozen=True, slots=True)
-class Matched:
-    record: SharedRecord
-    relation: str  # same card | sibling
-
-
-def matching(records: Sequence[SharedRecord], model: ModelQuery, card: CardQuery) -> list[Matched]:
-    out = []
-    for r in records:
-        rel = card.relation(r.card)
-        if rel is not None and model.matches(r.model):
-            out.append(Matched(r, rel))
-    return out
-
-
-# -- the look-up's answer -------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
+@dataclass
 class LineGroup:
-    """One printed line (the same flags) and the records that printed it under one engine commit."""
+    """One printed line (the flag layer's rendering) under one engine commit, and who printed it."""
 
     line: str
     label: str
-    records: list[str] = field(default_factory=list)
-    cards: list[str] = field(default_factory=list)
-    quants: list[str] = field(default_factory=list)
-    workloads: list[str] = field(default_factory=list)
-    gen_tok_s: list[float] = field(default_factory=list)
-    prompt_tok_s: list[float] = field(default_factory=list)
+    sharers: dict[str, list[str]] = field(default_factory=dict)  # sharer → its record ids
+    gen_by_sharer: dict[str, list[float]] = field(default_factory=dict)
+    prompt_by_sharer: dict[str, list[float]] = field(default_factory=dict)
+    cards: set[str] = field(default_factory=set)
+    quants: set[str] = field(default_factory=set)
+    workloads: set[str] = field(default_factory=set)
     why: list[str] = field(default_factory=list)
     verdicts: list[str] = field(default_factory=list)
 
+    @property
+    def n_sharers(self) -> int:
+        return len(self.sharers)
+
+    def add(self, m: Matched) -> None:
+        r = m.record
+        self.sharers.setdefault(r.sharer, []).append(r.record_id)
+        self.cards.add(f"{shown(r.card['name'], 60)} ({m.relation})")
+        self.quants.add(shown(r.model.get("quant") or r.model["file_name"], 60))
+        self.workloads.add(shown(r.data["workload"]["kind"], 40))
+        _add_once(self.why, shown(r.data["printed"]["why"], 600))
+        for v in r.data["verdicts"]:
+            _add_once(self.verdicts, shown(f"{v['a']} vs {v['b']}: {v['outcome']} ({v['ratio']:.2f}x, {v['low']:.2f}-"
+                                           f"{v['high']:.2f} over {v['rounds']} rounds)", 300))
+        measured = r.line(r.data["printed"]["label"])
+        if measured and measured["gen_tok_s"] is not None:
+            self.gen_by_sharer.setdefault(r.sharer, []).append(measured["gen_tok_s"])
+        if measured and measured["prompt_tok_s"] is not None:
+            self.prompt_by_sharer.setdefault(r.sharer, []).append(measured["prompt_tok_s"])
+
     def to_dict(self) -> dict[str, Any]:
-        med = statistics.median
-        return {"line": self.line, "label": self.label, "records": len(self.records), "record_ids": self.records,
-                "cards": sorted(set(self.cards)), "quants": sorted(set(self.quants)),
-                "workloads": sorted(set(self.workloads)),
-                "median_gen_tok_s": med(self.gen_tok_s) if self.gen_tok_s else None,
-                "median_prompt_tok_s": med(self.prompt_tok_s) if self.prompt_tok_s else None,
-                "why": list(dict.fromkeys(self.why)), "verdicts": list(dict.fromkeys(self.verdicts))}
+        return {"line": self.line, "label": shown(self.label, 60), "sharers": self.n_sharers,
+                "single_sharer": self.n_sharers == 1,
+                "records": sum(len(ids) for ids in self.sharers.values()),
+                "record_ids": sorted(i for ids in self.sharers.values() for i in ids),
+                "cards": sorted(self.cards), "quants": sorted(self.quants), "workloads": sorted(self.workloads),
+                "median_gen_tok_s": _median_of_sharers(self.gen_by_sharer),
+                "median_prompt_tok_s": _median_of_sharers(self.prompt_by_sharer),
+                "why": self.why[:MAX_SHOWN], "verdicts": self.verdicts[:MAX_SHOWN]}
+
+
+def _add_once(items: list[str], text: str) -> None:
+    if text not in items:
+        items.append(text)
+
+
+def _median_of_sharers(by_sharer: dict[str, list[float]]) -> float | None:
+    """Each sharer's median, then the median of those: one sharer's many copies move it as much as one."""
+    per = [statistics.median(v) for v in by_sharer.values() if v]
+    return statistics.median(per) if per else None
 
 
 def group(matched: Sequence[Matched]) -> dict[str, list[LineGroup]]:
-    """Engine commit → the printed lines under it, the line most records agree on first."""
+    """Engine commit → its printed lines: those more sharers agree on first, then by line (a tie is not decided by
+    what a record claims)."""
     out: dict[str, dict[str, LineGroup]] = {}
     for m in matched:
-        r = m.record
-        printed = r.data["printed"]
-        g = out.setdefault(r.engine_commit, {}).setdefault(printed["line"], LineGroup(printed["line"],
-                                                                                     printed["label"]))
-        g.records.append(r.record_id)
-        g.cards.append(f"{r.card['name']} ({m.relation})")
-        g.quants.append(r.model.get("quant") or r.model["file_name"])
-        g.workloads.append(r.data["workload"]["kind"])
-        g.why.append(printed["why"])
-        g.verdicts.extend(f"{v['a']} vs {v['b']}: {v['outcome']} ({v['ratio']:.2f}x, {v['low']:.2f}-{v['high']:.2f} "
-                          f"over {v['rounds']} rounds)" for v in r.data["verdicts"])
-        measured = r.line(printed["label"])
-        if measured and measured["gen_tok_s"] is not None:
-            g.gen_tok_s.append(measured["gen_tok_s"])
-        if measured and measured["prompt_tok_s"] is not None:
-            g.prompt_tok_s.append(measured["prompt_tok_s"])
-    return {commit: sorted(lines.values(), key=lambda g: -len(g.records)) for commit, lines in out.items()}
+        printed = m.record.data["printed"]
+        commit = shown(m.record.engine_commit, 60)
+        out.setdefault(commit, {}).setdefault(printed["line"], LineGroup(printed["line"], printed["label"])).add(m)
+    return {commit: sorted(lines.values(), key=lambda g: (-g.n_sharers, g.line)) for commit, lines in out.items()}
 
 
-# -- seeds --------------------------------------------------------------------------------------------------
+def model_bound(model: ModelQuery, options: HubOptions = DEFAULT_OPTIONS) -> physics.ModelBound:
+    """What this machine can learn of ``model``'s bytes per token: its header (a local file, or a Hub quant's,
+    read with range requests), and for a Hub repo every quant's listed size."""
+    from tuner.models.gguf_reader import inspect_model
+
+    if model.path is not None:
+        return physics.ModelBound(exact_bytes=physics.bytes_per_token(inspect_model(model.path)))
+    from tuner.hub import remote_header, repos
+
+    assert model.hub_repo is not None  # parse() gives a path or a repo
+    try:
+        listing = repos.list_quants(model.hub_repo, options=options)
+        sizes = {q.name.upper(): q.total_bytes for q in listing.quants}
+        # Without a quant, any quant's header tells the architecture's active share: the default one, else the first.
+        quant = listing.get(model.quant) if model.quant else next(
+            (q for q in listing.quants if q.name.upper() == repos.DEFAULT_QUANT), listing.quants[0])
+        info = remote_header.read_quant_headers(model.hub_repo, quant, commit=listing.commit or "main",
+                                                options=options).model_info()
+    except (TunerError, IndexError) as exc:
+        return physics.ModelBound(unknown=shown(exc, 200))
+    return physics.ModelBound(physics.bytes_per_token(info), quant.name, physics.active_share(info), sizes)
 
 
-def proposals(matched: Sequence[Matched], repo_id: str) -> list[Proposal]:
-    """The records' printed lines as seeds; where a record printed llama.cpp's own choice (already a seed), its
-    best candidate instead, the hypothesis it measured but did not decide."""
-    out: list[Proposal] = []
-    for m in matched:
-        r = m.record
-        label = r.data["printed"]["label"]
-        line = r.data["printed"]["line"]
-        what = "printed line"
-        if label in BASELINES:
-            best = _best_candidate(r)
-            if best is None:
-                continue
-            label, line, what = best["label"], best["line"], f"best candidate (it printed {r.data['printed']['label']})"
-        budget = r.card.get("vram_budget_bytes")
-        out.append(Proposal(f"shared-{r.record_id[:8]}", parse_command(line).config,  # the gate parsed it
-                            f"{what} of shared record {r.record_id} in {repo_id}: {r.card['name']} ({m.relation}), "
-                            f"engine {r.engine_commit}, {r.data['workload']['kind']} workload",
-                            None if r.engine_commit == "unknown" else r.engine_commit, budget))
-    return out
+@dataclass(frozen=True, slots=True)
+class Answer:
+    fetched: Fetched
+    matched: tuple[Matched, ...]  # those within physics
+    skipped: tuple[str, ...]  # the pool's lines, then the records whose figures break physics
+    groups: dict[str, list[LineGroup]]
 
 
-def _best_candidate(r: SharedRecord) -> dict[str, Any] | None:
-    lines = [ln for ln in r.data["lines"] if ln["label"] not in BASELINES and ln["failure"] is None
-             and ln["gen_tok_s"] is not None]
-    confirmed = [ln for ln in lines if ln["round"] == "confirmation"] or lines
-    return max(confirmed, key=lambda ln: ln["gen_tok_s"], default=None)
-
-
-def seeds_from(repo_id: str, model: Path, hw: Hardware, options: HubOptions = DEFAULT_OPTIONS,
-               on_step: Callable[[str], None] | None = None) -> list[Proposal]:
-    """`auto-tune --seed-from REPO`: the records of ``repo_id`` for this model file on this card, as seeds."""
-    from tuner.share.store import fetch
-
-    got = fetch(repo_id, options)
-    matched = matching(got.records, ModelQuery.parse(str(model)), CardQuery.of(hw))
-    if on_step:
-        for line in got.skipped:
-            on_step(line)
-        on_step(f"--seed-from {repo_id}: {len(matched)} of {len(got.records)} shared records are for this model "
-                "on this card or a sibling")
-    return proposals(matched, repo_id)
+def lookup(repo_id: str, model: ModelQuery, card: CardQuery, options: HubOptions = DEFAULT_OPTIONS,
+           bound: physics.ModelBound | None = None) -> Answer:
+    """The records of ``repo_id`` for ``model`` on ``card`` or a sibling, within physics, as lines."""
+    got = fetch(repo_id, options, PoolQuery(card.vram_class_gib, model.keys, model.sha[1] if model.sha else None))
+    candidates = matching(got.records, model, card)
+    skipped = list(got.skipped)
+    kept: list[Matched] = []
+    if candidates:
+        bound = bound or model_bound(model, options)
+        for m in candidates:
+            why = physics.refused(m, bound)
+            if why is None:
+                kept.append(m)
+            else:
+                skipped.append(str(refusal(m.record.record_id, why)))
+        if bound.unknown is not None:
+            skipped.append(f"the model could not be read ({bound.unknown}): figures were bounded by each record's own "
+                           "size claim only")
+    return Answer(got, tuple(kept), tuple(skipped), group(kept))

@@ -1,5 +1,13 @@
-"""Records in a dataset repo: one JSON file per share under ``records/``, one commit per share, read back through
-the gate of :mod:`tuner.share.record` (a file that fails it is skipped with its one-line reason)."""
+"""`moe-tune share`: a result.json as one record in a dataset repo, one file ``records/<id>.json`` per share.
+
+How it reaches the pool (docs/sharing.md): to a repo of the user's own namespace (or an organization they belong
+to) as one commit, the repo created if missing; to anyone else's repo as a pull request (huggingface_hub's
+``create_pr``), so a sharer can add a record but never overwrite or delete another's: the pool's owner merges.
+
+The model's Hub repo is named only when anyone can see it (asked without the user's token: not private, not
+gated) or when the user names it (``hub_repo``); otherwise the record names the model by file name and
+fingerprint alone.
+"""
 
 from __future__ import annotations
 
@@ -7,69 +15,47 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tuner.core.errors import RecordError
-from tuner.hub import records as hub_records
-from tuner.hub.repos import DEFAULT_OPTIONS, HubOptions
+from tuner.core.errors import UsageError
+from tuner.hub import records as hub
+from tuner.hub.repos import DEFAULT_OPTIONS, HubOptions, parse_hub_ref
 from tuner.search.result import load_result
-from tuner.share.record import (
-    MAX_RECORD_BYTES,
-    SharedRecord,
-    build_record,
-    read_record,
-    record_bytes,
-    record_id,
-)
-
-FOLDER = "records"
-MAX_RECORDS = 500  # files read from one repo (the newest-named first would need dates: the first by name)
+from tuner.share.pool import FOLDER
+from tuner.share.record import build_record, checked, record_bytes, record_id, without_hub_repo
+from tuner.share.sharer import sharer_id
 
 
 @dataclass(frozen=True, slots=True)
 class Shared:
     record: dict[str, Any]
     path: str  # in the repo
-    commit_url: str | None  # None: --dry-run, nothing was sent
+    url: str | None  # the commit or the pull request; None: --dry-run, nothing was sent
+    pull_request: bool = False
+    notes: tuple[str, ...] = ()  # what was left out of the record, and why
 
 
-def share(result_path: Path, repo_id: str, *, dry_run: bool = False, options: HubOptions = DEFAULT_OPTIONS
-          ) -> Shared:
-    """Build the record of a result.json and push it to ``repo_id`` as one commit (or only build it)."""
-    hub_records.check_repo_id(repo_id)
-    record = build_record(load_result(result_path))
+def share(result_path: Path, repo_id: str, *, dry_run: bool = False, hub_repo: str | None = None,
+          options: HubOptions = DEFAULT_OPTIONS) -> Shared:
+    """Build the record of a result.json and send it to ``repo_id`` (or only build it, with ``dry_run``).
+    ``hub_repo``: the model's Hub repo, named by the user (then shared whether or not it is public)."""
+    hub.check_repo_id(repo_id)
+    result = load_result(result_path)
+    record = build_record(result, sharer_id())
+    notes: list[str] = []
+    if hub_repo is not None:
+        ref = parse_hub_ref(hub_repo)
+        if ref is None or ref.quant is not None:
+            raise UsageError(f"--hub-repo {hub_repo!r} is not OWNER/NAME: name the model's repo, e.g. "
+                             "unsloth/Qwen3-30B-A3B-GGUF")
+        record = checked(record | {"model": record["model"] | {"hub_repo": ref.repo_id}}, result.study)
+    elif record["model"]["hub_repo"] and not hub.is_public(record["model"]["hub_repo"], options=options):
+        notes.append(f"the model's repo {record['model']['hub_repo']} is not public (or could not be asked): the "
+                     "record names the model by file name and fingerprint only (--hub-repo names it)")
+        record = without_hub_repo(record)
     path = f"{FOLDER}/{record_id(record)}.json"
     if dry_run:
-        return Shared(record, path, None)
+        return Shared(record, path, None, notes=tuple(notes))
+    owned = repo_id.split("/")[0] in hub.namespaces(options)
     model = record["model"]["hub_repo"] or record["model"]["file_name"]
-    pushed = hub_records.push(repo_id, path, record_bytes(record),
-                              f"moe-tune share: {model} on {record['card']['name']}", options)
-    return Shared(record, path, pushed.commit_url)
-
-
-@dataclass(frozen=True, slots=True)
-class Fetched:
-    repo_id: str
-    commit: str
-    records: tuple[SharedRecord, ...]
-    skipped: tuple[str, ...]  # one line per file that failed the gate
-
-
-def fetch(repo_id: str, options: HubOptions = DEFAULT_OPTIONS) -> Fetched:
-    """Every record of the repo that passes the gate; the others named in ``skipped``."""
-    hub_records.check_repo_id(repo_id)
-    commit, files = hub_records.list_records(repo_id, FOLDER, options)
-    good: list[SharedRecord] = []
-    skipped: list[str] = []
-    if len(files) > MAX_RECORDS:
-        skipped.append(f"{len(files) - MAX_RECORDS} records beyond the first {MAX_RECORDS} were not read")
-    for f in files[:MAX_RECORDS]:
-        rid = f.path.rsplit("/", 1)[-1].removesuffix(".json")
-        if f.size_bytes > MAX_RECORD_BYTES:  # never downloaded
-            skipped.append(str(RecordError(f"shared record {rid[:40]} skipped: {f.size_bytes:,} bytes, more than "
-                                           f"the {MAX_RECORD_BYTES:,} a record may hold")))
-            continue
-        local = hub_records.download(repo_id, f.path, commit, options)
-        try:
-            good.append(read_record(local.read_bytes()[:MAX_RECORD_BYTES + 1], rid))
-        except RecordError as exc:
-            skipped.append(str(exc))
-    return Fetched(repo_id, commit, tuple(good), tuple(skipped))
+    pushed = hub.push(repo_id, path, record_bytes(record), f"moe-tune share: {model} on {record['card']['name']}",
+                      options, create_pr=not owned)
+    return Shared(record, path, pushed.url, pushed.pull_request, tuple(notes))

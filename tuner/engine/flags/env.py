@@ -15,6 +15,8 @@ from tuner.core.errors import UsageError
 # backends read the same variable; the CPU backend ignores it.
 OP_OFFLOAD_MIN_BATCH_ENV = "GGML_OP_OFFLOAD_MIN_BATCH"
 OP_OFFLOAD_MIN_BATCH_DEFAULT = 32
+# Every variable a rendered line may set before the program (what :func:`server_env` can return).
+CONFIG_ENV = frozenset({OP_OFFLOAD_MIN_BATCH_ENV})
 
 
 def server_env(cfg: LaunchConfig) -> dict[str, str]:

@@ -11,7 +11,7 @@ from pathlib import Path
 from tuner.core.config import CacheType, FlashAttn, LaunchConfig, SpecType
 from tuner.core.errors import UsageError
 from tuner.engine.flags.env import config_env_fields
-from tuner.engine.flags.render import _IGNORED_BARE, _IGNORED_WITH_VALUE, _SPEC_NUMBERS, _SPELL, validate
+from tuner.engine.flags.render import _IGNORED_BARE, _IGNORED_WITH_VALUE, _SPEC_NUMBERS, _SPELL, SERVER, validate
 
 # One part of an -ot list that moves FFN tensors of some layers: ``blk\.(3|4|5)\.ffn_(up|down|gate)_exps=CPU``
 # (a hand-written line), or as llama-fit-params prints them (common/fit.cpp, ``get_overflow_pattern``):
@@ -25,6 +25,9 @@ class ParsedCommand:
     config: LaunchConfig
     # Flags that do not change speed or memory (host, port, sampling, logging): dropped from the config.
     ignored: tuple[str, ...] = ()
+    program: str = SERVER  # the first word after the environment, as pasted (a path, or a longer name)
+    # Every leading ``VAR=value`` word, as pasted: only :func:`config_env_fields`' variables reach the config.
+    env: tuple[tuple[str, str], ...] = ()
 
 
 _ALIASES = {s: name for name, spellings in _SPELL.items() for s in spellings}
@@ -91,7 +94,7 @@ def parse_command(text: str) -> ParsedCommand:
         else:
             values[name] = value()
     values.update(config_env_fields(assignments))
-    return ParsedCommand(_config_from(values), tuple(ignored))
+    return ParsedCommand(_config_from(values), tuple(ignored), tokens[0], tuple(assignments.items()))
 
 
 def _config_from(values: dict[str, object]) -> LaunchConfig:

@@ -1,0 +1,258 @@
+"""The reading gate: a shared record is bytes a stranger wrote, and this module is all that stands between them and
+the user's terminal, clipboard and search. Read it whole.
+
+- **Bytes**: at most :data:`MAX_RECORD_BYTES`; strict UTF-8 JSON; a duplicate key, a number longer than
+  :data:`MAX_NUMBER_CHARS` characters, NaN or Infinity is refused before Python converts anything.
+- **Fields**: only the schema's, each of its type (strings printable, at most :data:`MAX_TEXT` characters; names,
+  repos, hashes and quants of their own narrow form); every figure finite and not negative; a verdict's interval
+  holds its ratio. Fields the schema does not name are dropped.
+- **Lines**: every launch line is read by the flag layer's parser and must need nothing but what moe-tune renders:
+  the program exactly ``llama-server``, no environment but the variables moe-tune sets, no flag moe-tune does not
+  measure, the model (and a draft model) by a bare file name, the record's own model. What is kept, shown and
+  seeded is the flag layer's rendering of the parsed config, never the stranger's text, and every word of it is
+  letters, digits and ``._,:=+-`` (nothing a shell expands).
+- **Names**: a record's name is 16 hex digits; a sharer is 16 hex digits (version 1 records have none).
+
+Anything else is one :class:`RecordError` line naming the record, every stranger's character in it escaped
+(:func:`shown`). What a record's figures may claim for a model on a card (the roofline) needs the model, and is
+checked where the model is known (:mod:`tuner.share.physics`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from tuner.core.config import LaunchConfig
+from tuner.core.errors import RecordError, UsageError
+from tuner.engine import flags
+
+SCHEMA = "moe-tune/shared-result"
+SCHEMA_VERSION = 2  # 2: the sharer; lines held to the flag layer's rendering
+MAX_RECORD_BYTES = 64 * 1024
+MAX_LINES = 32
+MAX_TEXT = 600  # characters of any one string (a launch line, a reason)
+MAX_NUMBER_CHARS = 32  # a JSON number's characters: more is no measurement
+MAX_RATIO = 100.0  # a verdict or speed-up beyond 100x (or below 1/100) is no measurement of one card
+CPU_CARD = "cpu"  # the card of a result measured without a GPU
+
+RECORD_NAME = re.compile(r"[0-9a-f]{16}")
+SHARER = re.compile(r"[0-9a-f]{16}")
+MODEL_FILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,199}\.gguf")
+_FORMATS = {
+    "file": MODEL_FILE,
+    "repo": re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}"),
+    "hubfile": re.compile(r"(?:[A-Za-z0-9][A-Za-z0-9._+-]{0,99}/){0,3}[A-Za-z0-9][A-Za-z0-9._+-]{0,199}\.gguf"),
+    "quant": re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,31}"),
+    "sha": re.compile(r"[0-9a-f]{64}"),
+    "sharer": SHARER,
+}
+_LINE_WORD = re.compile(r"[A-Za-z0-9._,:=+-]+")
+
+# -- schema: field → kind ("str", "int", "num", "bool" or a format above; a trailing "?" allows null).
+
+CARD = {"name": "str", "vram_total_bytes": "int", "vram_budget_bytes": "int?", "driver": "str?", "pcie_link": "str?"}
+HOST = {"ram_total_bytes": "int?", "physical_cores": "int?", "cpu_model": "str?"}
+ENGINE = {"version": "str?", "commit": "str?", "backend": "str?", "fa_quants": "str?"}
+MODEL = {"hub_repo": "repo?", "hub_file": "hubfile?", "file_name": "file", "quant": "quant?", "size_bytes": "int",
+         "head_sha256": "sha?", "tail_sha256": "sha?"}
+WORKLOAD = {"kind": "str", "prompt_tokens": "int", "gen_tokens": "int", "depth_tokens": "int?",
+            "concurrency": "int"}
+LINE = {"label": "str", "round": "str", "line": "str", "slots": "int", "gen_tok_s": "num?", "gen_cv_pct": "num?",
+        "prompt_tok_s": "num?", "ttft_s": "num?", "loaded_gen_tok_s": "num?", "end_to_end_gen_tok_s": "num?",
+        "vram_peak_bytes": "int?", "spill": "str?", "kld_mean": "num?", "failure": "str?"}
+VERDICT = {"a": "str", "b": "str", "rounds": "int", "ratio": "num", "low": "num", "high": "num",
+           "noise_pct": "num", "outcome": "str"}
+PRINTED = {"label": "str", "line": "str", "why": "str"}
+TOP = {"schema": "str", "version": "int", "tool": "str?", "sharer": "sharer?", "card": CARD, "host": HOST,
+       "engine": ENGINE, "model": MODEL, "workload": WORKLOAD, "lines": [LINE], "verdicts": [VERDICT],
+       "printed": PRINTED, "speedup_vs_default": "num?", "speedup_vs_fit": "num?"}
+
+
+def shown(text: object, limit: int = 160) -> str:
+    """A stranger's text as it may reach a terminal: every character that is not printable (ESC, newline, bidi
+    controls) written as its escape, cut to ``limit`` characters."""
+    s = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in str(text))
+    return s if len(s) <= limit else s[:limit - 1] + "…"
+
+
+def refusal(name: object, why: str) -> RecordError:
+    """The one line that says a record (or a file, a shard row) was skipped, and why."""
+    return RecordError(shown(f"shared record {shown(name, 80)} skipped: {why}", 400))
+
+
+class _Refused(ValueError):
+    """A reason, raised inside the JSON reader's hooks."""
+
+
+def _pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: set[str] = set()
+    for key, _ in items:
+        if key in seen:
+            raise _Refused(f"key {shown(key, 40)!r} appears twice (readers would disagree on its value)")
+        seen.add(key)
+    return dict(items)
+
+
+def _number(kind: type) -> Any:
+    def convert(text: str) -> Any:
+        if len(text) > MAX_NUMBER_CHARS:
+            raise _Refused(f"a number of {len(text):,} characters")
+        return kind(text)
+    return convert
+
+
+def _no_constant(text: str) -> Any:
+    raise _Refused(f"{text} is not a measurement")
+
+
+def _json(raw: bytes) -> Any:
+    try:
+        return json.loads(raw.decode("utf-8"), object_pairs_hook=_pairs, parse_int=_number(int),
+                          parse_float=_number(float), parse_constant=_no_constant)
+    except _Refused:
+        raise
+    except (ValueError, RecursionError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise _Refused("not JSON") from None
+
+
+def _check(value: Any, kind: Any, where: str) -> Any:
+    if isinstance(kind, dict):
+        if not isinstance(value, dict):
+            raise ValueError(f"{where} must be an object")
+        return {k: _check(value.get(k), sub, f"{where}.{k}" if where else k) for k, sub in kind.items()}
+    if isinstance(kind, list):
+        if not isinstance(value, list) or len(value) > MAX_LINES:
+            raise ValueError(f"{where} must be a list of at most {MAX_LINES}")
+        return [_check(v, kind[0], f"{where}[{i}]") for i, v in enumerate(value)]
+    base, optional = kind.rstrip("?"), kind.endswith("?")
+    if value is None:
+        if optional:
+            return None
+        raise ValueError(f"{where} is missing")
+    text = isinstance(value, str) and len(value) <= MAX_TEXT and value.isprintable()
+    ok = {"str": text, "int": isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**53,
+          "num": isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+          and 0 <= value < 1e12, "bool": isinstance(value, bool)}.get(base)
+    if ok is None:  # a narrow format
+        ok = text and _FORMATS[base].fullmatch(value) is not None
+    if not ok:
+        raise ValueError(f"{where} must be {_KIND_WORDS.get(base, f'a {base} name')}")
+    return value
+
+
+_KIND_WORDS = {"str": f"a string of at most {MAX_TEXT} printable characters", "int": "a whole number, 0 or more",
+               "num": "a finite number, 0 or more", "bool": "true or false", "sha": "64 hex digits",
+               "sharer": "16 hex digits", "file": "a bare .gguf file name"}
+
+
+def _sane(d: dict[str, Any]) -> None:
+    """What the figures of any measurement satisfy, whatever the model."""
+    cpu = d["card"]["name"] == CPU_CARD
+    if cpu != (d["card"]["vram_total_bytes"] == 0):
+        raise ValueError("card.vram_total_bytes must be 0 for the cpu card and more for a GPU")
+    if d["workload"]["concurrency"] < 1 or any(ln["slots"] < 1 for ln in d["lines"]):
+        raise ValueError("a workload and a line serve at least one request at a time")
+    for v in d["verdicts"]:
+        if not (1 / MAX_RATIO <= v["ratio"] <= MAX_RATIO and v["low"] <= v["ratio"] <= v["high"]):
+            raise ValueError(f"verdict {shown(v['a'], 40)} vs {shown(v['b'], 40)}: ratio {v['ratio']:.3g} "
+                             f"outside 1/{MAX_RATIO:.0f}..{MAX_RATIO:.0f} or its interval")
+    for key in ("speedup_vs_default", "speedup_vs_fit"):
+        if d[key] is not None and not 1 / MAX_RATIO <= d[key] <= MAX_RATIO:
+            raise ValueError(f"{key} {d[key]:.3g} is outside 1/{MAX_RATIO:.0f}..{MAX_RATIO:.0f}")
+
+
+def read_line(text: str, model_file: str) -> tuple[str, LaunchConfig]:
+    """A stranger's launch line as the flag layer renders it again; ValueError where it needs anything else."""
+    try:
+        parsed = flags.parse_command(text)
+    except UsageError as exc:
+        raise ValueError(f"a line the flag layer refuses ({exc})") from None
+    if parsed.program != flags.SERVER:
+        raise ValueError(f"a line runs {shown(parsed.program, 60)!r}, not {flags.SERVER}")
+    foreign = [k for k, _ in parsed.env if k not in flags.CONFIG_ENV]
+    if foreign:
+        raise ValueError(f"a line sets {shown(', '.join(foreign), 80)}, which moe-tune never sets")
+    if parsed.ignored:
+        raise ValueError(f"a line carries {shown(' '.join(parsed.ignored), 80)}, which moe-tune does not measure")
+    cfg = parsed.config
+    for model in (cfg.model, cfg.draft_model):
+        if model is not None and MODEL_FILE.fullmatch(str(model)) is None:
+            raise ValueError(f"a line names model {shown(model, 80)!r}: a shared line names a model by its bare "
+                             ".gguf file name")
+    if str(cfg.model) != model_file:
+        raise ValueError(f"a line runs {shown(cfg.model, 80)}, not the record's model {model_file}")
+    try:
+        rendered = flags.launch_line(cfg)
+    except UsageError as exc:
+        raise ValueError(f"a line the flag layer cannot render ({exc})") from None
+    odd = next((w for w in rendered.split(" ") if _LINE_WORD.fullmatch(w) is None), None)
+    if odd is not None:
+        raise ValueError(f"a line renders the word {shown(odd, 60)!r}, which a shell would read")
+    return rendered, cfg
+
+
+@dataclass(frozen=True, slots=True)
+class SharedRecord:
+    """A record that passed the gate: ``data`` holds only the schema's fields, every line the flag layer's
+    rendering; ``printed`` is the printed line's config."""
+
+    record_id: str  # 16 hex digits: the file's name in the repo (or a shard row's id)
+    data: dict[str, Any]
+    printed: LaunchConfig
+
+    @property
+    def sharer(self) -> str:
+        """Who shared it: an installation's random id; every version 1 record (no id) counts as one sharer."""
+        return self.data["sharer"] or "unnamed"
+
+    @property
+    def card(self) -> dict[str, Any]:
+        return dict(self.data["card"])
+
+    @property
+    def engine_commit(self) -> str:
+        return self.data["engine"]["commit"] or "unknown"
+
+    @property
+    def model(self) -> dict[str, Any]:
+        return dict(self.data["model"])
+
+    def line(self, label: str) -> dict[str, Any] | None:
+        return next((ln for ln in self.data["lines"] if ln["label"] == label), None)
+
+    def describe(self) -> str:
+        return f"{self.record_id} ({self.card['name']}, engine {self.engine_commit}, {self.data['workload']['kind']})"
+
+
+def read_record(raw: bytes, record_id: str) -> SharedRecord:
+    """``raw`` (a record file's bytes, or a shard row's) through the gate; one :class:`RecordError` line otherwise."""
+    if RECORD_NAME.fullmatch(record_id) is None:
+        raise refusal(record_id, "a record's name is 16 hex digits")
+    if len(raw) > MAX_RECORD_BYTES:
+        raise refusal(record_id, f"{len(raw):,} bytes, more than the {MAX_RECORD_BYTES:,} a record may hold")
+    try:
+        data = _json(raw)
+    except _Refused as exc:
+        raise refusal(record_id, str(exc)) from None
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        raise refusal(record_id, f"not a {SCHEMA} record")
+    version = data.get("version")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise refusal(record_id, "no schema version")
+    if version > SCHEMA_VERSION:
+        raise refusal(record_id, f"schema version {version} is newer than this moe-tune reads ({SCHEMA_VERSION}): "
+                                 "upgrade moe-tune (pip install -U moe-tune)")
+    try:
+        clean = _check(data, TOP, "")
+        _sane(clean)
+        model_file = clean["model"]["file_name"]
+        clean["printed"]["line"], config = read_line(clean["printed"]["line"], model_file)
+        for ln in clean["lines"]:
+            ln["line"] = read_line(ln["line"], model_file)[0]
+    except ValueError as exc:
+        raise refusal(record_id, str(exc)) from None
+    return SharedRecord(record_id, clean, config)

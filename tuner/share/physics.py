@@ -1,0 +1,95 @@
+"""What a shared record's speeds may claim for a model on a card: generation reads at least the model's per-token
+bytes (:func:`tuner.plan.roofline.roofline`: dense weights, the active share of the experts), so no line generates
+faster than the card's bandwidth over those bytes. A record above that bound is refused in one line.
+
+The bytes come from what this machine knows of the model, never from the record: the header of the file looked up
+(a local file, or a Hub quant's header read with range requests) gives the roofline exactly; another quant of the
+same repo is bound by its listed size times the architecture's active share (a looser bound: every dense byte is
+read whole, so a token reads at least that share of the file). Where neither header nor listing could be read,
+the record's own size claim times :data:`SPARSEST_SHARE` is all there is, and the look-up says so.
+
+A GPU record's bound uses the catalog's bandwidth for its card (a card the catalog does not know is only ever the
+same card as this machine's); a CPU record's, :data:`tuner.share.match.HOST_CEILING_BYTES_S`. Speculative decoding
+may accept up to its draft length per step, so its lines get that many tokens per read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from tuner.core.config import LaunchConfig
+from tuner.core.machine_spec import Hardware
+from tuner.core.model import ModelInfo
+from tuner.engine import flags
+from tuner.plan.roofline import roofline
+from tuner.share.gate import shown
+from tuner.share.match import Matched
+
+# The engine's most generous draft per verify step (common/common.h: ngram-mod n_max 64; draft models 3 unless
+# --spec-draft-n-max), plus the verified token.
+SPEC_TOKENS_PER_STEP = 65
+# No published MoE reads less than this share of its file per token (the sparsest, ~3 % active, read more).
+SPARSEST_SHARE = 1 / 64
+# Spec-sheet bandwidths are rounded and the roofline counts an MTP block a plain token does not read.
+MARGIN = 1.1
+FIGURES = ("gen_tok_s", "loaded_gen_tok_s", "end_to_end_gen_tok_s")
+
+
+def bytes_per_token(model: ModelInfo) -> float:
+    """The least a generated token reads of ``model`` at depth 0, wherever its weights sit."""
+    host_only = Hardware(gpu_name="", vram_total_bytes=0, vram_free_bytes=0, gpu_bandwidth_bytes_s=0.0,
+                         pcie_bandwidth_bytes_s=0.0, ram_total_bytes=0, ram_available_bytes=0, swap_total_bytes=0,
+                         host_bandwidth_bytes_s=1.0, physical_cores=1, source="none")
+    r = roofline(model, LaunchConfig(model=model.paths[0]), host_only)
+    return float(r.gpu_bytes_per_token + r.host_bytes_per_token)
+
+
+def active_share(model: ModelInfo) -> float:
+    return model.n_expert_used / model.n_expert if model.n_expert else 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class ModelBound:
+    """What this machine knows of the looked-up model's per-token bytes."""
+
+    exact_bytes: float | None = None  # the looked-up file or quant (its header's roofline)
+    exact_quant: str | None = None  # that quant's name (None: a local file, matched by fingerprint too)
+    share: float | None = None  # the architecture's active share (from any header of the repo)
+    quant_sizes: dict[str, int] = field(default_factory=dict)  # the repo's quants by listed size (upper-case)
+    unknown: str | None = None  # why neither header nor listing is known (then SPARSEST_SHARE of the claim)
+
+    def least_bytes(self, model: dict[str, Any]) -> tuple[float, str] | str:
+        """(bytes a token of the record's model reads at least, how that is known), or why none can be said."""
+        quant = (model.get("quant") or "").upper()
+        if self.exact_bytes is not None and (self.exact_quant is None or quant == self.exact_quant.upper()):
+            return self.exact_bytes, "the roofline of its header"
+        if self.quant_sizes:
+            size = self.quant_sizes.get(quant)
+            if size is None:
+                return f"quant {model.get('quant')} is not in the model's repo"
+            share = self.share if self.share is not None else SPARSEST_SHARE
+            return share * size, f"{share:.3g} of its listed {size / 2**30:.1f} GiB"
+        return SPARSEST_SHARE * model["size_bytes"], "1/64 of its claimed size (the model could not be read)"
+
+
+def refused(m: Matched, bound: ModelBound) -> str | None:
+    """Why ``m``'s figures break physics on its card, or None."""
+    if m.bandwidth_bytes_s <= 0:
+        return None  # this machine's own card, its bandwidth unknown: nothing to bound by
+    least = bound.least_bytes(m.record.model)
+    if isinstance(least, str):
+        return least
+    n_bytes, how = least
+    if n_bytes <= 0:
+        return None
+    for ln in m.record.data["lines"]:
+        cfg = flags.parse_command(ln["line"]).config  # the gate's own rendering: it parses
+        per_step = max(SPEC_TOKENS_PER_STEP, 1 + (cfg.spec_draft_n_max or 0)) if cfg.spec_types else 1
+        ceiling = MARGIN * per_step * m.bandwidth_bytes_s / n_bytes
+        for key in FIGURES:
+            if ln[key] is not None and ln[key] > ceiling:
+                return (f"{ln['label']} claims {key} {ln[key]:,.4g}, above the {ceiling:,.4g} tok/s "
+                        f"{shown(m.record.card['name'], 60)} can move ({m.bandwidth_bytes_s / 1e9:,.0f} GB/s over "
+                        f"{n_bytes / 2**20:,.1f} MiB a token: {how})")
+    return None
