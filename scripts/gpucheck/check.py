@@ -90,6 +90,7 @@ class Check:
         checks = {"wheels": lambda r: (self.out / "site").is_dir() or not r.get("installed"),
                   "engine": lambda r: Path(r.get("bin", "/nonexistent")).is_dir(),
                   "model": lambda r: Path(r.get("path", "/nonexistent")).is_file(),
+                  "model-valid": lambda r: Path(r.get("path", "/nonexistent")).is_file(),
                   "gpu-info": lambda r: True}
         for name, here in checks.items():
             if name in steps and not here(steps[name].get("result") or {}):
@@ -252,7 +253,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--long-ctx", type=int, default=LONG_CTX, help="context of the long-context run (0: none)")
     p.add_argument("--trials", type=int, default=3, help="auto-tune trials per run")
     p.add_argument("--model", default=DEFAULT_MODEL, help="catalog model and recipe for shape-model")
-    p.add_argument("--random-weights", action="store_true", help="valid random weights (speed-true prompts, ~90 s)")
     p.add_argument("--unified-spill", action="store_true", help="also spill with GGML_CUDA_ENABLE_UNIFIED_MEMORY=1")
     p.add_argument("--plan-card", default="RTX 4090", help="card the CPU fallback plans for")
     p.add_argument("--time-limit", type=float, default=gpu_lease.COMMAND_MAX_S,

@@ -30,12 +30,14 @@ LONG_CTX = 65536
 LONG_BUDGET_GIB = 16
 SPILL_SHORT_MIB = 2048  # the spill ballast leaves this much less than the config needs
 ENGINE_CMDS = {"auto-tune", "bench"}  # moe-tune commands that take --llama-cpp-dir
+# valid weights of the default model (17.3 GiB) drawn and written: see results/benchmarks/valid-weights-writer.md
+MODEL_VALID_EST_S = 60.0
 # Estimates on the GPU machine (16 cores), seconds. The build was measured in the first lease: 262.6 s for the
 # three tools with 16 jobs on an H100 machine, arch 90 only (results/benchmarks/gpu-lease-1/cmd1-engine.json); a
 # lease that carries the engine back restores it in seconds instead.
 ENGINE_EST_S = 270.0
 RESTORE_EST_S = 5.0
-EST = {"gpu-info": 2, "wheels": 10, "model-zero": 10, "model-random": 90, "memory": 35, "spill": 30,
+EST = {"gpu-info": 2, "wheels": 10, "model-zero": 10, "model-valid": MODEL_VALID_EST_S, "memory": 35, "spill": 30,
        "tune-chat": 130, "tune-agent": 190, "opoff": 90, "long": 180, "spill-unified": 240}
 
 
@@ -136,37 +138,46 @@ def _pack_engine(c: Check, bin_dir: Path, meta: dict[str, Any]) -> None:
         c.state["engine_back"] = {"packed": False, "note": str(exc)[:300]}
 
 
-def step_model(c: Check) -> dict[str, Any]:
-    """A real-scale model written here: zero-filled and sparse (seconds) unless --random-weights asks for valid
-    random weights (speed-true prompt processing, about 90 s)."""
-    target = c.args.model
-    random_ok = c.has_gpu and c.args.random_weights and not c.state.get("timeouts", {}).get("model") \
-        and random_weights_available()
-    weights = "random" if random_ok else "zero"
-    path = paths.cache_root() / "models" / "gpu-check" / f"{target.replace(':', '-')}-{weights}.gguf"
-    if not path.is_file():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        argv = [sys.executable, "-m", "tuner.cli", "shape-model", target, "--out", str(path)]
-        runner.run_process(argv + (["--weights", "random"] if random_ok else []), timeout_s=c.left_s(),
-                           what="moe-tune shape-model", fix="check disk space (df -h)", cwd=REPO)
-    label = "random weights (valid, speed-true)" if random_ok else \
-        "zero-filled weights (shape-true; the router ties, so prompt speed is optimistic)"
-    return {"target": target, "path": str(path), "weights": weights, "weights_label": label,
-            "logical_bytes": path.stat().st_size}
+# The model each step measures on: zero weights (a sparse hole, written in seconds) only where memory is the
+# figure; every speed figure on valid weights drawn directly (`shape-model --weights direct`), whose router
+# spreads a ubatch's tokens over the experts as a trained one does (results/benchmarks/valid-weights-writer.md).
+MODEL_STEPS = {"zero": "model", "direct": "model-valid"}
+WEIGHTS_LABEL = {"zero": "zero weights (shape-true, sparse; the router ties: memory figures only)",
+                 "direct": "valid weights drawn directly (routing spreads over the experts: speed figures)"}
+TAG = {"zero": " [zero weights]", "direct": " [valid weights]"}
 
 
-def random_weights_available() -> bool:
-    """Can this checkout's shape-model write valid random weights (the speed-true models issue)?"""
-    helptext = runner.run_process([sys.executable, "-m", "tuner.cli", "shape-model", "--help"], timeout_s=60,
-                                  what="moe-tune shape-model --help", fix="check the checkout", cwd=REPO).stdout
-    return "--weights" in helptext
+def _model_step(weights: str) -> Callable[[Check], dict[str, Any]]:
+    def run(c: Check) -> dict[str, Any]:
+        target = c.args.model
+        path = paths.cache_root() / "models" / "gpu-check" / f"{target.replace(':', '-')}-{weights}.gguf"
+        if not path.is_file():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            runner.run_process([sys.executable, "-m", "tuner.cli", "shape-model", target, "--out", str(path),
+                                "--weights", weights], timeout_s=c.left_s(), what="moe-tune shape-model",
+                               fix="check disk space (df -h)", cwd=REPO)
+        return {"target": target, "path": str(path), "weights": weights, "weights_label": WEIGHTS_LABEL[weights],
+                "logical_bytes": path.stat().st_size}
+    return run
+
+
+def model_path(c: Check, weights: str) -> Path:
+    """The model file a step measures on: ``zero`` for memory checks, ``direct`` for speed."""
+    return Path(c.result(MODEL_STEPS[weights])["path"])
+
+
+def _on_model(weights: str, run: Callable[[Check], dict[str, Any]]) -> Callable[[Check], dict[str, Any]]:
+    """``run``, its result saying which model it measured on (the table shows it per step)."""
+    def go(c: Check) -> dict[str, Any]:
+        return {**run(c), "model_weights": weights}
+    return go
 
 
 def step_memory(c: Check) -> dict[str, Any]:
     from gpucheck import memory as gpu_memory
 
     assert c.engine_dir is not None
-    return gpu_memory.memory_check(c.engine_dir, c.model_path, c.budget_mib, CHAT_CTX, c.out / "memory-logs")
+    return gpu_memory.memory_check(c.engine_dir, model_path(c, "zero"), c.budget_mib, CHAT_CTX, c.out / "memory-logs")
 
 
 def _tune_step(budget_gib: int, kind: str, ctx: int, prompt: int | None) -> Callable[[Check], dict[str, Any]]:
@@ -174,9 +185,9 @@ def _tune_step(budget_gib: int, kind: str, ctx: int, prompt: int | None) -> Call
         from gpucheck import tune as gpu_tune
 
         assert c.engine_dir is not None
-        return gpu_tune.tune(c.engine_dir, c.model_path, budget_gib * 1024, kind, ctx, prompt,
+        return gpu_tune.tune(c.engine_dir, model_path(c, "direct"), budget_gib * 1024, kind, ctx, prompt,
                              c.out / f"tune-{budget_gib}g-{kind}", c.log, trials=c.args.trials)
-    return run
+    return _on_model("direct", run)
 
 
 def step_opoff(c: Check) -> dict[str, Any]:
@@ -195,9 +206,9 @@ def _spill_step(tries: int, unified: bool = False) -> Callable[[Check], dict[str
             return {"runs": [], "note": "skipped: pass --unified-spill (managed memory asked beyond the free VRAM "
                                         "can hang a GPU; run it only on a machine you may reset)"}
         need_mib = int(_plan(c, CHAT_CTX)["rows"][0]["vram_bytes"] / 2**20)
-        return gpu_spill.spill_run(c.model_path, c.engine_dir, c.out / "spill-logs", need_mib, unified=unified,
-                                   ctx=CHAT_CTX, tries=tries, short_mib=SPILL_SHORT_MIB)
-    return run
+        return gpu_spill.spill_run(model_path(c, "direct"), c.engine_dir, c.out / "spill-logs", need_mib,
+                                   unified=unified, ctx=CHAT_CTX, tries=tries, short_mib=SPILL_SHORT_MIB)
+    return _on_model("direct", run)
 
 
 def _plan(c: Check, ctx: int, *more: str, fa: str = "on", slots: int = 1) -> dict[str, Any]:
@@ -255,9 +266,8 @@ def engine_est_s(c: Check) -> tuple[float, str]:
 
 
 def steps_for(c: Check) -> list[Step]:
-    model_s = float(EST["model-random" if c.args.random_weights else "model-zero"])
     if not c.has_gpu:
-        return [Step("model", False, 3.0, step_model, f"write {c.args.model} at real scale"),
+        return [Step("model", False, 3.0, _model_step("zero"), f"write {c.args.model} at real scale (zero weights)"),
                 Step("plan-budgets", False, 10.0 * len(runs_wanted(c)), step_plan_budgets,
                      "memory model per budget (planned, not measured)"),
                 Step("ballast", False, 1.0, step_ballast_cpu, "VRAM ballast (reports that no GPU is here)")]
@@ -266,28 +276,31 @@ def steps_for(c: Check) -> list[Step]:
     steps = [Step("gpu-info", True, EST["gpu-info"], step_gpu_info, "card, compute capability, free VRAM (nvidia-smi)"),
              Step("wheels", True, EST["wheels"], step_wheels, "install the carried wheels (optuna, gguf)"),
              Step("engine", True, engine_s, step_engine, engine_what, resumable=True),
-             Step("model", True, model_s, step_model, f"write {c.args.model} at real scale "
-                  f"({'random' if c.args.random_weights else 'zero-filled, sparse'} weights)"),
-             Step(f"memory-{g}g", True, EST["memory"], step_memory, f"{g} GiB free: the model's pick at -c {CHAT_CTX}, "
-                  "projected (llama-fit-params) and loaded (llama-server at exit), CUDA0 and host, per component",
-                  "a"),
+             Step("model", True, EST["model-zero"], _model_step("zero"), f"write {c.args.model} at real scale, zero "
+                  "weights (sparse): for the memory check only"),
+             Step(f"memory-{g}g", True, EST["memory"], _on_model("zero", step_memory), f"{g} GiB free: the model's "
+                  f"pick at -c {CHAT_CTX}, projected (llama-fit-params) and loaded (llama-server at exit), CUDA0 and "
+                  "host, per component" + TAG["zero"], "a"),
+             Step("model-valid", True, EST["model-valid"], _model_step("direct"), f"write {c.args.model} at real "
+                  "scale with valid weights drawn directly (every speed step below measures on it)"),
              Step("spill-oom", True, EST["spill"], _spill_step(1), f"a ballast leaves {SPILL_SHORT_MIB} MiB less "
-                  "than every expert on the card needs: the OOM at load classified", "c"),
+                  "than every expert on the card needs: the OOM at load classified" + TAG["direct"], "c"),
              Step(f"tune-{g}g-agent", True, EST["tune-agent"], _tune_step(g, "agent", AGENT_CTX, AGENT_PROMPT),
                   f"{g} GiB free, agent -c {AGENT_CTX} -p {AGENT_PROMPT}: auto-tune ({c.args.trials} trials, "
-                  "3-4 rounds) vs default vs --fit (-ub 4096 offered)", "b"),
-             Step(f"opoff-{g}g-agent", True, EST["opoff"], step_opoff, f"{g} GiB free: the agent's tuned and --fit "
-                  "lines with op offload on and off, an agent turn and a long prompt each", "d"),
+                  "3-4 rounds) vs default vs --fit (-ub 4096 offered)" + TAG["direct"], "b"),
+             Step(f"opoff-{g}g-agent", True, EST["opoff"], _on_model("direct", step_opoff), f"{g} GiB free: the "
+                  "agent's tuned and --fit lines with op offload on and off, an agent turn and a long prompt each"
+                  + TAG["direct"], "d"),
              Step(f"tune-{g}g-chat", True, EST["tune-chat"], _tune_step(g, "chat", CHAT_CTX, None),
-                  f"{g} GiB free, chat -c {CHAT_CTX}: the same", "b"),
-             Step("spill-oom-more", True, 2 * EST["spill"], _spill_step(2), "the OOM spill twice more: every time?",
-                  "c")]
+                  f"{g} GiB free, chat -c {CHAT_CTX}: the same" + TAG["direct"], "b"),
+             Step("spill-oom-more", True, 2 * EST["spill"], _spill_step(2), "the OOM spill twice more: every time?"
+                  + TAG["direct"], "c")]
     for budget, kind, ctx in runs_wanted(c)[2:]:
         name = f"long-{budget}g" if kind == "agent" else f"budget-{budget}g"
         steps.append(Step(name, True, EST["long" if kind == "agent" else "tune-chat"],
                           _tune_step(budget, kind, ctx, None), f"{budget} GiB free, {kind} -c {ctx}: tuned vs "
-                          "default vs --fit", "b"))
+                          "default vs --fit" + TAG["direct"], "b"))
     steps.append(Step("spill-unified", True, EST["spill-unified"] if c.args.unified_spill else 1,
                       _spill_step(1, unified=True), "GGML_CUDA_ENABLE_UNIFIED_MEMORY=1: spill and the tok/s collapse "
-                      "(opt-in: --unified-spill)", "c"))
+                      "(opt-in: --unified-spill)" + TAG["direct"], "c"))
     return steps
