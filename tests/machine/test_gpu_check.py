@@ -392,3 +392,29 @@ def test_a_new_lease_measures_again_the_steps_it_names_from_a_carried_state(tmp_
     planned = [n for c in _dry_run_commands(res.stdout) for _, n, _ in c["steps"]]  # type: ignore[union-attr]
     assert {"memory-12g", "tune-12g-chat"} <= set(planned) and "tune-12g-agent" not in planned
     assert f"--state {state} --again {again}" in res.stdout.split("command 1: ")[1].splitlines()[0]
+
+
+def test_speed_steps_measure_on_valid_weights_and_memory_on_zero_weights(tmp_path):
+    """Zero weights tie the router (every token takes the same experts): the memory check alone uses them; the
+    valid-weight model is written before the first speed step, and the table says per step which model it used."""
+    from gpucheck import table as gpu_table
+
+    res = _run("--dry-run", cache=tmp_path / "cache")
+    lease = res.stdout.split("without a GPU")[0]
+    planned = [line for line in lease.splitlines() if re.match(r"  (\(\w\) |    )\S", line)]
+    names = [line.split()[1] if line.startswith("  (") else line.split()[0] for line in planned]
+    assert names.index("model") < names.index("memory-12g") < names.index("model-valid") < names.index("spill-oom")
+    for line, name in zip(planned, names, strict=True):
+        if name == "memory-12g":
+            assert line.endswith("[zero weights]")
+        elif line.startswith(("  (b)", "  (c)", "  (d)")):
+            assert line.endswith("[valid weights]"), line
+    done = {"status": "done", "took_s": 3.0}
+    state = {"machine": {}, "steps": {
+        "model": {**done, "result": {"target": "q:Q4_K_M", "path": "/z.gguf", "weights_label": "zero weights (x)"}},
+        "model-valid": {**done, "result": {"target": "q:Q4_K_M", "path": "/v.gguf", "weights_label": "valid (y)"}},
+        "memory-12g": {**done, "result": {"rows": [], "model_weights": "zero"}},
+        "tune-12g-agent": {**done, "result": {"model_weights": "direct"}}}}
+    md, doc = gpu_table.render(state)
+    assert "| memory-12g | done | 3 | zero weights |" in md and "| tune-12g-agent | done | 3 | valid weights |" in md
+    assert "- model for speed: q:Q4_K_M (valid (y)), /v.gguf" in md and doc["model_valid"]["path"] == "/v.gguf"
