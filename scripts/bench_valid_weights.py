@@ -104,10 +104,11 @@ def speed(paths_by_arm: dict[str, Path], loc: build.EngineLocation, rounds: int,
             res, noise = harness.watched(lambda arm=arm: bench.run_bench(
                 loc, LaunchConfig(model=paths_by_arm[arm], threads=threads), n_prompt=n_prompt, n_gen=n_gen,
                 repetitions=3, timeout_s=1800))
-            g, p = res.row("tg").spread, res.row("pp").spread
+            g = res.row("tg").spread
+            p = res.row("pp").spread.median if n_prompt else math.nan
             tg[arm].append(g.median)
-            pp[arm].append(p.median)
-            say(f"{r + 1:>5} {arm:>6} {p.median:>9.2f} {g.median:>9.2f} {g.cv_pct:>7.1f}  {noise or 'quiet'}")
+            pp[arm].append(p)
+            say(f"{r + 1:>5} {arm:>6} {p:>9.2f} {g.median:>9.2f} {g.cv_pct:>7.1f}  {noise or 'quiet'}")
     ratios = [d / b for d, b in zip(tg["direct"], tg["random"], strict=True)]
     logs = [math.log(x) for x in ratios]
     mean = statistics.fmean(logs)
@@ -120,10 +121,11 @@ def speed(paths_by_arm: dict[str, Path], loc: build.EngineLocation, rounds: int,
     for arm in arms:
         say(f"  median {arm:>6}: pp{n_prompt} {statistics.median(pp[arm]):.2f} tok/s, "
             f"tg{n_gen} {statistics.median(tg[arm]):.2f} tok/s")
-    say(f"pp{n_prompt} per round, direct/random: "
-        f"{statistics.median([d / b for d, b in zip(pp['direct'], pp['random'], strict=True)]):.3f}, "
-        f"direct/zero: {statistics.median([d / b for d, b in zip(pp['direct'], pp['zero'], strict=True)]):.3f} "
-        "(medians; routing, not bytes, differs: every file holds the same tensors)")
+    if n_prompt and "zero" in arms:
+        say(f"pp{n_prompt} per round, direct/random: "
+            f"{statistics.median([d / b for d, b in zip(pp['direct'], pp['random'], strict=True)]):.3f}, "
+            f"direct/zero: {statistics.median([d / b for d, b in zip(pp['direct'], pp['zero'], strict=True)]):.3f} "
+            "(medians; routing, not bytes, differs: every file holds the same tensors)")
 
 
 @harness.bench("bench_valid_weights")
@@ -136,6 +138,8 @@ def main() -> None:
     ap.add_argument("-n", "--n-gen", type=int, default=32)
     ap.add_argument("-t", "--threads", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--dir", type=Path, default=paths.cache_root() / "bench-valid-weights")
+    ap.add_argument("--parity-only", action="store_true",
+                    help="only the tg rounds of random vs direct, appended to the page (a re-measurement)")
     args = ap.parse_args()
     say = harness.Log()
     loc = build.locate_engine()
@@ -146,14 +150,23 @@ def main() -> None:
     spec, recipe = shape_model.resolve_target(args.target)
     say(f"## {spec.name} {recipe} shape ({spec.n_layer} layers, {spec.n_expert} experts, top-{spec.n_expert_used})")
     say("write:")
-    files = {arm: write(args.target, arm, args.dir, loc, say) for arm in ARMS}
+    files = {arm: write(args.target, arm, args.dir, loc, say) for arm in ARMS[args.parity_only:]}
     for path in files.values():
         warm(path)
-    say("experts one ubatch (one 512-token chunk of the bundled corpus) chose, per layer: llama-imatrix's counts")
-    routing(files, loc, say)
+    if not args.parity_only:
+        say("experts one ubatch (one 512-token chunk of the bundled corpus) chose, per layer: llama-imatrix's "
+            "counts")
+        routing(files, loc, say)
     speed(files, loc, args.rounds, args.n_prompt, args.n_gen, args.threads, say)
     for path in files.values():
         path.unlink()
+    if args.parity_only:
+        say(f"load: {harness.held().describe()}")
+        page = OUT.read_text() if OUT.is_file() else ""
+        OUT.write_text(page + f"\n## Generation parity, re-measured\n\nMade by `{say.command}` on "
+                       f"{time.strftime('%Y-%m-%d %H:%M')}.\n\n```text\n" + "\n".join(say.lines) + "\n```\n")
+        print(f"appended to {OUT}")
+        return
     if args.big:
         big, big_recipe = shape_model.resolve_target(args.big)
         say(f"## {big.name} {big_recipe} shape ({big.n_layer} layers, {big.n_expert} experts, "
