@@ -119,8 +119,8 @@ def speed(paths_by_arm: dict[str, Path], loc: build.EngineLocation, rounds: int,
         f"geometric mean {math.exp(mean):.3f} (95 % interval {lo:.3f}-{hi:.3f}): "
         f"{'within' if lo >= 0.95 and hi <= 1.05 else 'NOT shown within'} 5 %")
     for arm in arms:
-        say(f"  median {arm:>6}: pp{n_prompt} {statistics.median(pp[arm]):.2f} tok/s, "
-            f"tg{n_gen} {statistics.median(tg[arm]):.2f} tok/s")
+        say(f"  median {arm:>6}: " + (f"pp{n_prompt} {statistics.median(pp[arm]):.2f} tok/s, " if n_prompt else "")
+            + f"tg{n_gen} {statistics.median(tg[arm]):.2f} tok/s")
     if n_prompt and "zero" in arms:
         say(f"pp{n_prompt} per round, direct/random: "
             f"{statistics.median([d / b for d, b in zip(pp['direct'], pp['random'], strict=True)]):.3f}, "
