@@ -36,8 +36,10 @@ def shape_model_cmd(
     """Write a GGUF with a real model's tensor names, shapes and types; its data a sparse hole or valid weights.
 
     Zero weights: gigabytes logical, megabytes on disk; `moe-tune plan` and llama-fit-params read it like the
-    real file, but the router ties (every token takes the same experts): for memory figures only. Random or
-    direct weights: the real size on disk; llama.cpp runs it at real speed (tokens spread over experts).
+    real file, but the router ties (every token takes the same experts): for memory figures only. Direct
+    weights: the real size on disk; llama.cpp runs it at real speed, a batch's tokens spread over the experts
+    in every layer. Random weights generate as fast, but their tokens collapse onto a few experts past the
+    first layer.
 
     \b
     Example:

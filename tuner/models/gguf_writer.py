@@ -10,7 +10,8 @@ data region in one of two ways:
   memory). Float tensors are Gaussian (std 0.02, as a trained checkpoint's weights), norms are ones, biases
   zeros, recurrent decay rates negative; quantized tensors are blocks sampled at random from a pool that the
   real llama-quantize made (tuner.models.block_pool). A random router (std 0.02, as every weight) gives each
-  token its own top-k, so a batch spreads over the experts; top-k does not depend on the router's scale.
+  token its own top-k, so the first layer's batch spreads over the experts (top-k does not depend on the
+  router's scale); deeper layers collapse onto a few experts (see ``direct``).
 - ``direct``: the same, but the pools are drawn here in numpy (tuner.models.direct_blocks): valid blocks
   assembled field by field, no engine needed, as fast to write as ``random``. One more difference keeps the
   router spread through depth: every layer's pre-mixer norm (``attn_norm``, which attention and linear attention
