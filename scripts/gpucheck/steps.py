@@ -143,7 +143,7 @@ def _pack_engine(c: Check, bin_dir: Path, meta: dict[str, Any]) -> None:
 # figure; every speed figure on valid weights drawn directly (`shape-model --weights direct`), whose router
 # spreads a ubatch's tokens over the experts as a trained one does (results/benchmarks/valid-weights-writer.md).
 MODEL_STEPS = {"zero": "model", "direct": "model-valid"}
-WEIGHTS_LABEL = {"zero": "zero weights (shape-true, sparse; the router ties: memory figures only)",
+WEIGHTS_LABEL = {"zero": "zero-filled weights (shape-true, sparse; the router ties: memory figures only)",
                  "direct": "valid weights drawn directly (routing spreads over the experts: speed figures)"}
 TAG = {"zero": " [zero weights]", "direct": " [valid weights]"}
 
