@@ -41,7 +41,7 @@ class Check:
             if source == args.state:  # another lease's machine: this one's card is asked again
                 self.state["steps"].pop("gpu-info", None)
                 self._again(args.again)
-            self._zero_weight_speed_again()
+                self._zero_weight_speed_again()
             self._forget_what_is_not_here()
         self.state["command"] = "scripts/gpu_check " + shlex.join(sys.argv[1:])
         self.started = time.monotonic()
@@ -58,14 +58,12 @@ class Check:
                 earlier.setdefault(name, []).append(self.state["steps"].pop(name))
 
     def _zero_weight_speed_again(self) -> None:
-        """Speed steps a lease measured on a zero-filled model (lease 2: the router tied, so every prompt with host
-        experts was optimistic) are measured again on valid weights; their results move to ``earlier``."""
-        model = (self.state["steps"].get("model") or {}).get("result") or {}
-        if model.get("weights") != "zero":
-            return
+        """Speed steps not measured on valid weights (lease 2's, on a zero-filled model whose router tied, so every
+        prompt with host experts was optimistic) are measured again; their results move to ``earlier``."""
         earlier = self.state.setdefault("earlier", {})
-        for name in [n for n in self.state["steps"] if n.startswith(SPEED_STEP_PREFIXES)]:
-            earlier.setdefault(name, []).append(self.state["steps"].pop(name))
+        for name, step in list(self.state["steps"].items()):
+            if name.startswith(SPEED_STEP_PREFIXES) and (step.get("result") or {}).get("model_weights") != "direct":
+                earlier.setdefault(name, []).append(self.state["steps"].pop(name))
 
     def _forget_what_is_not_here(self) -> None:
         """A state carried from another machine (a fresh, bare one): its wheels, engine and model are not here,
@@ -74,6 +72,7 @@ class Check:
         checks = {"wheels": lambda r: (self.out / "site").is_dir() or not r.get("installed"),
                   "engine": lambda r: Path(r.get("bin", "/nonexistent")).is_dir(),
                   "model": lambda r: Path(r.get("path", "/nonexistent")).is_file(),
+                  "model-valid": lambda r: Path(r.get("path", "/nonexistent")).is_file(),
                   "gpu-info": lambda r: True}
         for name, here in checks.items():
             if name in steps and not here(steps[name].get("result") or {}):

@@ -27,9 +27,10 @@ CHAT_GEN_TOK_S = {8: 36.7, 12: 42.3, 16: 72.5}
 TURN_OVERHEAD_S = 0.05  # a request's HTTP round trip and sampling set-up
 GPU_INFO_S = 1.0  # nvidia-smi: 0.0 s in lease 2
 WHEELS_S = 2.0  # 1.8 s in lease 2
-# Valid random weights written there (gpucheck model step); measured here on 2 cores, scaled to 16 (see the
-# valid-weights benchmark): the figure is replaced by the lease's own once it comes back.
-MODEL_VALID_S = 60.0
+# The default model's valid weights (17.3 GiB) drawn and written: 34.5 s on this project's 2 busy cores
+# (results/benchmarks/valid-weights-writer.md); the device's disk is not measured yet, hence the margin.
+MODEL_VALID_S = 45.0
+MODEL_ZERO_S = 2.0  # the sparse zero-weight file: 0.6 s here (the same benchmark); 2.9 s in lease 2
 MEMORY_S = 15.0  # memory-12g: 10.2 s in lease 2
 SPILL_S = 30.0  # spill-oom: 25.7 s in lease 2
 OPOFF_S = 120.0  # opoff-12g-agent: 114.7 s in lease 2

@@ -30,8 +30,6 @@ AGENT_PROMPT = 4096  # the search's agent prompt: long enough for -ub 4096 to be
 LONG_CTX = 65536
 LONG_BUDGET_GIB = 16
 SPILL_SHORT_MIB = 2048  # the spill ballast leaves this much less than the config needs
-# Speed figures only on valid weights; zero weights (a sparse file, seconds) for memory checks only.
-SPEED_WEIGHTS = "random"
 ENGINE_EST_S = 270.0  # a CUDA build there: 262.6 s on an H100 machine's 16 cores (gpu-lease-1/cmd1-engine.json)
 RESTORE_EST_S = 5.0  # lease 2 restored the carried engine in 5.0 s
 @dataclass(frozen=True, slots=True)
@@ -131,28 +129,48 @@ def _pack_engine(c: Check, bin_dir: Path, meta: dict[str, Any]) -> None:
         c.state["engine_back"] = {"packed": False, "note": str(exc)[:300]}
 
 
-def step_model(c: Check) -> dict[str, Any]:
-    """The real-scale model, written here: valid random weights on a GPU (speed figures need a router that spreads
-    over the experts), zero-filled and sparse without one (seconds; memory checks only)."""
-    target = c.args.model
-    weights = SPEED_WEIGHTS if c.has_gpu else "zero"
-    path = paths.cache_root() / "models" / "gpu-check" / f"{target.replace(':', '-')}-{weights}.gguf"
-    if not path.is_file():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        argv = [sys.executable, "-m", "tuner.cli", "shape-model", target, "--out", str(path), "--weights", weights]
-        runner.run_process(argv, timeout_s=c.left_s(), what="moe-tune shape-model", fix="check disk space (df -h)",
-                           cwd=REPO)
-    label = ("valid random weights (the router spreads over the experts: speed-true)" if weights != "zero" else
-             "zero-filled weights (shape-true; the router ties: memory figures only, never a speed figure)")
-    return {"target": target, "path": str(path), "weights": weights, "weights_label": label,
-            "logical_bytes": path.stat().st_size}
+# The model each step measures on: zero weights (a sparse hole, written in seconds) only where memory is the
+# figure; every speed figure on valid weights drawn directly (`shape-model --weights direct`), whose router
+# spreads a ubatch's tokens over the experts as a trained one does (results/benchmarks/valid-weights-writer.md).
+MODEL_STEPS = {"zero": "model", "direct": "model-valid"}
+WEIGHTS_LABEL = {"zero": "zero-filled weights (shape-true, sparse; the router ties: memory figures only)",
+                 "direct": "valid weights drawn directly (routing spreads over the experts: speed figures)"}
+TAG = {"zero": " [zero weights]", "direct": " [valid weights]"}
+
+
+def _model_step(weights: str) -> Callable[[Check], dict[str, Any]]:
+    def run(c: Check) -> dict[str, Any]:
+        target = c.args.model
+        path = paths.cache_root() / "models" / "gpu-check" / f"{target.replace(':', '-')}-{weights}.gguf"
+        if not path.is_file():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            runner.run_process([sys.executable, "-m", "tuner.cli", "shape-model", target, "--out", str(path),
+                                "--weights", weights], timeout_s=c.left_s(), what="moe-tune shape-model",
+                               fix="check disk space (df -h)", cwd=REPO)
+        return {"target": target, "path": str(path), "weights": weights, "weights_label": WEIGHTS_LABEL[weights],
+                "logical_bytes": path.stat().st_size}
+    return run
+
+
+def model_path(c: Check, weights: str) -> Path:
+    """The model file a step measures on: ``zero`` for memory checks, ``direct`` for speed."""
+    return Path(c.result(MODEL_STEPS[weights])["path"])
+
+
+def _on_model(weights: str, run: Callable[[Check], dict[str, Any]]) -> Callable[[Check], dict[str, Any]]:
+    """``run``, its result saying which model it measured on (the table shows it per step; a later lease measures
+    again every speed step whose result does not say valid weights)."""
+    def go(c: Check) -> dict[str, Any]:
+        return {**run(c), "model_weights": weights}
+    return go
 
 
 def step_memory(c: Check) -> dict[str, Any]:
     from gpucheck import memory as gpu_memory
 
     assert c.engine_dir is not None
-    return gpu_memory.memory_check(c.engine_dir, c.model_path, c.budget_mib, CHAT_CTX, c.out / "memory-logs")
+    return gpu_memory.memory_check(c.engine_dir, model_path(c, "zero"), c.budget_mib, CHAT_CTX,
+                                   c.out / "memory-logs")
 
 
 def _search_step(budget_gib: int, kind: str) -> Callable[[Check], dict[str, Any]]:
@@ -161,9 +179,9 @@ def _search_step(budget_gib: int, kind: str) -> Callable[[Check], dict[str, Any]
 
         assert c.engine_dir is not None
         ctx, prompt = (AGENT_CTX, AGENT_PROMPT) if kind == "agent" else (CHAT_CTX, None)
-        return gpu_tune.search(c.engine_dir, c.model_path, budget_gib * 1024, kind, ctx, prompt,
+        return gpu_tune.search(c.engine_dir, model_path(c, "direct"), budget_gib * 1024, kind, ctx, prompt,
                                c.out / f"search-{budget_gib}g-{kind}", c.log, trials=c.args.trials)
-    return run
+    return _on_model("direct", run)
 
 
 def _versus_step(budget_gib: int, kind: str) -> Callable[[Check], dict[str, Any]]:
@@ -178,7 +196,7 @@ def _versus_step(budget_gib: int, kind: str) -> Callable[[Check], dict[str, Any]
         return gpu_versus.versus(c.engine_dir, config_from_dict(found["best"]), config_from_dict(found["default"]),
                                  budget_gib * 1024, kind, rounds=c.args.rounds,
                                  log_dir=c.out / f"versus-{budget_gib}g-{kind}", deadline_s=c.deadline_s(), log=c.log)
-    return run
+    return _on_model("direct", run)
 
 
 def step_opoff(c: Check) -> dict[str, Any]:
@@ -197,9 +215,9 @@ def _spill_step(tries: int, unified: bool = False) -> Callable[[Check], dict[str
             return {"runs": [], "note": "skipped: pass --unified-spill (managed memory asked beyond the free VRAM "
                                         "can hang a GPU; run it only on a machine you may reset)"}
         need_mib = int(_plan(c, CHAT_CTX)["rows"][0]["vram_bytes"] / 2**20)
-        return gpu_spill.spill_run(c.model_path, c.engine_dir, c.out / "spill-logs", need_mib, unified=unified,
-                                   ctx=CHAT_CTX, tries=tries, short_mib=SPILL_SHORT_MIB)
-    return run
+        return gpu_spill.spill_run(model_path(c, "direct"), c.engine_dir, c.out / "spill-logs", need_mib,
+                                   unified=unified, ctx=CHAT_CTX, tries=tries, short_mib=SPILL_SHORT_MIB)
+    return _on_model("direct", run)
 
 
 def _plan(c: Check, ctx: int, *more: str, fa: str = "on", slots: int = 1) -> dict[str, Any]:
@@ -263,7 +281,7 @@ def steps_for(c: Check) -> list[Step]:
     from gpucheck import versus as gpu_versus
 
     if not c.has_gpu:
-        return [Step("model", False, 3.0, step_model, f"write {c.args.model} at real scale"),
+        return [Step("model", False, 3.0, _model_step("zero"), f"write {c.args.model} at real scale (zero weights)"),
                 Step("plan-budgets", False, 10.0 * len(runs_wanted(c)), step_plan_budgets,
                      "memory model per budget (planned, not measured)"),
                 Step("ballast", False, 1.0, step_ballast_cpu, "VRAM ballast (reports that no GPU is here)")]
@@ -272,31 +290,33 @@ def steps_for(c: Check) -> list[Step]:
     steps = [Step("gpu-info", True, est.GPU_INFO_S, step_gpu_info, "card, compute capability, free VRAM (nvidia-smi)"),
              Step("wheels", True, est.WHEELS_S, step_wheels, "install the carried wheels (optuna, gguf)"),
              Step("engine", True, engine_s, step_engine, engine_what, resumable=True),
-             Step("model", True, est.MODEL_VALID_S, step_model, f"write {c.args.model} at real scale with valid "
-                  "random weights (the router spreads: speed-true)")]
+             Step("model-valid", True, est.MODEL_VALID_S, _model_step("direct"), f"write {c.args.model} at real "
+                  "scale with valid weights drawn directly (every speed step below measures on it)")]
     for budget, kind in VERSUS_RUNS:
         ctx = AGENT_CTX if kind == "agent" else CHAT_CTX
         what = "chat requests (512 + 128 tokens)" if kind == "chat" else (
             f"agent sessions ({gpu_versus.TURNS} turns of {gpu_versus.TURN_TOKENS} new tokens and a "
             f"{gpu_versus.AGENT_GEN_TOKENS}-token reply)")
         steps += [Step(f"search-{budget}g-{kind}", True, est.SEARCH_S[kind], _search_step(budget, kind),
-                       f"{budget} GiB free, {kind} -c {ctx}: auto-tune's search ({c.args.trials} trials, no finish)",
-                       "b"),
+                       f"{budget} GiB free, {kind} -c {ctx}: auto-tune's search ({c.args.trials} trials, no finish)"
+                       + TAG["direct"], "b"),
                   Step(f"versus-{budget}g-{kind}", True,
                        est.versus_s(budget, kind, c.args.rounds, turns=gpu_versus.TURNS,
                                     turn_tokens=gpu_versus.TURN_TOKENS, gen_tokens=gpu_versus.AGENT_GEN_TOKENS),
                        _versus_step(budget, kind), f"{budget} GiB free: its best line vs llama.cpp's default, both "
-                       f"loaded, {c.args.rounds} interleaved rounds of {what}", "b")]
-    steps += [Step(f"memory-{g}g", True, est.MEMORY_S, step_memory, f"{g} GiB free: the model's pick at -c {CHAT_CTX}, "
-                   "projected (llama-fit-params) and loaded (llama-server at exit), CUDA0 and host, per component",
-                   "a"),
+                       f"loaded, {c.args.rounds} interleaved rounds of {what}" + TAG["direct"], "b")]
+    steps += [Step("model", True, est.MODEL_ZERO_S, _model_step("zero"), f"write {c.args.model} at real scale, "
+                   "zero weights (sparse): for the memory check only"),
+              Step(f"memory-{g}g", True, est.MEMORY_S, _on_model("zero", step_memory), f"{g} GiB free: the model's "
+                   f"pick at -c {CHAT_CTX}, projected (llama-fit-params) and loaded (llama-server at exit), CUDA0 and "
+                   "host, per component" + TAG["zero"], "a"),
               Step("spill-oom", True, est.SPILL_S, _spill_step(1), f"a ballast leaves {SPILL_SHORT_MIB} MiB less "
-                   "than every expert on the card needs: the OOM at load classified", "c"),
-              Step(f"opoff-{g}g-agent", True, est.OPOFF_S, step_opoff, f"{g} GiB free: the agent search's best line "
-                   "and the default with op offload on and off, on valid weights", "d"),
-              Step("spill-oom-more", True, 2 * est.SPILL_S, _spill_step(2), "the OOM spill twice more: every time?",
-                   "c")]
+                   "than every expert on the card needs: the OOM at load classified" + TAG["direct"], "c"),
+              Step(f"opoff-{g}g-agent", True, est.OPOFF_S, _on_model("direct", step_opoff), f"{g} GiB free: the "
+                   "agent search's best line and the default with op offload on and off" + TAG["direct"], "d"),
+              Step("spill-oom-more", True, 2 * est.SPILL_S, _spill_step(2), "the OOM spill twice more: every time?"
+                   + TAG["direct"], "c")]
     steps.append(Step("spill-unified", True, 240.0 if c.args.unified_spill else 1,
                       _spill_step(1, unified=True), "GGML_CUDA_ENABLE_UNIFIED_MEMORY=1: spill and the tok/s collapse "
-                      "(opt-in: --unified-spill)", "c"))
+                      "(opt-in: --unified-spill)" + TAG["direct"], "c"))
     return steps

@@ -10,6 +10,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+# The model a step measured on (its result's ``model_weights``): zero weights only for memory figures.
+WEIGHTS = {"zero": "zero weights", "direct": "valid weights"}
+
 
 def _f(v: Any, fmt: str = "{:,.1f}") -> str:
     return "-" if v is None else fmt.format(v)
@@ -99,6 +102,7 @@ def render(state: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     info = state.get("machine", {})
     card = info.get("gpu_name") or "no GPU"
     model = (state.get("steps", {}).get("model", {}).get("result") or {})
+    valid = (state.get("steps", {}).get("model-valid", {}).get("result") or {})
     lines = [
         f"# GPU check: {card}",
         "",
@@ -107,13 +111,17 @@ def render(state: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         f"- machine: {info.get('describe', '?')}",
         f"- engine: llama.cpp {info.get('engine_commit', '?')} ({info.get('engine_backend', '?')})",
         f"- model: {model.get('target', '?')} ({model.get('weights_label', '?')}), {model.get('path', '?')}",
+        *([f"- model for speed: {valid.get('target', '?')} ({valid.get('weights_label', '?')}), "
+           f"{valid.get('path', '?')}"] if valid else []),
         "- budgets: the VRAM left free by a ballast process (cudaMalloc) holding the rest of the card; the tool "
         "reads it as free VRAM at start (NVML), as on a user's card",
         "",
     ]
-    doc: dict[str, Any] = {"machine": info, "model": model, "tune": tune_rows(state), "memory": memory_rows(state),
-                           "spill": spill_rows(state), "opoff": opoff_rows(state), "plan": plan_rows(state),
+    doc: dict[str, Any] = {"machine": info, "model": model, "model_valid": valid, "tune": tune_rows(state),
+                           "memory": memory_rows(state), "spill": spill_rows(state), "opoff": opoff_rows(state),
+                           "plan": plan_rows(state),
                            "steps": {k: {"status": v.get("status"), "took_s": v.get("took_s"),
+                                         "weights": (v.get("result") or {}).get("model_weights"),
                                          "note": v.get("note")} for k, v in state.get("steps", {}).items()}}
     from gpucheck import versus as gpu_versus
 
@@ -188,9 +196,10 @@ def render(state: dict[str, Any]) -> tuple[str, dict[str, Any]]:
                          f"{_mib(r.get('vram_bytes'))} | {_f(r.get('gen_tok_s_ceiling'), '{:,.0f}')} |")
         lines += ["", f"(planned for {state.get('plan_card', '?')} with --vram-budget; host RAM and its bandwidth, "
                   "which bounds the tg ceiling of offloaded experts, as probed on this machine)", ""]
-    lines += ["## steps", "", "| step | status | took s | note |", "|---|---|---:|---|"]
+    lines += ["## steps", "", "| step | status | took s | measured on | note |", "|---|---|---:|---|---|"]
     for name, s in doc["steps"].items():
-        lines.append(f"| {name} | {s['status']} | {_f(s['took_s'], '{:.0f}')} | {s.get('note') or ''} |")
+        lines.append(f"| {name} | {s['status']} | {_f(s['took_s'], '{:.0f}')} | {WEIGHTS.get(s['weights'], '-')} | "
+                     f"{s.get('note') or ''} |")
     return "\n".join(lines) + "\n", doc
 
 

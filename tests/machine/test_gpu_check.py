@@ -110,14 +110,15 @@ def test_dry_run_with_no_options_plans_the_next_lease_that_decides_agents(tmp_pa
     assert res.returncode == 0, res.stderr
     state = "results/benchmarks/gpu-nvidia-h100-80gb-hbm3.json"
     assert res.stdout.startswith(f"the next lease, from the state {state} came back with")
-    assert "prerequisite, here, before the first device call" in res.stdout  # no engine in a pack here
+    packed = (REPO / ".gpu-pack" / "engine" / "engine.json").is_file()  # the engine built here and packed
+    assert ("prerequisite, here, before the first device call" in res.stdout) is not packed
     commands = _dry_run_commands(res.stdout)
     assert len(commands) == 2  # two back-to-back commands
     names = [[name for _, name, _ in c["steps"]] for c in commands]  # type: ignore[union-attr]
-    assert names[0][:4] == ["gpu-info", "wheels", "engine", "model"]  # what the answers need, first
+    assert names[0][:4] == ["gpu-info", "wheels", "engine", "model-valid"]  # what the answers need, first
     steps = {n: est for c in commands for _, n, est in c["steps"]}  # type: ignore[union-attr]
     assert steps["engine"] == 5  # restored, not built
-    assert "valid random weights" in res.stdout.split("command 1:")[1].split(" model ")[1].splitlines()[0]
+    assert "valid weights drawn directly" in res.stdout.split("command 1:")[1].split(" model-valid ")[1].splitlines()[0]
     order = [n for c in names for n in c]
     runs = ["12g-agent", "8g-agent", "16g-agent", "12g-chat"]
     for run in runs:
@@ -461,3 +462,33 @@ def test_the_pack_carries_the_cuda_engine_built_here_without_the_toolkits_librar
     restored = tmp_path / "lease" / "bin"
     assert gpu_engine.restore(tmp_path / "pack" / "engine", restored, gpu_engine.identity("90")) is not None
     assert sorted(p.name for p in restored.iterdir()) == sorted([*gpu_engine.CHECK_TOOLS, "libggml-cuda.so"])
+
+
+def test_speed_steps_measure_on_valid_weights_and_memory_on_zero_weights(tmp_path):
+    """Zero weights tie the router (every token takes the same experts): the memory check alone uses them; the
+    valid-weight model is written before the first speed step, and the table says per step which model it used."""
+    from gpucheck import table as gpu_table
+
+    fresh = tmp_path / "fresh.json"
+    fresh.write_text(json.dumps({"machine": {}, "steps": {}}))
+    res = _run("--dry-run", "--state", str(fresh), cache=tmp_path / "cache")
+    assert res.returncode == 0, res.stderr
+    lease = res.stdout.split("without a GPU")[0]
+    planned = [line for line in lease.splitlines() if re.match(r"  (\(\w\) |    )\S", line)]
+    names = [line.split()[1] if line.startswith("  (") else line.split()[0] for line in planned]
+    assert names.index("model-valid") < names.index("search-12g-agent")
+    assert names.index("model") < names.index("memory-12g")
+    for line, name in zip(planned, names, strict=True):
+        if name == "memory-12g":
+            assert line.endswith("[zero weights]")
+        elif line.startswith(("  (b)", "  (c)", "  (d)")):
+            assert line.endswith("[valid weights]"), line
+    done = {"status": "done", "took_s": 3.0}
+    state = {"machine": {}, "steps": {
+        "model": {**done, "result": {"target": "q:Q4_K_M", "path": "/z.gguf", "weights_label": "zero weights (x)"}},
+        "model-valid": {**done, "result": {"target": "q:Q4_K_M", "path": "/v.gguf", "weights_label": "valid (y)"}},
+        "memory-12g": {**done, "result": {"rows": [], "model_weights": "zero"}},
+        "versus-12g-agent": {**done, "result": {"model_weights": "direct"}}}}
+    md, doc = gpu_table.render(state)
+    assert "| memory-12g | done | 3 | zero weights |" in md and "| versus-12g-agent | done | 3 | valid weights |" in md
+    assert "- model for speed: q:Q4_K_M (valid (y)), /v.gguf" in md and doc["model_valid"]["path"] == "/v.gguf"

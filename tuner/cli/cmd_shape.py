@@ -24,9 +24,11 @@ def shape_model_cmd(
     out_path: Annotated[Path | None, typer.Option("--out", "-o", help="Where to write the shape file.")] = None,
     weights: Annotated[str, typer.Option(
         help="zero: a sparse hole (megabytes on disk); random: valid weights of each tensor's type, written at "
-             "full size (needs the engine's llama-quantize once per type).")] = "zero",
-    seed: Annotated[int, typer.Option(help="Random seed for --weights random; the same seed writes the same file.")]
-    = 0,
+             "full size, blocks from the engine's llama-quantize (needs it once per type); direct: valid weights "
+             "whose blocks are drawn here (no engine), with a router that spreads a batch over the experts "
+             "through every layer.")] = "zero",
+    seed: Annotated[int, typer.Option(help="Random seed for --weights random or direct; the same seed writes the "
+                                           "same file.")] = 0,
     list_known: Annotated[bool, typer.Option("--list", help="List the models and recipes it can write.")] = False,
     llama_cpp_dir: LlamaDir = None,
     as_json: JsonFlag = False,
@@ -34,11 +36,14 @@ def shape_model_cmd(
     """Write a GGUF with a real model's tensor names, shapes and types; its data a sparse hole or valid weights.
 
     Zero weights: gigabytes logical, megabytes on disk; `moe-tune plan` and llama-fit-params read it like the
-    real file. Random weights: the real size on disk; llama.cpp runs it at real speed (tokens spread over experts).
+    real file, but the router ties (every token takes the same experts): for memory figures only. Direct
+    weights: the real size on disk; llama.cpp runs it at real speed, a batch's tokens spread over the experts
+    in every layer. Random weights generate as fast, but their tokens collapse onto a few experts past the
+    first layer.
 
     \b
     Example:
-      moe-tune shape-model olmoe-1b-7b:Q4_K_M --weights random \\
+      moe-tune shape-model olmoe-1b-7b:Q4_K_M --weights direct \\
         --out olmoe-q4km.gguf
     """
     if list_known or target is None:
@@ -56,12 +61,12 @@ def shape_model_cmd(
         if not src.is_file():
             raise UsageError(f"{src} not found: pass an existing .gguf or a catalog name like qwen3-30b-a3b:Q4_K_M")
         if weights != "zero":
-            raise UsageError("--weights random needs a catalog name like qwen3-30b-a3b:Q4_K_M, not a header copy")
+            raise UsageError(f"--weights {weights} needs a catalog name like qwen3-30b-a3b:Q4_K_M, not a header copy")
         made = shape_model.copy_header(src, out_path)
     else:
         spec, recipe = shape_model.resolve_target(target)
         loc = build.locate_engine(llama_cpp_dir) if weights == "random" else None
-        if weights == "random":
+        if weights != "zero":
             _check_disk(out_path, shape_model.logical_bytes(spec, recipe))
         made = shape_model.write_shape_model(spec, recipe, out_path, weights=weights, seed=seed, engine=loc)
     took_s = time.perf_counter() - t0

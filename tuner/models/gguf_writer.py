@@ -10,7 +10,19 @@ data region in one of two ways:
   memory). Float tensors are Gaussian (std 0.02, as a trained checkpoint's weights), norms are ones, biases
   zeros, recurrent decay rates negative; quantized tensors are blocks sampled at random from a pool that the
   real llama-quantize made (tuner.models.block_pool). A random router (std 0.02, as every weight) gives each
-  token its own top-k, so a batch spreads over the experts; top-k does not depend on the router's scale.
+  token its own top-k, so the first layer's batch spreads over the experts (top-k does not depend on the
+  router's scale); deeper layers collapse onto a few experts (see ``direct``).
+- ``direct``: the same, but the pools are drawn here in numpy (tuner.models.direct_blocks): valid blocks
+  assembled field by field, no engine needed, as fast to write as ``random``. One more difference keeps the
+  router spread through depth: every layer's pre-mixer norm (``attn_norm``, which attention and linear attention
+  read through in every architecture here) has gain :data:`MIXER_NORM_GAIN` instead of one. With all weights at
+  std 0.02, a branch turns its normed (RMS 1) input into an output of RMS about 0.02·√width ≈ 1, fifty times the
+  embedding's RMS, and random queries and keys attend almost uniformly, so the attention branch adds nearly the
+  same vector to every token: the hidden states collapse onto it and the router sends every token to the same
+  experts (llama-imatrix on OLMoE's shape, 8 layers, one 512-token chunk of the bundled corpus: the top expert
+  took 99 % of the tokens in every layer and 26-30 of 64 experts were used past layer 2). At gain 0.02 the
+  branch adds about what the embedding holds, tokens stay distinct, and all 64 experts take tokens in each of
+  16 layers (results/benchmarks/valid-weights-writer.md).
 
 One random generator is drawn in file order: the same seed writes the same bytes.
 """
@@ -30,14 +42,15 @@ import gguf
 import numpy as np
 
 from tuner.core.errors import UsageError
-from tuner.models import recipes
+from tuner.models import direct_blocks, recipes
 from tuner.models.model_spec import ModelSpec, add_metadata, fill_of, tensor_plan
 from tuner.models.recipes import Q, TensorShape
 from tuner.models.vocab import Vocab
 
-WEIGHTS = ("zero", "random")
+WEIGHTS = ("zero", "random", "direct")
 ALIGNMENT = 32  # GGUF's default data alignment (general.alignment is not written)
 WEIGHT_STD = 0.02
+MIXER_NORM_GAIN = WEIGHT_STD  # ``direct``: the pre-mixer norm's gain (see above)
 CHUNK_BYTES = 32 * 2**20
 _QUEUE_CHUNKS = 3
 
@@ -93,13 +106,16 @@ def write_model(
 ) -> WrittenModel:
     """Write ``spec`` quantized by ``recipe`` to ``path`` atomically (readers never see half a model).
 
-    ``pools`` (tuner.models.block_pool.block_pools) must hold every quantized type when ``weights`` is random.
+    ``pools`` (tuner.models.block_pool.block_pools) must hold every quantized type when ``weights`` is random;
+    ``direct`` draws its own (tuner.models.direct_blocks.direct_pools, from ``seed``).
     """
     t0 = time.perf_counter()
     weights = check_weights(weights)
     recipe = recipes.check_recipe(recipe)
     plan = planned_tensors(spec, recipe)
     pools = dict(pools or {})
+    if weights == "direct":
+        pools = direct_blocks.direct_pools({t.typ for t in plan}, seed)
     missing = {t.typ.name for t in plan if weights == "random" and t.typ not in _FLOAT and t.typ not in pools}
     if missing:
         raise UsageError(f"no block pool for {', '.join(sorted(missing))}: make them with block_pool.block_pools")
@@ -122,7 +138,7 @@ def write_model(
             with open(tmp, "r+b") as f:  # the hole: tensor data is never written
                 f.truncate(data_start + sum(_pad(t.n_bytes) for t in plan))
         else:
-            times = _stream(tmp, data_start, plan, seed, pools, header_s)
+            times = _stream(tmp, data_start, plan, seed, pools, header_s, weights)
         os.replace(tmp, path)
     except BaseException:
         writer.close()
@@ -149,7 +165,8 @@ def _add_tensor_info(writer: gguf.GGUFWriter, t: PlannedTensor) -> None:
         writer.add_tensor_info(t.name, byte_shape, np.dtype(np.uint8), t.n_bytes, raw_dtype=t.typ)
 
 
-def _chunks(t: PlannedTensor, rng: np.random.Generator, pools: Mapping[Q, np.ndarray]) -> Iterator[np.ndarray]:
+def _chunks(t: PlannedTensor, rng: np.random.Generator, pools: Mapping[Q, np.ndarray], weights: str = "random"
+            ) -> Iterator[np.ndarray]:
     """The tensor's bytes in order, at most about CHUNK_BYTES at a time."""
     fill = fill_of(t.name)
     n = 1
@@ -167,7 +184,8 @@ def _chunks(t: PlannedTensor, rng: np.random.Generator, pools: Mapping[Q, np.nda
         return
     dtype = _FLOAT[t.typ]
     if fill == "ones":
-        yield np.ones(n, dtype=dtype)
+        gain = MIXER_NORM_GAIN if weights == "direct" and t.name.endswith(".attn_norm.weight") else 1.0
+        yield np.full(n, gain, dtype=dtype)
     elif fill == "zeros":
         yield np.zeros(n, dtype=dtype)
     elif fill == "decay":
@@ -188,7 +206,7 @@ def _write_all(f: io.RawIOBase, item: np.ndarray | bytes) -> None:
 
 
 def _stream(path: Path, data_start: int, plan: Sequence[PlannedTensor], seed: int,
-            pools: Mapping[Q, np.ndarray], header_s: float) -> WriteTimes:
+            pools: Mapping[Q, np.ndarray], header_s: float, weights: str) -> WriteTimes:
     """Generate on this thread, write on another: the draws and gathers overlap the write calls."""
     rng = np.random.default_rng(seed)
     todo: queue.Queue[np.ndarray | bytes | None] = queue.Queue(maxsize=_QUEUE_CHUNKS)
@@ -215,7 +233,7 @@ def _stream(path: Path, data_start: int, plan: Sequence[PlannedTensor], seed: in
         try:
             for t in plan:
                 start = time.perf_counter()
-                for chunk in _chunks(t, rng, pools):
+                for chunk in _chunks(t, rng, pools, weights):
                     generate_s += time.perf_counter() - start
                     todo.put(chunk)
                     if failed:

@@ -4,9 +4,11 @@ The header carries the architecture keys, a vocabulary of the real size (synthet
 llama.cpp's BPE loader accepts), and every tensor's name, shape and quantization type. The data region is
 either left unwritten (``weights="zero"``: the file is truncated to its full size; gigabytes logical, a few
 MB on disk, written in seconds, and ``llama-fit-params`` / ``tuner.models.gguf_reader`` read it exactly as
-they read the real file) or filled with valid weights of each tensor's type (``weights="random"``: the real
-size on disk, llama.cpp computes finite logits and routes tokens over many experts, so speed at real scale
-is measured like a trained model's). tuner.models.gguf_writer writes both.
+they read the real file) or filled with valid weights of each tensor's type (``weights="direct"``: the real
+size on disk, drawn with no engine; llama.cpp computes finite logits and routes a batch's tokens over nearly
+all experts in every layer, so speed at real scale is measured like a trained model's; ``weights="random"``
+samples llama-quantize's blocks instead, and its routing collapses past the first layer).
+tuner.models.gguf_writer writes them all.
 
 Shapes come from (a) the quant catalog's architecture facts (MoE models and their dense comparators, such as
 Qwen3.5-9B, arch ``qwen35``), or one of :data:`EXTRA_SHAPES` (real MoE models small enough for quick real-scale
@@ -182,8 +184,8 @@ def small_spec(arch: str) -> ModelSpec:
 def write_shape_model(spec: ModelSpec, recipe: str, path: Path, *, weights: str = "zero", seed: int = 0,
                       engine: EngineLocation | None = None) -> ShapeFile:
     """Write ``spec`` quantized by ``recipe`` to ``path`` (atomically): real header; the data a sparse hole
-    (``weights="zero"``) or valid weights (``"random"``, which needs ``engine``'s llama-quantize once per ggml
-    type to make the block pools)."""
+    (``weights="zero"``) or valid weights (``"direct"``, drawn here; ``"random"``, which needs ``engine``'s
+    llama-quantize once per ggml type to make the block pools)."""
     recipe = recipes.check_recipe(recipe)
     weights = gguf_writer.check_weights(weights)
     pools = {}

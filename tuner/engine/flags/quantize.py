@@ -94,11 +94,15 @@ def parse_quant_size_bytes(output: str) -> int | None:
 
 
 def imatrix_argv(binary: Path, model: Path, *, text_file: Path, out: Path, ctx: int, chunks: int,
-                 threads: int | None = None) -> list[str]:
+                 threads: int | None = None, check_tensors: bool = False) -> list[str]:
     """llama-imatrix over ``chunks`` chunks of ``ctx`` tokens of ``text_file``, written as GGUF to ``out``
-    (tools/imatrix/imatrix.cpp; ``--no-ppl`` skips the perplexity it would also compute)."""
+    (tools/imatrix/imatrix.cpp; ``--no-ppl`` skips the perplexity it would also compute). ``check_tensors``: the
+    loader first checks every tensor's data (``--check-tensors``, common/arg.cpp: ``ggml_validate_row_data`` on
+    each row: finite scales and values) and refuses the model otherwise."""
     argv = [str(binary), "-m", str(model), "-f", str(text_file), "-o", str(out), "-c", str(ctx),
             "--chunks", str(chunks), "--no-ppl", "--output-format", "gguf"]
     if threads is not None:
         argv += ["-t", str(threads)]
+    if check_tensors:
+        argv.append("--check-tensors")
     return argv
