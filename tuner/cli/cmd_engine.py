@@ -8,19 +8,18 @@ from dataclasses import asdict
 from typing import Annotated
 
 import typer
-from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from tuner.cli.app import JsonFlag, LlamaDir, engine_app, err, facts_table, friendly, out
-from tuner.engine import build
+from tuner.engine.caps import Backend
 
 
 @engine_app.command("install", short_help="Build the pinned llama.cpp engine (once).")
 @friendly
 def engine_install(
-    backend: Annotated[build.Backend, typer.Option(
+    backend: Annotated[Backend, typer.Option(
         help="auto: CUDA when an NVIDIA GPU and a CUDA toolkit are here (nvcc on PATH, in CUDA_HOME/CUDA_PATH, "
         "/usr/local/cuda or /opt/cuda).")]
-    = build.Backend.AUTO,
+    = Backend.AUTO,
     force: Annotated[bool, typer.Option(help="Rebuild even if a matching build exists.")] = False,
     jobs: Annotated[int | None, typer.Option("--jobs", "-j", help="Parallel compile jobs (default: all cores).")]
     = None,
@@ -33,6 +32,10 @@ def engine_install(
       moe-tune engine install --backend cpu
       MOE_TUNE_CUDA_ARCHS=86 moe-tune engine install --backend cuda
     """
+    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from tuner.engine import build
+
     start = time.monotonic()
     chosen, why = build.backend_choice(backend)
     err.print(f"backend: {chosen.value} ({why})", highlight=False, soft_wrap=True)
@@ -67,6 +70,8 @@ def engine_path(llama_cpp_dir: LlamaDir = None) -> None:
     Example:
       ls "$(moe-tune engine path)"
     """
+    from tuner.engine import build
+
     out.print(str(build.locate_engine(llama_cpp_dir).bin_dir), highlight=False, soft_wrap=True)
 
 
@@ -79,6 +84,8 @@ def engine_info(llama_cpp_dir: LlamaDir = None, as_json: JsonFlag = False) -> No
     Example:
       moe-tune engine info --json
     """
+    from tuner.engine import build
+
     loc = build.locate_engine(llama_cpp_dir)
     caps = build.capabilities(loc)
     info = {

@@ -18,6 +18,7 @@ from tuner.core.config import CacheType, FlashAttn, LaunchConfig
 from tuner.core.machine_spec import Hardware
 from tuner.core.model import ModelInfo
 from tuner.core.units import MIB
+from tuner.plan import pricing
 from tuner.plan.memory import CTX_PAD, FIT_MARGIN_BYTES, MemoryEstimate, Verdict, estimate
 from tuner.plan.roofline import Roofline, roofline
 
@@ -147,18 +148,32 @@ def fit_interval(model: ModelInfo, cfg: LaunchConfig, hw: Hardware,
     Each step moves one layer's weights from the card to the host, so the card's need falls and the host's rises
     step by step (the compute buffer may grow by a host weight's copy, less than the layer it moved): the steps
     that fit the card are a suffix, those that fit the RAM a prefix, and a bisection finds each end. On a 30B MoE
-    that is 12 compute-graph replays instead of 49."""
+    that is 12 compute-graph replays instead of 49. Where an engine's projection decides
+    (:mod:`tuner.plan.pricing`), the replay's ends are its first guess and the engine settles each end from there:
+    two projections per end when the replay was right, a few more when it drifted."""
     axis = offload_of(model)
-    seen: dict[int, tuple[int, int]] = {}
-
-    def over(n: int) -> tuple[int, int]:
-        if n not in seen:
-            seen[n] = overs(estimate(model, axis.apply(cfg, n), hw), hw, margin_bytes)
-        return seen[n]
-
     last = axis.steps - 1
-    lo = _first(lambda n: over(n)[0] <= 0, last)  # the fewest steps the card holds
-    hi = _first(lambda n: over(n)[1] > 0, last)  # the first step the RAM does not hold
+    guess: dict[int, tuple[int, int]] = {}
+
+    def over_replay(n: int) -> tuple[int, int]:
+        if n not in guess:
+            guess[n] = overs(estimate(model, axis.apply(cfg, n), hw), hw, margin_bytes)
+        return guess[n]
+
+    lo = _first(lambda n: over_replay(n)[0] <= 0, last)  # the fewest steps the card holds
+    hi = _first(lambda n: over_replay(n)[1] > 0, last)  # the first step the RAM does not hold
+    over = over_replay
+    if pricing.engine_first():
+        seen: dict[int, tuple[int, int]] = {}
+
+        def over_decided(n: int) -> tuple[int, int]:
+            if n not in seen:
+                seen[n] = overs(pricing.price(model, axis.apply(cfg, n), hw), hw, margin_bytes)
+            return seen[n]
+
+        lo = _settle(lambda n: over_decided(n)[0] <= 0, lo, last)
+        hi = _settle(lambda n: over_decided(n)[1] > 0, hi, last)
+        over = over_decided
     hi = last if hi is None else hi - 1 if hi > 0 else None
     if lo is not None and hi is not None and lo <= hi:
         return FitInterval(lo, hi, offload=axis)
@@ -170,7 +185,11 @@ def _first(holds: Callable[[int], bool], last: int) -> int | None:
     """The smallest step in 0..last where ``holds`` (false below it, true from it on), or None."""
     if not holds(last):
         return None
-    a, b = 0, last
+    return _bisect(holds, 0, last)
+
+
+def _bisect(holds: Callable[[int], bool], a: int, b: int) -> int:
+    """The smallest step in a..b where ``holds``, given that it holds at b."""
     while a < b:
         mid = (a + b) // 2
         if holds(mid):
@@ -178,6 +197,28 @@ def _first(holds: Callable[[int], bool], last: int) -> int | None:
         else:
             a = mid + 1
     return a
+
+
+def _settle(holds: Callable[[int], bool], guess: int | None, last: int) -> int | None:
+    """:func:`_first` starting from a guess (None: the guess was that it holds nowhere): it gallops away from the
+    guess, 1, 2, 4 steps, until the answer is bracketed, then bisects; the guess right costs two calls."""
+    start = last if guess is None else guess
+    if holds(start):
+        ok, step, bad = start, 1, -1
+        while ok > 0:
+            probe = max(0, ok - step)
+            if not holds(probe):
+                bad = probe
+                break
+            ok, step = probe, step * 2
+        return _bisect(holds, bad + 1, ok)
+    bad, step = start, 1
+    while bad < last:
+        probe = min(last, bad + step)
+        if holds(probe):
+            return _bisect(holds, bad + 1, probe)
+        bad, step = probe, step * 2
+    return None
 
 
 def interval_of(estimates: Sequence[MemoryEstimate], hw: Hardware,
@@ -233,7 +274,7 @@ def plan_rows(model: ModelInfo, base: LaunchConfig, hw: Hardware) -> tuple[PlanR
     rows = []
     for n in range(axis.steps):
         cfg = axis.apply(base, n)
-        rows.append(PlanRow(n, estimate(model, cfg, hw), roofline(model, cfg, hw), axis))
+        rows.append(PlanRow(n, pricing.price(model, cfg, hw), roofline(model, cfg, hw), axis))
     return tuple(rows)
 
 
@@ -256,17 +297,22 @@ def smallest_fitting_n_cpu_moe(model: ModelInfo, cfg: LaunchConfig, hw: Hardware
 def largest_fitting_ctx(model: ModelInfo, cfg: LaunchConfig, hw: Hardware) -> tuple[int, int | None]:
     """Largest context (a multiple of 256, at most the training context) at which some offload step fits, and the
     fewest host weights (the lowest step) that fit there. More context only adds memory on both sides, so this is
-    monotone."""
+    monotone: bisected on the replay, then settled by the engine's projection where one decides."""
     def fitting(ctx: int) -> int | None:
         return fit_interval(model, replace(cfg, ctx=ctx), hw).lo
 
-    lo, hi = 0, max(1, model.ctx_train // CTX_PAD)
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if fitting(mid * CTX_PAD) is not None:
-            lo = mid
-        else:
-            hi = mid - 1
+    steps = max(1, model.ctx_train // CTX_PAD)
+    lo, hi = 0, steps
+    with pricing.replay_only():
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if fitting(mid * CTX_PAD) is not None:
+                lo = mid
+            else:
+                hi = mid - 1
+    if pricing.engine_first():  # the first of 1..steps that does not fit, as index k - 1
+        fails = _settle(lambda i: fitting((i + 1) * CTX_PAD) is None, lo if lo < steps else None, steps - 1)
+        lo = steps if fails is None else fails
     return lo * CTX_PAD, (fitting(lo * CTX_PAD) if lo else None)
 
 
@@ -368,7 +414,7 @@ def fit_verdict(model: ModelInfo, ctx_tokens: int, hw: Hardware) -> str:
     "RAM (no GPU)" (a machine without a GPU holds it) or "no"."""
     cfg = LaunchConfig(model=model.paths[0], ctx=ctx_tokens, parallel=1)
     if not hw.has_gpu:
-        return "RAM (no GPU)" if estimate(model, cfg, hw).verdict is Verdict.FITS else "no"
+        return "RAM (no GPU)" if pricing.price(model, cfg, hw).verdict is Verdict.FITS else "no"
     interval = fit_interval(model, cfg, hw)
     if interval.lo is None:
         return "no"

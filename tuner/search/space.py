@@ -31,9 +31,9 @@ from typing import Any
 
 from tuner.core.config import CacheType, FlashAttn, LaunchConfig
 from tuner.core.errors import UsageError
+from tuner.core.model import ModelInfo
 from tuner.engine.caps import FaKernels
 from tuner.machine.hardware import Hardware
-from tuner.models.gguf_reader import ModelInfo
 from tuner.plan.memory import (
     DEFAULT_BATCH,
     DEFAULT_CACHE_RAM_MIB,
@@ -41,9 +41,9 @@ from tuner.plan.memory import (
     FIT_MARGIN_BYTES,
     MIB,
     MemoryEstimate,
-    estimate,
 )
 from tuner.plan.placement import fit_interval, offload_of, overs
+from tuner.plan.pricing import price
 from tuner.plan.ram import TIGHT_MARGIN_BYTES, ram_side
 from tuner.search.levers import host_levers, levers_note
 
@@ -212,7 +212,7 @@ def _cache_ram(info: ModelInfo, hw: Hardware, cfg: LaunchConfig, moe: tuple[int,
     """The --cache-ram every trial carries where llama-server's default prompt cache (8192 MiB) would not fit
     beside the fewest host weights the space tries (its likeliest winner), and the note that says so."""
     at = replace(cfg, n_cpu_moe=moe[0] if moe else None, n_gpu_layers=ngl[1] if ngl else None)
-    side = ram_side(estimate(info, at, hw), at, hw)
+    side = ram_side(price(info, at, hw), at, hw)
     if side.cache_ram_fit_mib is None or side.exceeds:
         return None, ()
     return side.cache_ram_fit_mib, (
@@ -402,8 +402,9 @@ class Feasibility:
 
 
 def check(info: ModelInfo, cfg: LaunchConfig, hw: Hardware, vram_margin_mib: float | None = None) -> Feasibility:
-    """Would ``cfg`` fit? ``vram_margin_mib`` replaces llama.cpp's own 1 GiB --fit margin when given."""
-    est = estimate(info, cfg, hw)
+    """Would ``cfg`` fit? ``vram_margin_mib`` replaces llama.cpp's own 1 GiB --fit margin when given. The figures
+    are the engine's own projection where a tune installed it (:mod:`tuner.plan.pricing`), else the replay's."""
+    est = price(info, cfg, hw)
     vram_over, ram_over = overs(est, hw, _margin_bytes(vram_margin_mib))
     # Without a GPU nothing goes to one: satisfied by construction.
     return Feasibility(est, vram_over / MIB if hw.has_gpu else -1.0, ram_over / MIB)

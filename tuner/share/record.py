@@ -25,6 +25,7 @@ from tuner import __version__
 from tuner.core.config import LaunchConfig
 from tuner.core.errors import RecordError, UsageError
 from tuner.engine import flags
+from tuner.engine.identity import EngineIdentity
 from tuner.hub.repos import quant_name
 from tuner.search.finish import ServerMeasurement
 from tuner.search.result import StudyResult
@@ -196,13 +197,11 @@ def build_record(result: StudyResult) -> dict[str, Any]:
              "vram_budget_bytes": hw.get("vram_budget_bytes")} if hw.get("has_gpu")
             else {"name": CPU_CARD, "vram_total_bytes": 0, "vram_budget_bytes": None})
     card |= {"driver": hw.get("driver"), "pcie_link": hw.get("pcie_link")}
-    fa = eng.get("fa_quants")
     record: dict[str, Any] = {
         "schema": SCHEMA, "version": SCHEMA_VERSION, "tool": f"moe-tune {__version__}", "card": card,
         "host": {"ram_total_bytes": hw.get("ram_total_bytes"), "physical_cores": hw.get("physical_cores"),
                  "cpu_model": hw.get("cpu_model")},
-        "engine": {"version": eng.get("version"), "commit": eng.get("commit"), "backend": eng.get("backend"),
-                   "fa_quants": fa if isinstance(fa, str) else None},
+        "engine": {k: v for k, v in EngineIdentity.from_dict(eng).to_dict().items() if k in ENGINE},
         "model": model_identity(Path(result.model), result.model_fingerprint),
         "workload": {k: load.get(k) for k in WORKLOAD},
         "lines": [_line(m, "selection") for m in (*fin.baselines, *fin.candidates)]
