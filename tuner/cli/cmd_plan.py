@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # the command's own modules load when it runs (start-up: see 
     from tuner.measure.engine_memory import EngineMemory, Projection
     from tuner.plan.placement import Plan
 
-MODEL_SOURCE = "moe-tune's memory model (tuner.plan.memory)"
+MODEL_SOURCE = "moe-tune's memory model (tuner.plan.memory), the engine's own projection deciding where one is found"
 
 HOST_BANDWIDTH_PROBE_S = 0.3
 LOAD_MODES = ("mmap", "none")
@@ -138,7 +138,6 @@ def plan_cmd(
     from tuner.machine import hardware
     from tuner.measure.engine_memory import engine_check as check_with
     from tuner.models import gguf_reader
-    from tuner.plan import pricing
     from tuner.plan.placement import KV_CHOICES, make_plan
     from tuner.report import plan_doc
 
@@ -152,9 +151,8 @@ def plan_cmd(
                         flash_attn=flash_attn, parallel=parallel, ubatch=ubatch, ctx=ctxs[0] if ctxs else None,
                         mmap=load_mode == "mmap", no_host=no_host, repack=not no_repack)
     mem = _engine(llama_cpp_dir, required=engine_check)
-    with pricing.priced_by(mem):
-        p = make_plan(info, base, hw, ctxs, KV_CHOICES)
-        notes = plan_doc.plan_notes(info, p, base, holders=hardware.ram_holders if ram is None else None)
+    p = make_plan(info, base, hw, ctxs, KV_CHOICES, price=mem)
+    notes = plan_doc.plan_notes(info, p, base, holders=hardware.ram_holders if ram is None else None, price=mem)
     check = check_with(mem, info, base, hw) if engine_check and mem is not None else None
     whose = replay_note(mem.engine if mem is not None else None)
     memory_notes = ([mem.describe(), *mem.notes] if mem is not None else []) + ([whose] if whose else [])
@@ -243,8 +241,8 @@ def _print_check(check: Projection, base: LaunchConfig, engine: EngineIdentity) 
     if check.cpu_fallback:
         err.print("--engine-check: this llama.cpp build has no GPU backend, so it projects the CPU backend; "
                   "both columns below are for CPU only", highlight=False)
-    table = Table(title=f"{engine.name} projection (llama-fit-params -fitp on, -np {base.parallel or 1}) vs the "
-                        f"replay of llama.cpp {REPLAY_COMMIT}", box=box.SIMPLE_HEAD)
+    table = Table(title=f"replay of {REPLAY_COMMIT} vs {engine.name} (llama-fit-params, -np {base.parallel or 1})",
+                  box=box.SIMPLE_HEAD)
     for col in ("component", "where", "replay MiB", "llama.cpp MiB", "diff MiB", "replay agrees",
                 *(() if check.cpu_fallback else ("decides MiB",))):
         table.add_column(col, justify="right")

@@ -33,10 +33,9 @@ from tuner.frontier import pareto
 from tuner.frontier.result import STOPPED, UNSTARTED, counted
 from tuner.machine.hardware import Hardware
 from tuner.measure import batched, bench, failures, gpu_use
-from tuner.measure.engine_memory import EngineMemory
+from tuner.measure.engine_memory import EngineMemory, deciding
 from tuner.measure.workload import Workload
 from tuner.models.gguf_reader import inspect_model
-from tuner.plan import pricing
 from tuner.quality.kv_price import KvPrice
 from tuner.search import result as study_result
 from tuner.search import space, study
@@ -193,7 +192,7 @@ def tune_frontier(req: TuneRequest, loc: build.EngineLocation, hw: Hardware, *, 
                   on_step: Callable[[str], None] | None = None) -> TuneResult:
     """The frontier study for ``req``'s model and workload; ``trials`` None: :func:`default_trials`. Its memory
     gate follows the engine's own projection, as auto-tune's does (:mod:`tuner.measure.engine_memory`)."""
-    with pricing.priced_by(EngineMemory.of(loc)):
+    with deciding(EngineMemory.of(loc)):
         return _tune_frontier(req, loc, hw, max_ctx=max_ctx, steps=steps, trials=trials, measure=measure,
                               kld_of=kld_of, on_progress=on_progress, on_step=on_step)
 

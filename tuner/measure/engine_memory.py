@@ -9,6 +9,10 @@ each distinct config once and a second plan none. Drift beyond the one tolerance
 (:func:`tuner.plan.placement.engine_tolerance_mib`) is said once per component, with both figures.
 
 :func:`engine_check` is ``plan --engine-check``: the same comparison, component by component.
+
+A search prices configs in many places (the space's ``--n-cpu-moe`` range, the gate before each trial, the seeds):
+``auto-tune`` puts its engine's projection in force for the whole run (:func:`deciding`), and those places ask
+:func:`in_force` (or :func:`price`) instead of each taking the engine as an argument.
 """
 
 from __future__ import annotations
@@ -17,11 +21,14 @@ import contextlib
 import hashlib
 import json
 import time
+from collections.abc import Iterator
+from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from tuner.core.config import LaunchConfig
+from tuner.core.errors import TunerError
 from tuner.core.machine_spec import Hardware
 from tuner.core.model import ModelInfo
 from tuner.core.units import MIB
@@ -33,7 +40,7 @@ from tuner.machine.fileio import atomic_write
 from tuner.models import fingerprint
 from tuner.plan.memory import MemoryEstimate, estimate
 from tuner.plan.placement import EngineCheckRow, engine_check_rows
-from tuner.plan.pricing import Drift, corrected, decided_mib
+from tuner.plan.pricing import Drift, Price, corrected, decided_mib
 
 CACHE_VERSION = 1
 
@@ -73,7 +80,8 @@ def _config_words(cfg: LaunchConfig) -> str:
 
 @dataclass(slots=True)
 class EngineMemory:
-    """The engine's projection as the price that decides (``pricing.priced_by(EngineMemory(loc))``)."""
+    """The engine's projection as the price that decides: passed to ``make_plan``, or put in force for a tune
+    (:func:`deciding`). Where the engine cannot project a config, the replay decides it and that is said once."""
 
     loc: build.EngineLocation
     engine: EngineIdentity
@@ -105,8 +113,14 @@ class EngineMemory:
             fp = replace(fp, device="none")  # a GPU build asked about the CPU alone: as llama.cpp spells it
         key = self._key(model, fp)
         if key not in self._drifts:
-            got = compare_with(model, fp, hw, self.projection(model, fp, key))
-            self._drifts[key] = self._drift_of(got, fp)
+            try:
+                truth = self.projection(model, fp, key)
+            except TunerError as exc:  # a flag this build refuses, a model it cannot load: the replay decides
+                self._say_once("failed", f"{self.engine.name} could not project {_config_words(fp)} ({exc}): the "
+                                         f"replay of llama.cpp {REPLAY_COMMIT} decides where it cannot")
+                self._drifts[key] = Drift()
+                return self._drifts[key]
+            self._drifts[key] = self.drift_of(compare_with(model, fp, hw, truth), fp)
             self.priced += 1
         return self._drifts[key]
 
@@ -139,7 +153,8 @@ class EngineMemory:
                  st.st_mtime_ns, self._prints[model.paths[0]], argv]
         return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:24]
 
-    def _drift_of(self, got: Projection, cfg: LaunchConfig) -> Drift:
+    def drift_of(self, got: Projection, cfg: LaunchConfig) -> Drift:
+        """The drift of one projection beside the replay; each component beyond the tolerance said once."""
         if got.cpu_fallback:
             self._say_once("cpu", f"{self.engine.name} projected no GPU: the figures for the card are the replay's "
                                   f"(llama.cpp {REPLAY_COMMIT})")
@@ -183,3 +198,27 @@ def engine_check(mem: EngineMemory, info: ModelInfo, base: LaunchConfig, hw: Har
     otherwise), component by component, judged by the one tolerance."""
     cfg = projectable(base, hw)
     return compare_with(info, cfg, hw, mem.projection(info, cfg))
+
+
+_IN_FORCE: ContextVar[EngineMemory | None] = ContextVar("moe_tune_engine_memory", default=None)
+
+
+def in_force() -> Price | None:
+    """The engine's projection a running command put in force (:func:`deciding`); None: the replay decides."""
+    return _IN_FORCE.get()
+
+
+def price(model: ModelInfo, cfg: LaunchConfig, hw: Hardware) -> MemoryEstimate:
+    """What ``cfg`` costs by the figures in force: the engine's projection during a tune, else the replay."""
+    mem = _IN_FORCE.get()
+    return mem(model, cfg, hw) if mem is not None else estimate(model, cfg, hw)
+
+
+@contextlib.contextmanager
+def deciding(mem: EngineMemory | None) -> Iterator[EngineMemory | None]:
+    """Put ``mem`` in force for the span of the block (a tune, a frontier run)."""
+    token = _IN_FORCE.set(mem)
+    try:
+        yield mem
+    finally:
+        _IN_FORCE.reset(token)

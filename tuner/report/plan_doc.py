@@ -13,6 +13,7 @@ from tuner.engine import flags
 from tuner.models import gguf_reader
 from tuner.plan.memory import Breakdown, HostBuffer
 from tuner.plan.placement import Plan, PlanRow, load_mode_note, offload_of
+from tuner.plan.pricing import Price
 from tuner.plan.ram import TIGHT_MARGIN_BYTES, RamSide, holders_line, ram_side
 
 # What each host buffer is, in the words the table's notes use.
@@ -83,8 +84,10 @@ def plan_json(p: Plan, notes: list[str], base: LaunchConfig) -> dict[str, Any]:
 
 
 def plan_notes(info: gguf_reader.ModelInfo, p: Plan, base: LaunchConfig,
-               holders: Callable[[], tuple[tuple[str, int], ...]] | None = None) -> list[str]:
-    """What a reader needs beside the table: how the host side is held, and when the load mode matters."""
+               holders: Callable[[], tuple[tuple[str, int], ...]] | None = None, price: Price | None = None
+               ) -> list[str]:
+    """What a reader needs beside the table: how the host side is held, and when the load mode matters (``price``:
+    the figures that decided the plan, :mod:`tuner.plan.pricing`)."""
     notes = []
     axis = offload_of(info)
     first = p.smallest_fits[0] if p.smallest_fits else None
@@ -101,7 +104,7 @@ def plan_notes(info: gguf_reader.ModelInfo, p: Plan, base: LaunchConfig,
         notes.append("--load-mode none holds them as one pinned copy instead (same RAM): prompts copy experts to "
                      "the GPU faster from pinned memory; llama.cpp suggests it when experts stay on the host")
     if first is not None:
-        note = load_mode_note(info, base, p.hardware, first)
+        note = load_mode_note(info, base, p.hardware, first, price)
         if note:
             notes.append(note)
     row = next(r for r in p.rows if r.step == n)

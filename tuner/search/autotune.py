@@ -15,12 +15,11 @@ from tuner.core.errors import UsageError
 from tuner.engine import build
 from tuner.engine.identity import replay_note
 from tuner.machine.hardware import Hardware
-from tuner.measure import gpu_use
+from tuner.measure import engine_memory, gpu_use
 from tuner.measure.engine_memory import EngineMemory
 from tuner.measure.workload import Workload
 from tuner.models import fingerprint
 from tuner.models.gguf_reader import ModelInfo, inspect_model
-from tuner.plan import pricing
 from tuner.plan.memory import effective_config
 from tuner.plan.placement import largest_fitting_ctx
 from tuner.plan.roofline import roofline
@@ -86,7 +85,7 @@ def choose_ctx(req: TuneRequest, info: ModelInfo, hw: Hardware, parallel: int) -
         # (host RAM may cap how many experts can go to the host).
         probe = LaunchConfig(model=req.model, cache_type_k=CacheType.Q8_0, cache_type_v=CacheType.Q8_0,
                              parallel=parallel)
-        ctx, _ = largest_fitting_ctx(info, probe, hw)
+        ctx, _ = largest_fitting_ctx(info, probe, hw, engine_memory.in_force())
         if ctx < need * parallel:
             raise UsageError(f"no context of {need * parallel} tokens fits this machine: use a smaller model")
         return ctx
@@ -124,8 +123,8 @@ def auto_tune(req: TuneRequest, loc: build.EngineLocation, hw: Hardware, *,
               on_step: Callable[[str], None] | None = None) -> TuneResult:
     """The whole tune; every memory verdict in it (the space's --n-cpu-moe range, the gate before each trial, the
     seeds) follows the engine's own projection (:mod:`tuner.measure.engine_memory`), the replay its first guess."""
-    mem = EngineMemory.of(loc)
-    with pricing.priced_by(mem):
+    with engine_memory.deciding(engine_memory.EngineMemory.of(loc)) as mem:
+        assert mem is not None
         return _auto_tune(req, loc, hw, mem, on_progress, on_step)
 
 

@@ -34,6 +34,7 @@ from tuner.core.errors import UsageError
 from tuner.core.model import ModelInfo
 from tuner.engine.caps import FaKernels
 from tuner.machine.hardware import Hardware
+from tuner.measure.engine_memory import in_force, price
 from tuner.plan.memory import (
     DEFAULT_BATCH,
     DEFAULT_CACHE_RAM_MIB,
@@ -43,7 +44,6 @@ from tuner.plan.memory import (
     MemoryEstimate,
 )
 from tuner.plan.placement import fit_interval, offload_of, overs
-from tuner.plan.pricing import price
 from tuner.plan.ram import TIGHT_MARGIN_BYTES, ram_side
 from tuner.search.levers import host_levers, levers_note
 
@@ -143,7 +143,7 @@ def feasible_n_cpu_moe(info: ModelInfo, cfg: LaunchConfig, hw: Hardware,
     VRAM bounds it from below (each layer's experts moved to the host free VRAM) and host RAM from above
     (they need RAM there), so the feasible set is an interval that can be empty in the middle of the range.
     """
-    interval = fit_interval(info, cfg, hw, _margin_bytes(vram_margin_mib))
+    interval = fit_interval(info, cfg, hw, _margin_bytes(vram_margin_mib), in_force())
     return (interval.lo, interval.hi) if interval.lo is not None and interval.hi is not None else None
 
 
@@ -263,7 +263,7 @@ def _gpu_layers(info: ModelInfo, hw: Hardware, model_path: Path, ctx: int, paral
     fewest such most (more layers on the host only read more bytes over the slow path)."""
     axis = offload_of(info)
     intervals = [fit_interval(info, ubatch_config(model_path, k, v, ctx, parallel, u), hw,
-                              _margin_bytes(vram_margin_mib)) for (k, v), u in product(pairs, ubatch)]
+                              _margin_bytes(vram_margin_mib), in_force()) for (k, v), u in product(pairs, ubatch)]
     fits = [i for i in intervals if i.lo is not None and i.hi is not None]
     if fits and all(i.lo == 0 for i in intervals):
         return None, f"the whole model fits the card at -c {ctx}: -ngl is left to llama.cpp (every layer)"
@@ -403,7 +403,8 @@ class Feasibility:
 
 def check(info: ModelInfo, cfg: LaunchConfig, hw: Hardware, vram_margin_mib: float | None = None) -> Feasibility:
     """Would ``cfg`` fit? ``vram_margin_mib`` replaces llama.cpp's own 1 GiB --fit margin when given. The figures
-    are the engine's own projection where a tune installed it (:mod:`tuner.plan.pricing`), else the replay's."""
+    are the engine's own projection where a tune put it in force (:mod:`tuner.measure.engine_memory`), else the
+    replay's."""
     est = price(info, cfg, hw)
     vram_over, ram_over = overs(est, hw, _margin_bytes(vram_margin_mib))
     # Without a GPU nothing goes to one: satisfied by construction.
