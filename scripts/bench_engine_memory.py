@@ -29,6 +29,7 @@ from tuner.machine import hardware
 from tuner.measure import engine_memory
 from tuner.models import gguf_reader, shape_model
 from tuner.plan.memory import estimate
+from tuner.plan.placement import KV_CHOICES, make_plan
 from tuner.search import space
 
 TARGET = "Qwen3-30B-A3B:Q4_K_M"
@@ -89,6 +90,16 @@ def main() -> int:
         log(f"search space on an {card_name} at -c {ctx} (8K prompts): {len(counting.asked)} distinct configs asked "
             f"for its --n-cpu-moe bounds ({sp.n_cpu_moe}; {len(sp.kv_pairs)} KV pairs x {len(sp.ubatch)} ubatches), "
             f"{time.perf_counter() - t0:.1f} s with the replay standing in for the engine")
+        counting = Counting()
+        t0 = time.perf_counter()
+        make_plan(info, LaunchConfig(model=shape.path, ctx=ctx), card, [ctx], KV_CHOICES, price=counting)
+        log(f"plan on an {card_name} at -c {ctx}: {len(counting.asked)} distinct configs asked (the table's "
+            f"{info.n_layer + 1} rows, the fit intervals and the largest contexts), {time.perf_counter() - t0:.1f} s "
+            "with the replay standing in for the engine")
+    counting = Counting()
+    make_plan(info, LaunchConfig(model=shape.path, ctx=32768), CPU_ONLY, [32768], KV_CHOICES, price=counting)
+    log(f"plan without a GPU at -c 32768: {len(counting.asked)} distinct configs asked (the offload axis places "
+        "nothing on the CPU backend)")
     if args.write:
         log.write(harness.OUT / "engine-memory-cost.md", "What the engine's own memory figures cost a search",
                   preface=__doc__.split("\n\n")[0] + "\n\n" + __doc__.split("\n\n")[2])

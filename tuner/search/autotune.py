@@ -144,6 +144,9 @@ def _auto_tune(req: TuneRequest, loc: build.EngineLocation, hw: Hardware, mem: E
     caps = build.capabilities(loc)
     info = inspect_model(req.model)
     parallel = req.parallel or req.workload.concurrency
+    if on_step:
+        on_step(f"memory: {mem.engine.name}'s own projection (llama-fit-params) decides what fits, each distinct "
+                "config asked once and cached; the replay's figures are its first guess")
     ctx = choose_ctx(req, info, hw, parallel)
     sp = space.build_space(req.model, info, hw, ctx=ctx, parallel=parallel,
                            prompt_tokens=req.workload.prompt_tokens, concurrency=req.workload.concurrency,
