@@ -222,3 +222,14 @@ def test_on_b11434_itself_the_gate_and_the_plan_follow_its_own_figures(q30, cach
             gated = space.check(q30, cfg, CPU).estimate.host.compute_bytes
             assert (gated - estimate(q30, cfg, CPU).host.compute_bytes) // MIB == engine_mib - projected > 16
     assert len(mem.notes) == 1 and "324 MiB" in mem.notes[0]  # said once, at the first config that drifted
+
+
+def test_a_build_without_llama_fit_params_leaves_memory_to_the_replay_and_says_so(engine_loc, demo_models, tmp_path):
+    other = other_engine(engine_loc, tmp_path / "older", "b1000")
+    (other.bin_dir / "llama-fit-params").unlink()
+    info = gguf_reader.inspect_model(demo_models[("qwen3moe", "Q4_K_M")])
+    cfg = LaunchConfig(model=info.paths[0], ctx=2048)
+    mem = EngineMemory.of(other)
+    assert mem(info, cfg, CPU) == estimate(info, cfg, CPU) and mem.calls == 0
+    assert mem.notes == [f"llama.cpp b1000 at {other.bin_dir} has no llama-fit-params: the replay of llama.cpp "
+                         f"{PIN.commit} decides (build that target to let the engine decide)"]

@@ -108,6 +108,10 @@ class EngineMemory:
             self._say_once("cpu", f"{self.engine.name} is a CPU build: it projects no GPU, so the figures for the "
                                   f"card are the replay's (llama.cpp {REPLAY_COMMIT})")
             return Drift()
+        if not self.loc.has("llama-fit-params"):
+            self._say_once("tool", f"{self.engine.name} at {self.loc.bin_dir} has no llama-fit-params: the replay of "
+                                   f"llama.cpp {REPLAY_COMMIT} decides (build that target to let the engine decide)")
+            return Drift()
         fp = projectable(cfg, hw)
         if not hw.has_gpu and self.engine.backend != "cpu":
             fp = replace(fp, device="none")  # a GPU build asked about the CPU alone: as llama.cpp spells it
