@@ -19,7 +19,6 @@ if TYPE_CHECKING:  # the command's own modules load when it runs (start-up: see 
     from tuner.measure.engine_memory import EngineMemory, Projection
     from tuner.plan.placement import Plan
 
-MODEL_SOURCE = "moe-tune's memory model (tuner.plan.memory), the engine's own projection deciding where one is found"
 
 HOST_BANDWIDTH_PROBE_S = 0.3
 LOAD_MODES = ("mmap", "none")
@@ -45,26 +44,13 @@ def _mib(n_bytes: int) -> str:
 
 
 def _engine(llama_cpp_dir: Path | None, required: bool) -> EngineMemory | None:
-    """The engine whose own projection decides (``--llama-cpp-dir`` > LLAMA_CPP_DIR > PATH > the managed build);
-    None when there is none and none is required (the replay then plans alone)."""
-    from tuner.core.errors import EngineNotFoundError
+    """The engine whose own projection decides; None when there is none and none is required."""
     from tuner.engine import build
     from tuner.measure.engine_memory import EngineMemory
 
-    try:
+    if required:
         return EngineMemory.of(build.locate_engine(llama_cpp_dir))
-    except EngineNotFoundError:
-        if required:
-            raise
-        return None
-
-
-def _memory_figures(mem: EngineMemory | None, replay_note: str | None) -> dict[str, Any]:
-    from tuner.engine.identity import REPLAY_COMMIT
-
-    doc = mem.summary() if mem is not None else {"decided_by": "replay", "engine": None,
-                                                 "replay_commit": REPLAY_COMMIT}
-    return {**doc, "replay_note": replay_note}
+    return EngineMemory.find(llama_cpp_dir)
 
 
 def _check_json(check: Projection, engine: EngineIdentity) -> list[dict[str, Any]]:
@@ -133,7 +119,6 @@ def plan_cmd(
     if cache_type_v.is_quantized and flash_attn is FlashAttn.OFF:
         raise UsageError(f"V cache type {cache_type_v.value} needs flash attention: use -fa on or -ctv f16")
     from tuner.catalog import cards
-    from tuner.engine.identity import replay_note
     from tuner.hub.resolve import resolve_model
     from tuner.machine import hardware
     from tuner.measure.engine_memory import engine_check as check_with
@@ -154,12 +139,13 @@ def plan_cmd(
     p = make_plan(info, base, hw, ctxs, KV_CHOICES, price=mem)
     notes = plan_doc.plan_notes(info, p, base, holders=hardware.ram_holders if ram is None else None, price=mem)
     check = check_with(mem, info, base, hw) if engine_check and mem is not None else None
-    whose = replay_note(mem.engine if mem is not None else None)
+    figures = plan_doc.memory_figures(mem)
+    whose = figures["replay_note"]
     memory_notes = ([mem.describe(), *mem.notes] if mem is not None else []) + ([whose] if whose else [])
     if as_json:
         doc = plan_doc.plan_json(p, notes, base)
-        doc.update({"model_source": resolved.source, "figures_from": MODEL_SOURCE,
-                    "memory_figures": _memory_figures(mem, whose)})
+        doc.update({"model_source": resolved.source, "figures_from": plan_doc.FIGURES_FROM,
+                    "memory_figures": figures})
         if check is not None and mem is not None:
             doc["engine_check"] = _check_json(check, mem.engine)
         out.print_json(json.dumps(doc))
@@ -227,7 +213,7 @@ def _print_plan(model: str, info: ModelInfo, p: Plan, base: LaunchConfig, notes:
         _say(f"largest ctx at -ctk {lc.cache_type_k.value} -ctv {lc.cache_type_v.value}: {where}")
     for note in notes:
         _say(note)
-    _say(f"model header: {source}; figures: {MODEL_SOURCE}")
+    _say(f"model header: {source}; figures: {plan_doc.FIGURES_FROM}")
 
 
 def _print_check(check: Projection, base: LaunchConfig, engine: EngineIdentity) -> None:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.core.config import LaunchConfig
-from tuner.core.errors import TunerError
+from tuner.core.errors import EngineNotFoundError, TunerError
 from tuner.core.machine_spec import Hardware
 from tuner.core.model import ModelInfo
 from tuner.core.units import MIB
@@ -97,6 +97,15 @@ class EngineMemory:
     @classmethod
     def of(cls, loc: build.EngineLocation) -> EngineMemory:
         return cls(loc, build.capabilities(loc).identity)
+
+    @classmethod
+    def find(cls, llama_cpp_dir: Path | None = None) -> EngineMemory | None:
+        """The engine moe-tune would run (``--llama-cpp-dir`` > LLAMA_CPP_DIR > PATH > the managed build), or None
+        when there is none: the replay then decides alone."""
+        try:
+            return cls.of(build.locate_engine(llama_cpp_dir))
+        except EngineNotFoundError:
+            return None
 
     def __call__(self, model: ModelInfo, cfg: LaunchConfig, hw: Hardware) -> MemoryEstimate:
         return corrected(estimate(model, cfg, hw), self.drift(model, cfg, hw), hw)
@@ -183,10 +192,12 @@ class EngineMemory:
             self._said.add(what)
             self.notes.append(note)
 
-    def summary(self) -> dict[str, Any]:
-        """What decided the memory verdicts, for result.json and ``plan --json``."""
+    def summary(self, cost: bool = True) -> dict[str, Any]:
+        """What decided the memory verdicts, for result.json and ``plan --json`` (``cost``: with the projections
+        this run paid for and their seconds, which a second run served from the cache does not repeat)."""
+        paid = {"projections_run": self.calls, "projection_s": round(self.seconds, 2)} if cost else {}
         return {"decided_by": "engine", "engine": self.engine.to_dict(), "replay_commit": REPLAY_COMMIT,
-                "configs": self.priced, "projections_run": self.calls, "projection_s": round(self.seconds, 2),
+                "configs": self.priced, **paid,
                 "drift": {k: {"configs": n, "largest_mib": m} for k, (n, m) in self.drifted.items()},
                 "notes": list(self.notes)}
 

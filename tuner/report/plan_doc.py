@@ -10,11 +10,15 @@ from typing import Any
 from tuner.core.config import LaunchConfig
 from tuner.core.machine_spec import Hardware
 from tuner.engine import flags
+from tuner.engine.identity import REPLAY_COMMIT, replay_note
+from tuner.measure.engine_memory import EngineMemory
 from tuner.models import gguf_reader
 from tuner.plan.memory import Breakdown, HostBuffer
 from tuner.plan.placement import Plan, PlanRow, load_mode_note, offload_of
 from tuner.plan.pricing import Price
 from tuner.plan.ram import TIGHT_MARGIN_BYTES, RamSide, holders_line, ram_side
+
+FIGURES_FROM = "moe-tune's memory model (tuner.plan.memory), the engine's own projection deciding where one is found"
 
 # What each host buffer is, in the words the table's notes use.
 _BUFFER_WORDS = {
@@ -81,6 +85,15 @@ def plan_json(p: Plan, notes: list[str], base: LaunchConfig) -> dict[str, Any]:
                          **at(c.n_cpu_moe), "ctx": c.ctx} for c in p.largest_ctx],
         "notes": notes,
     }
+
+
+def memory_figures(mem: EngineMemory | None) -> dict[str, Any]:
+    """Whose figures decided the plan (``memory_figures`` of ``plan --json``): the engine's summary, or the replay
+    alone; with the note that says whose figures the replay's are where the engine is not the pin. The same plan
+    gives the same document whether its projections ran now or came from the cache."""
+    summary = mem.summary(cost=False) if mem is not None else {"decided_by": "replay", "engine": None,
+                                                     "replay_commit": REPLAY_COMMIT}
+    return {**summary, "replay_note": replay_note(mem.engine if mem is not None else None)}
 
 
 def plan_notes(info: gguf_reader.ModelInfo, p: Plan, base: LaunchConfig,
