@@ -233,3 +233,21 @@ def test_a_build_without_llama_fit_params_leaves_memory_to_the_replay_and_says_s
     assert mem(info, cfg, CPU) == estimate(info, cfg, CPU) and mem.calls == 0
     assert mem.notes == [f"llama.cpp b1000 at {other.bin_dir} has no llama-fit-params: the replay of llama.cpp "
                          f"{PIN.commit} decides (build that target to let the engine decide)"]
+
+
+def test_a_plan_prefetched_in_parallel_is_the_plan_asked_one_by_one(engine_loc, demo_models, tmp_path, cache):
+    """prefetched: a dry run on the replay names the configs, they are projected two at a time, and the real run
+    finds them cached: the same plan as an engine asked one config at a time, each config projected once."""
+    from tuner.plan.placement import KV_CHOICES, make_plan
+
+    other = other_engine(engine_loc, tmp_path / "b99999", "b99999")
+    info = gguf_reader.inspect_model(demo_models[("qwen3moe", "Q4_K_M")])
+    base = LaunchConfig(model=info.paths[0], ctx=2048)
+    fast = EngineMemory.of(other)
+    plan = fast.prefetched(lambda price: make_plan(info, base, CPU, [2048, 4096], KV_CHOICES, price=price), jobs=2)
+    assert fast.calls == fast.priced == len(list((cache / "projections").glob("*.json"))) >= 6
+    for f in (cache / "projections").glob("*.json"):
+        f.unlink()
+    slow = EngineMemory.of(other)
+    assert make_plan(info, base, CPU, [2048, 4096], KV_CHOICES, price=slow) == plan
+    assert slow.calls == fast.calls

@@ -20,15 +20,18 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from tuner.core.config import LaunchConfig
-from tuner.core.errors import EngineNotFoundError, TunerError
+from tuner.core.errors import BreakdownParseError, EngineNotFoundError, TunerError
 from tuner.core.machine_spec import Hardware
 from tuner.core.model import ModelInfo
 from tuner.core.units import MIB
@@ -43,6 +46,7 @@ from tuner.plan.placement import EngineCheckRow, engine_check_rows
 from tuner.plan.pricing import Drift, Price, corrected, decided_mib
 
 CACHE_VERSION = 1
+T = TypeVar("T")
 
 
 def projectable(cfg: LaunchConfig, hw: Hardware) -> LaunchConfig:
@@ -93,6 +97,7 @@ class EngineMemory:
     _said: set[str] = field(default_factory=set)
     _drifts: dict[str, Drift] = field(default_factory=dict)
     _prints: dict[Path, str] = field(default_factory=dict)
+    _counting: threading.Lock = field(default_factory=threading.Lock)
 
     @classmethod
     def of(cls, loc: build.EngineLocation) -> EngineMemory:
@@ -113,18 +118,10 @@ class EngineMemory:
     def drift(self, model: ModelInfo, cfg: LaunchConfig, hw: Hardware) -> Drift:
         """The engine's figures less the replay's for ``cfg`` (nothing where the engine cannot project the side
         planned for: a CPU build asked about a card)."""
-        if hw.has_gpu and self.engine.backend == "cpu":
-            self._say_once("cpu", f"{self.engine.name} is a CPU build: it projects no GPU, so the figures for the "
-                                  f"card are the replay's (llama.cpp {REPLAY_COMMIT})")
+        asked = self._request(model, cfg, hw)
+        if asked is None:
             return Drift()
-        if not self.loc.has("llama-fit-params"):
-            self._say_once("tool", f"{self.engine.name} at {self.loc.bin_dir} has no llama-fit-params: the replay of "
-                                   f"llama.cpp {REPLAY_COMMIT} decides (build that target to let the engine decide)")
-            return Drift()
-        fp = projectable(cfg, hw)
-        if not hw.has_gpu and self.engine.backend != "cpu":
-            fp = replace(fp, device="none")  # a GPU build asked about the CPU alone: as llama.cpp spells it
-        key = self._key(model, fp)
+        fp, key = asked
         if key not in self._drifts:
             try:
                 truth = self.projection(model, fp, key)
@@ -137,18 +134,63 @@ class EngineMemory:
             self.priced += 1
         return self._drifts[key]
 
+    def _request(self, model: ModelInfo, cfg: LaunchConfig, hw: Hardware) -> tuple[LaunchConfig, str] | None:
+        """What this engine is asked for ``cfg``: its projectable form and cache key; None where it cannot say."""
+        if hw.has_gpu and self.engine.backend == "cpu":
+            self._say_once("cpu", f"{self.engine.name} is a CPU build: it projects no GPU, so the figures for the "
+                                  f"card are the replay's (llama.cpp {REPLAY_COMMIT})")
+            return None
+        if not self.loc.has("llama-fit-params"):
+            self._say_once("tool", f"{self.engine.name} at {self.loc.bin_dir} has no llama-fit-params: the replay of "
+                                   f"llama.cpp {REPLAY_COMMIT} decides (build that target to let the engine decide)")
+            return None
+        fp = projectable(cfg, hw)
+        if not hw.has_gpu and self.engine.backend != "cpu":
+            fp = replace(fp, device="none")  # a GPU build asked about the CPU alone: as llama.cpp spells it
+        return fp, self._key(model, fp)
+
+    def prefetched(self, run: Callable[[Price], T], jobs: int | None = None) -> T:
+        """``run(price)`` as it would run with this engine deciding, its projections made ``jobs`` at a time
+        first: a dry run on the replay notes the configs it asks (the ones the engine settles from, when the
+        replay is right), those are projected in parallel into the cache, then the real run finds them there and
+        asks one by one only where the engine moved an end."""
+        notes = Recorder()
+        run(notes)
+        todo: dict[str, tuple[ModelInfo, LaunchConfig]] = {}
+        for model, cfg, hw in notes.asked:
+            asked = self._request(model, cfg, hw)
+            if asked is not None and asked[1] not in self._drifts and not self._path(asked[1]).is_file():
+                todo[asked[1]] = (model, asked[0])
+
+        def project(item: tuple[str, tuple[ModelInfo, LaunchConfig]]) -> None:
+            key, (model, fp) = item
+            with contextlib.suppress(TunerError):  # the real run asks again, and says what went wrong
+                self.projection(model, fp, key)
+
+        if todo:
+            with ThreadPoolExecutor(max_workers=max(1, jobs or os.cpu_count() or 1)) as pool:
+                list(pool.map(project, todo.items()))
+        return run(self)
+
+    def _path(self, key: str) -> Path:
+        return paths.cache_root() / "projections" / f"{key}.json"
+
     def projection(self, model: ModelInfo, cfg: LaunchConfig, key: str | None = None) -> MemoryBreakdown:
         """llama-fit-params' breakdown of ``cfg`` (already :func:`projectable`), from the disk cache when this
         build projected it for this file before."""
         key = key or self._key(model, cfg)
-        path = paths.cache_root() / "projections" / f"{key}.json"
+        path = self._path(key)
         with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
             raw = json.loads(path.read_text())
             return MemoryBreakdown(tuple(BufferRow(**r) for r in raw["rows"]))
         t0 = time.monotonic()
         truth = breakdown.fit_params_breakdown(self.loc, cfg)
-        self.seconds += time.monotonic() - t0
-        self.calls += 1
+        with self._counting:  # prefetch projects from several threads
+            self.seconds += time.monotonic() - t0
+            self.calls += 1
+        if not truth.from_record:  # the plain table leaves buffer types out: no figure to decide by
+            raise BreakdownParseError(f"{self.engine.name}'s llama-fit-params lost its memory record "
+                                      f"{breakdown.FIT_PARAMS_ATTEMPTS} times")
         with contextlib.suppress(OSError):
             atomic_write(path, json.dumps({"version": CACHE_VERSION, "rows": [asdict(r) for r in truth.rows]}))
         return truth
@@ -215,7 +257,18 @@ def engine_check(mem: EngineMemory, info: ModelInfo, base: LaunchConfig, hw: Har
     return compare_with(info, cfg, hw, mem.projection(info, cfg))
 
 
-_IN_FORCE: ContextVar[EngineMemory | None] = ContextVar("moe_tune_engine_memory", default=None)
+class Recorder:
+    """The replay as a price, noting each config it is asked about: what an engine would be asked next."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[ModelInfo, LaunchConfig, Hardware]] = []
+
+    def __call__(self, model: ModelInfo, cfg: LaunchConfig, hw: Hardware) -> MemoryEstimate:
+        self.asked.append((model, cfg, hw))
+        return estimate(model, cfg, hw)
+
+
+_IN_FORCE: ContextVar[Price | None] = ContextVar("moe_tune_engine_memory", default=None)
 
 
 def in_force() -> Price | None:
@@ -230,8 +283,9 @@ def price(model: ModelInfo, cfg: LaunchConfig, hw: Hardware) -> MemoryEstimate:
 
 
 @contextlib.contextmanager
-def deciding(mem: EngineMemory | None) -> Iterator[EngineMemory | None]:
-    """Put ``mem`` in force for the span of the block (a tune, a frontier run)."""
+def deciding(mem: Price | None) -> Iterator[Price | None]:
+    """Put ``mem`` (an :class:`EngineMemory`, or any price) in force for the span of the block (a tune, a
+    frontier run)."""
     token = _IN_FORCE.set(mem)
     try:
         yield mem

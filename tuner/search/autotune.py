@@ -22,6 +22,7 @@ from tuner.models import fingerprint
 from tuner.models.gguf_reader import ModelInfo, inspect_model
 from tuner.plan.memory import effective_config
 from tuner.plan.placement import largest_fitting_ctx
+from tuner.plan.pricing import Price
 from tuner.plan.roofline import roofline
 from tuner.quality import kv_price
 from tuner.quality.kv_price import KvPrice
@@ -123,8 +124,8 @@ def auto_tune(req: TuneRequest, loc: build.EngineLocation, hw: Hardware, *,
               on_step: Callable[[str], None] | None = None) -> TuneResult:
     """The whole tune; every memory verdict in it (the space's --n-cpu-moe range, the gate before each trial, the
     seeds) follows the engine's own projection (:mod:`tuner.measure.engine_memory`), the replay its first guess."""
-    with engine_memory.deciding(engine_memory.EngineMemory.of(loc)) as mem:
-        assert mem is not None
+    mem = EngineMemory.of(loc)
+    with engine_memory.deciding(mem):
         return _auto_tune(req, loc, hw, mem, on_progress, on_step)
 
 
@@ -148,9 +149,15 @@ def _auto_tune(req: TuneRequest, loc: build.EngineLocation, hw: Hardware, mem: E
         on_step(f"memory: {mem.engine.name}'s own projection (llama-fit-params) decides what fits, each distinct "
                 "config asked once and cached; the replay's figures are its first guess")
     ctx = choose_ctx(req, info, hw, parallel)
-    sp = space.build_space(req.model, info, hw, ctx=ctx, parallel=parallel,
-                           prompt_tokens=req.workload.prompt_tokens, concurrency=req.workload.concurrency,
-                           vram_margin_mib=req.vram_margin_mib, device=req.device, fa_kernels=caps.fa_kernels)
+
+    def space_by(price: Price) -> space.SearchSpace:
+        with engine_memory.deciding(price):
+            return space.build_space(req.model, info, hw, ctx=ctx, parallel=parallel,
+                                     prompt_tokens=req.workload.prompt_tokens, concurrency=req.workload.concurrency,
+                                     vram_margin_mib=req.vram_margin_mib, device=req.device,
+                                     fa_kernels=caps.fa_kernels)
+
+    sp = mem.prefetched(space_by)  # the space's --n-cpu-moe bounds: projections made all cores at a time
     said: set[str] = set()
     _memory_steps(mem, said, on_step)
     if on_step:
