@@ -48,6 +48,6 @@ def test_a_projection_whose_record_was_lost_is_asked_again(engine_loc, demo_mode
     from tuner.core.config import LaunchConfig
 
     cfg = LaunchConfig(model=demo_models[("qwen3moe", "Q4_K_M")], ctx=8192, parallel=1, ubatch=512)
-    seen = [breakdown.fit_params_breakdown(engine_loc, cfg) for _ in range(12)]
+    seen = [breakdown.fit_params_breakdown(engine_loc, cfg) for _ in range(30)]
     assert all(b.from_record and b.row("CPU_REPACK") is not None for b in seen)
     assert len({b.rows for b in seen}) == 1
