@@ -44,8 +44,9 @@ def timed(checkout: Path, args: list[str], env: dict[str, str]) -> float:
 
 
 def heavy_loaded(checkout: Path, args: list[str], env: dict[str, str]) -> list[str]:
+    # From the checkout's own folder: `python -c` puts the working directory first on sys.path.
     run = subprocess.run([str(checkout / ".venv" / "bin" / "python"), "-c", PROBE, json.dumps(args)],
-                         capture_output=True, text=True, env=env, timeout=600, check=False)
+                         capture_output=True, text=True, env=env, timeout=600, check=False, cwd=checkout)
     lines = run.stderr.strip().splitlines()
     return json.loads(lines[-1]) if lines else ["?"]
 

@@ -136,8 +136,10 @@ def plan_cmd(
                         flash_attn=flash_attn, parallel=parallel, ubatch=ubatch, ctx=ctxs[0] if ctxs else None,
                         mmap=load_mode == "mmap", no_host=no_host, repack=not no_repack)
     mem = _engine(llama_cpp_dir, required=engine_check)
-    p = mem.prefetched(lambda price: make_plan(info, base, hw, ctxs, KV_CHOICES, price=price)) if mem is not None \
-        else make_plan(info, base, hw, ctxs, KV_CHOICES)
+    if mem is not None and hw.has_gpu:  # a card's plan asks a projection per row: made all cores at a time
+        p = mem.prefetched(lambda price: make_plan(info, base, hw, ctxs, KV_CHOICES, price=price))
+    else:  # without a GPU the offload axis places nothing: a handful of projections, asked as they come
+        p = make_plan(info, base, hw, ctxs, KV_CHOICES, price=mem)
     notes = plan_doc.plan_notes(info, p, base, holders=hardware.ram_holders if ram is None else None, price=mem)
     check = check_with(mem, info, base, hw) if engine_check and mem is not None else None
     figures = plan_doc.memory_figures(mem)

@@ -157,7 +157,8 @@ def _auto_tune(req: TuneRequest, loc: build.EngineLocation, hw: Hardware, mem: E
                                      vram_margin_mib=req.vram_margin_mib, device=req.device,
                                      fa_kernels=caps.fa_kernels)
 
-    sp = mem.prefetched(space_by)  # the space's --n-cpu-moe bounds: projections made all cores at a time
+    # A card's --n-cpu-moe bounds ask a projection per end and KV pair and ubatch: made all cores at a time.
+    sp = mem.prefetched(space_by) if hw.has_gpu else space_by(mem)
     said: set[str] = set()
     _memory_steps(mem, said, on_step)
     if on_step:
