@@ -100,6 +100,7 @@ def main() -> int:
     make_plan(info, LaunchConfig(model=shape.path, ctx=32768), CPU_ONLY, [32768], KV_CHOICES, price=counting)
     log(f"plan without a GPU at -c 32768: {len(counting.asked)} distinct configs asked (the offload axis places "
         "nothing on the CPU backend)")
+    log(f"load: {harness.held().describe()}")
     if args.write:
         log.write(harness.OUT / "engine-memory-cost.md", "What the engine's own memory figures cost a search",
                   preface=__doc__.split("\n\n")[0] + "\n\n" + __doc__.split("\n\n")[2])

@@ -92,6 +92,7 @@ def main() -> int:
     table = harness.markdown_table(["command", "other s", "this s", "other/this", "other loads", "this loads"], rows)
     for line in table:
         log(line)
+    log(f"load: {harness.held().describe()}")
     if args.write:
         log.write(harness.OUT / "startup.md", "Start-up time: commands that read, plan or print",
                   preface=__doc__.split("\n\n")[0] + "\n\n" + __doc__.split("\n\n")[2])

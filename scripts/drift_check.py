@@ -217,6 +217,7 @@ def table_main() -> int:
         log(f"{names[tag].name}: {len(found)} of {n} components outside the tolerance")
         for line in found:
             log(f"  {line}")
+    log(f"load: {harness.held().describe()}")
     print("\n".join(table))
     out_file = out_file or harness.OUT / f"drift-{names['engine'].commit}.md"
     preface = "\n\n".join([__doc__.split("\n\n")[0],
