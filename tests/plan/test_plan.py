@@ -286,7 +286,7 @@ def test_ram_holders_name_a_real_process_holding_ram():
         proc.wait()
 
 
-def test_bench_is_warned_before_measuring_a_config_the_plan_says_exceeds_or_fills_ram(demo_models):
+def test_bench_is_warned_before_measuring_a_config_the_plan_says_exceeds_or_fills_ram(demo_models, engine_loc):
     """A config whose host side exceeds RAM measures the disk, not the config (issue 41: 4.3 vs 18.3 tok/s beside
     a balloon, "spill: none"): bench says so before measuring. The demo model's whole host need is tens of MiB."""
     from tuner.cli.cmd_bench import _ram_warning as before_measuring
@@ -294,8 +294,8 @@ def test_bench_is_warned_before_measuring_a_config_the_plan_says_exceeds_or_fill
     model = demo_models[("qwen3moe", "Q4_K_M")]
     cfg = LaunchConfig(model=model, ctx=2048, parallel=1, cache_ram_mib=0)
     hw = cards.machine(None)
-    assert before_measuring(cfg, replace(hw, ram_available_bytes=8 * 2**30)) is None
-    tight = before_measuring(cfg, replace(hw, ram_available_bytes=1 * 2**30))
+    assert before_measuring(engine_loc, cfg, replace(hw, ram_available_bytes=8 * 2**30)) is None
+    tight = before_measuring(engine_loc, cfg, replace(hw, ram_available_bytes=1 * 2**30))
     assert tight is not None and "tight" in tight and "it may measure the disk" in tight
-    over = before_measuring(cfg, replace(hw, ram_available_bytes=4 * 2**20))
+    over = before_measuring(engine_loc, cfg, replace(hw, ram_available_bytes=4 * 2**20))
     assert over is not None and "exceeds RAM by" in over

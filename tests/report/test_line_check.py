@@ -96,10 +96,19 @@ def test_without_the_lines_own_vram_the_budget_decides_and_says_so(tmp_path):
     (now(11000, commit="def5678"), "the engine is llama.cpp def5678 (cuda) now; the line was measured on llama.cpp "
                                    "abc1234 (cuda)"),
     (now(11000, backend="vulkan"), "the engine is llama.cpp abc1234 (vulkan) now"),
+    (now(11000, commit="unknown"), "the engine is llama.cpp of unknown commit (cuda) now; the line was measured on "
+                                   "llama.cpp abc1234 (cuda)"),
 ])
 def test_another_card_or_engine_is_named(tmp_path, n, words):
     c = judge(found(tmp_path), n)
     assert not c.holds and words in c.changes[0]
+
+
+def test_a_build_without_a_commit_cannot_be_tied_to_the_line_and_says_so(tmp_path):
+    """Two builds that both report no commit may be any two builds: not a change, not checked either."""
+    c = judge(found(tmp_path, engine={"commit": "unknown", "backend": "cuda"}), now(11000, commit="unknown"))
+    assert c.holds and ("the engine: llama.cpp of unknown commit reports no commit, so the line cannot be tied to "
+                        "the build it was measured on") in c.unchecked
 
 
 def test_a_cpu_line_on_a_machine_that_now_offloads_is_named(tmp_path):

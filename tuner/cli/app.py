@@ -12,16 +12,13 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
-from rich.markup import escape
-from rich.progress import Progress, SpinnerColumn, TextColumn
 from rich.table import Table
 from rich.text import Text
 
 from tuner import __version__
 from tuner.core.config import CacheType, FlashAttn
 from tuner.core.errors import TunerError, UsageError
-from tuner.engine import build, runner
-from tuner.machine import processes, quiet
+from tuner.engine.identity import PIN
 
 # Help is typer's plain renderer (rich_markup_mode=None), not its rich panels: in typer 0.29 the panel renderer
 # (rich_utils._print_options_panel) prints every option's type, `<bool>` beside each flag included, where the plain
@@ -91,6 +88,11 @@ def measuring(command: str, *, allow_busy: bool, busy_wait: str, quiet_output: b
     ``--allow-busy`` went ahead anyway (None: quiet). Waiting shows one live line in a terminal, and one line
     when it starts and one when it ends otherwise (a log file keeps the trace); Ctrl-C ends it (exit 130).
     Nothing of the engine runs before the machine is held: the caller does its engine work inside."""
+    from rich.markup import escape
+    from rich.progress import Progress, SpinnerColumn, TextColumn
+
+    from tuner.engine import runner
+    from tuner.machine import processes, quiet
     from tuner.search.study import parse_duration  # optuna loads only for the commands that measure
 
     wait_s = parse_duration(busy_wait)
@@ -189,7 +191,7 @@ def mib(n_bytes: float) -> str:
 
 def _version_callback(value: bool) -> None:
     if value:
-        out.print(f"moe-tune {__version__} (llama.cpp {build.PIN.commit})", highlight=False)
+        out.print(f"moe-tune {__version__} (llama.cpp {PIN.commit})", highlight=False)
         raise typer.Exit()
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
@@ -31,12 +31,14 @@ from tuner.cli.app import (
 )
 from tuner.core.config import LaunchConfig
 from tuner.core.errors import TunerError, UsageError
-from tuner.engine import build, flags
-from tuner.machine import hardware
-from tuner.measure import one_config, session, session_run, workload
-from tuner.measure.bench import ServerTrial
-from tuner.models import demo
-from tuner.plan import ram
+from tuner.measure import workload
+
+if TYPE_CHECKING:
+    from tuner.engine import build
+    from tuner.machine import hardware
+    from tuner.measure import one_config, session_run
+    from tuner.measure.bench import ServerTrial
+
 
 
 @app.command("bench", short_help="Measure one config end to end: speed, memory, spill.")
@@ -115,6 +117,11 @@ def bench_cmd(
       moe-tune bench model.gguf --workload agent -d 16384 \\
         --session my-agent-log.json
     """
+    from tuner.engine import build, flags
+    from tuner.machine import hardware
+    from tuner.measure import one_config, session
+    from tuner.models import demo
+
     given: dict[str, Any] = {
         "n_cpu_moe": n_cpu_moe, "n_gpu_layers": n_gpu_layers, "cache_type_k": cache_type_k,
         "cache_type_v": cache_type_v, "flash_attn": flash_attn, "ctx": ctx, "parallel": parallel,
@@ -160,7 +167,7 @@ def bench_cmd(
     with measuring("bench", allow_busy=allow_busy, busy_wait=busy_wait, quiet_output=as_json, device=cfg.device):
         if cfg.model == DEMO_PLACEHOLDER:
             cfg = replace(cfg, model=demo.default_model(loc, on_step=lambda msg: err.print(msg, highlight=False)))
-        ram_warning = _ram_warning(cfg, hardware.probe_hardware(host_bandwidth_s=0))
+        ram_warning = _ram_warning(loc, cfg, hardware.probe_hardware(host_bandwidth_s=0))
         if ram_warning:
             err.print(ram_warning, highlight=False, markup=False, soft_wrap=True)
         with err.status(f"measuring {cfg.model.name}") as status:
@@ -182,13 +189,16 @@ def bench_cmd(
 DEMO_PLACEHOLDER = Path("<the demo model>")
 
 
-def _ram_warning(cfg: LaunchConfig, hw: hardware.Hardware) -> str | None:
+def _ram_warning(loc: build.EngineLocation, cfg: LaunchConfig, hw: hardware.Hardware) -> str | None:
     """A warning for a config the memory model says exceeds RAM or leaves it tight, said before it is measured:
-    its figures would be those of the kernel paging experts in from disk, not of the config."""
+    its figures would be those of the kernel paging experts in from disk, not of the config. The engine that will
+    run it decides by its own projection (tuner.measure.engine_memory)."""
+    from tuner.machine import hardware
+    from tuner.measure.engine_memory import EngineMemory
     from tuner.models.gguf_reader import inspect_model
-    from tuner.plan.memory import estimate
+    from tuner.plan import ram
 
-    side = ram.ram_side(estimate(inspect_model(cfg.model), cfg, hw), cfg, hw)
+    side = ram.ram_side(EngineMemory.of(loc)(inspect_model(cfg.model), cfg, hw), cfg, hw)
     if not (side.exceeds or side.tight):
         return None
     fix = "fewer host experts (a lower --n-cpu-moe), a smaller quant, or close what holds RAM"
@@ -208,8 +218,11 @@ def _number(text: str) -> float:
 
 
 def _print(report: one_config.BenchReport) -> None:
+    from tuner.engine import flags
+
     cfg, result, trial = report.config, report.bench, report.server
-    out.print(f"{cfg.model.name}  (llama.cpp {build.PIN.commit})", highlight=False, soft_wrap=True)
+    engine = report.engine.describe() if report.engine is not None else "llama.cpp of unknown build"
+    out.print(f"{cfg.model.name}  ({engine})", highlight=False, soft_wrap=True)
     table = Table(title="llama-bench")
     for col in ("test", "depth", "median tok/s", "CV %", "samples", "% of ceiling"):
         table.add_column(col, justify="right")

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich import box
 from rich.table import Table
 
-from tuner.catalog import cards
 from tuner.cli.app import (
     AllowBusy,
     BusyWait,
@@ -25,14 +23,12 @@ from tuner.cli.app import (
     out,
 )
 from tuner.core.errors import TunerError, UsageError
-from tuner.engine import build
-from tuner.hub import repos
-from tuner.machine import hardware
-from tuner.measure import workload
-from tuner.models.gguf_reader import ModelInfo
-from tuner.plan import placement
-from tuner.quants import compare
-from tuner.report import compare_report
+from tuner.quality import perplexity
+from tuner.search import budget
+
+if TYPE_CHECKING:
+    from tuner.quants import compare
+
 
 
 @app.command("compare-quants", short_help="Which quant to run: speed and loss per quant.")
@@ -43,15 +39,15 @@ def compare_quants_cmd(
     quants: Annotated[str | None, typer.Option("--quants", help="Comma-separated quants, e.g. Q4_K_M,Q8_0 "
                                                "(default: every quant in the repo); after one local F16/BF16 "
                                                "file: the quants to make from it, as --make ... --from.")] = None,
-    trials: Annotated[int, typer.Option("--trials", help="Auto-tune trials per quant.")] = compare.DEFAULT_TRIALS,
+    trials: Annotated[int, typer.Option("--trials", help="Auto-tune trials per quant.")] = budget.QUANT_TRIALS,
     gpu: Annotated[str | None, typer.Option("--gpu", help="Judge the fit for this card, e.g. \"RTX 3060 12GB\".")]
     = None,
     min_ctx: Annotated[int | None, typer.Option("--min-ctx", help="Context the fit verdict and tuning are for.")]
     = None,
     ctx: Annotated[int, typer.Option("-c", "--ctx-size", help="Tokens per chunk of the PPL/KLD measure.")]
-    = compare.perplexity.DEFAULT_CTX,
+    = perplexity.DEFAULT_CTX,
     chunks: Annotated[int, typer.Option("--chunks", help="Chunks of the PPL/KLD measure.")]
-    = compare.perplexity.DEFAULT_CHUNKS,
+    = perplexity.DEFAULT_CHUNKS,
     reference: Annotated[Path | None, typer.Option("--reference", help="Reference GGUF for KLD (default: the "
                                                    "repo's F16/BF16/Q8_0 quant, else its largest).")] = None,
     n_prompt: Annotated[int | None, typer.Option("-p", "--n-prompt", help="Prompt tokens per request.")] = None,
@@ -99,6 +95,16 @@ def compare_quants_cmd(
         --make Q4_K_M,Q3_K_M,IQ4_XS,Q3_K_M/Q8_0 \\
         --disk-budget 40 --min-tok-s 20 --max-kld 0.05
     """
+    from tuner.catalog import cards
+    from tuner.engine import build
+    from tuner.hub import repos
+    from tuner.machine import hardware
+    from tuner.measure import workload
+    from tuner.models.gguf_reader import ModelInfo
+    from tuner.plan import placement
+    from tuner.quants import compare
+    from tuner.report import compare_report
+
     if as_json and as_csv:
         raise UsageError("--json and --csv both choose the output: pick one")
     loc = build.locate_engine(llama_cpp_dir)
@@ -158,6 +164,10 @@ def compare_quants_cmd(
 def table_of(result: compare.Comparison, fit_where: str) -> Table:
     """One line per quant at 80 columns: no edges, one space between columns, no cell folded; the caption says
     what the short headers mean."""
+    from rich import box
+
+    from tuner.report import compare_report
+
     table = Table(title=result.title, box=box.SIMPLE_HEAD, padding=(0, 0), show_edge=False,
                   caption=compare_report.caption(result, fit_where))
     for col in compare_report.TERMINAL_COLUMNS:

@@ -9,8 +9,7 @@ import typer
 
 from tuner.cli.app import LlamaDir, app, err, friendly, mib, out
 from tuner.core.errors import UsageError
-from tuner.engine import build
-from tuner.models import demo, trained
+from tuner.models import trained
 
 
 @app.command("demo-model", short_help="Write demo MoE models the real llama.cpp loads (random or trained weights).")
@@ -46,6 +45,9 @@ def demo_model_cmd(
       moe-tune demo-model --trained --quant Q8_0,Q4_K_M
       moe-tune demo-model --trained --from dense.gguf --experts 4 --out models/
     """
+    from tuner.engine import build
+    from tuner.models import demo
+
     quants = demo.parse_quants(quant)
     loc = build.locate_engine(llama_cpp_dir) if [q for q in quants if q != "F16"] else None
     say = lambda msg: err.print(msg, highlight=False)  # noqa: E731

@@ -8,7 +8,6 @@ import typer
 from rich.text import Text
 
 from tuner.cli.app import JsonFlag, LlamaDir, app, facts_table, friendly, mib, out
-from tuner.engine import doctor
 
 
 @app.command("doctor", short_help="Check engine, GPU, memory and disk; name each fix.")
@@ -20,6 +19,8 @@ def doctor_cmd(llama_cpp_dir: LlamaDir = None, as_json: JsonFlag = False) -> Non
     Example:
       moe-tune doctor --json
     """
+    from tuner.engine import doctor
+
     report = doctor.diagnose(llama_cpp_dir)
     if as_json:
         out.print_json(json.dumps(report.to_dict()))
@@ -28,7 +29,8 @@ def doctor_cmd(llama_cpp_dir: LlamaDir = None, as_json: JsonFlag = False) -> Non
         eng = report.engine
         if eng.get("path"):
             table.add_row("engine", f"{eng['path']} ({eng['source']})")
-            table.add_row("version", f"build {eng['build_number']}, commit {eng['commit']}, backend {eng['backend']}")
+            pinned = "" if eng["pinned"] else f"; the pin is {eng['pinned_commit']}"
+            table.add_row("version", f"{eng['identity']}: build {eng['build_number']}, commit {eng['commit']}{pinned}")
             table.add_row("flags", ", ".join(f"{t}: {len(f)}" for t, f in eng["flags"].items()))
         else:
             table.add_row("engine", Text("not found", style="red"))

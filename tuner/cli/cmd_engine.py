@@ -9,20 +9,18 @@ from dataclasses import asdict
 from typing import Annotated
 
 import typer
-from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from tuner.cli.app import JsonFlag, LlamaDir, engine_app, err, facts_table, friendly, out
-from tuner.engine import build, cuda_wheels
-from tuner.engine.cuda_wheels import CudaSource
+from tuner.engine.caps import Backend, CudaSource
 
 
 @engine_app.command("install", short_help="Build the pinned llama.cpp engine (once).")
 @friendly
 def engine_install(
-    backend: Annotated[build.Backend, typer.Option(
+    backend: Annotated[Backend, typer.Option(
         help="auto: CUDA when an NVIDIA GPU is here and a toolkit can build for it (nvcc on PATH, in "
         "CUDA_HOME/CUDA_PATH, /usr/local/cuda or /opt/cuda; else NVIDIA's wheels, see --cuda-from).")]
-    = build.Backend.AUTO,
+    = Backend.AUTO,
     cuda_from: Annotated[CudaSource | None, typer.Option(
         "--cuda-from", help="Where a CUDA build's toolkit comes from: auto (an installed one, else NVIDIA's CUDA 13 "
         "wheels from the package index, ~900 MiB, for a machine with only the driver), installed, or wheels (even "
@@ -38,8 +36,12 @@ def engine_install(
     Example:
       moe-tune engine install --backend cpu
       MOE_TUNE_CUDA_ARCHS=86 moe-tune engine install --backend cuda
-      moe-tune engine install --backend cuda --cuda-from wheels   # no toolkit needed, only the driver
+      moe-tune engine install --backend cuda --cuda-from wheels  # driver only
     """
+    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from tuner.engine import build, cuda_wheels
+
     if cuda_from is not None:
         os.environ[cuda_wheels.ENV] = cuda_from.value  # the one knob the library reads (as MOE_TUNE_CUDA_ARCHS)
     start = time.monotonic()
@@ -76,6 +78,8 @@ def engine_path(llama_cpp_dir: LlamaDir = None) -> None:
     Example:
       ls "$(moe-tune engine path)"
     """
+    from tuner.engine import build
+
     out.print(str(build.locate_engine(llama_cpp_dir).bin_dir), highlight=False, soft_wrap=True)
 
 
@@ -88,6 +92,8 @@ def engine_info(llama_cpp_dir: LlamaDir = None, as_json: JsonFlag = False) -> No
     Example:
       moe-tune engine info --json
     """
+    from tuner.engine import build
+
     loc = build.locate_engine(llama_cpp_dir)
     caps = build.capabilities(loc)
     info = {

@@ -9,20 +9,19 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import typer
-from rich import box
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from tuner.cli.app import err, out
-from tuner.engine.build import EngineLocation
-from tuner.frontier import tune as frontier_tune
-from tuner.frontier.result import AGAIN, PAGING, unmeasured_reason
-from tuner.machine.hardware import Hardware
-from tuner.report import frontier_report
-from tuner.search import study
-from tuner.search.autotune import TuneRequest
+
+if TYPE_CHECKING:
+    from tuner.engine.build import EngineLocation
+    from tuner.machine.hardware import Hardware
+    from tuner.search import study
+    from tuner.search.autotune import TuneRequest
+
 
 REASON_CHARS = 160  # of a failure's own reason, on a trial line
 
@@ -41,6 +40,8 @@ def _clock(seconds: float | None) -> str:
 
 def outcome(last: study.TrialRecord) -> str:
     """What came of a trial, in words: its request time, or why it was not measured."""
+    from tuner.frontier.result import AGAIN, PAGING, unmeasured_reason
+
     if last.status == "measured" and last.request_s:
         return f"{last.request_s:,.3f} s/request"
     if last.status == PAGING:
@@ -73,6 +74,12 @@ def _to_stderr(msg: str) -> None:
 def run(req: TuneRequest, loc: EngineLocation, hw: Hardware, *, max_ctx: int | None, trials: int | None,
         as_json: bool, say: Callable[[str], None]) -> None:
     """``say``: the command's step printer (silent with ``--json``, where steps still go to stderr here)."""
+    from rich import box
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from tuner.frontier import tune as frontier_tune
+    from tuner.report import frontier_report
+
     live = err.is_terminal
     step = _to_stderr if as_json else say
     time_s = frontier_tune.time_budget_s(req, trials)

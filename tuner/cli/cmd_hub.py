@@ -7,14 +7,15 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich import progress as rp
 from rich.table import Table
 
-from tuner.catalog import cards, families
 from tuner.cli.app import JsonFlag, app, err, facts_table, friendly, mib, out
 from tuner.core.errors import HubError, UnknownQuantError, UsageError
-from tuner.models.gguf_reader import ModelInfo
-from tuner.plan import placement
+
+if TYPE_CHECKING:
+    from tuner.catalog import families
+    from tuner.models.gguf_reader import ModelInfo
+
 
 if TYPE_CHECKING:
     from tuner.hub import download, remote_header, repos
@@ -65,7 +66,9 @@ def quants_cmd(
     Example:
       moe-tune quants unsloth/Qwen3-30B-A3B-GGUF -c 32768
     """
+    from tuner.catalog import cards, families
     from tuner.hub import remote_header, repos
+    from tuner.plan import placement
 
     ref = _ref(repo)
     options = _options(offline)
@@ -183,6 +186,8 @@ def download_cmd(
     Example:
       moe-tune download unsloth/Qwen3-30B-A3B-GGUF:Q4_K_M
     """
+    from rich import progress as rp
+
     from tuner.hub import download
 
     ref = _ref(name)

@@ -5,24 +5,20 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich import box
-from rich.table import Table
 
-from tuner.catalog import cards
-from tuner.cli.app import CacheTypeK, CacheTypeV, FlashAttnOpt, JsonFlag, UbatchOpt, app, err, friendly, out
+from tuner.cli.app import CacheTypeK, CacheTypeV, FlashAttnOpt, JsonFlag, LlamaDir, UbatchOpt, app, err, friendly, out
 from tuner.core.config import CacheType, FlashAttn, LaunchConfig
 from tuner.core.errors import UsageError
-from tuner.engine import flags
-from tuner.machine import hardware
-from tuner.models import gguf_reader
-from tuner.plan.placement import KV_CHOICES, EngineCheckRow, Plan, make_plan, offload_of
-from tuner.plan.ram import TIGHT_MARGIN_BYTES
-from tuner.report import plan_doc
 
-MODEL_SOURCE = "moe-tune's memory model (tuner.plan.memory)"
+if TYPE_CHECKING:  # the command's own modules load when it runs (start-up: see cli/__init__)
+    from tuner.core.model import ModelInfo
+    from tuner.engine.identity import EngineIdentity
+    from tuner.measure.engine_memory import EngineMemory, Projection
+    from tuner.plan.placement import Plan
+
 
 HOST_BANDWIDTH_PROBE_S = 0.3
 LOAD_MODES = ("mmap", "none")
@@ -47,21 +43,23 @@ def _mib(n_bytes: int) -> str:
     return f"{n_bytes / 2**20:,.0f}"
 
 
-def _engine_check(info: gguf_reader.ModelInfo, base: LaunchConfig, hw: hardware.Hardware) -> tuple[EngineCheckRow, ...]:
-    """llama.cpp's own projection (llama-fit-params: header only, nothing allocated) of ``base``."""
+def _engine(llama_cpp_dir: Path | None, required: bool) -> EngineMemory | None:
+    """The engine whose own projection decides; None when there is none and none is required."""
     from tuner.engine import build
-    from tuner.measure.engine_check import engine_check
+    from tuner.measure.engine_memory import EngineMemory
 
-    rows, cpu_fallback = engine_check(build.locate_engine(), info, base, hw)
-    if cpu_fallback:
-        err.print("--engine-check: this llama.cpp build has no GPU backend, so it projects the CPU backend; "
-                  "both columns below are for CPU only", highlight=False)
-    return rows
+    if required:
+        return EngineMemory.of(build.locate_engine(llama_cpp_dir))
+    return EngineMemory.find(llama_cpp_dir)
 
 
-def _check_json(rows: tuple[EngineCheckRow, ...]) -> list[dict[str, Any]]:
+def _check_json(check: Projection, engine: EngineIdentity) -> list[dict[str, Any]]:
+    from tuner.plan.pricing import decided_mib
+
     return [{"component": r.component, "where": r.where, "model_mib": r.model_mib, "engine_mib": r.engine_mib,
-             "error_mib": r.error_mib, "agrees": r.agrees} for r in rows]
+             "error_mib": r.error_mib, "agrees": r.agrees, "engine_commit": engine.commit,
+             "decides_mib": None if check.cpu_fallback else decided_mib(r.model_mib, r.engine_mib)}
+            for r in check.rows]
 
 
 @app.command("plan", short_help="VRAM, RAM and fit per --n-cpu-moe (dense: -ngl); needs no GPU.")
@@ -90,14 +88,18 @@ def plan_cmd(
     no_repack: Annotated[bool, typer.Option("--no-repack", help="No CPU repacking (as llama-server --no-repack).")]
     = False,
     engine_check: Annotated[bool, typer.Option(
-        "--engine-check", help="Also run llama.cpp's own projection (llama-fit-params) and show both.")] = False,
+        "--engine-check", help="Show the replay beside llama.cpp's own projection (llama-fit-params), "
+        "component by component.")] = False,
+    llama_cpp_dir: LlamaDir = None,
     as_json: JsonFlag = False,
 ) -> None:
     """VRAM and RAM needed, verdict and speed ceilings for every --n-cpu-moe; works without a GPU. A dense model
     (no routed experts) is planned along -ngl instead: layers on the GPU, fewer layers, less VRAM.
 
     RAM is what the launch needs resident (pinned, repacked or anonymous buffers, and the mapped experts it
-    reads every token); the page cache the load leaves behind is shown apart, as reclaimable.
+    reads every token); the page cache the load leaves behind is shown apart, as reclaimable. Where a llama.cpp
+    engine is found, its own projection (llama-fit-params) decides the fit; the replay of the pinned commit is
+    the first guess, and plans alone for a card no engine here can project.
 
     \b
     Examples:
@@ -116,7 +118,13 @@ def plan_cmd(
         raise UsageError(f"--load-mode {load_mode!r} is not planned: use mmap or none")
     if cache_type_v.is_quantized and flash_attn is FlashAttn.OFF:
         raise UsageError(f"V cache type {cache_type_v.value} needs flash attention: use -fa on or -ctv f16")
+    from tuner.catalog import cards
     from tuner.hub.resolve import resolve_model
+    from tuner.machine import hardware
+    from tuner.measure.engine_memory import engine_check as check_with
+    from tuner.models import gguf_reader
+    from tuner.plan.placement import KV_CHOICES, make_plan
+    from tuner.report import plan_doc
 
     resolved = resolve_model(model, header_only=True)
     info = gguf_reader.inspect_model(resolved.path)
@@ -127,19 +135,29 @@ def plan_cmd(
     base = LaunchConfig(model=resolved.path, cache_type_k=cache_type_k, cache_type_v=cache_type_v,
                         flash_attn=flash_attn, parallel=parallel, ubatch=ubatch, ctx=ctxs[0] if ctxs else None,
                         mmap=load_mode == "mmap", no_host=no_host, repack=not no_repack)
-    p = make_plan(info, base, hw, ctxs, KV_CHOICES)
-    notes = plan_doc.plan_notes(info, p, base, holders=hardware.ram_holders if ram is None else None)
-    check = _engine_check(info, base, hw) if engine_check else ()
+    mem = _engine(llama_cpp_dir, required=engine_check)
+    if mem is not None and hw.has_gpu:  # a card's plan asks a projection per row: made all cores at a time
+        p = mem.prefetched(lambda price: make_plan(info, base, hw, ctxs, KV_CHOICES, price=price))
+    else:  # without a GPU the offload axis places nothing: a handful of projections, asked as they come
+        p = make_plan(info, base, hw, ctxs, KV_CHOICES, price=mem)
+    notes = plan_doc.plan_notes(info, p, base, holders=hardware.ram_holders if ram is None else None, price=mem)
+    check = check_with(mem, info, base, hw) if engine_check and mem is not None else None
+    figures = plan_doc.memory_figures(mem)
+    whose = figures["replay_note"]
+    memory_notes = ([mem.describe(), *mem.notes] if mem is not None else []) + ([whose] if whose else [])
     if as_json:
         doc = plan_doc.plan_json(p, notes, base)
-        doc.update({"model_source": resolved.source, "figures_from": MODEL_SOURCE})
-        if engine_check:
-            doc["engine_check"] = _check_json(check)
+        doc.update({"model_source": resolved.source, "figures_from": plan_doc.FIGURES_FROM,
+                    "memory_figures": figures})
+        if check is not None and mem is not None:
+            doc["engine_check"] = _check_json(check, mem.engine)
         out.print_json(json.dumps(doc))
         return
     _print_plan(model, info, p, base, notes, resolved.source)
-    if check:
-        _print_check(check, base)
+    for note in memory_notes:
+        _say(note)
+    if check is not None and mem is not None:
+        _print_check(check, base, mem.engine)
     else:
         out.print("add --engine-check to compare them with llama.cpp's own projection (llama-fit-params)",
                   highlight=False, markup=False, soft_wrap=True)
@@ -157,8 +175,16 @@ def _say(text: str) -> None:
     out.print(text, highlight=False, markup=False, soft_wrap=True)
 
 
-def _print_plan(model: str, info: gguf_reader.ModelInfo, p: Plan, base: LaunchConfig, notes: list[str],
+def _print_plan(model: str, info: ModelInfo, p: Plan, base: LaunchConfig, notes: list[str],
                 source: str) -> None:
+    from rich import box
+    from rich.table import Table
+
+    from tuner.engine import flags
+    from tuner.plan.placement import offload_of
+    from tuner.plan.ram import TIGHT_MARGIN_BYTES
+    from tuner.report import plan_doc
+
     hw = p.hardware
     c = base.ctx or info.ctx_train
     axis = offload_of(info)
@@ -190,15 +216,30 @@ def _print_plan(model: str, info: gguf_reader.ModelInfo, p: Plan, base: LaunchCo
         _say(f"largest ctx at -ctk {lc.cache_type_k.value} -ctv {lc.cache_type_v.value}: {where}")
     for note in notes:
         _say(note)
-    _say(f"model header: {source}; figures: {MODEL_SOURCE}")
+    _say(f"model header: {source}; figures: {plan_doc.FIGURES_FROM}")
 
 
-def _print_check(rows: tuple[EngineCheckRow, ...], base: LaunchConfig) -> None:
-    table = Table(title=f"llama.cpp projection (llama-fit-params -fitp on, -np {base.parallel or 1}) vs the model",
+def _print_check(check: Projection, base: LaunchConfig, engine: EngineIdentity) -> None:
+    """The replay and the engine's projection side by side, and the figure that decides each component."""
+    from rich import box
+    from rich.table import Table
+
+    from tuner.engine.identity import REPLAY_COMMIT
+    from tuner.plan.pricing import decided_mib
+
+    if check.cpu_fallback:
+        err.print("--engine-check: this llama.cpp build has no GPU backend, so it projects the CPU backend; "
+                  "both columns below are for CPU only", highlight=False)
+    table = Table(title=f"replay of {REPLAY_COMMIT} vs {engine.name} (llama-fit-params, -np {base.parallel or 1})",
                   box=box.SIMPLE_HEAD)
-    for col in ("component", "where", "model MiB", "llama.cpp MiB", "diff MiB", "agrees"):
+    for col in ("component", "where", "replay MiB", "llama.cpp MiB", "diff MiB", "replay agrees",
+                *(() if check.cpu_fallback else ("decides MiB",))):
         table.add_column(col, justify="right")
-    for r in rows:
+    for r in check.rows:
+        decides = () if check.cpu_fallback else (f"{decided_mib(r.model_mib, r.engine_mib):,}",)
         table.add_row(r.component, r.where, f"{r.model_mib:,}", f"{r.engine_mib:,}", f"{r.error_mib:+,}",
-                      "yes" if r.agrees else "NO")
+                      "yes" if r.agrees else "NO", *decides)
     out.print(table)
+    if not check.cpu_fallback:
+        _say(f"decides: the figure the verdicts use ({engine.name}'s own where it differs from the replay by more "
+             "than its rounding)")

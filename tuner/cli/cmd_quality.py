@@ -24,8 +24,7 @@ from tuner.cli.app import (
 )
 from tuner.core.config import CacheType, FlashAttn
 from tuner.core.errors import UsageError
-from tuner.engine import build
-from tuner.quality import corpus, perplexity
+from tuner.quality import perplexity
 
 
 def _pm(value: float | None, error: float | None, fmt: str, unit: str = "") -> str:
@@ -70,6 +69,9 @@ def quality_cmd(
       moe-tune quality unsloth/Qwen3-30B-A3B-GGUF:Q4_K_M --dataset wikitext-2 \\
         -c 512 --chunks 64
     """
+    from tuner.engine import build
+    from tuner.quality import corpus
+
     cache_type_k, cache_type_v = cache_type_k or CacheType.F16, cache_type_v or CacheType.F16
     flash_attn = flash_attn or FlashAttn.AUTO
     if dataset is not None:

@@ -5,17 +5,18 @@ from __future__ import annotations
 import os
 import shlex
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from tuner.cli.app import LlamaDir, app, err, friendly, out
 from tuner.core.errors import UsageError
-from tuner.engine import build
 from tuner.engine import serve as served
-from tuner.report import line_check, study_report
-from tuner.search import interrupt
-from tuner.search.result import RESULT_FILE, StudyResult
+
+if TYPE_CHECKING:
+    from tuner.report import line_check
+    from tuner.search.result import StudyResult
+
 
 # Where llama-server listens is serve's own choice (--host, --port): the same flags passed through would split it.
 ADDRESS_FLAGS = ("--host", "--port")
@@ -25,6 +26,9 @@ KEY_FLAG = "--api-key"  # a key spelled on a command line: every local user read
 
 def _found(target: str | None, results_dir: Path) -> line_check.Found:
     """A result folder or result.json as given; a model's newest result; or the newest result of all."""
+    from tuner.report import line_check
+    from tuner.search.result import RESULT_FILE
+
     if target is None:
         return line_check.latest(results_dir)
     path = Path(target).expanduser()
@@ -139,6 +143,10 @@ def serve_cmd(
     --api-key is refused): it comes from the file (yours alone: mode 600) or
     from LLAMA_API_KEY, and llama-server gets it by environment.
     """
+    from tuner.engine import build
+    from tuner.report import line_check, study_report
+    from tuner.search import interrupt
+
     if api_key_in_argv is not None:
         raise _key_in_argv()
     if target is not None and target.startswith("-"):  # `serve -- FLAGS` with no target
@@ -151,7 +159,7 @@ def serve_cmd(
     loc = build.locate_engine(llama_cpp_dir)
     argv = study_report.launch_argv(found.result, rank=rank, binary=str(loc.tool("llama-server")))
     checked = line_check.check(found, chosen.config, chosen.label, line_check.probe_now(loc))
-    _say(f"{chosen.label} of {found.file}")
+    _say(f"{chosen.label} of {found.file}, on {build.capabilities(loc).identity.describe()} at {loc.bin_dir}")
     if checked.changes:
         changed = "; ".join(checked.changes)
         if not force:

@@ -6,14 +6,16 @@ import json
 import shutil
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from tuner.cli.app import JsonFlag, LlamaDir, app, facts_table, friendly, out
 from tuner.core.errors import DiskSpaceError, UsageError
-from tuner.engine import build
-from tuner.models import gguf_writer, recipes, shape_model
+
+if TYPE_CHECKING:
+    from tuner.models import shape_model
+
 
 
 @app.command("shape-model", short_help="Write a GGUF shaped like a real model.")
@@ -46,6 +48,9 @@ def shape_model_cmd(
       moe-tune shape-model olmoe-1b-7b:Q4_K_M --weights direct \\
         --out olmoe-q4km.gguf
     """
+    from tuner.engine import build
+    from tuner.models import gguf_writer, recipes, shape_model
+
     if list_known or target is None:
         out.print(f"models: {', '.join(shape_model.known_models())}", highlight=False, soft_wrap=True)
         out.print(f"recipes: {', '.join(recipes.recipe_names())}", highlight=False)

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich import box
 from rich.table import Table
 
 from tuner.cli.app import JsonFlag, app, err, friendly, out
@@ -74,6 +73,8 @@ def lookup_cmd(
       moe-tune lookup model.gguf --gpu "RTX 4060 Ti 16GB" --json \\
         --repo you/moe-tune-results
     """
+    from rich import box
+
     from tuner.share import lookup, match
 
     model_q = match.ModelQuery.parse(model)

@@ -6,11 +6,9 @@ import json
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich import box
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from tuner.cli.app import (
@@ -27,19 +25,22 @@ from tuner.cli.app import (
     model_path,
     out,
 )
-from tuner.cli.cmd_bench import print_session
-from tuner.cli.cmd_frontier import run as run_frontier
 from tuner.core.errors import UsageError
-from tuner.engine import build, runner, tokenizer
-from tuner.machine import hardware
-from tuner.measure import session, workload
-from tuner.measure import speculation as spec_measure
-from tuner.models import demo
+from tuner.measure import workload
 from tuner.quality import kv_price
-from tuner.report import frontier_report, study_report
-from tuner.search import autotune, finish, session_stage, study, verdict
-from tuner.search.session_stage import SessionRequest, SessionStage
-from tuner.search.speculation import SpeculationRequest
+from tuner.search import budget
+
+if TYPE_CHECKING:
+    from tuner.search import autotune
+
+
+if TYPE_CHECKING:
+    from tuner.engine import build
+    from tuner.machine import hardware
+    from tuner.search import study
+    from tuner.search.session_stage import SessionRequest, SessionStage
+    from tuner.search.speculation import SpeculationRequest
+
 
 
 @app.command("auto-tune", short_help="Search the fastest llama-server settings, measured.")
@@ -72,7 +73,7 @@ def auto_tune_cmd(
     pareto: Annotated[bool, typer.Option("--pareto", help="Optimize gen and prompt tok/s (Pareto front).")]
     = False,
     trials: Annotated[int | None, typer.Option(
-        "--trials", help=f"Trials in this run (default {autotune.DEFAULT_TRIALS}; with --frontier 3 per context, "
+        "--trials", help=f"Trials in this run (default {budget.DEFAULT_TRIALS}; with --frontier 3 per context, "
         "at most 7 minutes unless --time says otherwise).")] = None,
     time_limit: Annotated[str | None, typer.Option("--time", help="Time budget, e.g. 20m.")] = None,
     storage: Annotated[str | None, typer.Option("--storage", help="Optuna RDB URL; default sqlite in results/.")]
@@ -124,6 +125,14 @@ def auto_tune_cmd(
     Start from lines others shared for this model and card:
       moe-tune auto-tune MODEL --seed-from you/moe-tune-results
     """
+    from tuner.cli.cmd_frontier import run as run_frontier
+    from tuner.engine import build, tokenizer
+    from tuner.machine import hardware
+    from tuner.measure import session
+    from tuner.models import demo
+    from tuner.report import study_report
+    from tuner.search import autotune, study
+
     if goal not in ("speed", "context"):
         raise UsageError(f"unknown --goal {goal}: use speed or context")
     if goal == "context" and min_ctx is not None:
@@ -191,6 +200,11 @@ def auto_tune_cmd(
 
 def _search(req: autotune.TuneRequest, loc: build.EngineLocation, hw: hardware.Hardware, budget: study.Budget,
             as_json: bool, say: Callable[[str], None]) -> autotune.TuneResult:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from tuner.search import autotune
+
+
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=err, disable=as_json, transient=False) as bar:
         task = bar.add_task("search", total=budget.trials)
@@ -217,6 +231,10 @@ def _sessions(kind: workload.WorkloadKind, path: Path | None, depth: int | None,
               rounds: int, agents: int, say: Callable[[str], None]) -> SessionRequest | None:
     """The agent workload's session stage, checked before anything runs (None: no stage). With ``-np N``,
     N agents' sessions run at once, one per slot."""
+    from tuner.measure import session
+    from tuner.search import session_stage
+    from tuner.search.session_stage import SessionRequest
+
     if kind is not workload.WorkloadKind.AGENT:
         if path is not None:
             raise UsageError("--session replays an agent conversation: add --workload agent")
@@ -235,6 +253,10 @@ def _sessions(kind: workload.WorkloadKind, path: Path | None, depth: int | None,
 
 def _session_summary(stage: SessionStage) -> None:
     """Per arm: median session time; the default's and the winner's per-turn tables; the verdict; findings."""
+    from rich import box
+
+    from tuner.cli.cmd_bench import print_session
+
     together = f", {stage.agents} agents at once" if stage.agents > 1 else ""
     table = Table(title=f"agent sessions ({stage.source}{together}), by session time", box=box.SIMPLE_HEAD)
     for col in ("arm", "session s", "median TTFT ms", "re-processed %", "full re-processes"):
@@ -270,6 +292,9 @@ def _session_summary(stage: SessionStage) -> None:
 
 
 def _speculation(on: bool, draft: str | None, prompts: Path | None) -> SpeculationRequest | None:
+    from tuner.measure import speculation as spec_measure
+    from tuner.search.speculation import SpeculationRequest
+
     if not (on or draft or prompts):
         return None
     if prompts is not None:
@@ -286,6 +311,11 @@ def _spill_cell(m: dict[str, Any]) -> str:
 
 
 def _summary(res: autotune.TuneResult) -> None:
+    from rich import box
+
+    from tuner.report import frontier_report
+    from tuner.search import finish, verdict
+
     r = res.result.to_dict()
     w = r["workload"]
     table = Table(title=f"llama-server re-measure ({w['kind']}, P={w['prompt_tokens']}, G={w['gen_tokens']}, "
@@ -365,6 +395,9 @@ def launch_line_cmd(
     A frontier's point:
       moe-tune launch-line results/<study>/result.json --ctx 32768 --slots 2
     """
+    from tuner.engine import build, runner
+    from tuner.report import frontier_report, study_report
+
     data = study_report.load_result(result)
     if ctx is not None or slots is not None:
         if execute or fmt != "shell":

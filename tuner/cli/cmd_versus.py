@@ -8,10 +8,8 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich import box
 from rich.table import Table
 
-from tuner.catalog import cards
 from tuner.cli.app import (
     AllowBusy,
     BusyWait,
@@ -26,13 +24,8 @@ from tuner.cli.app import (
     out,
 )
 from tuner.core.errors import TunerError, UsageError
-from tuner.engine import build
-from tuner.machine import hardware
 from tuner.measure import workload
 from tuner.quality import kv_price
-from tuner.report import versus_report
-from tuner.search import session_stage
-from tuner.versus import compare
 
 
 def _file(name: str) -> Path:
@@ -104,6 +97,15 @@ def compare_models_cmd(
       moe-tune compare-models unsloth/Qwen3.6-35B-A3B-GGUF:Q4_K_M \\
         unsloth/Qwen3.5-9B-GGUF:Q4_K_M --workload agent --trials 8
     """
+    from rich import box
+
+    from tuner.catalog import cards
+    from tuner.engine import build
+    from tuner.machine import hardware
+    from tuner.report import versus_report
+    from tuner.search import session_stage
+    from tuner.versus import compare
+
     if trials < 1:
         raise UsageError(f"--trials {trials} tunes nothing: give 1 or more")
     if (gpu is not None or ram is not None or host_bandwidth is not None) and not plan_only:

@@ -18,7 +18,6 @@ import tarfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
-from enum import Enum
 from pathlib import Path
 
 from tuner.core.config import LaunchConfig
@@ -34,7 +33,9 @@ from tuner.engine import cuda_toolkit, cuda_wheels, runner
 from tuner.engine.caps import (  # the engine's public names: build.EngineLocation, build.parse_devices, ...
     FA_QUANTS_DEFAULT,
     FA_VEC_FLAG,
+    Backend,
     Capabilities,
+    CudaSource,
     EngineLocation,
     FaKernels,
     backend_of,
@@ -43,32 +44,11 @@ from tuner.engine.caps import (  # the engine's public names: build.EngineLocati
     parse_help_flags,
     parse_version,
 )
-from tuner.engine.cuda_wheels import CudaSource
 from tuner.engine.flags import server_argv, trace_argv
 from tuner.engine.flags.quantize import help_argv
+from tuner.engine.identity import PIN, EnginePin  # noqa: F401 - build.PIN: the pin's one statement is in identity
 from tuner.machine import hardware, paths
 from tuner.machine.fileio import atomic_write, file_lock, sha256_file
-
-
-@dataclass(frozen=True, slots=True)
-class EnginePin:
-    package: str
-    version: str
-    commit: str
-    sdist_sha256: str
-
-    @property
-    def sdist_name(self) -> str:
-        return f"{self.package.replace('-', '_')}-{self.version}.tar.gz"
-
-
-# The one place the engine version is stated.
-PIN = EnginePin(
-    package="llama-cpp-python",
-    version="0.3.36",
-    commit="0c1e57098",
-    sdist_sha256="832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e",
-)
 
 # llama-imatrix: compare-quants --imatrix; llama-tokenize: a model's token counts from its header (input checks). A
 # build made before a tool joined this list is built again, once, to add it.
@@ -84,12 +64,6 @@ FA_QUANTS_BUILT = (*FA_QUANTS_DEFAULT, "f16-q8_0", "f16-q4_0", "q8_0-q4_0")
 CORE_TOOLS = ("llama-server", "llama-bench")
 BUILD_DISK_BYTES = 1536 * 2**20
 STAMP_NAME = "moe-tune-engine.json"
-
-
-class Backend(str, Enum):
-    AUTO = "auto"
-    CPU = "cpu"
-    CUDA = "cuda"
 
 
 @dataclass(frozen=True, slots=True)

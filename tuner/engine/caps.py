@@ -10,10 +10,29 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
 from tuner.core.errors import EngineNotFoundError
+from tuner.engine.identity import EngineIdentity
+
+
+class Backend(str, Enum):
+    """Which backend a managed build compiles (``moe-tune engine install --backend``)."""
+
+    AUTO = "auto"
+    CPU = "cpu"
+    CUDA = "cuda"
+
+
+class CudaSource(str, Enum):
+    """Where a CUDA build takes its toolkit from (``MOE_TUNE_CUDA_FROM``, ``engine install --cuda-from``; see
+    :mod:`tuner.engine.cuda_wheels`)."""
+
+    AUTO = "auto"
+    INSTALLED = "installed"
+    WHEELS = "wheels"
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,6 +204,13 @@ class Capabilities:
 
     def supports(self, tool: str, flag: str) -> bool:
         return flag in self.flags.get(tool, ())
+
+    @property
+    def identity(self) -> EngineIdentity:
+        """Which build this is, in the one spelling every output uses (:mod:`tuner.engine.identity`)."""
+        pairs = self.fa_kernels.pairs
+        return EngineIdentity(self.commit, self.version, self.build_number, self.backend,
+                              ";".join(pairs) if pairs else None)
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> Capabilities:

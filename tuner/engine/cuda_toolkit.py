@@ -35,7 +35,7 @@ from pathlib import Path
 
 from tuner.core.errors import BuildToolMissingError
 from tuner.engine import cuda_wheels, runner
-from tuner.engine.cuda_wheels import CudaSource
+from tuner.engine.caps import CudaSource
 from tuner.machine import hardware, paths
 
 _TOP = re.compile(r"TOP=(\S+)")

@@ -23,11 +23,11 @@ import shutil
 import sys
 import zipfile
 from collections.abc import Callable
-from enum import Enum
 from pathlib import Path
 
 from tuner.core.errors import BuildToolMissingError, UsageError
 from tuner.engine import runner
+from tuner.engine.caps import CudaSource
 from tuner.machine import hardware, paths
 
 ENV = "MOE_TUNE_CUDA_FROM"
@@ -38,12 +38,6 @@ MIN_ARCH = 75  # CUDA 13 dropped Maxwell, Pascal and Volta
 _SAME_RELEASE = ("nvidia-cuda-nvcc", "nvidia-cuda-crt", "nvidia-nvvm", "nvidia-cuda-runtime")
 # cccl and cuBLAS number their releases on their own: the newest of CUDA 13 goes with any 13.x compiler.
 _OWN_NUMBERING = ("nvidia-cuda-cccl", "nvidia-cublas")
-
-
-class CudaSource(str, Enum):
-    AUTO = "auto"
-    INSTALLED = "installed"
-    WHEELS = "wheels"
 
 
 def source() -> CudaSource:

@@ -9,6 +9,7 @@ from typing import Any
 
 from tuner.core.errors import TunerError
 from tuner.engine import build
+from tuner.engine.identity import PIN, EngineIdentity
 from tuner.machine import hardware, paths
 
 GiB = 2**30
@@ -56,11 +57,47 @@ def _hf_cache_dir() -> Path:
     return (Path(home) if home else Path.home() / ".cache" / "huggingface") / "hub"
 
 
+# Where each way of naming an engine stands in the search order (tuner.engine.build.locate_engine).
+PRECEDENCE = {
+    "option": "--llama-cpp-dir comes first",
+    "env": "LLAMA_CPP_DIR comes before PATH and the managed build",
+    "path": "a llama-server on PATH comes before the managed build (LLAMA_CPP_DIR would come before it)",
+    "managed": "the managed build comes last, after --llama-cpp-dir, LLAMA_CPP_DIR and PATH",
+}
+
+
+def _to_pinned(loc: build.EngineLocation) -> str:
+    """How to run the pinned build instead of the one found, in the search order's words."""
+    if loc.source == "managed":
+        return "`moe-tune engine install` builds the pinned one"
+    unset = {"option": "drop --llama-cpp-dir", "env": "unset LLAMA_CPP_DIR",
+             "path": "take llama-server off PATH"}[loc.source]
+    return f"to measure the pinned one, run `moe-tune engine install` and {unset} ({PRECEDENCE[loc.source]})"
+
+
+def _identity_problems(ident: EngineIdentity, loc: build.EngineLocation) -> list[Problem]:
+    """An engine with no commit cannot be tied to its results; another commit than the pin's is measured as
+    itself, its own projection deciding memory (the replay follows the pin)."""
+    if not ident.known:
+        return [Problem(
+            f"the engine at {loc.bin_dir} reports no commit ({ident.name}): results measured on it cannot be tied "
+            "to an engine, and `serve` cannot tell it from another build",
+            "build it with -DLLAMA_BUILD_COMMIT=<its commit> (a source without git data prints \"unknown\"), or "
+            + _to_pinned(loc))]
+    if not ident.pinned:
+        return [Problem(
+            f"engine commit {ident.commit} differs from the pinned {PIN.commit}: results name {ident.commit}; its own "
+            f"projection (llama-fit-params) decides memory, where the replay follows {PIN.commit}",
+            _to_pinned(loc))]
+    return []
+
+
 def diagnose(llama_cpp_dir: Path | None = None, nvml: Any = None) -> DoctorReport:
     report = DoctorReport()
     try:
         loc = build.locate_engine(llama_cpp_dir)
         caps = build.capabilities(loc)
+        ident = caps.identity
         report.engine = {
             "path": str(loc.bin_dir),
             "source": loc.source,
@@ -70,7 +107,9 @@ def diagnose(llama_cpp_dir: Path | None = None, nvml: Any = None) -> DoctorRepor
             "devices": list(caps.devices),
             "tools": {t: loc.has(t) for t in build.TOOLS},
             "flags": {tool: list(f) for tool, f in caps.flags.items()},
-            "pinned_commit": build.PIN.commit,
+            "pinned_commit": PIN.commit,
+            "identity": ident.describe(),
+            "pinned": ident.pinned,
         }
         missing = [t for t in build.TOOLS if not loc.has(t) and t != "llama-batched-bench"]
         if missing:
@@ -78,13 +117,9 @@ def diagnose(llama_cpp_dir: Path | None = None, nvml: Any = None) -> DoctorRepor
                 f"engine at {loc.bin_dir} lacks {', '.join(missing)}",
                 "build those targets too, or run `moe-tune engine install` for the managed build",
             ))
-        if caps.commit != "unknown" and not build.PIN.commit.startswith(caps.commit[:7]):
-            report.problems.append(Problem(
-                f"engine commit {caps.commit} differs from the pinned {build.PIN.commit}",
-                "results stay valid for that engine; use `moe-tune engine install` to measure the pinned one",
-            ))
+        report.problems += _identity_problems(ident, loc)
     except TunerError as exc:
-        report.engine = {"path": None, "pinned_commit": build.PIN.commit}
+        report.engine = {"path": None, "pinned_commit": PIN.commit}
         report.problems.append(Problem(str(exc), "run `moe-tune engine install` or set LLAMA_CPP_DIR", fatal=True))
 
     probe = hardware.probe_gpus(nvml)

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tuner.core.errors import ProcessFailedError, UsageError
-from tuner.engine import runner
 
 # llama-server reads its keys from these variables (common/arg.cpp: `--api-key` set_env("LLAMA_API_KEY"),
 # `--api-key-file` set_env("LLAMA_ARG_API_KEY_FILE")), so neither the key nor its file is in any process's argv.
@@ -171,6 +170,8 @@ def run_foreground(argv_without_address: Sequence[str], *, host: str, port: int 
     it running until it exits (an error with its log's tail) or KeyboardInterrupt (SIGTERM too, under the
     caller's ``sigterm_as_ctrl_c``) stops it: the runner stops its process group on the way out, whatever ended
     it, and the interrupt travels on."""
+    from tuner.engine import runner
+
     check_host(host)
     if port is not None and port_busy(host, port):
         raise UsageError(f"port {port} on {host} is in use: pick another --port, or leave it out for a free one")

@@ -10,7 +10,8 @@ from typing import Any
 from tuner.core.errors import UsageError
 from tuner.engine import flags
 from tuner.machine.sampler import PagingVerdict
-from tuner.search import dedup, study
+from tuner.search import dedup
+from tuner.search.trials import config_from_dict
 
 CTX_SHORT = "ctx_short_tokens"  # constraint: tokens one request lacks in its slot (<= 0: it fits)
 STOPPED = "stopped"  # status: still running when the time budget ended (measured again by the next run)
@@ -81,7 +82,7 @@ class FrontierPoint:
         """From an Optuna FrozenTrial of the frontier study."""
         a = t.user_attrs
         mem = a.get("memory", {})
-        cfg = study.config_from_dict(a["config"])
+        cfg = config_from_dict(a["config"])
         return cls(t.number, a["ctx"], a["slots"], a["config"], a["request_s"], a["gen_depth"], a.get("gen_tok_s"),
                    a.get("prompt_tok_s"), a.get("aggregate_tok_s"), a.get("kld"),
                    mem.get("gpu_total_bytes") if has_gpu else None, mem.get("host_total_bytes"),
@@ -96,7 +97,7 @@ def paged_trial(t: Any) -> dict[str, Any]:
     return {"trial": t.number, "ctx": a.get("ctx"), "slots": a.get("slots"), "config": a.get("config"),
             "request_s": a.get("request_s"), "major_faults_per_token": verdict.faults_per_token,
             "evidence": verdict.evidence, "fix": verdict.fix,
-            "launch_line": flags.launch_line(study.config_from_dict(a["config"]))}
+            "launch_line": flags.launch_line(config_from_dict(a["config"]))}
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,6 +33,7 @@ from tuner.frontier import pareto
 from tuner.frontier.result import STOPPED, UNSTARTED, counted
 from tuner.machine.hardware import Hardware
 from tuner.measure import batched, bench, failures, gpu_use
+from tuner.measure.engine_memory import EngineMemory, deciding
 from tuner.measure.workload import Workload
 from tuner.models.gguf_reader import inspect_model
 from tuner.quality.kv_price import KvPrice
@@ -189,7 +190,18 @@ def tune_frontier(req: TuneRequest, loc: build.EngineLocation, hw: Hardware, *, 
                   kld_of: Callable[[LaunchConfig], KvPrice | None] | None = None,
                   on_progress: Callable[[study.Progress], None] | None = None,
                   on_step: Callable[[str], None] | None = None) -> TuneResult:
-    """The frontier study for ``req``'s model and workload; ``trials`` None: :func:`default_trials`."""
+    """The frontier study for ``req``'s model and workload; ``trials`` None: :func:`default_trials`. Its memory
+    gate follows the engine's own projection, as auto-tune's does (:mod:`tuner.measure.engine_memory`)."""
+    with deciding(EngineMemory.of(loc)):
+        return _tune_frontier(req, loc, hw, max_ctx=max_ctx, steps=steps, trials=trials, measure=measure,
+                              kld_of=kld_of, on_progress=on_progress, on_step=on_step)
+
+
+def _tune_frontier(req: TuneRequest, loc: build.EngineLocation, hw: Hardware, *, max_ctx: int | None,
+                   steps: int, trials: int | None, measure: pareto.MeasureFn | None,
+                   kld_of: Callable[[LaunchConfig], KvPrice | None] | None,
+                   on_progress: Callable[[study.Progress], None] | None,
+                   on_step: Callable[[str], None] | None) -> TuneResult:
     hw = gpu_use.preflight(loc, hw, req.device)  # a GPU rig measured on the CPU stops here, not after
     caps = build.capabilities(loc)
     info = inspect_model(req.model)
@@ -211,7 +223,7 @@ def tune_frontier(req: TuneRequest, loc: build.EngineLocation, hw: Hardware, *, 
     st.set_user_attr("model", str(req.model))
     st.set_user_attr("hardware", {"describe": hw.describe(), "gpu": hw.gpu_name, "has_gpu": hw.has_gpu,
                                   "vram_budget_bytes": hw.vram_budget_bytes, "physical_cores": hw.physical_cores})
-    st.set_user_attr("engine", {"commit": caps.commit, "version": caps.version, "backend": caps.backend})
+    st.set_user_attr("engine", caps.identity.to_dict())
     st.set_user_attr("workload", req.workload.describe())
     st.set_user_attr("objective", {"frontier": list(axes.names), "max_kld": req.max_kld})
     time_s = time_budget_s(req, trials)

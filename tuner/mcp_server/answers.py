@@ -15,12 +15,12 @@ from tuner.catalog import cards, families
 from tuner.core.config import LaunchConfig
 from tuner.core.errors import EngineNotFoundError, TunerError, UnknownQuantError, UsageError
 from tuner.engine import build
+from tuner.measure.engine_memory import EngineMemory
 from tuner.models import gguf_reader
 from tuner.plan.placement import KV_CHOICES, fit_verdict, make_plan, scaled
 from tuner.report import line_check, plan_doc, study_report
 
 HOST_BANDWIDTH_PROBE_S = 0.3  # as `moe-tune plan` measures this machine's RAM bandwidth
-FIGURES_FROM = "moe-tune's memory model (tuner.plan.memory)"
 
 
 def plan(model: str, card: str | None = None, context: int | None = None, ram_gib: float | None = None,
@@ -38,9 +38,11 @@ def plan(model: str, card: str | None = None, context: int | None = None, ram_gi
     hw = cards.machine(card, HOST_BANDWIDTH_PROBE_S, int(ram_gib * 2**30) if ram_gib is not None else None,
                        host_bandwidth_gb_s)
     base = LaunchConfig(model=resolved.path, ctx=context)
-    p = make_plan(info, base, hw, [context] if context else [], KV_CHOICES)
-    return plan_doc.plan_json(p, plan_doc.plan_notes(info, p, base), base) | {"model_source": resolved.source,
-                                                                         "figures_from": FIGURES_FROM}
+    mem = EngineMemory.find()  # the engine's own projection decides where one is found, as in `moe-tune plan`
+    p = make_plan(info, base, hw, [context] if context else [], KV_CHOICES, price=mem)
+    return plan_doc.plan_json(p, plan_doc.plan_notes(info, p, base, price=mem), base) | {
+        "model_source": resolved.source, "figures_from": plan_doc.FIGURES_FROM,
+        "memory_figures": plan_doc.memory_figures(mem)}
 
 
 def quants(repo: str, card: str | None = None, context: int = 8192, revision: str = "main") -> dict[str, Any]:

@@ -16,6 +16,7 @@ from tuner.core.config import LaunchConfig
 from tuner.core.errors import UsageError
 from tuner.engine import build, flags
 from tuner.engine.build import EngineLocation
+from tuner.engine.identity import EngineIdentity
 from tuner.machine import hardware, paths
 from tuner.measure import gpu_use, session_run, speculation
 from tuner.measure.bench import BenchResult, ServerTrial, run_bench, run_server_trial
@@ -35,6 +36,7 @@ class BenchReport:
     acceptance: speculation.LogAcceptance | None = None
     session: SessionTrial | None = None  # the agent workload: a multi-turn session replayed
     finding: session_run.Finding | None = None  # its full re-processes, and the setting that avoids them
+    engine: EngineIdentity | None = None  # the build that ran it (its own --version)
 
     def percent_of_roofline(self, gen_tok_s: float) -> float | None:
         ceiling = self.roofline.gen_tok_s
@@ -43,7 +45,8 @@ class BenchReport:
     def to_dict(self) -> dict[str, Any]:
         result, trial, roof = self.bench, self.server, self.roofline
         report: dict[str, Any] = {
-            "model": str(self.config.model), "argv": list(result.argv), "elapsed_s": result.elapsed_s,
+            "model": str(self.config.model), "engine": self.engine.to_dict() if self.engine else None,
+            "argv": list(result.argv), "elapsed_s": result.elapsed_s,
             "launch_line": flags.launch_line(self.config), "runs": result.runs,
             "rows": [r.to_dict() for r in result.rows], "host_paging": result.host_paging.to_dict(),
             "roofline": {"gen_tok_s": roof.gen_tok_s or None, "prompt_tok_s": roof.prompt_tok_s,
@@ -118,10 +121,10 @@ def bench_config(loc: EngineLocation, cfg: LaunchConfig, load: Workload, *, dept
         ses = session_run.run_session_trial(loc, cfg, session, session_gen_tokens,
                                             log_dir=log_dir or paths.cache_root() / "logs", caps=caps)
         found = session_run.diagnose(ses.result, inspect_model(cfg.model), cfg)
-        return BenchReport(cfg, result, None, roof, None, ses, found)
+        return BenchReport(cfg, result, None, roof, None, ses, found, caps.identity)
     if server:
         say(f"llama-server {load.kind.value} workload at concurrency 1..{cfg.parallel or 1}")
         trial = run_server_trial(loc, cfg, load, log_dir=log_dir or paths.cache_root() / "logs", caps=caps,
                                  roofline_tok_s=roof.gen_tok_s or None, vram_budget_bytes=hw.vram_budget_bytes or None)
     accepted = speculation.acceptance_from_log(trial.log_path.read_text(errors="replace")) if trial else None
-    return BenchReport(cfg, result, trial, roof, accepted)
+    return BenchReport(cfg, result, trial, roof, accepted, engine=caps.identity)

@@ -13,10 +13,12 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tuner.core.errors import UsageError
-from tuner.engine.runner import ServerProcess, StreamedCompletion
+
+if TYPE_CHECKING:  # a runner's process is passed in: the workload's kinds load without it (the CLI's options)
+    from tuner.engine.runner import ServerProcess, StreamedCompletion
 
 
 class WorkloadKind(str, Enum):

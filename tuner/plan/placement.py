@@ -19,6 +19,7 @@ from tuner.core.machine_spec import Hardware
 from tuner.core.model import ModelInfo
 from tuner.core.units import MIB
 from tuner.plan.memory import CTX_PAD, FIT_MARGIN_BYTES, MemoryEstimate, Verdict, estimate
+from tuner.plan.pricing import Price
 from tuner.plan.roofline import Roofline, roofline
 
 KV_CHOICES: tuple[tuple[CacheType, CacheType], ...] = (
@@ -140,25 +141,39 @@ def overs(est: MemoryEstimate, hw: Hardware, margin_bytes: int = FIT_MARGIN_BYTE
 
 
 def fit_interval(model: ModelInfo, cfg: LaunchConfig, hw: Hardware,
-                 margin_bytes: int = FIT_MARGIN_BYTES) -> FitInterval:
+                 margin_bytes: int = FIT_MARGIN_BYTES, price: Price | None = None) -> FitInterval:
     """Which offload steps fit ``cfg`` on ``hw`` (:func:`offload_of`), and, when none does, what is short by how
     much: :func:`interval_of` over every step, from a handful of estimates.
 
     Each step moves one layer's weights from the card to the host, so the card's need falls and the host's rises
     step by step (the compute buffer may grow by a host weight's copy, less than the layer it moved): the steps
     that fit the card are a suffix, those that fit the RAM a prefix, and a bisection finds each end. On a 30B MoE
-    that is 12 compute-graph replays instead of 49."""
+    that is 12 compute-graph replays instead of 49. With ``price`` (an engine's own projection: :mod:`tuner.plan.
+    pricing`) the replay's ends are the first guess and the price settles each end from there: two projections per
+    end when the replay was right, a few more when it drifted."""
     axis = offload_of(model)
-    seen: dict[int, tuple[int, int]] = {}
-
-    def over(n: int) -> tuple[int, int]:
-        if n not in seen:
-            seen[n] = overs(estimate(model, axis.apply(cfg, n), hw), hw, margin_bytes)
-        return seen[n]
-
     last = axis.steps - 1
-    lo = _first(lambda n: over(n)[0] <= 0, last)  # the fewest steps the card holds
-    hi = _first(lambda n: over(n)[1] > 0, last)  # the first step the RAM does not hold
+    guess: dict[int, tuple[int, int]] = {}
+
+    def over_replay(n: int) -> tuple[int, int]:
+        if n not in guess:
+            guess[n] = overs(estimate(model, axis.apply(cfg, n), hw), hw, margin_bytes)
+        return guess[n]
+
+    lo = _first(lambda n: over_replay(n)[0] <= 0, last)  # the fewest steps the card holds
+    hi = _first(lambda n: over_replay(n)[1] > 0, last)  # the first step the RAM does not hold
+    over = over_replay
+    if price is not None:
+        seen: dict[int, tuple[int, int]] = {}
+
+        def over_decided(n: int) -> tuple[int, int]:
+            if n not in seen:
+                seen[n] = overs(price(model, axis.apply(cfg, n), hw), hw, margin_bytes)
+            return seen[n]
+
+        lo = _settle(lambda n: over_decided(n)[0] <= 0, lo, last)
+        hi = _settle(lambda n: over_decided(n)[1] > 0, hi, last)
+        over = over_decided
     hi = last if hi is None else hi - 1 if hi > 0 else None
     if lo is not None and hi is not None and lo <= hi:
         return FitInterval(lo, hi, offload=axis)
@@ -183,7 +198,11 @@ def _first(holds: Callable[[int], bool], last: int) -> int | None:
     """The smallest step in 0..last where ``holds`` (false below it, true from it on), or None."""
     if not holds(last):
         return None
-    a, b = 0, last
+    return _bisect(holds, 0, last)
+
+
+def _bisect(holds: Callable[[int], bool], a: int, b: int) -> int:
+    """The smallest step in a..b where ``holds``, given that it holds at b."""
     while a < b:
         mid = (a + b) // 2
         if holds(mid):
@@ -191,6 +210,28 @@ def _first(holds: Callable[[int], bool], last: int) -> int | None:
         else:
             a = mid + 1
     return a
+
+
+def _settle(holds: Callable[[int], bool], guess: int | None, last: int) -> int | None:
+    """:func:`_first` starting from a guess (None: the guess was that it holds nowhere): it gallops away from the
+    guess, 1, 2, 4 steps, until the answer is bracketed, then bisects; the guess right costs two calls."""
+    start = last if guess is None else guess
+    if holds(start):
+        ok, step, bad = start, 1, -1
+        while ok > 0:
+            probe = max(0, ok - step)
+            if not holds(probe):
+                bad = probe
+                break
+            ok, step = probe, step * 2
+        return _bisect(holds, bad + 1, ok)
+    bad, step = start, 1
+    while bad < last:
+        probe = min(last, bad + step)
+        if holds(probe):
+            return _bisect(holds, bad + 1, probe)
+        bad, step = probe, step * 2
+    return None
 
 
 def interval_of(estimates: Sequence[MemoryEstimate], hw: Hardware,
@@ -241,20 +282,23 @@ class Plan:
     n_configs: int
 
 
-def plan_rows(model: ModelInfo, base: LaunchConfig, hw: Hardware) -> tuple[PlanRow, ...]:
+def plan_rows(model: ModelInfo, base: LaunchConfig, hw: Hardware, price: Price | None = None
+              ) -> tuple[PlanRow, ...]:
     axis = offload_of(model)
+    priced = price or estimate
     rows = []
     for n in range(axis.steps):
         cfg = axis.apply(base, n)
-        rows.append(PlanRow(n, estimate(model, cfg, hw), roofline(model, cfg, hw), axis))
+        rows.append(PlanRow(n, priced(model, cfg, hw), roofline(model, cfg, hw), axis))
     return tuple(rows)
 
 
-def load_mode_note(model: ModelInfo, base: LaunchConfig, hw: Hardware, fit: SmallestFit) -> str | None:
+def load_mode_note(model: ModelInfo, base: LaunchConfig, hw: Hardware, fit: SmallestFit,
+                   price: Price | None = None) -> str | None:
     """A sentence when the other load mode (``--load-mode none`` vs mmap) changes which --n-cpu-moe fit at the
     context and KV pair of ``fit`` (a summary of :func:`make_plan` for ``base``)."""
     other = replace(_with_kv(replace(base, ctx=fit.ctx), fit.cache_type_k, fit.cache_type_v), mmap=not base.mmap)
-    alt = fit_interval(model, other, hw)
+    alt = fit_interval(model, other, hw, price=price)
     if (alt.lo, alt.hi) == (fit.interval.lo, fit.interval.hi):
         return None
     flag = "--load-mode mmap" if other.mmap else "--load-mode none"
@@ -266,30 +310,36 @@ def smallest_fitting_n_cpu_moe(model: ModelInfo, cfg: LaunchConfig, hw: Hardware
     return fit_interval(model, cfg, hw).lo
 
 
-def largest_fitting_ctx(model: ModelInfo, cfg: LaunchConfig, hw: Hardware) -> tuple[int, int | None]:
+def largest_fitting_ctx(model: ModelInfo, cfg: LaunchConfig, hw: Hardware,
+                        price: Price | None = None) -> tuple[int, int | None]:
     """Largest context (a multiple of 256, at most the training context) at which some offload step fits, and the
     fewest host weights (the lowest step) that fit there. More context only adds memory on both sides, so this is
-    monotone."""
-    def fitting(ctx: int) -> int | None:
-        return fit_interval(model, replace(cfg, ctx=ctx), hw).lo
+    monotone: bisected on the replay, then settled by ``price`` (an engine's projection) when one is given."""
+    def fitting(ctx: int, by: Price | None = None) -> int | None:
+        return fit_interval(model, replace(cfg, ctx=ctx), hw, price=by).lo
 
-    lo, hi = 0, max(1, model.ctx_train // CTX_PAD)
+    steps = max(1, model.ctx_train // CTX_PAD)
+    lo, hi = 0, steps
     while lo < hi:
         mid = (lo + hi + 1) // 2
         if fitting(mid * CTX_PAD) is not None:
             lo = mid
         else:
             hi = mid - 1
-    return lo * CTX_PAD, (fitting(lo * CTX_PAD) if lo else None)
+    if price is not None:  # the first of 1..steps that does not fit, as index k - 1
+        fails = _settle(lambda i: fitting((i + 1) * CTX_PAD, price) is None, lo if lo < steps else None, steps - 1)
+        lo = steps if fails is None else fails
+    return lo * CTX_PAD, (fitting(lo * CTX_PAD, price) if lo else None)
 
 
 def make_plan(model: ModelInfo, base: LaunchConfig, hw: Hardware, ctxs: Sequence[int] = (),
-              kv_choices: Sequence[tuple[CacheType, CacheType]] = ()) -> Plan:
-    """The table for ``base`` (its ctx and KV types) at every n_cpu_moe, plus the two summaries."""
+              kv_choices: Sequence[tuple[CacheType, CacheType]] = (), price: Price | None = None) -> Plan:
+    """The table for ``base`` (its ctx and KV types) at every n_cpu_moe, plus the two summaries; ``price``: the
+    figures that decide (an engine's projection, :mod:`tuner.plan.pricing`), else the replay's."""
     ctxs = list(ctxs) or [base.ctx or model.ctx_train]
     kv = list(dict.fromkeys([(base.cache_type_k, base.cache_type_v), *kv_choices]))
     table = replace(base, ctx=ctxs[0])
-    rows = plan_rows(model, table, hw)
+    rows = plan_rows(model, table, hw, price)
     n = len(rows)
     smallest = []
     for ctx in ctxs:
@@ -298,12 +348,12 @@ def make_plan(model: ModelInfo, base: LaunchConfig, hw: Hardware, ctxs: Sequence
             if cfg == table:  # the table's own ctx/KV pair: its rows are these estimates already
                 interval = interval_of([r.estimate for r in rows], hw, axis=offload_of(model))
             else:
-                interval = fit_interval(model, cfg, hw)
+                interval = fit_interval(model, cfg, hw, price=price)
                 n += offload_of(model).steps
             smallest.append(SmallestFit(ctx, ctk, ctv, interval))
     largest = []
     for ctk, ctv in kv:
-        ctx_max, n_cpu_moe = largest_fitting_ctx(model, _with_kv(base, ctk, ctv), hw)
+        ctx_max, n_cpu_moe = largest_fitting_ctx(model, _with_kv(base, ctk, ctv), hw, price)
         largest.append(LargestCtx(ctk, ctv, n_cpu_moe, ctx_max))
         n += ((model.ctx_train // CTX_PAD).bit_length() + 2) * offload_of(model).steps
     return Plan(model, hw, base, rows, tuple(smallest), tuple(largest), n)

@@ -23,11 +23,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tuner.core.config import CacheType, FlashAttn
-from tuner.engine import build
 from tuner.quality import perplexity
+
+if TYPE_CHECKING:
+    from tuner.engine import build
 
 # Mean KLD (nats per token) above which a KV pair is refused by default: absolute, set on trained weights
 # (module docstring). Above q8_0's cost (0.0044 on a 135M model, 0.001 on 8B), below q4_0/q4_0's (0.058 on 135M).

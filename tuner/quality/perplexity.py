@@ -19,15 +19,18 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from tuner.core.config import CacheType, FlashAttn, LaunchConfig
 from tuner.core.errors import DiskSpaceError, OutputCutError, QualityError, TextTooShortError, UsageError
-from tuner.engine import build, flags, runner
-from tuner.machine import hardware, paths
+from tuner.engine import flags
+from tuner.machine import paths
 from tuner.machine.fileio import atomic_path, atomic_write, file_lock
-from tuner.models import gguf_reader
 from tuner.quality import corpus, kld
+
+if TYPE_CHECKING:  # these load when a model is read or measured, not when a command names a default
+    from tuner.engine import build
+    from tuner.models import gguf_reader
 
 DEFAULT_CTX = 512
 DEFAULT_CHUNKS = 32
@@ -96,6 +99,8 @@ def model_identity(model: Path) -> str:
     process: a file seen again (same parts, sizes and modification times) is served from memory, so a pricing
     pass over many KV types, or a model that is its own reference, reads it once.
     """
+    from tuner.models import gguf_reader
+
     parts = gguf_reader.split_parts(model)
     return _hash_parts(tuple((str(p.resolve()), st.st_size, st.st_mtime_ns) for p in parts for st in (p.stat(),)))
 
@@ -116,14 +121,18 @@ def _hash_parts(stamp: tuple[tuple[str, int, int], ...]) -> str:
 
 def engine_identity(loc: build.EngineLocation) -> str:
     """The engine commit; a build that does not know its commit is named by its binary instead."""
-    commit = build.capabilities(loc).commit
-    if commit and commit != "unknown":
-        return commit
+    from tuner.engine import build
+
+    engine = build.capabilities(loc).identity
+    if engine.known:
+        return engine.commit
     st = loc.tool("llama-perplexity").stat()
     return "binary-" + hashlib.sha256(f"{loc.bin_dir}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:12]
 
 
 def _base_name(path: Path) -> str:
+    from tuner.models import gguf_reader
+
     split = gguf_reader.split_name(path.name)
     stem = split[0] if split else path.stem
     return _QUANT_SUFFIX.sub("", stem).lower()
@@ -132,12 +141,16 @@ def _base_name(path: Path) -> str:
 def find_reference(model: Path) -> Path | None:
     """The highest-precision file of the same model next to ``model`` (same folder, or per-quant sibling
     folders as Hugging Face repos lay them out): same name without the quant, same shape, F32/BF16/F16/Q8_0."""
+    from tuner.models import gguf_reader
+
     found = _reference_near(model, gguf_reader.inspect_model(model))
     return found[0] if found else None
 
 
 def _reference_near(model: Path, info: gguf_reader.ModelInfo) -> tuple[Path, gguf_reader.ModelInfo] | None:
     """:func:`find_reference` for a model already read, with the reference's header (read once, kept)."""
+    from tuner.models import gguf_reader
+
     base = _base_name(model)
     folders = {model.parent} | {p for p in model.parent.parent.iterdir() if p.is_dir()}
     best: tuple[int, Path, gguf_reader.ModelInfo] | None = None
@@ -197,6 +210,8 @@ def _store_result(path: Path, result: QualityResult) -> None:
 
 def _make_room(need_bytes: int, budget_bytes: int, keep: Path) -> None:
     """Keep the reference logits cache within the budget: refuse what cannot fit, evict the least recently used."""
+    from tuner.machine import hardware
+
     if need_bytes > budget_bytes:
         raise UsageError(
             f"the reference logits would take {need_bytes / 2**30:.2f} GiB, over the {budget_bytes / 2**30:.2f} GiB "
@@ -225,6 +240,8 @@ T = TypeVar("T")
 def _run(argv: list[str], parse: Callable[[str], T], timeout_s: float) -> T:
     """Run llama-perplexity and parse its figures; again when its last lines were lost at exit (see
     :class:`~tuner.core.errors.OutputCutError`): the figures are deterministic, so a second run gives the same."""
+    from tuner.engine import runner
+
     for attempt in range(1, RUN_ATTEMPTS + 1):
         res = runner.run_process(
             argv, timeout_s=timeout_s, what="llama-perplexity",
@@ -266,6 +283,8 @@ def reference_logits(
     """The reference's logits over ``chunks`` chunks, written once (f16 KV) and reused while they fit the budget.
 
     ``reference_info``: the reference's header when the caller has read it already (it is not read again)."""
+    from tuner.models import gguf_reader
+
     n_vocab = (reference_info or gguf_reader.inspect_model(reference)).n_vocab
     path = _logits_path(loc, reference, text_sha256, ctx, chunks)
     key = path.stem
@@ -316,6 +335,8 @@ def measure(
     ``reference`` names the reference file; without it the highest-precision sibling is found when
     ``auto_reference``. The bundled corpus is the text unless ``text_file`` is given.
     """
+    from tuner.models import gguf_reader
+
     start = time.monotonic()
     if ctx < 16 or chunks < 1:
         raise UsageError(f"-c must be >= 16 and --chunks >= 1 (got -c {ctx}, --chunks {chunks})")

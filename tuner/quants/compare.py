@@ -28,8 +28,9 @@ from tuner.quants import disk as quant_disk
 from tuner.quants import pick as quant_pick
 from tuner.quants import sources as plan_sources
 from tuner.search import autotune, study
+from tuner.search.budget import QUANT_TRIALS
 
-DEFAULT_TRIALS = 4
+DEFAULT_TRIALS = QUANT_TRIALS
 REFERENCE_LOGITS, IMATRIX, KV_LOGITS = "the reference logits", "the importance matrix", "KV-pricing logits"
 
 FitFn = Callable[[repos.Quant, ModelInfo], str]

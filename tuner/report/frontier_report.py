@@ -16,7 +16,7 @@ from tuner.machine.fileio import atomic_write
 from tuner.plan.memory import effective_config
 from tuner.report.study_report import save_png  # one way to write a PNG
 from tuner.search.result import StudyResult, write_result
-from tuner.search.study import config_from_dict
+from tuner.search.trials import config_from_dict
 
 GIB = 2**30
 HEADERS = ("context", "slots", "config", "s/request", "gen tok/s", "aggregate tok/s", "KLD", "VRAM GiB", "RAM GiB",

@@ -19,6 +19,7 @@ from typing import Any
 
 from tuner.core.errors import TunerError, UsageError
 from tuner.engine import build
+from tuner.engine.identity import EngineIdentity, same_commit
 from tuner.machine import hardware
 from tuner.models import fingerprint
 from tuner.search.finish import ServerMeasurement
@@ -164,10 +165,14 @@ def _model_changes(paths: Iterable[Path], written_s: float, recorded: dict[str, 
 def _engine_changes(engine: dict[str, Any] | None, now: Now) -> tuple[list[str], list[str]]:
     if not engine:
         return [], ["the engine (the result records none)"]
-    then = f"llama.cpp {engine.get('commit')} ({engine.get('backend')})"
-    if (engine.get("commit"), engine.get("backend")) != (now.engine_commit, now.engine_backend):
-        return [f"the engine is llama.cpp {now.engine_commit} ({now.engine_backend}) now; the line was measured on "
-                f"{then}"], []
+    then = EngineIdentity.from_dict(engine)
+    here = EngineIdentity(now.engine_commit, backend=now.engine_backend)
+    moved = then.backend != here.backend or (then.known and here.known and not same_commit(then.commit, here.commit))
+    if moved or then.known != here.known:
+        return [f"the engine is {here.describe()} now; the line was measured on {then.describe()}"], []
+    if not here.known:
+        return [], [f"the engine: {here.name} reports no commit, so the line cannot be tied to the build it was "
+                    "measured on"]
     return [], []
 
 

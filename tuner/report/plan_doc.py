@@ -10,10 +10,15 @@ from typing import Any
 from tuner.core.config import LaunchConfig
 from tuner.core.machine_spec import Hardware
 from tuner.engine import flags
+from tuner.engine.identity import REPLAY_COMMIT, replay_note
+from tuner.measure.engine_memory import EngineMemory
 from tuner.models import gguf_reader
 from tuner.plan.memory import Breakdown, HostBuffer
 from tuner.plan.placement import Plan, PlanRow, load_mode_note, offload_of
+from tuner.plan.pricing import Price
 from tuner.plan.ram import TIGHT_MARGIN_BYTES, RamSide, holders_line, ram_side
+
+FIGURES_FROM = "moe-tune's memory model (tuner.plan.memory), the engine's own projection deciding where one is found"
 
 # What each host buffer is, in the words the table's notes use.
 _BUFFER_WORDS = {
@@ -82,9 +87,20 @@ def plan_json(p: Plan, notes: list[str], base: LaunchConfig) -> dict[str, Any]:
     }
 
 
+def memory_figures(mem: EngineMemory | None) -> dict[str, Any]:
+    """Whose figures decided the plan (``memory_figures`` of ``plan --json``): the engine's summary, or the replay
+    alone; with the note that says whose figures the replay's are where the engine is not the pin. The same plan
+    gives the same document whether its projections ran now or came from the cache."""
+    summary = mem.summary(cost=False) if mem is not None else {"decided_by": "replay", "engine": None,
+                                                     "replay_commit": REPLAY_COMMIT}
+    return {**summary, "replay_note": replay_note(mem.engine if mem is not None else None)}
+
+
 def plan_notes(info: gguf_reader.ModelInfo, p: Plan, base: LaunchConfig,
-               holders: Callable[[], tuple[tuple[str, int], ...]] | None = None) -> list[str]:
-    """What a reader needs beside the table: how the host side is held, and when the load mode matters."""
+               holders: Callable[[], tuple[tuple[str, int], ...]] | None = None, price: Price | None = None
+               ) -> list[str]:
+    """What a reader needs beside the table: how the host side is held, and when the load mode matters (``price``:
+    the figures that decided the plan, :mod:`tuner.plan.pricing`)."""
     notes = []
     axis = offload_of(info)
     first = p.smallest_fits[0] if p.smallest_fits else None
@@ -101,7 +117,7 @@ def plan_notes(info: gguf_reader.ModelInfo, p: Plan, base: LaunchConfig,
         notes.append("--load-mode none holds them as one pinned copy instead (same RAM): prompts copy experts to "
                      "the GPU faster from pinned memory; llama.cpp suggests it when experts stay on the host")
     if first is not None:
-        note = load_mode_note(info, base, p.hardware, first)
+        note = load_mode_note(info, base, p.hardware, first, price)
         if note:
             notes.append(note)
     row = next(r for r in p.rows if r.step == n)

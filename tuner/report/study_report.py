@@ -13,12 +13,13 @@ from typing import Any, TypeVar
 
 from tuner.core.errors import UsageError
 from tuner.engine import build, flags
+from tuner.engine.identity import EngineIdentity, replay_note
 from tuner.machine.fileio import atomic_write
 from tuner.report import deploy
 from tuner.search import dedup
 from tuner.search.finish import Finish, ServerMeasurement
 from tuner.search.result import StudyResult, load_result, write_result  # noqa: F401 - load_result re-exported
-from tuner.search.study import TrialRecord, config_from_dict, non_dominated
+from tuner.search.trials import TrialRecord, config_from_dict, non_dominated
 from tuner.search.verdict import Verdict
 
 # How the baselines read in the report ("fit": llama.cpp's own --fit placement).
@@ -247,14 +248,27 @@ def _session_table(arms: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _memory_lines(result: dict[str, Any]) -> list[str]:
+    """Whose memory figures decided the gate, and the commit the replay follows when the engine is another."""
+    figures = result.get("memory_figures")
+    if not figures:
+        return []
+    engine = EngineIdentity.from_dict(figures.get("engine"))
+    lines = [f"- memory verdicts: {engine.name}'s own projection (llama-fit-params) for {figures.get('configs')} "
+             f"configs ({figures.get('projections_run')} run in {figures.get('projection_s')} s); the replay of "
+             f"llama.cpp {figures.get('replay_commit')} made the first guesses"]
+    whose = replay_note(engine)
+    return lines + ([f"- {whose}"] if whose else []) + [f"- {note}" for note in figures.get("notes") or []]
+
+
 def markdown(study_result: StudyResult) -> str:
     result = study_result.to_dict()
     trials = [TrialRecord(**t) for t in result["trials"]]
     m = result.get("measure") or {}
     lines = [f"# auto-tune: {Path(result['model'] or '?').name}", "",
              f"- study: `{result['study']}`", f"- machine: {_or_dash((result.get('hardware') or {}).get('describe'))}",
-             f"- engine: llama.cpp {_or_dash((result.get('engine') or {}).get('commit'))} "
-             f"({_or_dash((result.get('engine') or {}).get('backend'))})",
+             f"- engine: {EngineIdentity.from_dict(result.get('engine')).describe()}",
+             *_memory_lines(result),
              f"- workload: {workload_words(result.get('workload'))}",
              f"- trials: llama-bench pp{m.get('n_prompt')} at depth {m.get('prompt_depth')}, tg{m.get('n_gen')} at "
              f"depth {m.get('gen_depth')}, scored by one request's end-to-end time" if m else "- trials: llama-bench",

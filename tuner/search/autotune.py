@@ -13,22 +13,25 @@ from typing import Any
 from tuner.core.config import CacheType, LaunchConfig
 from tuner.core.errors import UsageError
 from tuner.engine import build
+from tuner.engine.identity import replay_note
 from tuner.machine.hardware import Hardware
-from tuner.measure import gpu_use
+from tuner.measure import engine_memory, gpu_use
+from tuner.measure.engine_memory import EngineMemory
 from tuner.measure.workload import Workload
 from tuner.models import fingerprint
 from tuner.models.gguf_reader import ModelInfo, inspect_model
 from tuner.plan.memory import effective_config
 from tuner.plan.placement import largest_fitting_ctx, placed_by_fit
+from tuner.plan.pricing import Price
 from tuner.plan.roofline import Roofline, roofline
 from tuner.quality import kv_price
 from tuner.quality.kv_price import KvPrice
 from tuner.search import finish, proposals, session_stage, space, speculation, study
 from tuner.search import result as study_result
+from tuner.search.budget import DEFAULT_TRIALS
 from tuner.search.interrupt import sigterm_as_ctrl_c
 
 DEFAULT_CTX = 4096
-DEFAULT_TRIALS = 10  # the CLI's default too: one number
 TOP_CANDIDATES = 2
 
 
@@ -89,7 +92,7 @@ def choose_ctx(req: TuneRequest, info: ModelInfo, hw: Hardware, parallel: int) -
         # (host RAM may cap how many experts can go to the host).
         probe = LaunchConfig(model=req.model, cache_type_k=CacheType.Q8_0, cache_type_v=CacheType.Q8_0,
                              parallel=parallel)
-        ctx, _ = largest_fitting_ctx(info, probe, hw)
+        ctx, _ = largest_fitting_ctx(info, probe, hw, engine_memory.in_force())
         if ctx < need * parallel:
             raise UsageError(f"no context of {need * parallel} tokens fits this machine: use a smaller model")
         return ctx
@@ -125,15 +128,45 @@ def kv_pricer(loc: build.EngineLocation, req: TuneRequest, st: Any, on_step: Cal
 def auto_tune(req: TuneRequest, loc: build.EngineLocation, hw: Hardware, *,
               on_progress: Callable[[study.Progress], None] | None = None,
               on_step: Callable[[str], None] | None = None) -> TuneResult:
+    """The whole tune; every memory verdict in it (the space's --n-cpu-moe range, the gate before each trial, the
+    seeds) follows the engine's own projection (:mod:`tuner.measure.engine_memory`), the replay its first guess."""
+    mem = EngineMemory.of(loc)
+    with engine_memory.deciding(mem):
+        return _auto_tune(req, loc, hw, mem, on_progress, on_step)
 
+
+def _memory_steps(mem: EngineMemory, said: set[str], on_step: Callable[[str], None] | None) -> None:
+    """Say each memory note once: the replay's commit where the engine is another build, each drift."""
+    whose = replay_note(mem.engine)
+    for note in ([whose] if whose else []) + mem.notes:
+        if on_step and note not in said:
+            on_step(note)
+        said.add(note)
+
+
+def _auto_tune(req: TuneRequest, loc: build.EngineLocation, hw: Hardware, mem: EngineMemory,
+               on_progress: Callable[[study.Progress], None] | None,
+               on_step: Callable[[str], None] | None) -> TuneResult:
     hw = gpu_use.preflight(loc, hw, req.device)  # a GPU rig measured on the CPU stops here, not after
     caps = build.capabilities(loc)
     info = inspect_model(req.model)
     parallel = req.parallel or req.workload.concurrency
+    if on_step:
+        on_step(f"memory: {mem.engine.name}'s own projection (llama-fit-params) decides what fits, each distinct "
+                "config asked once and cached; the replay's figures are its first guess")
     ctx = choose_ctx(req, info, hw, parallel)
-    sp = space.build_space(req.model, info, hw, ctx=ctx, parallel=parallel,
-                           prompt_tokens=req.workload.prompt_tokens, concurrency=req.workload.concurrency,
-                           vram_margin_mib=req.vram_margin_mib, device=req.device, fa_kernels=caps.fa_kernels)
+
+    def space_by(price: Price) -> space.SearchSpace:
+        with engine_memory.deciding(price):
+            return space.build_space(req.model, info, hw, ctx=ctx, parallel=parallel,
+                                     prompt_tokens=req.workload.prompt_tokens, concurrency=req.workload.concurrency,
+                                     vram_margin_mib=req.vram_margin_mib, device=req.device,
+                                     fa_kernels=caps.fa_kernels)
+
+    # A card's --n-cpu-moe bounds ask a projection per end and KV pair and ubatch: made all cores at a time.
+    sp = mem.prefetched(space_by) if hw.has_gpu else space_by(mem)
+    said: set[str] = set()
+    _memory_steps(mem, said, on_step)
     if on_step:
         for note in (sp.n_cpu_moe_why, *sp.left_out):  # what the space spans and what it leaves out, and why
             if note:
@@ -173,8 +206,8 @@ def auto_tune(req: TuneRequest, loc: build.EngineLocation, hw: Hardware, *,
                                   "vram_budget_bytes": hw.vram_budget_bytes, "physical_cores": hw.physical_cores,
                                   "ram_available_bytes": hw.ram_available_bytes,
                                   "n_cpu_moe_why": sp.n_cpu_moe_why})
-    st.set_user_attr("engine", {"commit": caps.commit, "version": caps.version, "backend": caps.backend,
-                                "fa_quants": ";".join(caps.fa_kernels.pairs) if caps.fa_kernels.pairs else None})
+    st.set_user_attr("engine", caps.identity.to_dict())
+    st.set_user_attr("memory_figures", mem.summary())
     st.set_user_attr("workload", req.workload.describe())
     st.set_user_attr("measure", {"n_prompt": measure.n_prompt, "n_gen": measure.n_gen,
                                  "prompt_depth": measure.prompt_depth, "gen_depth": measure.gen_depth,
@@ -198,6 +231,10 @@ def auto_tune(req: TuneRequest, loc: build.EngineLocation, hw: Hardware, *,
             on_step("every config of the search space is in the study: the search stopped early")
         if on_step and outcome.drift:
             on_step(outcome.drift)
+        _memory_steps(mem, said, on_step)
+        st.set_user_attr("memory_figures", mem.summary())
+        if on_step:
+            on_step(mem.describe())
     result_dir = req.results_dir / name
     if outcome.interrupted:
         return TuneResult(name, storage, result_dir, study_result.result_from_study(st), outcome)

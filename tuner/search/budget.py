@@ -7,6 +7,9 @@ from dataclasses import dataclass
 
 from tuner.core.errors import UsageError
 
+DEFAULT_TRIALS = 10  # auto-tune's trials per run (the CLI's default too: one number)
+QUANT_TRIALS = 4  # compare-quants: auto-tune trials per quant
+
 
 @dataclass(frozen=True, slots=True)
 class Budget:

@@ -9,11 +9,11 @@ from dataclasses import replace
 
 from tuner.core.config import FlashAttn, LaunchConfig
 from tuner.core.errors import TunerError
+from tuner.core.model import ModelInfo
 from tuner.engine import flags, runner
 from tuner.engine.build import EngineLocation
 from tuner.machine import hardware
 from tuner.machine.hardware import Hardware
-from tuner.models.gguf_reader import ModelInfo
 from tuner.search import space
 
 FIT_MARGIN_MIB = 1024  # llama.cpp's default -fitt

@@ -15,7 +15,7 @@ from typing import Any
 from tuner.core.errors import ResultVersionError, UsageError
 from tuner.machine.fileio import atomic_write
 from tuner.search.finish import Finish, ServerMeasurement
-from tuner.search.study import TrialRecord, pareto_front, records
+from tuner.search.trials import TrialRecord, pareto_front, records
 
 # 2: trials at the workload's depth, KV quality prices, slots, verdicts; 1: the first auto-tune.
 RESULT_VERSION = 2
@@ -61,6 +61,8 @@ class StudyResult:
     model_fingerprint: dict[str, Any] | None = None
     # Seeds proposed from outside (`--seed-from`): label → where it came from (tuner.search.proposals).
     seed_origins: dict[str, str] | None = None
+    # Whose memory figures decided the gate (tuner.measure.engine_memory.EngineMemory.summary); None before it.
+    memory_figures: dict[str, Any] | None = None
 
     def seed_story(self) -> str | None:
         """Which seed the printed line (or, when llama.cpp's own choice is printed, the best candidate) came from,
@@ -99,6 +101,7 @@ class StudyResult:
             **({"session": self.session} if self.session is not None else {}),
             **({"model_fingerprint": self.model_fingerprint} if self.model_fingerprint is not None else {}),
             **({"seed_origins": self.seed_origins, "seed_story": self.seed_story()} if self.seed_origins else {}),
+            **({"memory_figures": self.memory_figures} if self.memory_figures is not None else {}),
         }
 
     @classmethod
@@ -112,7 +115,7 @@ class StudyResult:
             objective=d.get("objective"), space=d.get("space"), measure=d.get("measure"),
             quality=QualitySummary.from_dict(d.get("quality") or {}), frontier=d.get("frontier"),
             session=d.get("session"), model_fingerprint=d.get("model_fingerprint"),
-            seed_origins=d.get("seed_origins"),
+            seed_origins=d.get("seed_origins"), memory_figures=d.get("memory_figures"),
         )
 
 
@@ -131,6 +134,7 @@ def result_from_study(st: Any) -> StudyResult:
                                tuple(attrs.get("kv_prices", []))),
         frontier=attrs.get("frontier"), session=attrs.get("session"),
         model_fingerprint=attrs.get("model_fingerprint"), seed_origins=attrs.get("seed_origins"),
+        memory_figures=attrs.get("memory_figures"),
     )
 
 

@@ -31,9 +31,10 @@ from typing import Any
 
 from tuner.core.config import CacheType, FlashAttn, LaunchConfig
 from tuner.core.errors import UsageError
+from tuner.core.model import ModelInfo
 from tuner.engine.caps import FaKernels
 from tuner.machine.hardware import Hardware
-from tuner.models.gguf_reader import ModelInfo
+from tuner.measure.engine_memory import in_force, price
 from tuner.plan.memory import (
     DEFAULT_BATCH,
     DEFAULT_CACHE_RAM_MIB,
@@ -41,7 +42,6 @@ from tuner.plan.memory import (
     FIT_MARGIN_BYTES,
     MIB,
     MemoryEstimate,
-    estimate,
 )
 from tuner.plan.placement import fit_interval, offload_of, overs
 from tuner.plan.ram import TIGHT_MARGIN_BYTES, ram_side
@@ -145,7 +145,7 @@ def feasible_n_cpu_moe(info: ModelInfo, cfg: LaunchConfig, hw: Hardware,
     VRAM bounds it from below (each layer's experts moved to the host free VRAM) and host RAM from above
     (they need RAM there), so the feasible set is an interval that can be empty in the middle of the range.
     """
-    interval = fit_interval(info, cfg, hw, _margin_bytes(vram_margin_mib))
+    interval = fit_interval(info, cfg, hw, _margin_bytes(vram_margin_mib), in_force())
     return (interval.lo, interval.hi) if interval.lo is not None and interval.hi is not None else None
 
 
@@ -218,7 +218,7 @@ def _cache_ram(info: ModelInfo, hw: Hardware, cfg: LaunchConfig, moe: tuple[int,
     """The --cache-ram every trial carries where llama-server's default prompt cache (8192 MiB) would not fit
     beside the fewest host weights the space tries (its likeliest winner), and the note that says so."""
     at = replace(cfg, n_cpu_moe=moe[0] if moe else None, n_gpu_layers=ngl[1] if ngl else None)
-    side = ram_side(estimate(info, at, hw), at, hw)
+    side = ram_side(price(info, at, hw), at, hw)
     if side.cache_ram_fit_mib is None or side.exceeds:
         return None, ()
     return side.cache_ram_fit_mib, (
@@ -269,7 +269,7 @@ def _gpu_layers(info: ModelInfo, hw: Hardware, model_path: Path, ctx: int, paral
     fewest such most (more layers on the host only read more bytes over the slow path)."""
     axis = offload_of(info)
     intervals = [fit_interval(info, ubatch_config(model_path, k, v, ctx, parallel, u), hw,
-                              _margin_bytes(vram_margin_mib)) for (k, v), u in product(pairs, ubatch)]
+                              _margin_bytes(vram_margin_mib), in_force()) for (k, v), u in product(pairs, ubatch)]
     fits = [i for i in intervals if i.lo is not None and i.hi is not None]
     if fits and all(i.lo == 0 for i in intervals):
         return None, f"the whole model fits the card at -c {ctx}: -ngl is left to llama.cpp (every layer)"
@@ -414,8 +414,10 @@ class Feasibility:
 
 
 def check(info: ModelInfo, cfg: LaunchConfig, hw: Hardware, vram_margin_mib: float | None = None) -> Feasibility:
-    """Would ``cfg`` fit? ``vram_margin_mib`` replaces llama.cpp's own 1 GiB --fit margin when given."""
-    est = estimate(info, cfg, hw)
+    """Would ``cfg`` fit? ``vram_margin_mib`` replaces llama.cpp's own 1 GiB --fit margin when given. The figures
+    are the engine's own projection where a tune put it in force (:mod:`tuner.measure.engine_memory`), else the
+    replay's."""
+    est = price(info, cfg, hw)
     vram_over, ram_over = overs(est, hw, _margin_bytes(vram_margin_mib))
     # Without a GPU nothing goes to one: satisfied by construction.
     return Feasibility(est, vram_over / MIB if hw.has_gpu else -1.0, ram_over / MIB)

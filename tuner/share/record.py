@@ -24,12 +24,14 @@ from typing import Any
 from tuner import __version__
 from tuner.core.errors import RecordError, UsageError
 from tuner.engine import flags
+from tuner.engine.identity import EngineIdentity
 from tuner.hub.repos import quant_name
 from tuner.search.finish import ServerMeasurement
 from tuner.search.result import StudyResult
 from tuner.search.trials import config_from_dict
 from tuner.share.gate import (
     CPU_CARD,
+    ENGINE,
     LINE,
     MAX_LINES,
     MAX_RATIO,
@@ -104,14 +106,13 @@ def build_record(result: StudyResult, sharer: str | None) -> dict[str, Any]:
              "vram_budget_bytes": hw.get("vram_budget_bytes")} if hw.get("has_gpu")
             else {"name": CPU_CARD, "vram_total_bytes": 0, "vram_budget_bytes": None})
     card |= {"driver": fitted(hw.get("driver")), "pcie_link": fitted(hw.get("pcie_link"))}
-    fa = eng.get("fa_quants")
     record: dict[str, Any] = {
         "schema": SCHEMA, "version": SCHEMA_VERSION, "tool": f"moe-tune {__version__}", "sharer": sharer,
         "card": card,
         "host": {"ram_total_bytes": hw.get("ram_total_bytes"), "physical_cores": hw.get("physical_cores"),
                  "cpu_model": fitted(hw.get("cpu_model"))},
-        "engine": {k: fitted(eng.get(k)) for k in ("version", "commit", "backend")}
-        | {"fa_quants": fitted(fa) if isinstance(fa, str) else None},
+        # The engine that ran, as its one owner spells it (tuner.engine.identity), each string cut to the gate's size.
+        "engine": {k: fitted(v) for k, v in EngineIdentity.from_dict(eng).to_dict().items() if k in ENGINE},
         "model": model_identity(Path(result.model), result.model_fingerprint),
         "workload": {k: fitted(load.get(k)) for k in WORKLOAD},
         "lines": [_line(m, "selection") for m in (*fin.baselines, *fin.candidates)]
