@@ -16,7 +16,7 @@ import pytest
 
 from tests.desktop import desktop
 from tests.fakes import FakeNVML
-from tuner.core.errors import BuildToolMissingError, UsageError
+from tuner.core.errors import BuildToolMissingError, EngineError, UsageError
 from tuner.engine import build, cuda_toolkit, cuda_wheels
 from tuner.machine import hardware, paths
 
@@ -263,3 +263,26 @@ def test_cublas_installed_as_nvidias_wheel_is_used_without_fetching(tmp_path):
     assert cuda_toolkit.installed_cublas(tk, [tmp_path / "elsewhere", site]) == root
     cu12 = cuda_toolkit.Toolkit(tk.nvcc, "PATH", tk.root, (12, 8), ())
     assert cuda_toolkit.installed_cublas(cu12, [site]) is None  # libcublas.so.13 is not CUDA 12's
+
+
+def test_a_cuda_build_on_a_machine_without_the_driver_says_so_in_one_line(tmp_path):
+    """A CUDA build links the driver (libcuda.so.1, for VMM); on a machine without one the loader refuses to start
+    it. The engine is then named as built for a GPU machine, not read as a build of unknown commit with no flags.
+    The binaries here are real ones linked against a libcuda.so.1 that is then taken away."""
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "stub.c").write_text("int cuInit(unsigned f) { return 0; }\n")
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(lib / "libcuda.so.1"), "-Wl,-soname,libcuda.so.1",
+                    str(lib / "stub.c")], check=True)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (tmp_path / "main.c").write_text("int cuInit(unsigned f); int main(void) { return cuInit(0); }\n")
+    for tool in ("llama-bench", "llama-server"):
+        subprocess.run(["cc", "-o", str(bin_dir / tool), str(tmp_path / "main.c"), "-L", str(lib),
+                        "-l:libcuda.so.1"], check=True)
+    shutil.rmtree(lib)
+    loc = build.EngineLocation(bin_dir, "option")
+    said = (r"is a CUDA build and this machine has no NVIDIA driver \(libcuda\.so\.1\): it runs on a GPU machine; "
+            r"here run `moe-tune engine install --backend cpu`")
+    with pytest.raises(EngineError, match=said):
+        build.capabilities(loc, use_cache=False)

@@ -25,6 +25,7 @@ from tuner.core.errors import (
     BuildFailedError,
     BuildToolMissingError,
     DiskSpaceError,
+    EngineError,
     EngineNotFoundError,
     ProcessFailedError,
     UsageError,
@@ -150,6 +151,7 @@ def capabilities(loc: EngineLocation, use_cache: bool = True) -> Capabilities:
     out = runner.run_process(
         [str(bench), "--version"], timeout_s=30, what="llama-bench --version", fix=fix, check=False
     )
+    _refuse_unloadable(out.returncode, out.stdout + "\n" + out.stderr_tail, loc)
     version, build_number, commit = parse_version(out.stdout + "\n" + out.stderr_tail)
     server = loc.tool("llama-server")
     dev = runner.run_process(
@@ -169,6 +171,24 @@ def capabilities(loc: EngineLocation, use_cache: bool = True) -> Capabilities:
     caps = Capabilities(version, build_number, commit, backend, devices, flags, fa)
     _save_caps(cache_file, caps)
     return caps
+
+
+_MISSING_LIBRARY = re.compile(r"error while loading shared libraries: (\S+?):")
+
+
+def _refuse_unloadable(returncode: int, text: str, loc: EngineLocation) -> None:
+    """A binary the loader cannot start says nothing of itself: name the library it lacks, and for a CUDA build
+    linked to the driver (``libcuda.so.1``, VMM) on a machine without one, that it was built for a GPU machine."""
+    missing = _MISSING_LIBRARY.search(text)
+    if returncode == 0 or missing is None:
+        return
+    lib = missing.group(1)
+    if lib.startswith("libcuda.so"):
+        raise EngineError(f"the engine at {loc.bin_dir} is a CUDA build and this machine has no NVIDIA driver ({lib}): "
+                          "it runs on a GPU machine; here run `moe-tune engine install --backend cpu` or point "
+                          "LLAMA_CPP_DIR at a CPU build")
+    raise EngineError(f"the engine at {loc.bin_dir} cannot start: {lib} is missing; install it, or rebuild with "
+                      "`moe-tune engine install --force`")
 
 
 def _save_caps(cache_file: Path, caps: Capabilities) -> None:
