@@ -174,7 +174,8 @@ def test_the_driver_stub_defines_every_driver_call_of_the_pinned_engine(monkeypa
         assert made and driver == stub
     flags = cuda_toolkit.cmake_flags(tk, "90", None, driver)
     assert "-DGGML_CUDA_NO_VMM=ON" not in flags and f"-DCUDA_cuda_driver_LIBRARY={driver}" in flags
-    assert f"-DCMAKE_EXE_LINKER_FLAGS=-Wl,-rpath-link,{driver.parent}" in flags
+    (exe,) = [f for f in flags if f.startswith("-DCMAKE_EXE_LINKER_FLAGS=-Wl,")]
+    assert exe.startswith(f"-DCMAKE_EXE_LINKER_FLAGS=-Wl,-rpath-link,{driver.parent},")
     cuda_toolkit.find_toolkit.cache_clear()
 
 
@@ -202,8 +203,11 @@ def test_a_minimal_toolkit_gets_cublas_from_the_wheel(monkeypatch, tmp_path):
     flags = cuda_toolkit.cmake_flags(tk, "86", None if has_cublas else fake_cublas, None)
     assert "-DGGML_CUDA_NO_VMM=ON" in flags  # no driver library given: VMM off
     assert any(f.startswith("-DCUDA_cublas_LIBRARY=") for f in flags) == (not has_cublas)
-    # The tools link through libggml-cuda: the linker must be told where its libcublas.so.13 is.
-    assert (f"-DCMAKE_EXE_LINKER_FLAGS=-Wl,-rpath-link,{fake_cublas / 'lib'}" in flags) == (not has_cublas)
+    # The tools link through libggml-cuda: the linker must be told where its libcublas.so.13 is, in a wheel beside
+    # the toolkit or in the toolkit's own folders (NVIDIA's wheels: lib/, in no linker's search path).
+    (exe,) = [f for f in flags if f.startswith("-DCMAKE_EXE_LINKER_FLAGS=-Wl,")]
+    assert (f"-rpath-link,{fake_cublas / 'lib'}" in exe) == (not has_cublas)
+    assert all(f"-rpath-link,{d}" in exe for d in tk.lib_dirs)
     assert cuda_toolkit.cublas_wheel(tk).startswith(("nvidia-cublas>=13", "nvidia-cublas-cu12>=12"))
     assert os.fspath(tk.nvcc) in " ".join(flags)
     cuda_toolkit.find_toolkit.cache_clear()

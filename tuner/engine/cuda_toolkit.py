@@ -272,6 +272,9 @@ def cmake_flags(toolkit: Toolkit, archs: str, cublas_root: Path | None, driver: 
         # libggml-cuda records, which the tools' link looks for (-rpath-link, as for cuBLAS below).
         flags.append(f"-DCUDA_cuda_driver_LIBRARY={driver}")
         link_dirs.append(driver.parent)
+    # The toolkit's own library folders too: the wheels' lib/ (cuBLAS inside the toolkit) is in no linker's search
+    # path, and the tools' link failed on libggml-cuda's libcublas.so.13 after the whole CUDA compile.
+    link_dirs += list(toolkit.lib_dirs)
     if cublas_root is not None:
         libs = cublas_root / "lib"
         lt = sorted(libs.glob("libcublasLt.so*"))
