@@ -26,7 +26,7 @@ import pytest
 
 from tuner.core.config import LaunchConfig
 from tuner.engine import runner
-from tuner.machine import ballast, pressure, processes, quiet
+from tuner.machine import pressure, processes, quiet, ram_ballast
 from tuner.measure import bench, workload
 from tuner.models import shape_model
 
@@ -62,13 +62,13 @@ def data_file(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def balloon() -> Iterator[ballast.RamBallast]:
+def balloon() -> Iterator[ram_ballast.RamBallast]:
     """One balloon for the module's cases beside it (filling 20 GiB takes tens of seconds on a busy machine); the
     case with enough RAM comes first in the file, before it exists."""
-    free = ballast.mem_available_mib()
+    free = ram_ballast.mem_available_mib()
     if free < NEEDED_MIB:
         pytest.skip(f"only {free:,} MiB of RAM available: the balloon test needs {NEEDED_MIB:,} (free -m)")
-    with ballast.hold_ram(LEAVE_MIB, runner) as held:
+    with ram_ballast.hold_ram(LEAVE_MIB, runner) as held:
         assert held.available_mib <= LEAVE_MIB + 256, held  # it really took the rest
         yield held
         # The OOM killer takes it first when another program needs memory: a figure measured without it is void.
@@ -93,7 +93,7 @@ def _trial(loc, model: Path, tmp_path: Path) -> tuple[bench.ServerTrial, process
 
 def test_the_same_server_with_enough_ram_is_quiet_and_does_not_page(big_model, engine_loc, tmp_path):
     """Case (c): the same config with the RAM it needs: no page is read back while it generates."""
-    free = ballast.mem_available_mib()
+    free = ram_ballast.mem_available_mib()
     if free < 8192:
         pytest.skip(f"only {free:,} MiB of RAM available: the 2.9 GiB model needs room to stay in RAM")
     trial, seen = _trial(engine_loc, big_model, tmp_path)
@@ -111,7 +111,7 @@ def _bench(loc, model: Path, n_gen: int = 2) -> bench.BenchResult:
 def test_llama_bench_with_enough_ram_does_not_page(big_model, engine_loc):
     """The same for llama-bench, whose load and timed runs are one process: only the timed generation run is
     counted (the load's own reads are left out: tests/measure/test_phases.py scripts a cold one)."""
-    free = ballast.mem_available_mib()
+    free = ram_ballast.mem_available_mib()
     if free < 8192:
         pytest.skip(f"only {free:,} MiB of RAM available: the 2.9 GiB model needs room to stay in RAM")
     verdict = _bench(engine_loc, big_model).host_paging
