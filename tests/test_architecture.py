@@ -62,6 +62,7 @@ OWNERS = {
 # Strings that look like llama.cpp flags but are another program's arguments: pip's `-m pip download -d DIR`,
 # nvcc's `-o OUT` and `python -c CODE` for the VRAM ballast, nvcc's `-c` and pip's `-d` for the CUDA toolkit.
 NOT_LLAMA_FLAGS = {"engine/build.py": {"-m", "-d"}, "machine/ballast.py": {"-o", "-c"},
+                   "machine/ram_ballast.py": {"-c"},  # python -c
                    "engine/cuda_toolkit.py": {"-m", "-d", "-c"},  # pip download -d; nvcc --dryrun -c
                    "models/trained.py": {"-m", "-d"}}  # pip download -d: the trained model's wheel
 SPAWNING_OS_CALLS = re.compile(r"^(system|popen|fork|forkpty|posix_spawn\w*|exec\w+|spawn\w+)$")

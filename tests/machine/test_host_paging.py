@@ -129,7 +129,7 @@ def test_the_kernel_reclaiming_for_our_own_paging_is_not_a_rival(data_file, ball
     # Nothing of anyone else's ran: the kernel's work for our faults is not counted as a rival's (it once read
     # "0.6-0.9 cores"), nor are our own faults taken for another program's paging.
     assert seen.cpu_cores < 0.15, seen.describe()
-    assert seen.others_paging is None, seen.describe()
+    assert seen.others_memory is None, seen.describe()
     assert not seen.busy, seen.describe()
 
 
