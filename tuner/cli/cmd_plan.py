@@ -128,7 +128,7 @@ def plan_cmd(
                         flash_attn=flash_attn, parallel=parallel, ubatch=ubatch, ctx=ctxs[0] if ctxs else None,
                         mmap=load_mode == "mmap", no_host=no_host, repack=not no_repack)
     p = make_plan(info, base, hw, ctxs, KV_CHOICES)
-    notes = plan_doc.plan_notes(info, p, base, holders=hardware.ram_holders if ram is None else None)
+    notes = plan_doc.plan_notes(info, p, base, holders=plan_doc.ram_holders_for(ram is not None))
     check = _engine_check(info, base, hw) if engine_check else ()
     if as_json:
         doc = plan_doc.plan_json(p, notes, base)

@@ -39,8 +39,8 @@ def plan(model: str, card: str | None = None, context: int | None = None, ram_gi
                        host_bandwidth_gb_s)
     base = LaunchConfig(model=resolved.path, ctx=context)
     p = make_plan(info, base, hw, [context] if context else [], KV_CHOICES)
-    return plan_doc.plan_json(p, plan_doc.plan_notes(info, p, base), base) | {"model_source": resolved.source,
-                                                                         "figures_from": FIGURES_FROM}
+    notes = plan_doc.plan_notes(info, p, base, holders=plan_doc.ram_holders_for(ram_gib is not None))
+    return plan_doc.plan_json(p, notes, base) | {"model_source": resolved.source, "figures_from": FIGURES_FROM}
 
 
 def quants(repo: str, card: str | None = None, context: int = 8192, revision: str = "main") -> dict[str, Any]:
