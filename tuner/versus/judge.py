@@ -122,6 +122,9 @@ class HeadToHead:
             why = "; ".join(f"{a.label}: {a.failure}" for a in self.arms if a.failure)
             return "no model could be measured" + (f" ({why})" if why else "")
         if len(self.arms) < 2 or not self.verdicts:
+            if paged:
+                return (f"{best.label} was the only model measured without paging host RAM ({', '.join(paged)} "
+                        "paged: not a line to run on this machine as tuned)")
             return f"{best.label} was the only model measured"
         if self.decided:
             how = " in rounds that did not select it" if self.selected else ""
