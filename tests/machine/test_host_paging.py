@@ -119,6 +119,94 @@ def test_llama_bench_with_enough_ram_does_not_page(big_model, engine_loc):
     assert (verdict.faults_per_token or 0.0) < 1.0, verdict.describe()
 
 
+# A balloon that grows during someone else's run: it holds all but argv[1] MiB of MemAvailable, says "ready", waits
+# until a process named argv[3] holds argv[4] MiB resident (a llama-bench that loaded its model), then takes all but
+# argv[2] MiB, says "grown", and holds it until killed. Anonymous, written, the OOM killer's first pick.
+GROWER = r"""
+import mmap, os, sys, time
+def available():
+    with open("/proc/meminfo") as f:
+        return next(int(l.split()[1]) << 10 for l in f if l.startswith("MemAvailable:"))
+def resident(name):
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if open(f"/proc/{pid}/comm").read().strip() == name:
+                return int(open(f"/proc/{pid}/statm").read().split()[1]) * 4096
+        except OSError:
+            pass
+    return 0
+def fill(leave):
+    while available() - leave >= 64 << 20:
+        keep.append(mmap.mmap(-1, 64 << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | mmap.MAP_POPULATE))
+open("/proc/self/oom_score_adj", "w").write("1000")
+keep, mib = [], 1 << 20
+fill(int(sys.argv[1]) * mib)
+print("ready", flush=True)
+while resident(sys.argv[3]) < int(sys.argv[4]) * mib:
+    time.sleep(0.05)
+fill(int(sys.argv[2]) * mib)
+print("grown", flush=True)
+while True:
+    time.sleep(3600)
+"""
+
+
+@pytest.fixture(scope="module")
+def unrepacked_model(tmp_path_factory) -> Path:
+    """Qwen3.5-9B-shaped Q6_K cut to 8 layers (2.9 GiB, zero weights): no CPU backend on x86 repacks Q6_K
+    (ggml-cpu/repack.cpp, ``ggml_repack_get_optimal_repack_type``), so the search's own configs (repack left on) run
+    from the mapped file, whose pages the kernel can evict."""
+    path = tmp_path_factory.mktemp("paging") / "q9-eighth-shape-Q6_K.gguf"
+    spec, recipe = shape_model.resolve_target("Qwen3.5-9B:Q6_K")
+    shape_model.write_shape_model(replace(spec, n_layer=8), recipe, path)
+    return path
+
+
+def test_a_balloon_growing_during_a_trial_makes_it_busy_and_measured_again_our_own_paging_removes_it(
+        unrepacked_model, engine_loc, tmp_path):
+    """Issue 51. A search of one config: while its first trial runs, another program takes all but 1.5 GiB of RAM
+    (a browser growing by gigabytes), and the engine reads its weights back from disk. The watch saw that program
+    grow while the kernel reclaimed: the paging is its doing, the trial is busy and the config is measured again, not
+    removed. The program then holds its memory, idle; the second trial pages on its own: the config does not fit
+    this machine's RAM as it stands, and is held for good."""
+    from tuner.core.config import CacheType, FlashAttn
+    from tuner.machine.hardware import Hardware
+    from tuner.models.gguf_reader import inspect_model
+    from tuner.search import dedup, space, study
+
+    start_leave, end_leave = 6144, 1536
+    free = ram_ballast.mem_available_mib()
+    if free < start_leave + 4096:
+        pytest.skip(f"only {free:,} MiB of RAM available: the growing balloon needs {start_leave + 4096:,} (free -m)")
+    sp = space.SearchSpace(unrepacked_model, 256, 1, None, ((CacheType.F16, CacheType.F16),), (FlashAttn.ON,), (2,),
+                           (None,))
+    hw = Hardware("", 0, 0, 0.0, 0.0, 64 * 2**30, 64 * 2**30, 0, 20e9, 2, "none")  # the gate is not the subject
+    st = study.open_study("grown", study.default_storage(tmp_path), study.Objective(), seed=0)
+    measure = study.Measure(n_prompt=16, n_gen=8, repetitions=1, timeout_s=900, prompt_depth=0, gen_depth=0)
+    grower = subprocess.Popen([sys.executable, "-c", GROWER, str(start_leave), str(end_leave), "llama-bench", "2048"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert grower.stdout is not None and grower.stdout.readline().strip() == "ready"
+        outcome = study.run_search(st, sp, inspect_model(unrepacked_model), hw, engine_loc,
+                                   budget=study.Budget(trials=3), measure=measure)
+        assert grower.poll() is None, "the balloon was killed (OOM): other programs needed the memory"
+        assert grower.stdout.readline().strip() == "grown"
+    finally:
+        grower.kill()
+        grower.wait()
+    told = [t.user_attrs for t in st.get_trials(deepcopy=False) if t.user_attrs.get("status") != dedup.DUPLICATE]
+    assert [a["status"] for a in told] == [dedup.BESIDE_OTHERS, dedup.PAGING], \
+        [(a["status"], a.get("interference")) for a in told]
+    first, again = told
+    assert first["interference"] and "other processes took" in first["interference"], first["interference"]
+    assert f"pid {grower.pid} +" in first["interference"]
+    assert first["host_paging"]["verdict"] == "paging_beside_others"
+    assert again["queued_for"] == dedup.AGAIN and again["config"] == first["config"]
+    assert not again["interference"], again["interference"]  # quiet: the balloon only held what it took
+    assert again["host_paging"]["verdict"] == dedup.PAGING
+    assert outcome.exhausted  # the one config is held now: nothing left to measure
+
+
 def test_the_kernel_reclaiming_for_our_own_paging_is_not_a_rival(data_file, balloon):
     """Case (a): our own process reads the file back beside the balloon; the kernel's threads reclaim for it.
     That work is ours (the config's paging), so the machine is quiet."""

@@ -285,8 +285,9 @@ def test_a_config_that_paged_beside_others_load_is_measured_again_also_after_a_r
         assert redo.user_attrs["again_of"] is not None and space.make_config(sp, redo.params) == theirs
         redo.set_user_attr("config", study.config_to_dict(theirs))
         study.tell_status(st, redo, dedup.BESIDE_OTHERS)
-        seen = _seen(st, sp)
-        if n + 1 < dedup.REMEASURES:
-            assert _queued(st)[-1][0] == redo.number
+        seen.exhausted = True  # the sampler found nothing new in the batch that measured it
+        study.hold(st, seen)
+        if n + 1 < dedup.REMEASURES:  # queued again: the search goes on for it
+            assert _queued(st)[-1][0] == redo.number and not seen.exhausted
     assert not _queued(st) and seen.repeat_of(97, theirs) is not None  # measured beside others every time: held
     assert st.get_trials(deepcopy=False)[first].state == TrialState.PRUNED  # never a point for the sampler

@@ -148,6 +148,7 @@ class Seen:
     def queue_again(self, st: Any, trials: Sequence[StoredTrial], live: Callable[[Any], bool]) -> int:
         """Queue in study ``st`` the configs :func:`again` names (first, before the sampler's); how many."""
         todo = again(trials, self.config_of, live)
+        self.exhausted = self.exhausted and not todo
         for number, cfg in todo:
             st.enqueue_trial(self.params_of(cfg), user_attrs={"queued_for": AGAIN, "again_of": number},
                              skip_if_exists=False)

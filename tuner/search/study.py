@@ -451,6 +451,7 @@ def run_search(
                             _tell_measured(study, trial, res, paging, measure, objective, reps)
                         pending.remove((trial, cfg))
                     report(trial)
+                hold(study, seen)  # a config that paged beside others' load is queued again: not exhausted
     except KeyboardInterrupt:
         interrupt_handled()
         interrupted = True
