@@ -236,6 +236,39 @@ def test_a_second_process_paging_beside_us_is_a_rival(data_file, balloon):
     assert seen.kernel_for_us_cores < 0.05, seen  # the kernel worked for the stranger, not for us
 
 
+# Takes argv[1] MiB of anonymous memory (written, 64 MiB at a time) when a line comes on stdin, says "took", and
+# holds it until stdin closes: a program allocating, with no page brought in.
+ALLOCATOR = ("import mmap, sys\nsys.stdin.readline()\nkeep = [mmap.mmap(-1, 64 << 20, flags=mmap.MAP_PRIVATE | "
+             "mmap.MAP_ANONYMOUS | mmap.MAP_POPULATE) for _ in range(int(sys.argv[1]) // 64)]\n"
+             "print('took', flush=True)\nsys.stdin.read()\n")
+
+
+def test_an_allocating_process_with_no_page_ins_is_others_load(data_file, balloon):
+    """Issue 51: another program allocating beside the balloon makes the kernel reclaim the page cache (a model's
+    mapped weights, here a file we read) with no page brought in by anyone. Judged by page-ins alone, that read as
+    nobody's and the machine as quiet; it is others' load: named, with what the kernel reclaimed, and the kernel's
+    work for it not counted as ours."""
+    with data_file.open("rb") as f:  # fill what the balloon left with page cache: every new page is reclaimed
+        while f.read(64 << 20):
+            pass
+    allocator = subprocess.Popen([sys.executable, "-c", ALLOCATOR, "1024"], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, text=True)
+    try:
+        assert allocator.stdin is not None and allocator.stdout is not None
+        before = pressure.page_ins(allocator.pid)
+        allocator.stdin.write("go\n")
+        allocator.stdin.flush()
+        seen = processes.observe(runner.own_pids, interval_s=LOOK_S, gpu=False)
+        assert allocator.stdout.readline().strip() == "took"  # it took the whole GiB within the look
+        brought_in = pressure.page_ins(allocator.pid) - before
+    finally:
+        allocator.communicate("", timeout=60)
+    assert brought_in < 256, brought_in  # no paging of its own: under 1 MiB brought in
+    assert seen.busy and seen.others_memory is not None, seen.describe()
+    assert f"pid {allocator.pid} +1,0" in seen.others_memory and "while the kernel reclaimed" in seen.others_memory
+    assert seen.kernel_for_us_cores < 0.05, seen  # nothing of ours caused the reclaim
+
+
 def test_a_server_reading_its_model_back_is_quiet_and_host_paging(big_model, balloon, engine_loc, tmp_path):
     """Case (a) with the engine: llama-server beside the balloon generates while its weights are read back."""
     trial, seen = _trial(engine_loc, big_model, tmp_path)
