@@ -292,6 +292,8 @@ def markdown(study_result: StudyResult) -> str:
             faults = (t.host_paging or {}).get("major_faults_per_token")
             note = "host RAM paging" + ("" if faults is None else f": {faults:,.1f} major faults per token") + \
                 ": never a candidate"
+        elif t.status == dedup.BESIDE_OTHERS:
+            note = "paged while other programs took RAM: measured again, not held against the config"
         elif t.failure:
             note = f"{t.failure.get('kind')}: {str(t.failure.get('reason'))[:60]}"
         lines.append(f"| {t.number} | {t.status} | {t.seed or ''} | {offload_cell(c)} | "
