@@ -26,10 +26,10 @@ Caps = tuple[tuple[int | None, int], ...]
 
 def cap(info: ModelInfo, cfg: LaunchConfig, hw: Hardware) -> int | None:
     """The --cache-ram ``cfg`` needs where llama-server's default prompt cache would not fit beside its host need
-    with the margin kept free; None where the default fits, the config sets its own, or its need alone exceeds the
-    RAM (the memory gate refuses it)."""
+    with the margin kept free (0, the cache off, where its need alone exceeds the RAM: a lighter config priced by it
+    may still fit, with no room for a cache); None where the default fits or the config sets its own."""
     side = ram_side(estimate(info, cfg, hw), cfg, hw)
-    return None if side.exceeds else side.cache_ram_fit_mib
+    return 0 if side.exceeds and cfg.cache_ram_mib is None else side.cache_ram_fit_mib
 
 
 def with_cap(info: ModelInfo, cfg: LaunchConfig, hw: Hardware, at: LaunchConfig | None = None) -> LaunchConfig:
