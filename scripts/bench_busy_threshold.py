@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -36,6 +37,7 @@ from tuner.measure import bench
 from tuner.models import demo
 
 OUT = harness.OUT / "busy-threshold.md"
+LOOK_S = 0.25
 # Busy for ``duty`` of every 20 ms period; prints "ready" after its first period.
 BURNER = ("import sys, time\nduty, period = float(sys.argv[1]), 0.02\nfirst = True\nwhile True:\n"
           "    start = time.monotonic()\n    while time.monotonic() - start < duty * period:\n        pass\n"
@@ -45,7 +47,8 @@ BURNER = ("import sys, time\nduty, period = float(sys.argv[1]), 0.02\nfirst = Tr
 
 @contextmanager
 def burning(load: float) -> Iterator[None]:
-    """``load`` cores of busy work in other processes (whole cores, then one duty-cycled for the rest)."""
+    """``load`` cores of busy work in other processes (whole cores, then one duty-cycled for the rest), stopped by
+    pid however the block ends."""
     duties = [1.0] * int(load) + ([load - int(load)] if load - int(load) > 1e-9 else [])
     procs = [subprocess.Popen([sys.executable, "-c", BURNER, str(d)], stdout=subprocess.PIPE, text=True)
              for d in duties]
@@ -63,7 +66,9 @@ def measure(loc: build.EngineLocation, cfg: LaunchConfig, n_gen: int, reps: int,
             ) -> tuple[float, processes.Interference]:
     # Ours: llama-bench (the runner's child); the burners are this script's children too, but someone else's to the
     # watch, as a browser beside the tuner would be.
-    with burning(load), quiet.Watch(own=runner.own_pids, threads=cfg.threads) as watch:
+    # Looks of LOOK_S: a run of a second or two on a quiet machine still spans several (a process's wait is read
+    # while it lives: one that ends within a look is not counted in it).
+    with burning(load), quiet.Watch(own=runner.own_pids, interval_s=LOOK_S, threads=cfg.threads) as watch:
         res = bench.run_bench(loc, cfg, n_prompt=0, n_gen=n_gen, repetitions=reps)
     harness.held().saw(watch.seen)
     return res.gen_tok_s, watch.seen
@@ -80,9 +85,10 @@ def main() -> None:
     ap.add_argument("--loads", default="0.1,0.25,0.5,1,2", help="cores of the second process, besides 0")
     ap.add_argument("--threads", default="2,1")
     ap.add_argument("--rounds", type=int, default=4)
-    ap.add_argument("--n-gen", type=int, default=256)
+    ap.add_argument("--n-gen", type=int, default=512)
     ap.add_argument("--reps", type=int, default=3)
     args = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # a stopped run stops its burners too (finally blocks)
     log = harness.Log()
     os.environ[processes.SCOPE_ENV] = str(os.getpid())  # the lock is held: from now on the watch judges our burner
     loc = build.locate_engine()
@@ -103,8 +109,8 @@ def main() -> None:
                 harness.progress(f"round {r + 1} -t {t} load {load:g}: {tok_s:,.1f} tok/s, others "
                                  f"{seen.cpu_cores:.2f} cores, wait/run {seen.wait_per_run}, busy {seen.busy}")
     log("")
-    log("| -t | second process (cores) | gen tok/s | vs quiet (same round) | others seen (cores) | our threads waited "
-        "(s per s run) | busy, by wait | busy, old absolute rule |")
+    log("| -t | second process (cores) | gen tok/s | vs quiet (same round): median, range | others seen (cores) | "
+        "our threads waited (s per s run) | busy, by wait | busy, old absolute rule |")
     log("|---:|---:|---:|---:|---:|---:|---|---|")
     for (t, load), got in sorted(rows.items()):
         tok_s = _median([g[0] for g in got])
@@ -113,7 +119,8 @@ def main() -> None:
         wait = _median([g[1].wait_per_run for g in got])
         by_wait = sum(g[1].cpu_disturbed for g in got)
         old = sum(g[1].cpu_cores >= g[1].cpu_limit_cores for g in got)
-        log(f"| {t} | {load:g} | {tok_s:,.1f} | {ratio:.3f} | {cores:.2f} | "
+        ratios = [g[2] for g in got if g[2] is not None]
+        log(f"| {t} | {load:g} | {tok_s:,.1f} | {ratio:.3f}, {min(ratios):.2f}-{max(ratios):.2f} | {cores:.2f} | "
             f"{'-' if wait is None else f'{wait:.3f}'} | {by_wait} of {len(got)} | {old} of {len(got)} |")
     log("")
     log(f"load: {harness.held().describe()}")

@@ -56,7 +56,7 @@ NAMED_AT_MOST = 3  # the other processes named in a busy look, the most CPU firs
 OUR_MIN_CORES = 0.5
 # Others' CPU disturbs a measurement when our threads waited this long for a CPU per second they ran (and others did
 # some work): results/benchmarks/busy-threshold.md, a real second process at several loads beside llama-bench.
-WAIT_PER_RUN_LIMIT = 0.05
+WAIT_PER_RUN_LIMIT = 0.10
 OTHERS_MIN_CORES = 0.05  # below this, a wait is our own threads' (our tree, the kernel's timers), not others'
 
 
