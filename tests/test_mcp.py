@@ -80,14 +80,16 @@ HOLDER = "import sys\nheld = bytearray(512 << 20)\nfor i in range(0, len(held), 
 
 def _of_this_moment(doc: dict[str, Any]) -> dict[str, Any]:
     """A plan for this machine's RAM without what moves between two reads of it (MemAvailable, each row's room
-    beside it, the sizes of what others hold): the rest must be the same document."""
+    beside it, the last step RAM holds, the sizes of what others hold): the rest must be the same document. (The
+    model spills the card wherever RAM could hold it: no row's verdict turns on the RAM.)"""
     out = json.loads(json.dumps(doc))
     out.pop("ram_available_bytes")
     for row in out["rows"]:
         for key in ("ram_headroom_bytes", "ram_tight", "cache_ram_fit_mib"):
             row.pop(key)
-    for fit in out["fit_intervals"]:
-        fit.pop("ram_short_bytes")
+    for fit in out["fit_intervals"]:  # where RAM runs out moves with it: the end it sets, and what that end lacks
+        for key in ("ram_short_bytes", "vram_short_bytes", "hi", "flag_hi"):
+            fit.pop(key)
         fit["summary"] = re.sub(r"\d[\d,.]*", "#", fit["summary"])
     out["notes"] = [re.sub(r"\d[\d,.]*", "#", n.split(", the most by ")[0]) for n in out["notes"]]
     return out
