@@ -106,8 +106,8 @@ def main() -> None:
             quiet_tok_s = got[0.0][0]
             for load, (tok_s, seen) in got.items():
                 rows.setdefault((t, load), []).append((tok_s, seen, tok_s / quiet_tok_s if quiet_tok_s else None))
-                harness.progress(f"round {r + 1} -t {t} load {load:g}: {tok_s:,.1f} tok/s, others "
-                                 f"{seen.cpu_cores:.2f} cores, wait/run {seen.wait_per_run}, busy {seen.busy}")
+                log(f"round {r + 1} -t {t} load {load:g}: {tok_s:,.1f} tok/s, others {seen.cpu_cores:.2f} cores, "
+                    f"wait/run {seen.wait_per_run}, busy {seen.busy}")
     log("")
     log("| -t | second process (cores) | gen tok/s | vs quiet (same round): median, range | others seen (cores) | "
         "our threads waited (s per s run) | busy, by wait | busy, old absolute rule |")
