@@ -3,7 +3,7 @@ machine and again beside a RAM balloon that leaves less available than the model
 
 The model is an OLMoE-1B-7B-shaped Q4_K_M with valid random weights (written once with `moe-tune shape-model
 olmoe-1b-7b:Q4_K_M --weights random`, 4.2 GB on disk; tokens spread over its 64 experts, so every expert is read).
-The balloon (tuner.machine.ballast.hold_ram) holds anonymous memory until MemAvailable is down to --leave MiB;
+The balloon (tuner.machine.ram_ballast.hold_ram) holds anonymous memory until MemAvailable is down to --leave MiB;
 it is the OOM killer's first pick, and a row measured after it was killed says so.
 
     .venv/bin/python scripts/bench_host_paging.py [--model PATH] [--leave 4096] [-p 128] [-n 64]
@@ -18,7 +18,7 @@ import harness
 
 from tuner.core.config import LaunchConfig
 from tuner.engine import build, runner
-from tuner.machine import ballast, paths
+from tuner.machine import paths, ram_ballast
 from tuner.measure import one_config, workload
 from tuner.models import shape_model
 
@@ -59,13 +59,13 @@ def main() -> None:
     load = workload.preset(workload.WorkloadKind.CUSTOM, args.n_prompt, args.n_gen, rounds=2)
     say(f"model {model.name} ({model.stat().st_size / 1e9:.1f} GB), llama.cpp {build.PIN.commit} CPU build, "
         f"{args.n_prompt} prompt + {args.n_gen} generated tokens, 2 rounds; RAM available at start "
-        f"{ballast.mem_available_mib():,} MiB")
+        f"{ram_ballast.mem_available_mib():,} MiB")
     rows = []
     for case in ("quiet", "balloon"):
         def measure(case: str = case) -> tuple[one_config.BenchReport, str]:
             if case == "quiet":
                 return one_config.bench_config(loc, cfg, load, repetitions=2, on_step=harness.progress), ""
-            with ballast.hold_ram(args.leave, runner) as held:
+            with ram_ballast.hold_ram(args.leave, runner) as held:
                 harness.progress(f"balloon holds {held.held_mib:,} MiB, {held.available_mib:,} MiB left")
                 rep = one_config.bench_config(loc, cfg, load, repetitions=2, on_step=harness.progress)
                 alive = "" if held.holding() else " (KILLED by the OOM killer during the run: figures void)"

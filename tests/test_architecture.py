@@ -63,6 +63,7 @@ OWNERS = {
 # Strings that look like llama.cpp flags but are another program's arguments: pip's `-m pip download -d DIR`,
 # nvcc's `-o OUT` and `python -c CODE` for the VRAM ballast, nvcc's `-c` and pip's `-d` for the CUDA toolkit.
 NOT_LLAMA_FLAGS = {"engine/build.py": {"-m", "-d"}, "machine/ballast.py": {"-o", "-c"},
+                   "machine/ram_ballast.py": {"-c"},  # python -c
                    "engine/cuda_toolkit.py": {"-m", "-d", "-c", "-o"},  # pip download -d; nvcc -c; cc -o
                    "engine/cuda_wheels.py": {"-m", "-d"},  # pip download -d: NVIDIA's CUDA wheels
                    "models/trained.py": {"-m", "-d"}}  # pip download -d: the trained model's wheel

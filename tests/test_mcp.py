@@ -5,6 +5,8 @@
 from __future__ import annotations
 
 import json
+import re
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -69,6 +71,50 @@ def test_the_tools_and_a_plan_equal_to_plan_json_for_moe_and_dense(demo_models):
     assert [r["n_gpu_layers"] for r in dense_rows] == list(range(33, -1, -1))
     assert all("n_cpu_moe" not in r for r in dense_rows) and plan_dense.structured_content["dense"] is True
     assert missing.is_error and "model /nowhere/none.gguf not found: give a .gguf path" in missing.content[0].text
+
+
+# Holds 512 MiB of RAM, written (resident), until stdin closes: a program holding this machine's RAM.
+HOLDER = "import sys\nheld = bytearray(512 << 20)\nfor i in range(0, len(held), 4096):\n    held[i] = 1\n" \
+         "print('holding', flush=True)\nsys.stdin.read()\n"
+
+
+def _of_this_moment(doc: dict[str, Any]) -> dict[str, Any]:
+    """A plan for this machine's RAM without what moves between two reads of it (MemAvailable, each row's room
+    beside it, the last step RAM holds, the sizes of what others hold): the rest must be the same document. (The
+    model spills the card wherever RAM could hold it: no row's verdict turns on the RAM.)"""
+    out = json.loads(json.dumps(doc))
+    out.pop("ram_available_bytes")
+    for row in out["rows"]:
+        for key in ("ram_headroom_bytes", "ram_tight", "cache_ram_fit_mib"):
+            row.pop(key)
+    for fit in out["fit_intervals"]:  # where RAM runs out moves with it: the end it sets, and what that end lacks
+        for key in ("ram_short_bytes", "vram_short_bytes", "hi", "flag_hi"):
+            fit.pop(key)
+        fit["summary"] = re.sub(r"\d[\d,.]*", "#", fit["summary"])
+    out["notes"] = [re.sub(r"\d[\d,.]*", "#", n.split(", the most by ")[0]) for n in out["notes"]]
+    return out
+
+
+def test_a_plan_for_this_machines_ram_names_its_holders_as_plan_json_does():
+    """Issue 51: without ``ram_gib`` the plan is for this machine's RAM, and `plan --json` names what holds the rest
+    of it when a row is short; the tool once left that note out (the comparison above sets --ram, which hides it).
+    A model four times this machine's RAM, beside a process of ours holding 512 MiB."""
+    model = "gpt-oss-120b:MXFP4_MOE"
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "holding"
+        _, [plan, given] = ask([("plan", {"model": model, "card": CARD, "context": 4096}),
+                                ("plan", {"model": model, "card": CARD, "context": 4096, "ram_gib": 512})])
+        want = cli_json("plan", model, "--gpu", CARD, "-c", "4096")
+        with_ram = cli_json("plan", model, "--gpu", CARD, "-c", "4096", "--ram", "512")
+    finally:
+        holder.communicate("", timeout=30)
+    assert not plan.is_error, plan.content
+    holders = [n for n in want["notes"] if n.startswith("RAM in use by others: ")]
+    assert len(holders) == 1 and ", the most by " in holders[0], want["notes"]
+    assert _of_this_moment(plan.structured_content) == _of_this_moment(want)
+    # --ram names another machine's RAM: nobody here holds it, and the answers are the same to the byte.
+    assert given.structured_content == with_ram and not any("RAM in use" in n for n in with_ram["notes"])
 
 
 def test_results_and_launch_lines_of_this_machine(tuned):

@@ -117,6 +117,8 @@ def test_a_quiet_batch_is_measured_once_and_unmarked(model, tmp_path):
 
 def test_both_measurements_disturbed_keep_the_faster_and_stay_marked():
     class Noisy:
+        others_memory = None  # no other program's memory load: the figures' paging verdicts stand
+
         def __init__(self, noise):
             self.noise = noise
 

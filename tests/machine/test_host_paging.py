@@ -26,7 +26,7 @@ import pytest
 
 from tuner.core.config import LaunchConfig
 from tuner.engine import runner
-from tuner.machine import ballast, pressure, processes, quiet
+from tuner.machine import pressure, processes, quiet, ram_ballast
 from tuner.measure import bench, workload
 from tuner.models import shape_model
 
@@ -62,13 +62,13 @@ def data_file(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def balloon() -> Iterator[ballast.RamBallast]:
+def balloon() -> Iterator[ram_ballast.RamBallast]:
     """One balloon for the module's cases beside it (filling 20 GiB takes tens of seconds on a busy machine); the
     case with enough RAM comes first in the file, before it exists."""
-    free = ballast.mem_available_mib()
+    free = ram_ballast.mem_available_mib()
     if free < NEEDED_MIB:
         pytest.skip(f"only {free:,} MiB of RAM available: the balloon test needs {NEEDED_MIB:,} (free -m)")
-    with ballast.hold_ram(LEAVE_MIB, runner) as held:
+    with ram_ballast.hold_ram(LEAVE_MIB, runner) as held:
         assert held.available_mib <= LEAVE_MIB + 256, held  # it really took the rest
         yield held
         # The OOM killer takes it first when another program needs memory: a figure measured without it is void.
@@ -93,7 +93,7 @@ def _trial(loc, model: Path, tmp_path: Path) -> tuple[bench.ServerTrial, process
 
 def test_the_same_server_with_enough_ram_is_quiet_and_does_not_page(big_model, engine_loc, tmp_path):
     """Case (c): the same config with the RAM it needs: no page is read back while it generates."""
-    free = ballast.mem_available_mib()
+    free = ram_ballast.mem_available_mib()
     if free < 8192:
         pytest.skip(f"only {free:,} MiB of RAM available: the 2.9 GiB model needs room to stay in RAM")
     trial, seen = _trial(engine_loc, big_model, tmp_path)
@@ -111,12 +111,100 @@ def _bench(loc, model: Path, n_gen: int = 2) -> bench.BenchResult:
 def test_llama_bench_with_enough_ram_does_not_page(big_model, engine_loc):
     """The same for llama-bench, whose load and timed runs are one process: only the timed generation run is
     counted (the load's own reads are left out: tests/measure/test_phases.py scripts a cold one)."""
-    free = ballast.mem_available_mib()
+    free = ram_ballast.mem_available_mib()
     if free < 8192:
         pytest.skip(f"only {free:,} MiB of RAM available: the 2.9 GiB model needs room to stay in RAM")
     verdict = _bench(engine_loc, big_model).host_paging
     assert verdict.measured and not verdict.paging, verdict.describe()
     assert (verdict.faults_per_token or 0.0) < 1.0, verdict.describe()
+
+
+# A balloon that grows during someone else's run: it holds all but argv[1] MiB of MemAvailable, says "ready", waits
+# until a process named argv[3] holds argv[4] MiB resident (a llama-bench that loaded its model), then takes all but
+# argv[2] MiB, says "grown", and holds it until killed. Anonymous, written, the OOM killer's first pick.
+GROWER = r"""
+import mmap, os, sys, time
+def available():
+    with open("/proc/meminfo") as f:
+        return next(int(l.split()[1]) << 10 for l in f if l.startswith("MemAvailable:"))
+def resident(name):
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if open(f"/proc/{pid}/comm").read().strip() == name:
+                return int(open(f"/proc/{pid}/statm").read().split()[1]) * 4096
+        except OSError:
+            pass
+    return 0
+def fill(leave):
+    while available() - leave >= 64 << 20:
+        keep.append(mmap.mmap(-1, 64 << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | mmap.MAP_POPULATE))
+open("/proc/self/oom_score_adj", "w").write("1000")
+keep, mib = [], 1 << 20
+fill(int(sys.argv[1]) * mib)
+print("ready", flush=True)
+while resident(sys.argv[3]) < int(sys.argv[4]) * mib:
+    time.sleep(0.05)
+fill(int(sys.argv[2]) * mib)
+print("grown", flush=True)
+while True:
+    time.sleep(3600)
+"""
+
+
+@pytest.fixture(scope="module")
+def unrepacked_model(tmp_path_factory) -> Path:
+    """Qwen3.5-9B-shaped Q6_K cut to 8 layers (2.9 GiB, zero weights): no CPU backend on x86 repacks Q6_K
+    (ggml-cpu/repack.cpp, ``ggml_repack_get_optimal_repack_type``), so the search's own configs (repack left on) run
+    from the mapped file, whose pages the kernel can evict."""
+    path = tmp_path_factory.mktemp("paging") / "q9-eighth-shape-Q6_K.gguf"
+    spec, recipe = shape_model.resolve_target("Qwen3.5-9B:Q6_K")
+    shape_model.write_shape_model(replace(spec, n_layer=8), recipe, path)
+    return path
+
+
+def test_a_balloon_growing_during_a_trial_makes_it_busy_and_measured_again_our_own_paging_removes_it(
+        unrepacked_model, engine_loc, tmp_path):
+    """Issue 51. A search of one config: while its first trial runs, another program takes all but 1.5 GiB of RAM
+    (a browser growing by gigabytes), and the engine reads its weights back from disk. The watch saw that program
+    grow while the kernel reclaimed: the paging is its doing, the trial is busy and the config is measured again, not
+    removed. The program then holds its memory, idle; the second trial pages on its own: the config does not fit
+    this machine's RAM as it stands, and is held for good."""
+    from tuner.core.config import CacheType, FlashAttn
+    from tuner.machine.hardware import Hardware
+    from tuner.models.gguf_reader import inspect_model
+    from tuner.search import dedup, space, study
+
+    start_leave, end_leave = 6144, 1536
+    free = ram_ballast.mem_available_mib()
+    if free < start_leave + 4096:
+        pytest.skip(f"only {free:,} MiB of RAM available: the growing balloon needs {start_leave + 4096:,} (free -m)")
+    sp = space.SearchSpace(unrepacked_model, 256, 1, None, ((CacheType.F16, CacheType.F16),), (FlashAttn.ON,), (2,),
+                           (None,))
+    hw = Hardware("", 0, 0, 0.0, 0.0, 64 * 2**30, 64 * 2**30, 0, 20e9, 2, "none")  # the gate is not the subject
+    st = study.open_study("grown", study.default_storage(tmp_path), study.Objective(), seed=0)
+    measure = study.Measure(n_prompt=16, n_gen=8, repetitions=1, timeout_s=900, prompt_depth=0, gen_depth=0)
+    grower = subprocess.Popen([sys.executable, "-c", GROWER, str(start_leave), str(end_leave), "llama-bench", "2048"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert grower.stdout is not None and grower.stdout.readline().strip() == "ready"
+        outcome = study.run_search(st, sp, inspect_model(unrepacked_model), hw, engine_loc,
+                                   budget=study.Budget(trials=3), measure=measure)
+        assert grower.poll() is None, "the balloon was killed (OOM): other programs needed the memory"
+        assert grower.stdout.readline().strip() == "grown"
+    finally:
+        grower.kill()
+        grower.wait()
+    told = [t.user_attrs for t in st.get_trials(deepcopy=False) if t.user_attrs.get("status") != dedup.DUPLICATE]
+    assert [a["status"] for a in told] == [dedup.BESIDE_OTHERS, dedup.PAGING], \
+        [(a["status"], a.get("interference")) for a in told]
+    first, again = told
+    assert first["interference"] and "other processes took" in first["interference"], first["interference"]
+    assert f"pid {grower.pid} +" in first["interference"]
+    assert first["host_paging"]["verdict"] == "paging_beside_others"
+    assert again["queued_for"] == dedup.AGAIN and again["config"] == first["config"]
+    assert not again["interference"], again["interference"]  # quiet: the balloon only held what it took
+    assert again["host_paging"]["verdict"] == dedup.PAGING
+    assert outcome.exhausted  # the one config is held now: nothing left to measure
 
 
 def test_the_kernel_reclaiming_for_our_own_paging_is_not_a_rival(data_file, balloon):
@@ -129,7 +217,7 @@ def test_the_kernel_reclaiming_for_our_own_paging_is_not_a_rival(data_file, ball
     # Nothing of anyone else's ran: the kernel's work for our faults is not counted as a rival's (it once read
     # "0.6-0.9 cores"), nor are our own faults taken for another program's paging.
     assert seen.cpu_cores < 0.15, seen.describe()
-    assert seen.others_paging is None, seen.describe()
+    assert seen.others_memory is None, seen.describe()
     assert not seen.busy, seen.describe()
 
 
@@ -146,6 +234,39 @@ def test_a_second_process_paging_beside_us_is_a_rival(data_file, balloon):
     # It waits on the disk more than it computes: its paging, not its CPU, is what disturbs us.
     assert seen.busy and "other processes page in" in seen.describe(), seen.describe()
     assert seen.kernel_for_us_cores < 0.05, seen  # the kernel worked for the stranger, not for us
+
+
+# Takes argv[1] MiB of anonymous memory (written, 64 MiB at a time) when a line comes on stdin, says "took", and
+# holds it until stdin closes: a program allocating, with no page brought in.
+ALLOCATOR = ("import mmap, sys\nsys.stdin.readline()\nkeep = [mmap.mmap(-1, 64 << 20, flags=mmap.MAP_PRIVATE | "
+             "mmap.MAP_ANONYMOUS | mmap.MAP_POPULATE) for _ in range(int(sys.argv[1]) // 64)]\n"
+             "print('took', flush=True)\nsys.stdin.read()\n")
+
+
+def test_an_allocating_process_with_no_page_ins_is_others_load(data_file, balloon):
+    """Issue 51: another program allocating beside the balloon makes the kernel reclaim the page cache (a model's
+    mapped weights, here a file we read) with no page brought in by anyone. Judged by page-ins alone, that read as
+    nobody's and the machine as quiet; it is others' load: named, with what the kernel reclaimed, and the kernel's
+    work for it not counted as ours."""
+    with data_file.open("rb") as f:  # fill what the balloon left with page cache: every new page is reclaimed
+        while f.read(64 << 20):
+            pass
+    allocator = subprocess.Popen([sys.executable, "-c", ALLOCATOR, "1024"], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, text=True)
+    try:
+        assert allocator.stdin is not None and allocator.stdout is not None
+        before = pressure.page_ins(allocator.pid)
+        allocator.stdin.write("go\n")
+        allocator.stdin.flush()
+        seen = processes.observe(runner.own_pids, interval_s=LOOK_S, gpu=False)
+        assert allocator.stdout.readline().strip() == "took"  # it took the whole GiB within the look
+        brought_in = pressure.page_ins(allocator.pid) - before
+    finally:
+        allocator.communicate("", timeout=60)
+    assert brought_in < 256, brought_in  # no paging of its own: under 1 MiB brought in
+    assert seen.busy and seen.others_memory is not None, seen.describe()
+    assert f"pid {allocator.pid} +1,0" in seen.others_memory and "while the kernel reclaimed" in seen.others_memory
+    assert seen.kernel_for_us_cores < 0.05, seen  # nothing of ours caused the reclaim
 
 
 def test_a_server_reading_its_model_back_is_quiet_and_host_paging(big_model, balloon, engine_loc, tmp_path):

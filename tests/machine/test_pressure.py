@@ -83,3 +83,26 @@ def test_paging_verdict_counts_major_faults_per_generated_token():
     ahead = sampler.paging_verdict(_host(2, read_bytes=4_255_141_888), gen_tokens=16)
     assert ahead.paging and "253.6 per token" in ahead.evidence, ahead.evidence
     assert not sampler.paging_verdict(_host(0, read_bytes=40 * 2**20), gen_tokens=4).paging  # under 64 MiB: no
+
+
+def test_paging_beside_others_memory_load_is_theirs_not_the_configs():
+    """Issue 51: the same faults, measured while a watch saw another program take RAM as the kernel reclaimed, are
+    that program's doing: no longer ``host_paging`` (which removes a config), still on record."""
+    from dataclasses import dataclass
+
+    from tuner.search.watched_round import blamed
+
+    paged = sampler.paging_verdict(_host(214), gen_tokens=2)
+    load = "other processes took 4,096 MiB of RAM (firefox pid 4242 +4,096 MiB) while the kernel reclaimed 3,900 MiB"
+    theirs = paged.beside(load)
+    assert not theirs.paging and theirs.beside_others and theirs.kind.value == "paging_beside_others"
+    assert theirs.evidence.endswith(f"; meanwhile {load}") and theirs.faults_per_token == pytest.approx(107.0)
+    assert paged.beside(None) is paged  # nobody else's load: the config's own
+    quiet = sampler.paging_verdict(_host(3), gen_tokens=128)
+    assert quiet.beside(load) is quiet  # nothing paged: nothing to blame
+
+    @dataclass(frozen=True)
+    class Trial:
+        host_paging: sampler.PagingVerdict
+
+    assert blamed(Trial(paged), load).host_paging == theirs and blamed(Trial(paged), None).host_paging is paged

@@ -166,7 +166,7 @@ def test_a_search_trial_that_paged_is_never_a_candidate():
     for res, threads in ((paged, 2), (quiet, 1)):
         t = st.ask()
         t.set_user_attr("config", study.config_to_dict(LaunchConfig(model=CFG.model, threads=threads)))
-        study._tell_measured(st, t, res, measure, study.Objective(), 2)
+        study._tell_measured(st, t, res, res.host_paging, measure, study.Objective(), 2)
     recs = trials.records(st)
     assert [r.status for r in recs] == [dedup.PAGING, "measured"]
     assert st.trials[0].state is optuna.trial.TrialState.PRUNED and recs[0].gen_tok_s == pytest.approx(2.0)

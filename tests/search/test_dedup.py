@@ -249,3 +249,45 @@ def test_an_interrupted_finish_resumes_at_the_finish(engine_loc, demo_models, tm
     assert res.result.to_dict()["finish"]["baselines"]
     third = autotune.auto_tune(req, engine_loc, hw, on_progress=lambda p: again.append(p.done))
     assert third.search.trials_this_run > 0  # a finished study searches again when asked again
+
+
+def _told(st, sp, cfg, status: str) -> int:
+    """A trial of ``cfg`` told with ``status``, as the search stores one (its config and status as user attrs)."""
+    trial = st.ask()
+    trial.set_user_attr("config", study.config_to_dict(cfg))
+    study.tell_status(st, trial, status)
+    return trial.number
+
+
+def _queued(st) -> list[tuple[int | None, dict]]:
+    return [(t.user_attrs.get("again_of"), t.system_attrs.get("fixed_params")) for t in st.get_trials(deepcopy=False)
+            if t.state == TrialState.WAITING and t.user_attrs.get("queued_for") == dedup.AGAIN]
+
+
+def test_a_config_that_paged_beside_others_load_is_measured_again_also_after_a_resume(demo_models, tmp_path):
+    """Issue 51: paging while others' memory load pressed on the engine is theirs, so the config is queued again
+    (not held like one that paged on its own), once per trial it redoes, a resumed study too, and at most
+    dedup.REMEASURES times; a config that paged with the machine otherwise quiet is held for good."""
+    _, sp = _small_space(demo_models[("qwen3moe", "Q4_K_M")])
+    ours, theirs = list(space.iter_configs(sp))[:2]
+    storage = study.default_storage(tmp_path)
+    st = study.open_study("again", storage, study.Objective(), seed=0)
+    _told(st, sp, ours, dedup.PAGING)
+    first = _told(st, sp, theirs, dedup.BESIDE_OTHERS)
+    seen = _seen(st, sp)
+    assert seen.repeat_of(99, ours) is not None and seen.repeat_of(98, theirs) is None  # only ours is held
+    assert _queued(st) == [(first, space.params_of(sp, theirs))]
+    # A resumed run reads the storage: queued already, not queued twice.
+    _seen(study.open_study("again", storage, study.Objective(), seed=0), sp)
+    assert len(_queued(st)) == 1
+    for n in range(dedup.REMEASURES):  # every re-measurement beside others' load again
+        redo = st.ask()  # the queued trial, as the search asks it
+        assert redo.user_attrs["again_of"] is not None and space.make_config(sp, redo.params) == theirs
+        redo.set_user_attr("config", study.config_to_dict(theirs))
+        study.tell_status(st, redo, dedup.BESIDE_OTHERS)
+        seen.exhausted = True  # the sampler found nothing new in the batch that measured it
+        study.hold(st, seen)
+        if n + 1 < dedup.REMEASURES:  # queued again: the search goes on for it
+            assert _queued(st)[-1][0] == redo.number and not seen.exhausted
+    assert not _queued(st) and seen.repeat_of(97, theirs) is not None  # measured beside others every time: held
+    assert st.get_trials(deepcopy=False)[first].state == TrialState.PRUNED  # never a point for the sampler

@@ -98,12 +98,14 @@ def _fake_gpu_machine(ram_gib: float) -> Hardware:
                    host_bandwidth_bytes_s=89.6e9, physical_cores=8)
 
 
-def _pinned_headroom(info, sp, hw) -> float:
-    """RAM (GiB) the pinned copy leaves at the space's most host experts and largest ubatch, as the plan counts it."""
+def _pinned_headroom(info, sp, hw, cache_ram_mib: int | None = None) -> float:
+    """RAM (GiB) the pinned copy leaves at the space's most host experts and largest ubatch, as the plan counts it
+    (with that placement's prompt-cache cap, or ``cache_ram_mib``)."""
     from tuner.plan import memory, ram
 
+    cap = sp.cache_ram_at(sp.n_cpu_moe[1], None) if cache_ram_mib is None else cache_ram_mib
     most = replace(space.ubatch_config(sp.model, *sp.kv_pairs[0], sp.ctx, sp.parallel, sp.ubatch[-1]),
-                   n_cpu_moe=sp.n_cpu_moe[1], cache_ram_mib=sp.cache_ram_mib, mmap=False)
+                   n_cpu_moe=sp.n_cpu_moe[1], cache_ram_mib=cap, mmap=False)
     return ram.ram_side(memory.estimate(info, most, hw), most, hw).headroom_bytes / GIB
 
 
@@ -147,11 +149,11 @@ def test_the_load_mode_is_no_axis_where_the_pinned_copy_would_page_or_nothing_is
     roomy = space.build_space(shape, info, _fake_gpu_machine(64), ctx=32768, parallel=1, prompt_tokens=4096)
     # RAM that holds the mapped experts at the space's most host experts, but leaves the pinned copy 1 GiB (with
     # llama-server's prompt cache capped to nothing, as a line short of RAM would set it).
-    need = 64 - _pinned_headroom(info, replace(roomy, cache_ram_mib=0), _fake_gpu_machine(64))
+    need = 64 - _pinned_headroom(info, roomy, _fake_gpu_machine(64), cache_ram_mib=0)
     tight_hw = _fake_gpu_machine(need + 1.0)
     tight = space.build_space(shape, info, tight_hw, ctx=32768, parallel=1, prompt_tokens=4096)
     assert tight.n_cpu_moe == roomy.n_cpu_moe
-    assert _pinned_headroom(info, replace(tight, cache_ram_mib=0), tight_hw) == pytest.approx(1.0, abs=0.01)
+    assert _pinned_headroom(info, tight, tight_hw, cache_ram_mib=0) == pytest.approx(1.0, abs=0.01)
     assert tight.load_mode == ("mmap",) and "load_mode" not in tight.describe()
     assert any(n.startswith("--load-mode none not searched: its pinned copy of ") for n in tight.left_out)
     assert all(c.mmap for c in space.iter_configs(tight))

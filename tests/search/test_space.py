@@ -190,28 +190,53 @@ def test_the_memory_model_prices_the_big_ubatch_and_leaves_out_one_that_never_fi
     assert not any("-ub" in n and "left out" in n for n in sp.left_out[1:])
 
 
-def test_a_space_whose_host_weights_leave_no_room_for_the_prompt_cache_sets_cache_ram():
-    """Issue 41: llama-server's prompt cache may grow to --cache-ram 8192 MiB (common_params::cache_ram_mib) on top
-    of the host experts. On an 8 GB card with 23 GiB of RAM, four slots of Qwen3.6-35B-A3B Q4_K_M at 32K leave
-    under 2 GiB beside the fewest host experts that fit (--n-cpu-moe 30: 21.6 GiB of host need), so every
-    config the search measures, and so the printed line, carries the --cache-ram that fits (0), said in the
-    space's notes; one slot leaves room for part of the cache; with 64 GiB nothing changes."""
+def _experts_bytes(info, layer: int) -> int:
+    """What one layer's routed experts weigh, read from the GGUF header (the tensors --n-cpu-moe moves)."""
+    return sum(t.n_bytes for t in info.tensors if t.name.startswith(f"blk.{layer}.") and "_exps" in t.name)
+
+
+def test_each_config_carries_its_own_cache_ram_and_more_host_experts_a_smaller_one():
+    """Issues 41 and 51: llama-server's prompt cache may grow to --cache-ram 8192 MiB (common_params::cache_ram_mib)
+    beside the host experts, and each config is priced on its own: one more layer's experts on the host takes that
+    layer's expert bytes (read from the header) from the cache's room. With room for the default beside the fewest
+    host experts only, the configs with more carry ever smaller caps (it was once priced at the fewest alone, so
+    none carried one); where even the fewest leave no room, every line carries its cap, the memory gate refuses the
+    same config without it, and llama.cpp's own arms (the bare launch, --fit's placement) carry theirs too."""
     from tuner.engine import flags
     from tuner.hub.resolve import resolve_model
+    from tuner.plan.memory import estimate
+    from tuner.search import known_good
 
     shape = resolve_model("qwen3.6-35b-a3b:Q4_K_M", header_only=True).path
+    info = inspect_model(shape)
     card = find_card("RTX 4060 8GB")
-    for ram_gib, slots, want in ((23, 4, 0), (23, 1, "part"), (64, 4, None)):
-        hw = card.hardware(ram_gib * GIB, ram_gib * GIB, 89.6e9, 8, 0)
-        sp = space.build_space(shape, inspect_model(shape), hw, ctx=32768, parallel=slots, prompt_tokens=512)
-        if want == "part":  # some of the 8192 MiB fits, in 256 MiB steps
-            assert sp.cache_ram_mib is not None and 0 < sp.cache_ram_mib < 8192 and sp.cache_ram_mib % 256 == 0
-            continue
-        assert sp.cache_ram_mib == want, ram_gib
-        cfg = space.make_config(sp, {"n_cpu_moe": sp.n_cpu_moe[0] if sp.n_cpu_moe else 0})
-        line = flags.launch_line(cfg)
-        assert line.endswith(" -cram 0") == (want == 0)  # llama-server's short spelling
-        assert any("--cache-ram 0 on every config" in n for n in sp.left_out) == (want == 0)
+    roomy = space.build_space(shape, info, card.hardware(64 * GIB, 64 * GIB, 89.6e9, 8, 0), ctx=32768, parallel=1,
+                              prompt_tokens=512)
+    assert roomy.cache_ram_caps == () and roomy.n_cpu_moe is not None  # 64 GiB: the default fits everywhere
+    lo, hi = roomy.n_cpu_moe
+    need = estimate(info, space.make_config(roomy, {"n_cpu_moe": lo}), card.hardware(0, 0, 89.6e9, 8, 0))
+    for spare_gib, fewest_capped in ((10.25, False), (8.25, True)):  # beside the fewest: 8 GiB cache + 2 GiB kept
+        ram = int(need.host_need_bytes + spare_gib * GIB)
+        hw = card.hardware(ram, ram, 89.6e9, 8, 0)
+        sp = space.build_space(shape, info, hw, ctx=32768, parallel=1, prompt_tokens=512)
+        assert sp.n_cpu_moe == (lo, hi)
+        caps = [space.make_config(sp, {"n_cpu_moe": n}).cache_ram_mib for n in range(lo, hi + 1)]
+        assert (caps[0] is not None) == fewest_capped and all(c is not None for c in caps[1:]), caps
+        for n in range(lo + 1, hi):  # each step moves layer n's experts to the host: that much less cache
+            step = caps[n - lo] - caps[n + 1 - lo]
+            assert abs(step * MIB - _experts_bytes(info, n)) < 256 * MIB, (n, step, _experts_bytes(info, n))
+        for cfg in space.iter_configs(sp):  # every line the search can print carries its cap
+            line = flags.launch_line(cfg)
+            assert cfg.cache_ram_mib is not None or cfg.n_cpu_moe == lo, line
+            assert ("-cram " in line) == (cfg.cache_ram_mib is not None), line
+        for n in range(lo + 1, hi + 1):  # the gate counts the default cache: without the cap the line is refused
+            capped = space.make_config(sp, {"n_cpu_moe": n})
+            assert space.check(info, capped, hw).feasible
+            assert space.check(info, replace(capped, cache_ram_mib=None), hw).feasible == (not fewest_capped), n
+        fit = LaunchConfig(model=shape, ctx=32768, parallel=1, n_cpu_moe=hi)  # --fit's placement, as parsed
+        default, fit_arm = known_good.own_choice(sp, info, hw, fit)
+        assert default.n_cpu_moe is None and default.cache_ram_mib == fit_arm.cache_ram_mib == caps[-1]
+    assert any("--cache-ram" in n and f"at --n-cpu-moe {hi}" in n for n in sp.left_out), sp.left_out
 
 
 def test_a_cuda_rig_with_host_experts_searches_op_offload_and_the_host_buffer():

@@ -71,6 +71,54 @@ def test_a_session_depth_with_no_room_for_a_turn_is_refused_before_any_tune(trai
     assert time.monotonic() - t0 < 60 and "auto-tune" not in res.stderr and not (tmp_path / "cmp" / "tune").exists()
 
 
+def test_a_model_that_paged_is_never_the_winner_however_fast():
+    """Issue 51: auto-tune never prints a line that pages host RAM, and compare-models never crowns one: a model 3x
+    faster whose round read its weights back from disk is neither the best nor judged against; selected, then
+    paging in its confirmation rounds, it is no winner either. Paging beside others' memory load is theirs: that
+    round is busy and the model stays in."""
+    from tuner.versus.judge import Arm, HeadToHead, Round, verdicts_of
+
+    evidence = "host_paging (the engine read its model back from disk while generating: 9.7 per generated token)"
+    fast = Arm("moe", "llama-server # moe", (Round(3.0), Round(3.1, host_paging=evidence), Round(2.9)))
+    slow = Arm("dense", "llama-server # dense", (Round(1.0), Round(1.02), Round(0.98)))
+    h = HeadToHead((fast, slow), "m", verdicts_of([fast, slow]))
+    assert h.best is slow and not h.verdicts and not h.decided
+    assert h.summary() == ("dense was the only model measured without paging host RAM (moe paged: not a line to run "
+                           "on this machine as tuned)")
+    assert json.loads(json.dumps(h.to_dict()))["best"] == "dense"
+    third = Arm("small", "llama-server # small", (Round(0.5), Round(0.51), Round(0.49)))
+    h = HeadToHead((fast, slow, third), "m", verdicts_of([fast, slow, third]))
+    assert h.best is slow and [v.b for v in h.verdicts] == ["small"] and h.decided  # judged without the paging one
+    selected = HeadToHead((fast, slow), "m", verdicts_of([fast, slow], "moe"), "moe")
+    assert selected.best is None and selected.summary() == ("undecided: moe was selected, then paged host RAM in its "
+                                                            "confirmation rounds (m)")
+    busy = Arm("moe", "llama-server # moe", (Round(3.0), Round(1.2, noise="other processes took 4,096 MiB of RAM"),
+                                             Round(2.9), Round(3.05)))
+    assert busy.paging is None and HeadToHead((busy, slow), "m", verdicts_of([busy, slow])).best is busy
+
+
+def test_session_rounds_carry_their_paging_verdict(engine_loc, demo_models, tmp_path):
+    """compare-models' agent rounds replay a session on each model's line: each round says whether the engine read
+    its model back from disk while the turns ran (measured here: it did not), in the record and the report."""
+    from tuner.core.config import LaunchConfig
+    from tuner.report import versus_report
+    from tuner.versus import judge
+
+    lines = [(name, LaunchConfig(model=demo_models[("qwen3moe", name)], ctx=2048, parallel=1, threads=1))
+             for name in ("Q4_K_M", "Q8_0")]
+    load = workload.preset(workload.WorkloadKind.AGENT, 64, 4)
+    h = judge.head_to_head(engine_loc, lines, load, log_dir=tmp_path, rounds=decide.Rounds(min=1, max=1, select=0),
+                           session=(None, 1024, 4, 1))
+    rounds = [r for a in h.arms for r in a.rounds]
+    assert len(rounds) == 2 and all(r.session_s and r.paging_verdict == "none" for r in rounds), rounds
+    back = judge.HeadToHead(tuple(judge.Arm.from_dict(a) for a in json.loads(json.dumps(h.to_dict()))["arms"]), "m")
+    assert [r.paging_verdict for a in back.arms for r in a.rounds] == ["none", "none"]
+    cmp = compare.ModelComparison((), "this machine", load.describe(), tmp_path, h)
+    assert "| Q4_K_M | 1 | confirmation |" in versus_report.markdown(cmp)
+    assert all(line.endswith(" | none |") for line in versus_report.markdown(cmp).splitlines()
+               if line.startswith(("| Q4_K_M | 1 |", "| Q8_0 | 1 |")))
+
+
 @pytest.mark.slow
 def test_a_depth_with_room_only_in_four_character_tokens_is_refused_in_the_models_own(engine_loc, trained_model,
                                                                                      tmp_path):

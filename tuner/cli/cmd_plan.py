@@ -140,7 +140,7 @@ def plan_cmd(
         p = mem.prefetched(lambda price: make_plan(info, base, hw, ctxs, KV_CHOICES, price=price))
     else:  # without a GPU the offload axis places nothing: a handful of projections, asked as they come
         p = make_plan(info, base, hw, ctxs, KV_CHOICES, price=mem)
-    notes = plan_doc.plan_notes(info, p, base, holders=hardware.ram_holders if ram is None else None, price=mem)
+    notes = plan_doc.plan_notes(info, p, base, holders=plan_doc.ram_holders_for(ram is not None), price=mem)
     check = check_with(mem, info, base, hw) if engine_check and mem is not None else None
     figures = plan_doc.memory_figures(mem)
     whose = figures["replay_note"]

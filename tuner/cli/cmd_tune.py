@@ -222,7 +222,8 @@ def _kept(kept: dict[str, int]) -> str:
         return "no trial of this run is in the study"
     words = {"measured": "measured", "infeasible": "refused by the memory gate", "failed": "failed",
              "interrupted": "cut short by Ctrl-C (to be measured again)",
-             "host_paging": "measured while paging host RAM (never candidates)"}
+             "host_paging": "measured while paging host RAM (never candidates)",
+             "paging_beside_others": "paged while other programs took RAM (to be measured again)"}
     parts = [f"{n} {words.get(status, status)}" for status, n in sorted(kept.items())]
     return f"kept {sum(kept.values())} trials of this run in the study ({', '.join(parts)})"
 

@@ -95,6 +95,9 @@ class LaunchConfig:
     op_offload_min_batch: int | None = None
     # ``-dev``: the devices to offload to; "none" runs on the CPU on purpose (None: every GPU, the default).
     device: str | None = None
+    # ``-fitt``: the MiB llama.cpp's ``--fit`` leaves free on each device (None: its default, 1024). A bare launch
+    # fits itself to all the free VRAM; under a smaller budget it carries the margin that leaves the rest.
+    fit_target_mib: int | None = None
     # Speculative decoding (llama-server only). Empty: none, the engine default.
     spec_types: tuple[SpecType, ...] = ()
     draft_model: Path | None = None  # -md, for the draft-* types that need a second model

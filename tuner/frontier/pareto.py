@@ -425,6 +425,8 @@ def _tell_measured(st: optuna.Study, trial: optuna.Trial, plan: Plan, res: Measu
         # pruned trial is not in Optuna's best_trials, and the sampler counts it among the bad ones).
         study.tell_status(st, trial, PAGING, state=TrialState.PRUNED)
         return
+    if res.host_paging.beside_others:  # other programs' memory load made it page: measured again (dedup.again)
+        return study.tell_status(st, trial, dedup.BESIDE_OTHERS, state=TrialState.PRUNED)
     trial.set_user_attr("status", "measured")
     st.tell(trial, [values[n] for n in axes.names])
 

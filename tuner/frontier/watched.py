@@ -25,15 +25,20 @@ from tuner.core.config import CacheType, LaunchConfig
 from tuner.core.model import ModelInfo, TensorClass
 from tuner.engine import runner
 from tuner.machine import processes, quiet
+from tuner.search.watched_round import blamed
 
 QUIET_LOOK_S = 1.0  # how long the machine is looked at before a disturbed batch is measured again
 
 
 class Watching(Protocol):
-    """What a watch tells after the measurement: None when the machine stayed quiet."""
+    """What a watch tells after the measurement: None when the machine stayed quiet; ``others_memory``: other
+    programs' memory load it saw, which a trial's paging is blamed on (:func:`tuner.search.watched_round.blamed`)."""
 
     @property
     def noise(self) -> str | None: ...
+
+    @property
+    def others_memory(self) -> str | None: ...
 
 
 # A watch over the machine while the given configs are measured; a quick look whether it is quiet for them.
@@ -46,6 +51,7 @@ class Unwatched:
     :data:`WatchFn` itself (it takes the batch's configs and ignores them)."""
 
     noise: str | None = None
+    others_memory: str | None = None
 
     def __init__(self, cfgs: Sequence[LaunchConfig] = ()) -> None:
         return None
@@ -112,7 +118,7 @@ def measure_watched(measure: Callable[[Sequence[Any]], list[Any]], plans: Sequen
     cfgs = [p.config for p in plans]
     t0 = time.monotonic()
     with watch(cfgs) as seen:
-        first = measure(plans)
+        first = [blamed(r, seen.others_memory) for r in measure(plans)]
     took = time.monotonic() - t0
     noise = brief(seen.noise)
     if noise is None:
@@ -130,7 +136,7 @@ def measure_watched(measure: Callable[[Sequence[Any]], list[Any]], plans: Sequen
         on_step(f"{len(plans)} trial(s) measured on a busy machine ({noise}); quiet now: measuring again")
     t0 = time.monotonic()
     with watch(cfgs) as again_seen:
-        again = measure(plans)
+        again = [blamed(r, again_seen.others_memory) for r in measure(plans)]
     took = time.monotonic() - t0
     if again_seen.noise is None:
         return WatchedBatch(again, None, True, took)

@@ -1,4 +1,5 @@
-"""Ballasts: helper processes that hold all but N MiB of a GPU's memory (VRAM) or of the host's RAM until stopped.
+"""The VRAM ballast: a helper process that holds all but N MiB of a GPU's memory until stopped (the host RAM's
+balloon is :mod:`tuner.machine.ram_ballast`).
 
 So a big card can stand in for a small one with its own bandwidth: hold all but 16 GiB of an 80 GB card and
 llama.cpp, NVML and the memory gate all see a 16 GiB card's free memory. The helper is a few lines of CUDA C
@@ -21,8 +22,6 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
-
-import psutil
 
 from tuner.core.errors import HardwareError, NoGpuError, UsageError
 from tuner.machine import hardware, paths
@@ -192,75 +191,3 @@ def hold_vram(leave_mib: int, spawner: Spawner, *, device: int = 0, nvml: Any = 
                       fix="check that the GPU is visible (nvidia-smi)") as held:
         b = parse_ready_line(held.ready_line, method.name)
         yield Ballast(held.pid, b.method, b.held_mib, b.free_mib, b.total_mib)
-
-
-# ----------------------------------------------------------------------------------------------- host RAM
-
-# Anonymous memory, every page backed (MAP_POPULATE on a private writable map, else written), in 64 MiB maps until
-# MemAvailable is down to the amount to leave; then no CPU at all. Without swap nothing can push it out: the page
-# cache (the model's mapped file among it) is what the kernel reclaims instead. It asks to be the OOM killer's
-# first pick.
-RAM_SOURCE = r"""
-import json, mmap, signal, sys
-leave, chunk = int(sys.argv[1]) << 20, 64 << 20
-def available():
-    with open("/proc/meminfo") as f:
-        return next(int(l.split()[1]) << 10 for l in f if l.startswith("MemAvailable:"))
-try:
-    with open("/proc/self/oom_score_adj", "w") as f:
-        f.write("1000")
-except OSError:
-    pass
-block, held, keep = b"\1" * (1 << 20), 0, []
-while available() - leave >= chunk:
-    populate = getattr(mmap, "MAP_POPULATE", 0)  # the kernel backs every page at once (Python >= 3.10, Linux)
-    m = mmap.mmap(-1, chunk, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | populate)
-    if not populate:
-        for _ in range(chunk // len(block)):
-            m.write(block)
-    keep.append(m)
-    held += chunk
-print(json.dumps({"held_mib": held >> 20, "available_mib": available() >> 20}), flush=True)
-while True:
-    signal.pause()
-"""
-RAM_READY_TIMEOUT_S = 300.0
-
-
-@dataclass(frozen=True, slots=True)
-class RamBallast:
-    """A RAM ballast that is holding memory right now."""
-
-    pid: int
-    held_mib: int
-    available_mib: int  # MemAvailable with the ballast in place
-
-    def holding(self) -> bool:
-        """Still alive (the OOM killer takes it first when others need the memory: a run beside it must check)."""
-        try:
-            return psutil.Process(self.pid).status() != psutil.STATUS_ZOMBIE
-        except psutil.Error:
-            return False
-
-
-def mem_available_mib() -> int:
-    """The kernel's MemAvailable (what can be allocated without swapping), in MiB."""
-    return int(psutil.virtual_memory().available) // 2**20
-
-
-@contextlib.contextmanager
-def hold_ram(leave_mib: int, spawner: Spawner) -> Iterator[RamBallast]:
-    """Hold all but ``leave_mib`` MiB of the host's available RAM for the duration of the block (anonymous
-    memory, touched, then idle). ``spawner`` is :mod:`tuner.engine.runner`: ``hold_ram(2048, runner)``."""
-    if leave_mib < 512:
-        raise UsageError(f"the RAM ballast must leave at least 512 MiB available, got {leave_mib}: other programs "
-                         "on this machine need memory too")
-    argv = [sys.executable, "-c", RAM_SOURCE, str(int(leave_mib))]
-    with spawner.hold(argv, ready_timeout_s=RAM_READY_TIMEOUT_S, what="RAM ballast",
-                      fix="check free memory (free -m)") as held:
-        try:
-            info = json.loads(held.ready_line)
-            ready = RamBallast(held.pid, int(info["held_mib"]), int(info["available_mib"]))
-        except (ValueError, KeyError, TypeError):
-            raise HardwareError(f"the RAM ballast said {held.ready_line[:200]!r}, not its JSON line") from None
-        yield ready

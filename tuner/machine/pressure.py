@@ -3,16 +3,20 @@
 - Pressure stall information: ``/proc/pressure/{cpu,memory,io}`` and, under cgroup v2, this process's cgroup's
   ``*.pressure`` (what systemd-oomd acts on): the ``total=`` stall microseconds of "some" and "full" tasks.
 - ``/proc/vmstat``: ``pgmajfault`` (major faults, machine-wide), ``pgpgin`` (KiB read from block devices),
-  ``pgscan_*`` / ``pgsteal_*`` (pages the kernel scanned and reclaimed).
+  ``pgscan_*`` / ``pgsteal_*`` (pages the kernel scanned and reclaimed), ``nr_dirtied`` (pages made dirty, which the
+  flusher's kworkers write back).
 - ``/proc/<pid>/stat``: ``majflt`` and ``cmajflt`` (fields 12 and 13): a process's major faults and its reaped
   children's; ``/proc/<pid>/io`` ``read_bytes``: what it made the kernel fetch from storage. One major fault on a
   file read in order starts a read-ahead of megabytes whose pages then fault in as minor ones (measured here: 2
-  major faults and 4.3 GB read in 3 s), so "page-ins" count both: major faults plus pages read from storage.
+  major faults and 4.3 GB read in 3 s), so "page-ins" count both: major faults plus pages read from storage. Its
+  ``write_bytes`` is charged to the process that dirties a page, when it dirties it (``folio_account_dirtied`` →
+  ``task_io_account_write``), not to the kworker that later writes it back: who made the writeback work.
 - ``/proc/<pid>/task/*/schedstat``: per thread, time on a CPU and time waiting on a run queue (ns).
 
 Kernel threads (kthreadd, pid 2, and its children: ``kswapd*``, ``kcompactd*``, ``kdamond``, kworkers) work for
-whoever makes them: reclaim and page-in I/O for the process that faults pages in. :func:`kernel_share` gives a
-look's kernel CPU to the processes in proportion to their page-ins.
+whoever makes them: page-in I/O for the process that faults pages in, reclaim for whoever needs free pages (a page
+brought in, or an anonymous page a program allocates), writeback for whoever dirtied the pages. :func:`kernel_share`
+gives a look's kernel CPU to a side in proportion to its share of those causes (:mod:`tuner.machine.books`).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,13 +60,21 @@ def majflt(pid: int) -> int:
         return 0
 
 
-def read_bytes(pid: int) -> int:
-    """Bytes ``pid`` made the kernel read from storage (``/proc/<pid>/io``; 0 when gone or not ours to read)."""
+def io_bytes(pid: int) -> tuple[int, int]:
+    """Bytes ``pid`` made the kernel read from storage and bytes it dirtied for writing back (``/proc/<pid>/io``
+    ``read_bytes`` and ``write_bytes``; 0 when gone or not ours to read)."""
+    found = {"read_bytes": 0, "write_bytes": 0}
     with contextlib.suppress(OSError, ValueError):
         for line in (PROC / str(pid) / "io").read_text().splitlines():
-            if line.startswith("read_bytes:"):
-                return int(line.split()[1])
-    return 0
+            key, _, value = line.partition(":")
+            if key in found:
+                found[key] = int(value)
+    return found["read_bytes"], found["write_bytes"]
+
+
+def read_bytes(pid: int) -> int:
+    """Bytes ``pid`` made the kernel read from storage (``/proc/<pid>/io``; 0 when gone or not ours to read)."""
+    return io_bytes(pid)[0]
 
 
 def page_ins(pid: int) -> int:
@@ -70,7 +82,13 @@ def page_ins(pid: int) -> int:
     return majflt(pid) + read_bytes(pid) // PAGE_BYTES
 
 
-def machine_page_ins(vm: dict[str, int]) -> int:
+def page_traffic(pid: int) -> tuple[int, int]:
+    """(pages ``pid`` brought in, pages it dirtied), read together."""
+    read, written = io_bytes(pid)
+    return majflt(pid) + read // PAGE_BYTES, written // PAGE_BYTES
+
+
+def machine_page_ins(vm: Mapping[str, int]) -> int:
     """The same for the whole machine, from /proc/vmstat (``pgpgin`` is in KiB)."""
     return vm["pgmajfault"] + vm["pgpgin"] * 1024 // PAGE_BYTES
 
@@ -88,13 +106,13 @@ def run_wait_ns(pids: Iterable[int]) -> int:
 
 def vmstat() -> dict[str, int]:
     """The counters of ``/proc/vmstat`` this module reads (the ``pgscan_*``/``pgsteal_*`` kinds summed)."""
-    out = {"pgmajfault": 0, "pgpgin": 0, "pgscan": 0, "pgsteal": 0}
+    out = {"pgmajfault": 0, "pgpgin": 0, "pgscan": 0, "pgsteal": 0, "nr_dirtied": 0}
     with contextlib.suppress(OSError):
         for line in (PROC / "vmstat").read_text().splitlines():
             key, _, value = line.partition(" ")
             if not value.strip().isdigit():
                 continue
-            if key in ("pgmajfault", "pgpgin"):
+            if key in ("pgmajfault", "pgpgin", "nr_dirtied"):
                 out[key] = int(value)
             elif key.startswith(("pgscan_", "pgsteal_")) and not key.endswith(("_anon", "_file")):
                 out[key.split("_")[0]] += int(value)  # pgscan_kswapd + _direct (+ _khugepaged): the kinds, once

@@ -22,13 +22,8 @@ said when notable, never a reason to call a round disturbed (steal that varies s
 the decision rule judges). Counted as work, they read as others' 0.6-2.2 cores in nearly every round that kept the
 16 vCPUs of an H100 VM busy, with nothing else running: the pattern of steal.
 
-The kernel's own threads (``kswapd*``, ``kcompactd*``, ``kdamond``, kworkers: children of kthreadd) work for
-whoever makes them work: reclaim and page-in I/O for the process that faults its pages in. Their CPU time is
-judged by cause (:func:`tuner.machine.pressure.kernel_share`): the share that served our own page-ins is
-ours (a config that pages host RAM: a property of the config, which the trial's paging verdict names), the share
-that served others' is others' work, and with no page brought in for anyone it is housekeeping, nobody's.
-Another program paging under memory pressure is a rival even while it waits on the disk rather than computing.
-A model near the size of RAM once made every round "disturbed" by its own reclaim with nothing else running.
+Whose CPU time and whose kernel work a look saw, whether others' memory use pressed on ours, and whether others' work
+made our threads wait are the machine's books (:mod:`tuner.machine.books`); this module says whose each process is.
 
 ``MOE_TUNE_MACHINE_SCOPE=<pid>`` narrows what counts as "the machine" to the descendants of that process: a
 test suite sharing a machine with other suites sets it to its own pid, so its busy tests see the competing
@@ -50,7 +45,8 @@ from functools import cached_property
 import psutil
 
 from tuner.core.errors import NvmlUnavailableError
-from tuner.machine import cpu_time, hardware, pressure
+from tuner.machine import books, cpu_time, hardware, pressure
+from tuner.machine.books import NOTABLE_CORES, cpu_limit_cores  # noqa: F401 - re-exported: callers know them here
 
 SCOPE_ENV = "MOE_TUNE_MACHINE_SCOPE"
 OWNER_ENV = "MOE_TUNE_OWNER"
@@ -59,15 +55,8 @@ PROXIES = frozenset({"llama-swap"})  # in front of llama.cpp servers: it starts 
 # An engine using this much CPU while we look is serving or computing (an idle llama-server uses none): named as
 # the rival it is, whatever the machine-wide CPU limit says.
 LLAMA_WORK_CORES = 0.1
-MIN_CPU_WINDOW_S = 0.1  # a shorter look says nothing about CPU load
 GPU_BUSY_PCT = 10  # SM share (or device utilization not ours) that is work, not a desktop's redraws
 VRAM_GROWTH_BYTES = 64 * 2**20  # another process's VRAM growing by this much while we look
-# Others bringing pages in this fast while memory is under pressure: a program paging beside us, which evicts our
-# pages and shares the disk, whatever little CPU it uses while it waits for its reads.
-OTHERS_PAGING_MIB_S = 16.0
-MEMORY_PRESSURE_PCT = 1.0  # share of the look in which some task stalled on memory (PSI "some")
-NOTABLE_CORES = 0.2  # steal, interrupts, a named process or short-lived ones: worth saying from this much on
-NAMED_AT_MOST = 3  # the other processes named in a busy look, the most CPU first
 
 
 def owner_marker() -> str:
@@ -114,6 +103,7 @@ class _Proc:
     name: str
     cpu_s: float  # its own CPU time and that of the children it reaped (a short-lived child counts too)
     exited: bool = False  # a zombie: no longer running, its CPU time not yet handed to its parent
+    anon_bytes: int = 0  # resident anonymous memory (statm: resident minus file-backed and shared)
 
 
 def scope_root() -> int | None:
@@ -123,15 +113,17 @@ def scope_root() -> int | None:
 
 def _snapshot() -> dict[int, _Proc]:
     procs: dict[int, _Proc] = {}
-    for p in psutil.process_iter(["pid", "ppid", "name", "status", "cpu_times"]):
+    for p in psutil.process_iter(["pid", "ppid", "name", "status", "cpu_times", "memory_info"]):
         info = p.info
         # A zombie is kept for its CPU time: left out, a child of ours that has exited but is not yet reaped took
         # its whole CPU time out of our sum, and the machine-wide check then counted it as someone else's work
         # (a benchmark once read "other processes used 352.6 cores" on 2).
         t = info.get("cpu_times")
         cpu = (t.user + t.system + t.children_user + t.children_system) if t else 0.0
+        mem = info.get("memory_info")
+        anon = max(0, mem.rss - getattr(mem, "shared", 0)) if mem else 0
         procs[info["pid"]] = _Proc(info["pid"], info.get("ppid") or 0, info.get("name") or "", cpu,
-                                   info.get("status") == psutil.STATUS_ZOMBIE)
+                                   info.get("status") == psutil.STATUS_ZOMBIE, anon)
     return procs
 
 
@@ -143,26 +135,26 @@ def _ancestors(pid: int, procs: dict[int, _Proc]) -> Iterable[int]:
         yield pid
 
 
-def _kernel_cpu(procs: dict[int, _Proc]) -> dict[int, float]:
-    return {p.pid: p.cpu_s for p in procs.values() if pressure.is_kernel_thread(p.pid, p.ppid)}
-
-
 class _View:
-    """One snapshot, judged: which processes are someone else's, within the scope."""
+    """One snapshot, judged: which processes are someone else's, within the scope, and the books' reading of it."""
 
     def __init__(self, own: Collection[int] | Callable[[], Collection[int]]) -> None:
-        self.cpu = cpu_time.read()  # the machine's: every core, every process, short-lived ones too
+        cpu = cpu_time.read()  # the machine's: every core, every process, short-lived ones too
         self.procs = _snapshot()
         self.me = os.getpid()  # this process itself; its children count as ours only when the runner started them
         # Asked after the snapshot: a child the runner started while the snapshot was taken is already ours.
         self.own = set(own() if callable(own) else own)
         self.root = scope_root()
-        self.machine_page_ins = pressure.machine_page_ins(pressure.vmstat())
-        self.psi = pressure.psi_totals()
-        self.kernel_cpu = _kernel_cpu(self.procs)
+        kernel = {p.pid: p.cpu_s for p in self.procs.values() if pressure.is_kernel_thread(p.pid, p.ppid)}
+        scoped = self.root is not None
         # Read now, with the snapshot (a later read would mix two moments).
-        self.ours_page_ins = {p: pressure.page_ins(p) for p in self.ours}
-        self.ours_wait_ns = pressure.run_wait_ns(self.ours)
+        self.look = books.Look(
+            cpu, pressure.vmstat(), pressure.psi_totals(), kernel,
+            {p.pid: books.Proc(p.name, p.cpu_s, p.anon_bytes) for p in self.others if p.pid not in kernel},
+            {p.pid: p.anon_bytes for p in self.procs.values() if p.pid not in kernel and not p.exited},
+            self.ours_cpu_s(), {p: self.procs[p].anon_bytes for p in self.ours if p in self.procs},
+            {p: pressure.page_traffic(p) for p in self.ours}, pressure.run_wait_ns(self.ours),
+            {p.pid: pressure.page_traffic(p.pid) for p in self.others} if scoped else {}, scoped)
 
     @cached_property
     def ours(self) -> set[int]:
@@ -223,10 +215,11 @@ class Interference:
     vram_total_bytes: int | None = field(default=None, compare=False)  # the first card's memory
     vram_free_bytes: int | None = field(default=None, compare=False)
     gpu_error: str | None = field(default=None, compare=False)  # NVML failed: the GPU was not watched, and why
-    # The kernel's threads' CPU spent on our own major faults (reclaim, page-in I/O): ours, not a rival's.
+    # The kernel's threads' CPU spent for our own page-ins, growth and dirtied pages: ours, not a rival's.
     kernel_for_us_cores: float = field(default=0.0, compare=False)
     our_wait_share: float = field(default=0.0, compare=False)  # our threads' run-queue wait per second of wall time
-    others_paging: str | None = None  # others read pages back from disk under memory pressure, in words
+    # Others paging under memory pressure, or growing while the kernel reclaims, in words (tuner.machine.books).
+    others_memory: str | None = None
     # Whose CPU time ``cpu_cores`` is: the other processes that spent the most, as (name, pid, cores), and what no
     # process alive at the end of the look accounts for (processes that came and went).
     cpu_named: tuple[tuple[str, int, float], ...] = field(default=(), compare=False)
@@ -234,18 +227,27 @@ class Interference:
     # No program's work (see :mod:`tuner.machine.cpu_time`): evidence, never a reason to be busy.
     steal_cores: float = field(default=0.0, compare=False)  # the hypervisor withheld the vCPUs
     irq_cores: float = field(default=0.0, compare=False)  # serving interrupts (irq + softirq)
+    # Others' CPU judged by what it did to our threads (tuner.machine.books.Books.cpu_busy); None: by the limit alone.
+    cpu_busy: bool | None = None
+    # Our threads' wait for a CPU per second they ran (None: they hardly ran in any look).
+    wait_per_run: float | None = field(default=None, compare=False)
+    kernel_for_them_cores: float = field(default=0.0, compare=False)  # the kernel's work for others, in cpu_cores
+
+    @property
+    def cpu_disturbed(self) -> bool:
+        return self.cpu_busy if self.cpu_busy is not None else self.cpu_cores >= self.cpu_limit_cores
 
     @property
     def busy(self) -> bool:
-        return bool(self.llama or self.gpu or self.others_paging) or self.cpu_cores >= self.cpu_limit_cores
+        return bool(self.llama or self.gpu or self.others_memory) or self.cpu_disturbed
 
     def describe(self) -> str:
         parts = [p.describe() for p in self.llama]
-        if self.others_paging:
-            parts.append(self.others_paging)
-        if self.cpu_cores >= self.cpu_limit_cores:
-            waited = f" (our threads waited {self.our_wait_share:.2f} s per s for a CPU)" if self.our_wait_share \
-                else ""
+        if self.others_memory:
+            parts.append(self.others_memory)
+        if self.cpu_disturbed:
+            waited = f" (our threads waited {self.wait_per_run:.2f} s for a CPU per s they ran)" \
+                if self.wait_per_run is not None else ""
             parts.append(f"other processes use {self.cpu_cores:.1f} CPU cores{self._whose()}{waited}")
         parts += list(self.gpu)
         if self.steal_cores >= NOTABLE_CORES:
@@ -256,6 +258,8 @@ class Interference:
 
     def _whose(self) -> str:
         who = [f"{name} pid {pid} {cores:.1f}" for name, pid, cores in self.cpu_named]
+        if self.kernel_for_them_cores >= NOTABLE_CORES:
+            who.append(f"the kernel's reclaim and writeback for them {self.kernel_for_them_cores:.1f}")
         if self.short_lived_cores >= max(NOTABLE_CORES, 0.25 * self.cpu_cores):
             who.append(f"{'the rest ' if who else ''}{self.short_lived_cores:.1f} by short-lived processes")
         return f" ({', '.join(who)})" if who else ""
@@ -294,23 +298,17 @@ class Interference:
                             self.gpu_error or other.gpu_error,
                             max(self.kernel_for_us_cores, other.kernel_for_us_cores),
                             max(self.our_wait_share, other.our_wait_share),
-                            other.others_paging or self.others_paging, more.cpu_named, more.short_lived_cores,
-                            max(self.steal_cores, other.steal_cores), max(self.irq_cores, other.irq_cores))
+                            other.others_memory or self.others_memory, more.cpu_named, more.short_lived_cores,
+                            max(self.steal_cores, other.steal_cores), max(self.irq_cores, other.irq_cores),
+                            self.cpu_disturbed or other.cpu_disturbed,
+                            max((w for w in (self.wait_per_run, other.wait_per_run) if w is not None), default=None),
+                            more.kernel_for_them_cores)
 
 
 def _gpu_key(line: str) -> str:
     who = re.search(r"(?:pid|GPU) \d+", line)
     kind = "vram" if " VRAM" in line else "work"
     return f"{who.group(0) if who else line} {kind}"
-
-
-def cpu_limit_cores(threads: int | None = None) -> float:
-    """Others' CPU use that makes a measurement noisy, judged against the cores the trial uses: half a core when
-    the trial uses every physical core (llama.cpp's default), plus half of each physical core it leaves idle
-    (hyperthread siblings share a core, so the logical count would be too lenient)."""
-    physical = psutil.cpu_count(logical=False) or psutil.cpu_count(logical=True) or 1
-    spare = max(0, physical - (threads or physical))
-    return 0.5 + 0.5 * spare
 
 
 @dataclass(frozen=True, slots=True)
@@ -415,9 +413,6 @@ def observe(own: Collection[int] | Callable[[], Collection[int]] = (), interval_
     the CPU on purpose (``--device none``), so the GPU is not looked at. ``threads``: the cores the trial uses.
     ``vram_base``: others' VRAM at the start of a longer watch (growth is judged against it)."""
     first = _View(own)
-    before = {p.pid: p.cpu_s for p in first.others}
-    ours_before = first.ours_cpu_s()
-    page_ins_before = {p.pid: pressure.page_ins(p.pid) for p in first.others} if first.root is not None else {}
     vram_first: dict[int, tuple[str, int]] = {}
     gpu_error: str | None = None
     if gpu and vram_base is None:  # a watch's later looks judge growth against its first: no look needed here
@@ -432,36 +427,13 @@ def observe(own: Collection[int] | Callable[[], Collection[int]] = (), interval_
     second = _View(own)
     elapsed = time.monotonic() - t0
     others = second.others
-    # Each other process's CPU time over the look (with the children it reaped); the kernel's threads are judged below.
-    used = {p.pid: max(0.0, p.cpu_s - before.get(p.pid, 0.0)) for p in others if p.pid not in second.kernel_cpu}
-    machine = second.cpu - first.cpu
-    # The kernel's threads worked for whoever brought pages in meanwhile (see the module's docstring).
-    kernel_s = sum(max(0.0, t - first.kernel_cpu.get(pid, 0.0)) for pid, t in second.kernel_cpu.items())
-    machine_ins = max(0, second.machine_page_ins - first.machine_page_ins)
-    our_ins = sum(max(0, n - first.ours_page_ins.get(pid, 0)) for pid, n in second.ours_page_ins.items())
-    if second.root is None:  # the whole machine's work, minus ours (short-lived processes are in both sums)
-        their_ins = max(0, machine_ins - our_ins)
-        spent = machine.work_s - (second.ours_cpu_s() - ours_before) - kernel_s + \
-            pressure.kernel_share(kernel_s, their_ins, machine_ins)
-    else:
-        their_ins = sum(max(0, pressure.page_ins(p.pid) - page_ins_before.get(p.pid, 0)) for p in others)
-        spent = sum(used.values()) + pressure.kernel_share(kernel_s, their_ins, machine_ins)
-    timed = elapsed >= MIN_CPU_WINDOW_S
-    per_s = 1 / elapsed if timed else 0.0
-    cores = max(0.0, spent) * per_s
-    top = sorted((p for p in others if p.pid in used), key=lambda p: used[p.pid], reverse=True)[:NAMED_AT_MOST]
-    named = tuple((p.name, p.pid, used[p.pid] * per_s) for p in top if used[p.pid] * per_s >= NOTABLE_CORES)
-    for_us = pressure.kernel_share(kernel_s, our_ins, machine_ins) / elapsed if timed else 0.0
-    their_mib_s = their_ins * pressure.PAGE_BYTES / 2**20 / elapsed if timed else 0.0
-    stalled = (second.psi["memory"][0] - first.psi["memory"][0]) / 1e4 / elapsed \
-        if timed and first.psi and second.psi else 0.0
-    paging = (f"other processes page in {their_mib_s:,.0f} MiB/s from disk (memory pressure {stalled:.0f} %)"
-              if their_mib_s >= OTHERS_PAGING_MIB_S and stalled >= MEMORY_PRESSURE_PCT else None)
-    waited = max(0, second.ours_wait_ns - first.ours_wait_ns) / 1e9 / elapsed if timed else 0.0
+    ledger = books.account(first.look, second.look, elapsed)
+    used = ledger.used
+    limit = cpu_limit_cores(threads)
     # An engine is a rival while it works, not while it idles (its CPU time is exact, whatever else runs).
     kin = [p for p in others if p.name.startswith(LLAMA_PREFIX)]
-    llama = tuple(_llama(p.pid, p.name, used[p.pid] * per_s) for p in kin
-                  if is_engine(p.name) and used[p.pid] * per_s >= LLAMA_WORK_CORES)
+    llama = tuple(_llama(p.pid, p.name, used.get(p.pid, 0.0)) for p in kin
+                  if is_engine(p.name) and used.get(p.pid, 0.0) >= LLAMA_WORK_CORES)
     at_work = {p.pid for p in llama}
     look = _GpuLook({}, [], {})
     if gpu:
@@ -476,11 +448,12 @@ def observe(own: Collection[int] | Callable[[], Collection[int]] = (), interval_
     idle = {pid: v for pid, v in look.idle.items() if pid not in at_work}
     residents = tuple(f"{name} pid {pid} ({held / 2**20:,.0f} MiB)" for pid, (name, held) in idle.items())
     idle_llama = tuple(_kin_line(p.pid, p.name) for p in kin if p.pid not in at_work and p.pid not in look.vram)
-    return Interference(llama, cores, tuple(dict.fromkeys(look.work)), cpu_limit_cores(threads), residents,
+    return Interference(llama, ledger.cores, tuple(dict.fromkeys(look.work)), limit, residents,
                         tuple((pid, used) for pid, (_, used) in vram_first.items()), idle_llama,
-                        sum(held for _, held in idle.values()), look.total_bytes, look.free_bytes, gpu_error, for_us,
-                        waited, paging, named, max(0.0, cores - sum(used.values()) * per_s),
-                        max(0.0, machine.steal_s) * per_s, max(0.0, machine.interrupts_s) * per_s)
+                        sum(held for _, held in idle.values()), look.total_bytes, look.free_bytes, gpu_error,
+                        ledger.kernel_for_us_cores, ledger.our_wait_share, ledger.memory, ledger.named,
+                        ledger.short_lived_cores, ledger.steal_cores, ledger.irq_cores, ledger.cpu_busy(limit),
+                        ledger.wait_per_run, ledger.kernel_for_them_cores)
 
 
 def _nvml_error(exc: Exception) -> str:

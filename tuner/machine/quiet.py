@@ -340,6 +340,11 @@ class Watch:
         """What interfered, in words; None when the machine stayed quiet."""
         return self._seen.describe() if self._seen.busy else None
 
+    @property
+    def others_memory(self) -> str | None:
+        """Other programs' memory load seen (their paging, their growth while the kernel reclaimed); None: none."""
+        return self._seen.others_memory
+
 
 def watch_for(cfgs: Collection[LaunchConfig], own: Callable[[], Collection[int]] = frozenset) -> Watch:
     """A watch judged for these configs: against the most cores any of them uses (llama.cpp's default, every

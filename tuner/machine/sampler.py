@@ -296,6 +296,9 @@ def spill_verdict(
 class PagingKind(str, Enum):
     NONE = "none"
     HOST_PAGING = "host_paging"
+    # The engine read its model back while other programs' memory load pressed on it (tuner.machine.books): their
+    # doing, interference to measure again, not a property of the config.
+    BESIDE_OTHERS = "paging_beside_others"
 
 
 # A config that fits RAM takes no major fault while it generates: llama.cpp maps the model with MAP_POPULATE and
@@ -319,6 +322,18 @@ class PagingVerdict:
     @property
     def paging(self) -> bool:
         return self.kind is PagingKind.HOST_PAGING
+
+    @property
+    def beside_others(self) -> bool:
+        return self.kind is PagingKind.BESIDE_OTHERS
+
+    def beside(self, others_memory: str | None) -> PagingVerdict:
+        """This verdict with its cause judged: paging measured while a watch saw ``others_memory`` (other programs
+        paging, or taking RAM while the kernel reclaimed) is theirs, not the config's; else unchanged."""
+        if not self.paging or not others_memory:
+            return self
+        return PagingVerdict(PagingKind.BESIDE_OTHERS, f"{self.evidence}; meanwhile {others_memory}",
+                             self.faults_per_token)
 
     @property
     def measured(self) -> bool:

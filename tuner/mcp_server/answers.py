@@ -40,7 +40,8 @@ def plan(model: str, card: str | None = None, context: int | None = None, ram_gi
     base = LaunchConfig(model=resolved.path, ctx=context)
     mem = EngineMemory.find()  # the engine's own projection decides where one is found, as in `moe-tune plan`
     p = make_plan(info, base, hw, [context] if context else [], KV_CHOICES, price=mem)
-    return plan_doc.plan_json(p, plan_doc.plan_notes(info, p, base, price=mem), base) | {
+    notes = plan_doc.plan_notes(info, p, base, holders=plan_doc.ram_holders_for(ram_gib is not None), price=mem)
+    return plan_doc.plan_json(p, notes, base) | {
         "model_source": resolved.source, "figures_from": plan_doc.FIGURES_FROM,
         "memory_figures": plan_doc.memory_figures(mem)}
 

@@ -26,7 +26,7 @@ from tuner.core.model import ModelInfo
 from tuner.engine import flags, runner
 from tuner.engine.caps import Capabilities, EngineLocation
 from tuner.machine import pressure
-from tuner.machine.sampler import NOT_MEASURED, PagingVerdict, paging_verdict
+from tuner.machine.sampler import NOT_MEASURED, PagingVerdict, Sampler, paging_verdict
 from tuner.measure import failures, gpu_use
 from tuner.measure.phases import paging_fix
 from tuner.measure.session import Session
@@ -178,6 +178,9 @@ class SessionTrial:
     log_path: Path
     # Host RAM over the replay (after the warm-up): was the model read back from disk while the turns ran.
     host_paging: PagingVerdict = NOT_MEASURED
+    # The card's use grown over the sampler's first look, taken before the server started: the line's own VRAM
+    # (None: no GPU sampled).
+    vram_growth_bytes: int | None = None
 
 
 SessionSource = Session | Callable[[Callable[[str], list[int]]], Session]
@@ -186,7 +189,7 @@ SessionSource = Session | Callable[[Callable[[str], list[int]]], Session]
 def run_session_trial(engine: EngineLocation, cfg: LaunchConfig, session: SessionSource | Sequence[SessionSource],
                       gen_tokens: int, *, log_dir: Path, caps: Capabilities | None = None,
                       load_timeout_s: float = 300.0, request_timeout_s: float = 600.0,
-                      trace: bool = False) -> SessionTrial:
+                      trace: bool = False, nvml: Any = None) -> SessionTrial:
     """llama-server with exactly ``cfg``, one short warm-up request, then the session replayed (several
     sessions: replayed at once, one client each). A session may be a function of the server's tokenizer (the
     bundled one is sized in the model's own tokens). With ``trace`` the server logs every checkpoint it makes
@@ -199,9 +202,12 @@ def run_session_trial(engine: EngineLocation, cfg: LaunchConfig, session: Sessio
     except TunerError as exc:
         raise TrialFailedError("llama-server", failures.from_error(exc)) from None
     argv = flags.server_argv(binary, cfg, caps) + (flags.trace_argv() if trace else [])
+    sampler = Sampler(nvml)  # the card, sampled as a server trial samples it (the line's own VRAM)
+    sampler.start()
     try:
         with runner.serve(argv, log_dir=log_dir, load_timeout_s=load_timeout_s,
                           log_jsonl=flags.server_logs_jsonl(caps), env=flags.server_env(cfg)) as server:
+            sampler.attach(server.proc.pid)
             sessions = [s(server.tokenize) if callable(s) else s for s in sources]
             server.stream_complete(server.tokenize("Warm up the engine.") or [1], 4, timeout_s=request_timeout_s)
             ours = [server.proc.pid]
@@ -210,11 +216,15 @@ def run_session_trial(engine: EngineLocation, cfg: LaunchConfig, session: Sessio
             host = None if before is None else pressure.between(before, pressure.read_counters(ours))
     except TunerError as exc:
         raise TrialFailedError("llama-server", failures.from_error(exc)) from None
+    finally:
+        memory = sampler.stop()
     gpu_use.check_server(server.log.read_text(errors="replace"), cfg)  # as every server trial is checked
+    peak, base = memory.vram_peak_bytes, memory.vram_baseline_bytes
     paging = paging_verdict(host, sum(t.gen_tokens for t in result.turns))
     if paging.paging:
         paging = replace(paging, fix=paging_fix(cfg))
-    return SessionTrial(tuple(server.argv), cfg, result, server.log, paging)
+    return SessionTrial(tuple(server.argv), cfg, result, server.log, paging,
+                        None if peak is None or base is None else max(0, peak - base))
 
 
 # server-context.cpp, create_checkpoint: "created context checkpoint %d of %d (pos_min = …, size = %.3f MiB)"

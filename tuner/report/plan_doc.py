@@ -11,6 +11,7 @@ from tuner.core.config import LaunchConfig
 from tuner.core.machine_spec import Hardware
 from tuner.engine import flags
 from tuner.engine.identity import REPLAY_COMMIT, replay_note
+from tuner.machine import hardware
 from tuner.measure.engine_memory import EngineMemory
 from tuner.models import gguf_reader
 from tuner.plan.memory import Breakdown, HostBuffer
@@ -96,6 +97,13 @@ def memory_figures(mem: EngineMemory | None) -> dict[str, Any]:
     return {**summary, "replay_note": replay_note(mem.engine if mem is not None else None)}
 
 
+def ram_holders_for(ram_given: bool) -> Callable[[], tuple[tuple[str, int], ...]] | None:
+    """Who to name as holding this machine's RAM in the notes: its processes (read only when a row is short of RAM),
+    unless the plan is for a RAM size the user gave (``--ram``, the MCP tool's ``ram_gib``): another machine's.
+    ``plan --json`` and the MCP ``plan`` tool both ask here, so they answer alike."""
+    return None if ram_given else hardware.ram_holders
+
+
 def plan_notes(info: gguf_reader.ModelInfo, p: Plan, base: LaunchConfig,
                holders: Callable[[], tuple[tuple[str, int], ...]] | None = None, price: Price | None = None
                ) -> list[str]:
@@ -128,7 +136,9 @@ def plan_notes(info: gguf_reader.ModelInfo, p: Plan, base: LaunchConfig,
     if ram.cache_ram_fit_mib is not None and not ram.exceeds:
         notes.append(f"llama-server's prompt cache may grow to --cache-ram {base.cache_ram_mib or 8192} MiB, which "
                      f"does not fit beside {axis.span(n, n)} in {ram.available_bytes / 2**30:.1f} GiB of RAM: "
-                     f"launch it with --cache-ram {ram.cache_ram_fit_mib} (auto-tune's line carries it)")
+                     f"launch it with --cache-ram {ram.cache_ram_fit_mib}; each row's own is in the JSON "
+                     "(cache_ram_fit_mib: more host weights, a smaller cap), and auto-tune's line carries its own "
+                     "config's")
     if ram.tight:
         notes.append(f"{axis.span(n, n)}: {ram.describe()}; another program's growth would make the kernel read "
                      "experts back from disk every token (fewer host experts, a smaller quant, or close something)")

@@ -82,12 +82,13 @@ def deciding_session(result: StudyResult) -> dict[str, Any] | None:
 def picks(result: StudyResult) -> list[Pick]:
     """What ``launch-line --rank N`` counts, the printed line first. The agent workload's session stage scores whole
     sessions, so when it ran, its arms (its printed one, then by median session time, the confirmation's figures
-    where an arm was measured again; failed last) are the ranking; otherwise :func:`ranked`."""
+    where an arm was measured again; failed last; none that paged host RAM or broke the VRAM budget) are the ranking;
+    otherwise :func:`ranked`."""
     stage = deciding_session(result)
     paged = session_paged(result)
     if stage is not None:
         judged = {a["label"]: a for a in [*stage["arms"], *(stage.get("confirmation") or [])]
-                  if a.get("config") and a["launch_line"] not in paged}
+                  if a.get("config") and a["launch_line"] not in paged and not a.get("over_budget")}
         arms = sorted(judged.values(), key=lambda a: (a["label"] != stage["winner"], a["median_session_s"] is None,
                                                      a["median_session_s"] or 0.0))
         return _distinct([Pick(a["label"], a["config"], {"median_session_s": a["median_session_s"],
@@ -305,6 +306,8 @@ def markdown(study_result: StudyResult) -> str:
             faults = (t.host_paging or {}).get("major_faults_per_token")
             note = "host RAM paging" + ("" if faults is None else f": {faults:,.1f} major faults per token") + \
                 ": never a candidate"
+        elif t.status == dedup.BESIDE_OTHERS:
+            note = "paged while other programs took RAM: measured again, not held against the config"
         elif t.failure:
             note = f"{t.failure.get('kind')}: {str(t.failure.get('reason'))[:60]}"
         lines.append(f"| {t.number} | {t.status} | {t.seed or ''} | {offload_cell(c)} | "

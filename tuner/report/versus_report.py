@@ -80,11 +80,11 @@ def markdown(cmp: ModelComparison) -> str:
         if cmp.versus.selected:
             out += ["", f"Selected by the selection rounds: {cmp.versus.selected}; the verdicts are from the "
                     "confirmation rounds alone."]
-        out += ["", "| model | round | phase | score | quiet |", "|---|---:|---|---:|---|"]
+        out += ["", "| model | round | phase | score | quiet | host paging |", "|---|---:|---|---:|---|---|"]
         for a in cmp.versus.arms:
             phased = [("selection", r) for r in a.selection] + [("confirmation", r) for r in a.rounds]
-            out += [f"| {a.label} | {i + 1} | {ph} | {_f(r.score, '.4g')} | {'yes' if not r.noise else r.noise} |"
-                    for i, (ph, r) in enumerate(phased)]
+            out += [f"| {a.label} | {i + 1} | {ph} | {_f(r.score, '.4g')} | {'yes' if not r.noise else r.noise} | "
+                    f"{r.paging_verdict} |" for i, (ph, r) in enumerate(phased)]
     out += ["", "## Notes", "", *(f"- {n}" for n in cmp.notes)]
     published = [r for r in cmp.rows if r.plan.published]
     out += [f"- {r.plan.label}, published: {r.plan.published}" for r in published]

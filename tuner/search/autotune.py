@@ -180,6 +180,7 @@ def _auto_tune(req: TuneRequest, loc: build.EngineLocation, hw: Hardware, mem: E
     fit = finish.fit_config(loc, finish.default_config(sp), info.n_layer,
                             fit_target=finish.fit_target_mib(hw, req.vram_margin_mib))
     seeds = finish.seed_configs(sp, info, hw, fit, req.vram_margin_mib)
+    default, fit = finish.own_choice(sp, info, hw, fit, req.vram_margin_mib)  # both budgets kept
     shared = proposals.adapt(req.proposals, sp, info, hw, engine_commit=caps.commit,
                              vram_margin_mib=req.vram_margin_mib, known=[s for s in seeds if s[0] != "memory-model"])
     for note in shared.notes:
@@ -244,7 +245,7 @@ def _auto_tune(req: TuneRequest, loc: build.EngineLocation, hw: Hardware, mem: E
         raise UsageError("no config could be measured: see the failures in the report, or raise --vram-margin / "
                          f"lower --min-ctx{kld}")
     st.set_user_attr(FINISH_PENDING, True)
-    baselines = finish.baseline_configs(sp, hw, fit, req.vram_margin_mib)
+    baselines = finish.baseline_configs(sp, hw, fit, req.vram_margin_mib, default)
     # A candidate that runs exactly as a baseline (its flags only spell the engine's defaults) is the baseline:
     # measured once, under the baseline's simpler launch line. Concurrent workloads keep their best candidate,
     # whose slot counts the finish measures.
@@ -274,7 +275,7 @@ def _auto_tune(req: TuneRequest, loc: build.EngineLocation, hw: Hardware, mem: E
     st.set_user_attr("finish", done.to_dict())
     sessions = None
     if req.session is not None and done.winner is not None:
-        sessions = session_stage.run_stage(loc, finish.default_config(sp), study.config_from_dict(done.winner.config),
+        sessions = session_stage.run_stage(loc, default, study.config_from_dict(done.winner.config),
                                            info, hw, req.session, result_dir=result_dir, caps=caps,
                                            vram_margin_mib=req.vram_margin_mib, on_step=on_step, st=st)
     st.set_user_attr(FINISH_PENDING, False)

@@ -9,9 +9,12 @@ ones (reproducibly: seeded by the trial number), so the trial budget always buys
 space is covered in as many trials as it has configs.
 
 What counts as held ("tried"): a config that was measured (paging host RAM or not), refused by the memory gate, or
-failed in the engine;
-and one a live worker is measuring now. A config cut short (status ``interrupted``: Ctrl-C, SIGTERM) or left
-RUNNING by a worker that died is measured again.
+failed in the engine; and one a live worker is measuring now. A config cut short (status ``interrupted``: Ctrl-C,
+SIGTERM) or left RUNNING by a worker that died is measured again. So is one whose engine read its model back from disk
+while other programs' memory load pressed on it (status :data:`BESIDE_OTHERS`: the watch saw them page, or take RAM
+while the kernel reclaimed): their doing, not the config's, so it is queued again (:func:`again`, read from the
+storage, so a resumed study does it too), at most :data:`REMEASURES` times; a config that paged with the machine
+otherwise quiet is held for good (:data:`PAGING`).
 
 Configs are compared by :func:`key`: the model by file name only, since the study name keys on the model's name
 and size, not its folder (two workers of one shared study may hold the model in different folders).
@@ -21,10 +24,13 @@ No Optuna import: the study modules pass the study and the ways to suggest and t
 
 from __future__ import annotations
 
+import os
 import random
-from collections import Counter
+import socket
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -34,10 +40,35 @@ DUPLICATE = "duplicate"
 # Measured, and the engine read its model back from disk while it generated (host paging): the config does not fit
 # this machine's RAM as it stands, so it is held like one the memory gate refused, never a point or a candidate.
 PAGING = "host_paging"
+# Measured, and it paged while other programs' memory load pressed on it: interference, measured again.
+BESIDE_OTHERS = "paging_beside_others"
+REMEASURES = 2  # a config measured beside others' memory load is measured again at most this often, then held
+AGAIN = "measure_again"  # ``queued_for`` of a trial queued to measure a config again; ``again_of``: the trial it redoes
 REPEATS = 3  # repeats in a row before an untried config is queued
 MAX_ASKS = 3 * REPEATS  # asks for one new trial before giving up for this batch (shared studies race for queues)
 # A trial's status that holds its config for good.
 TRIED = frozenset({"measured", "infeasible", "failed", PAGING})
+
+
+STALE_RUNNING_S = 6 * 3600.0  # a RUNNING trial of another machine older than this: its worker is gone
+
+
+def worker_alive(worker: str | None, started: datetime | None, now: datetime | None = None) -> bool:
+    """Whether the process ``host:pid`` that asked a trial is still working on it: on this host, whether the
+    pid runs (a reused pid reads as alive: its trial's config is then not measured again, the safe side); on
+    another host, whether the trial started within :data:`STALE_RUNNING_S`."""
+    host, _, pid = (worker or "").rpartition(":")
+    if host == socket.gethostname() and pid.isdigit():
+        try:
+            os.kill(int(pid), 0)  # signal 0: nothing is sent, only whether the pid exists
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    if started is None:
+        return True
+    return ((now or datetime.now()) - started).total_seconds() < STALE_RUNNING_S
 
 
 def key(cfg: LaunchConfig) -> LaunchConfig:
@@ -62,6 +93,29 @@ def held_by(t: StoredTrial, live: Callable[[Any], bool]) -> bool:
     return status in TRIED or (status is None and live(t))
 
 
+def _beside_others(trials: Iterable[StoredTrial], config_of: Callable[[Any], LaunchConfig | None]
+                   ) -> dict[LaunchConfig, list[int]]:
+    """The trials that paged beside others' memory load, by config, in order."""
+    out: dict[LaunchConfig, list[int]] = defaultdict(list)
+    for t in trials:
+        if t.user_attrs.get("status") == BESIDE_OTHERS and (cfg := config_of(t)) is not None:
+            out[key(cfg)].append(t.number)
+    return out
+
+
+def again(trials: Sequence[StoredTrial], config_of: Callable[[Any], LaunchConfig | None],
+          live: Callable[[Any], bool]) -> list[tuple[int, LaunchConfig]]:
+    """The configs to queue again, each with the trial it redoes: every trial of theirs paged beside others' memory
+    load (none holds the config), fewer than ``1 + REMEASURES`` times, and none is queued since the last."""
+    held = {key(cfg) for t in trials if held_by(t, live) and (cfg := config_of(t)) is not None}
+    queued = {t.user_attrs.get("again_of") for t in trials if t.user_attrs.get("queued_for") == AGAIN}
+    out = []
+    for cfg, numbers in _beside_others(trials, config_of).items():
+        if cfg not in held and len(numbers) <= REMEASURES and numbers[-1] not in queued:
+            out.append((numbers[-1], cfg))
+    return out
+
+
 class Seen:
     """The configs a study holds, and the untried ones to queue when the sampler repeats itself.
 
@@ -83,9 +137,22 @@ class Seen:
         trial this run asked and then lost to Ctrl-C is no longer held). ``live(t)``: ``t`` is RUNNING in the
         hands of a live worker."""
         self.numbers = {}
+        trials = list(trials)
         for t in trials:
             if held_by(t, live) and (cfg := self.config_of(t)) is not None:
                 self.numbers.setdefault(key(cfg), t.number)
+        for cfg, numbers in _beside_others(trials, self.config_of).items():
+            if len(numbers) > REMEASURES:  # measured beside others' load every time: not measured yet again
+                self.numbers.setdefault(cfg, numbers[0])
+
+    def queue_again(self, st: Any, trials: Sequence[StoredTrial], live: Callable[[Any], bool]) -> int:
+        """Queue in study ``st`` the configs :func:`again` names (first, before the sampler's); how many."""
+        todo = again(trials, self.config_of, live)
+        self.exhausted = self.exhausted and not todo
+        for number, cfg in todo:
+            st.enqueue_trial(self.params_of(cfg), user_attrs={"queued_for": AGAIN, "again_of": number},
+                             skip_if_exists=False)
+        return len(todo)
 
     def repeat_of(self, number: int, cfg: LaunchConfig) -> int | None:
         """None when trial ``number``'s ``cfg`` is new (it is then held); else the trial it repeats."""

@@ -27,9 +27,11 @@ from tuner.search import decide
 from tuner.search.known_good import (  # noqa: F401 - re-exported: callers know them as finish.*
     FIT_MARGIN_MIB,
     baseline_configs,
+    bounded_default,
     default_config,
     fit_config,
     fit_target_mib,
+    own_choice,
     seed_configs,
 )
 from tuner.search.verdict import BETTER, UNDECIDED, WORSE, Verdict, compare, compare_quiet

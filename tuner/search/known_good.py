@@ -1,6 +1,10 @@
 """The known-good configs a study starts from and the finish measures against: llama.cpp's own launch
 (``default``: ``llama-server -m MODEL -c CTX -np N``, with its own ``--fit on``), ``--fit``'s choice under the
 budget made explicit (``fit``, from ``llama-fit-params``), and the memory model's best guess.
+
+Both of llama.cpp's arms keep both budgets (:func:`own_choice`): each carries the ``--cache-ram`` its placement
+leaves room for (:mod:`tuner.search.cache_ram`), and the bare launch, which ``--fit`` fills to all the free VRAM,
+carries ``-fitt`` from the VRAM budget wherever that budget holds free VRAM back (the session stage measures it).
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from tuner.engine import flags, runner
 from tuner.engine.build import EngineLocation
 from tuner.machine import hardware
 from tuner.machine.hardware import Hardware
-from tuner.search import space
+from tuner.search import cache_ram, space
 
 FIT_MARGIN_MIB = 1024  # llama.cpp's default -fitt
 
@@ -53,8 +57,29 @@ def default_config(sp: space.SearchSpace) -> LaunchConfig:
     return LaunchConfig(model=sp.model, ctx=sp.ctx, parallel=sp.parallel, device=sp.device)
 
 
+def bounded_default(sp: space.SearchSpace, hw: Hardware, vram_margin_mib: float | None = None) -> LaunchConfig:
+    """The bare launch told what to leave free: ``-fitt`` from the budget where it holds back free VRAM or asks a
+    wider margin than --fit's own (common/fit.cpp fits each device until its projected free memory is at least the
+    target), so --fit fills the budget, not the card; else the bare launch itself."""
+    target = fit_target_mib(hw, vram_margin_mib)
+    bare = default_config(sp)
+    return replace(bare, fit_target_mib=target) if hw.has_gpu and target > FIT_MARGIN_MIB else bare
+
+
+def own_choice(sp: space.SearchSpace, info: ModelInfo, hw: Hardware, fit: LaunchConfig | None,
+               vram_margin_mib: float | None = None) -> tuple[LaunchConfig, LaunchConfig | None]:
+    """llama.cpp's own launch within the budget (:func:`bounded_default`) and --fit's placement, each with the
+    --cache-ram its placement needs: the bare launch priced where --fit puts it (without llama-fit-params, at the
+    most host weights the space tries)."""
+    bare = bounded_default(sp, hw, vram_margin_mib)
+    at = fit if fit is not None else replace(bare, n_cpu_moe=sp.n_cpu_moe[1] if sp.n_cpu_moe else None,
+                                             n_gpu_layers=sp.n_gpu_layers[0] if sp.n_gpu_layers else None)
+    return cache_ram.with_cap(info, bare, hw, at), cache_ram.with_cap(info, fit, hw) if fit is not None else None
+
+
 def baseline_configs(sp: space.SearchSpace, hw: Hardware, fit: LaunchConfig | None,
-                     vram_margin_mib: float | None = None) -> list[tuple[str, LaunchConfig]]:
+                     vram_margin_mib: float | None = None, default: LaunchConfig | None = None
+                     ) -> list[tuple[str, LaunchConfig]]:
     """llama.cpp's own choice, as the finish's reference arms: ``default`` (the bare launch) and ``fit``
     (llama-fit-params' placement under ``-fitt`` from the budget, made explicit) when it differs.
 
@@ -62,8 +87,8 @@ def baseline_configs(sp: space.SearchSpace, hw: Hardware, fit: LaunchConfig | No
     ``common_params_fit_impl``: the margin is per device, the free memory is what the device reports). Under a
     budget that holds back free VRAM or a wider margin (``fit_target_mib`` above the default), it would fill the VRAM
     the user kept out, so it is not an arm: llama.cpp's choice under that budget is ``fit``, and ``fit`` is the
-    reference (:attr:`Finish.reference`)."""
-    default = default_config(sp)
+    reference (:attr:`Finish.reference`). ``default``: the bare launch as measured (:func:`own_choice`)."""
+    default = default or default_config(sp)
     within = fit_target_mib(hw, vram_margin_mib) <= FIT_MARGIN_MIB
     arms = [("default", default)] if within else []
     if fit is not None and (fit != default or not within):
@@ -80,8 +105,9 @@ def fewest_on_host(sp: space.SearchSpace, cfg: LaunchConfig, info: ModelInfo, hw
         return cfg
     lo, hi = sp.n_cpu_moe
     for n in range(lo, hi + 1):
-        if space.check(info, replace(cfg, n_cpu_moe=n), hw, vram_margin_mib).feasible:
-            return replace(cfg, n_cpu_moe=n)
+        placed = space.make_config(sp, {**space.params_of(sp, cfg), "n_cpu_moe": n})  # with its own --cache-ram
+        if space.check(info, placed, hw, vram_margin_mib).feasible:
+            return placed
     return cfg
 
 

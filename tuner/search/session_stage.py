@@ -9,6 +9,11 @@ the launch line only when it was decided better than the line without it (the ba
 select it: with two or more reuse arms, :data:`SELECT_ROUNDS` rounds of every arm select the best, which is then
 measured again beside the base and the defaults in fresh rounds. Arms the memory model says cannot fit (a full SWA
 cache, more checkpoints) are never launched.
+
+Both budgets hold here as in the finish: ``default`` is llama.cpp's bare launch told to leave what the VRAM budget
+holds back (``-fitt``, :func:`tuner.search.known_good.bounded_default`) with the ``--cache-ram`` its placement needs,
+and an arm whose own VRAM broke the budget in a round (sampled as the finish samples it), or that paged host RAM, is
+never printed nor ranked.
 """
 
 from __future__ import annotations
@@ -68,6 +73,17 @@ class ArmSessions:
     interference: tuple[str | None, ...] = ()
     # Per round (aligned with ``results``): host RAM over the replay; None where the round failed.
     host_paging: tuple[PagingVerdict | None, ...] = ()
+    # Per round (aligned with ``results``): the line's own VRAM (None: not sampled, or the round failed), and the
+    # budget it was measured under (None: none set, or no GPU).
+    vram_growth_bytes: tuple[int | None, ...] = ()
+    vram_budget_bytes: int | None = None
+
+    @property
+    def over_budget(self) -> int | None:
+        """The most VRAM the line took in a round, where that broke the budget (None: within it, or unknown)."""
+        most = max((g for g in self.vram_growth_bytes if g is not None), default=None)
+        budget = self.vram_budget_bytes
+        return most if most is not None and budget is not None and most > budget else None
 
     @property
     def paging(self) -> PagingVerdict | None:
@@ -108,6 +124,7 @@ class ArmSessions:
                 "interference": list(self.interference),
                 "host_paging": [None if v is None else v.to_dict() for v in self.host_paging],
                 "paging": None if self.paging is None else self.paging.describe(),
+                "vram_growth_bytes": list(self.vram_growth_bytes), "over_budget": self.over_budget,
                 "finding": None if self.finding is None else self.finding.describe()}
 
 
@@ -170,8 +187,8 @@ def reuse_labels(labels: Sequence[str]) -> list[str]:
 
 
 def measure(loc: EngineLocation, arms: Sequence[tuple[str, LaunchConfig]], req: SessionRequest, info: ModelInfo, *,
-            log_dir: Path, caps: Capabilities | None = None,
-            on_step: Callable[[str], None] | None = None) -> tuple[list[ArmSessions], list[ArmSessions]]:
+            log_dir: Path, caps: Capabilities | None = None, on_step: Callable[[str], None] | None = None,
+            vram_budget_bytes: int | None = None) -> tuple[list[ArmSessions], list[ArmSessions]]:
     """Selection rounds (with two or more reuse arms), then confirmation rounds of the defaults, the base and the
     selected reuse arm; every arm once per round, the order rotating, the same session for all. Returns the
     selection's arms (empty when there was none) and the confirmation's."""
@@ -183,6 +200,7 @@ def measure(loc: EngineLocation, arms: Sequence[tuple[str, LaunchConfig]], req: 
     results: dict[bool, dict[str, list[SessionResult | None]]] = {True: {}, False: {}}
     noise: dict[bool, dict[str, list[str | None]]] = {True: {}, False: {}}
     paged: dict[bool, dict[str, list[PagingVerdict | None]]] = {True: {}, False: {}}
+    vram: dict[bool, dict[str, list[int | None]]] = {True: {}, False: {}}
     failed: dict[str, str] = {}
 
     def one(label: str, r: int) -> decide.Obs:
@@ -200,14 +218,15 @@ def measure(loc: EngineLocation, arms: Sequence[tuple[str, LaunchConfig]], req: 
         results[selecting].setdefault(label, []).append(done)
         noise[selecting].setdefault(label, []).append(got.noise)
         paged[selecting].setdefault(label, []).append(got.value.host_paging if got.value is not None else None)
+        vram[selecting].setdefault(label, []).append(got.value.vram_growth_bytes if got.value is not None else None)
         if on_step and got.value is not None and got.value.host_paging.paging:
             on_step(f"session round {r}: {label} paged host RAM ({got.value.host_paging.evidence}): never the line")
         return (done.score() if done is not None else None), got.noise
 
     def arms_of(selecting: bool) -> list[ArmSessions]:
         return [ArmSessions(x, configs[x], tuple(results[selecting][x]), failed.get(x), None,
-                            tuple(noise[selecting][x]), tuple(paged[selecting][x]))
-                for x in labels if x in results[selecting]]
+                            tuple(noise[selecting][x]), tuple(paged[selecting][x]), tuple(vram[selecting][x]),
+                            vram_budget_bytes) for x in labels if x in results[selecting]]
 
     def to_confirm(_: dict[str, list[decide.Obs]]) -> list[str]:
         best = select(arms_of(True))
@@ -233,18 +252,23 @@ def measure(loc: EngineLocation, arms: Sequence[tuple[str, LaunchConfig]], req: 
 def select(arms: Sequence[ArmSessions]) -> str | None:
     """The reuse arm with the shortest session over its quiet rounds (selection decides nothing); an arm that paged
     host RAM is not chosen."""
-    table = {a.label: decide.observations(a.scores, a.interference) for a in arms if a.paging is None}
-    return decide.best(table, reuse_labels([a.label for a in arms if a.paging is None]))
+    ok = [a for a in arms if a.paging is None and a.over_budget is None]
+    return decide.best({a.label: decide.observations(a.scores, a.interference) for a in ok},
+                       reuse_labels([a.label for a in ok]))
 
 
 def usable(arm: ArmSessions | None) -> bool:
-    """Measured, and never read its model back from disk: an arm the stage may print."""
-    return arm is not None and arm.median_session_s is not None and arm.paging is None
+    """Measured, never read its model back from disk, within the VRAM budget: an arm the stage may print."""
+    return arm is not None and arm.median_session_s is not None and arm.paging is None and arm.over_budget is None
 
 
 def _lost(arm: ArmSessions | None) -> str:
     """Why an arm cannot be printed, in words."""
-    return "paged host RAM" if arm is not None and arm.paging is not None else "failed"
+    if arm is not None and arm.paging is not None:
+        return "paged host RAM"
+    if arm is not None and arm.over_budget is not None:
+        return f"broke the VRAM budget ({arm.over_budget / 2**20:,.0f} MiB)"
+    return "failed"
 
 
 def judge(arms: Sequence[ArmSessions], source: str, notes: dict[str, str], agents: int = 1, *,
@@ -280,10 +304,10 @@ def judge(arms: Sequence[ArmSessions], source: str, notes: dict[str, str], agent
                                              "defaults: the defaults are printed")
         if ok:
             return stage("default", None, f"the base line {lost}: the defaults are printed")
-        if "paged" not in lost + _lost(default):
+        if lost == _lost(default) == "failed":
             return stage(None, None, "the base line failed and so did the defaults")
         return stage(None, None, f"the base line {lost} and the defaults {_lost(default)}: no session line (a line "
-                                 "that pages host RAM is never printed)")
+                                 "that pages host RAM or breaks the VRAM budget is never printed)")
     if best is None or not usable(best):
         default = pool.get("default")
         verdict = versus(base, default) if default is not None and default is not base and usable(default) else None
@@ -307,7 +331,7 @@ def run_stage(loc: EngineLocation, default: LaunchConfig, tuned: LaunchConfig, i
     """Measure and judge the session arms; record them (study attr ``session``, ``result_dir/session.json``)."""
     arms, notes = stage_arms(default, tuned, info, hw, caps, vram_margin_mib)
     selection, confirmation = measure(loc, arms, req, info, log_dir=result_dir / "logs" / "session", caps=caps,
-                                      on_step=on_step)
+                                      on_step=on_step, vram_budget_bytes=hw.vram_budget_bytes or None)
     source = str(req.session_file) if req.session_file else "bundled"
     stage = judge(selection, source, notes, req.agents, confirmation=confirmation) if selection else \
         judge(confirmation, source, notes, req.agents)

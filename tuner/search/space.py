@@ -37,14 +37,14 @@ from tuner.machine.hardware import Hardware
 from tuner.measure.engine_memory import in_force, price
 from tuner.plan.memory import (
     DEFAULT_BATCH,
-    DEFAULT_CACHE_RAM_MIB,
     DEFAULT_UBATCH,
     FIT_MARGIN_BYTES,
     MIB,
     MemoryEstimate,
 )
 from tuner.plan.placement import fit_interval, offload_of, overs
-from tuner.plan.ram import TIGHT_MARGIN_BYTES, ram_side
+from tuner.plan.ram import prompt_cache_reach_bytes
+from tuner.search import cache_ram
 from tuner.search.levers import host_levers, levers_note, load_mode_axis
 
 F16, Q8, Q4 = CacheType.F16, CacheType.Q8_0, CacheType.Q4_0
@@ -91,9 +91,10 @@ class SearchSpace:
     # What the space leaves out and why (K/V pairs the engine has no kernel for, ubatches that cannot fit); not
     # part of the study's identity.
     left_out: tuple[str, ...] = ()
-    # --cache-ram of every config, set where llama-server's default prompt cache would not fit beside the host
-    # weights (tuner.plan.ram); None: the engine's default.
-    cache_ram_mib: int | None = None
+    # --cache-ram per placement (the --n-cpu-moe or -ngl value; None: the space has no such axis), set where
+    # llama-server's default prompt cache would not fit beside that placement's host need (tuner.plan.ram); a
+    # placement not listed keeps the engine's default. More host weights leave less room: a smaller cap.
+    cache_ram_caps: tuple[tuple[int | None, int], ...] = ()
     # The prompt-side levers of a CUDA rig with experts in RAM (:mod:`tuner.search.levers`): op offload on/off and
     # the host buffer; a single value is fixed, not searched. Op offload's threshold is no axis: llama-bench cannot
     # tell thresholds apart, so the session stage measures it as one arm (levers.session_threshold).
@@ -110,7 +111,7 @@ class SearchSpace:
             "ubatch": list(self.ubatch), "slots": list(self.slots),
             **({"device": self.device} if self.device is not None else {}),
             **({"n_gpu_layers": list(self.n_gpu_layers)} if self.n_gpu_layers else {}),
-            **({"cache_ram_mib": self.cache_ram_mib} if self.cache_ram_mib is not None else {}),
+            **({"cache_ram_mib": [list(c) for c in self.cache_ram_caps]} if self.cache_ram_caps else {}),
             **({"op_offload": list(self.op_offload)} if len(self.op_offload) > 1 else {}),
             **({"no_host": list(self.no_host)} if len(self.no_host) > 1 else {}),
             **({"load_mode": list(self.load_mode)} if len(self.load_mode) > 1 else {}),
@@ -120,6 +121,11 @@ class SearchSpace:
     def size(self) -> int:
         """Distinct configs in the space (dependent choices counted once)."""
         return sum(1 for _ in iter_configs(self))
+
+    def cache_ram_at(self, n_cpu_moe: int | None, n_gpu_layers: int | None) -> int | None:
+        """The --cache-ram of a config at this placement (None: llama-server's default fits beside it)."""
+        where = n_cpu_moe if self.n_cpu_moe else n_gpu_layers if self.n_gpu_layers else None
+        return dict(self.cache_ram_caps).get(where)
 
 
 def _physical_threads(cores: int) -> tuple[int, ...]:
@@ -198,33 +204,29 @@ def build_space(model_path: Path, info: ModelInfo, hw: Hardware, *, ctx: int, pa
     ngl: tuple[int, int] | None = None
     if offload and not info.n_expert:
         ngl, why = _gpu_layers(info, hw, model_path, ctx, parallel, pairs, ubatch, vram_margin_mib)
-    cache_ram, note = _cache_ram(info, hw, ubatch_config(model_path, *pairs[0], ctx, parallel, None), moe, ngl)
+    caps, note = cache_ram.placement_caps(info, hw, _hungriest(model_path, pairs, ubatch, ctx, parallel), moe, ngl)
     levers = host_levers(hw, device, moe if with_moe else None)
-    most_host = replace(ubatch_config(model_path, *pairs[0], ctx, parallel, ubatch[-1]), cache_ram_mib=cache_ram,
-                        n_cpu_moe=moe[1] if moe else None)
+    # The pinned copy is judged where it weighs most: the most host experts, their own prompt-cache cap.
+    most_host = replace(ubatch_config(model_path, *pairs[0], ctx, parallel, ubatch[-1]),
+                        cache_ram_mib=dict(caps).get(moe[1] if moe else None), n_cpu_moe=moe[1] if moe else None)
     load_modes, load_note = load_mode_axis(info, hw, device, moe if with_moe else None, most_host)
     return SearchSpace(
         model=model_path, ctx=ctx, parallel=parallel, n_cpu_moe=moe, kv_pairs=pairs,
         flash_attn=(FlashAttn.ON, FlashAttn.OFF), threads=_physical_threads(max(1, hw.physical_cores)),
         ubatch=ubatch, slots=slot_counts(concurrency), n_cpu_moe_why=why, device=device, n_gpu_layers=ngl,
-        left_out=left_out + note + (levers_note() if levers else ()) + load_note, cache_ram_mib=cache_ram,
+        left_out=left_out + note + (levers_note() if levers else ()) + load_note, cache_ram_caps=caps,
         op_offload=(True, False) if levers else (True,), no_host=(False, True) if levers else (False,),
         load_mode=load_modes,
     )
 
 
-def _cache_ram(info: ModelInfo, hw: Hardware, cfg: LaunchConfig, moe: tuple[int, int] | None,
-               ngl: tuple[int, int] | None) -> tuple[int | None, tuple[str, ...]]:
-    """The --cache-ram every trial carries where llama-server's default prompt cache (8192 MiB) would not fit
-    beside the fewest host weights the space tries (its likeliest winner), and the note that says so."""
-    at = replace(cfg, n_cpu_moe=moe[0] if moe else None, n_gpu_layers=ngl[1] if ngl else None)
-    side = ram_side(price(info, at, hw), at, hw)
-    if side.cache_ram_fit_mib is None or side.exceeds:
-        return None, ()
-    return side.cache_ram_fit_mib, (
-        f"--cache-ram {side.cache_ram_fit_mib} on every config: llama-server's default prompt cache "
-        f"({DEFAULT_CACHE_RAM_MIB} MiB) does not fit beside {side.need_bytes / 2**30:.1f} GiB of host need in "
-        f"{side.available_bytes / 2**30:.1f} GiB of RAM ({TIGHT_MARGIN_BYTES / 2**30:.0f} GiB kept free)",)
+def _hungriest(model: Path, pairs: Sequence[tuple[CacheType, CacheType]], ubatch: Sequence[int | None], ctx: int,
+              parallel: int) -> LaunchConfig:
+    """The config of the space that needs the most host RAM at a placement: the widest KV pair (the KV of host
+    layers), the largest ubatch and, where the V type lets it, flash attention off (the host compute buffers)."""
+    k, v = pairs[0]
+    cfg = ubatch_config(model, k, v, ctx, parallel, ubatch[-1])
+    return cfg if v.is_quantized else replace(cfg, flash_attn=FlashAttn.OFF)
 
 
 def ubatch_choices(prompt_tokens: int, ctx: int) -> tuple[int | None, ...]:
@@ -308,7 +310,7 @@ def make_config(space: SearchSpace, params: dict[str, Any]) -> LaunchConfig:
         n_gpu_layers=params.get("n_gpu_layers") if space.n_gpu_layers else None,
         cache_type_k=ctk, cache_type_v=ctv, flash_attn=fa, ctx=space.ctx, parallel=space.parallel,
         threads=params.get("threads", space.threads[-1]), ubatch=ubatch, batch=batch_for(ubatch),
-        device=space.device, cache_ram_mib=space.cache_ram_mib,
+        device=space.device, cache_ram_mib=space.cache_ram_at(params.get("n_cpu_moe"), params.get("n_gpu_layers")),
         op_offload=params.get("op_offload", space.op_offload[0]), no_host=params.get("no_host", space.no_host[0]),
         # --no-host leaves no pinned buffer to choose: the load mode is asked only without it.
         mmap=params.get("no_host", space.no_host[0]) or params.get("load_mode", space.load_mode[0]) == "mmap",
@@ -419,6 +421,9 @@ def check(info: ModelInfo, cfg: LaunchConfig, hw: Hardware, vram_margin_mib: flo
     replay's."""
     est = price(info, cfg, hw)
     vram_over, ram_over = overs(est, hw, _margin_bytes(vram_margin_mib))
+    # llama-server's prompt cache grows to its default limit where the config sets none (a set limit is in the
+    # estimate): it counts, or a line whose cache can outgrow the RAM would pass.
+    ram_over += prompt_cache_reach_bytes(cfg) or 0
     # Without a GPU nothing goes to one: satisfied by construction.
     return Feasibility(est, vram_over / MIB if hw.has_gpu else -1.0, ram_over / MIB)
 
@@ -432,13 +437,11 @@ def best_guess(space: SearchSpace, info: ModelInfo, hw: Hardware, vram_margin_mi
     """The memory model's pick: the most precise KV pair that fits, flash attention on, the fewest offloaded
     experts that still fit (more experts on the GPU = fewer bytes read over the slow path), all cores."""
     for k, v in space.kv_pairs:
-        base = make_config(space, {"kv": kv_label(k, v), "flash_attn": "on", "threads": space.threads[-1],
-                                   "ubatch": space.ubatch[-1]})
+        base = {"kv": kv_label(k, v), "flash_attn": "on", "threads": space.threads[-1], "ubatch": space.ubatch[-1]}
         lo, hi = space.n_cpu_moe or (0, 0)
         glo, ghi = space.n_gpu_layers or (0, 0)
         for n, g in product(range(lo, hi + 1), range(ghi, glo - 1, -1)):  # the fewest weights on the host first
-            cfg = replace(base, n_cpu_moe=n) if space.n_cpu_moe else base
-            cfg = replace(cfg, n_gpu_layers=g) if space.n_gpu_layers else cfg
+            cfg = make_config(space, {**base, "n_cpu_moe": n, "n_gpu_layers": g})  # with that placement's --cache-ram
             if check(info, cfg, hw, vram_margin_mib).feasible:
                 return cfg
     return None

@@ -21,7 +21,6 @@ import time
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +33,7 @@ from tuner.engine import runner
 from tuner.engine.build import Capabilities, EngineLocation
 from tuner.machine import quiet
 from tuner.machine.hardware import Hardware
+from tuner.machine.sampler import PagingKind, PagingVerdict
 from tuner.measure import bench, failures
 from tuner.measure.workload import Workload, WorkloadKind
 from tuner.models.gguf_reader import ModelInfo
@@ -41,6 +41,7 @@ from tuner.quality.kv_price import KvPrice
 from tuner.search import dedup, space
 from tuner.search.anchor import ANCHOR_EVERY, Anchor, AnchorReading
 from tuner.search.budget import Budget, parse_duration  # noqa: F401 - the study's public names since the start
+from tuner.search.dedup import STALE_RUNNING_S, worker_alive  # noqa: F401 - as above
 from tuner.search.interrupt import check as check_interrupt
 from tuner.search.interrupt import deferred, sigterm_as_ctrl_c
 from tuner.search.interrupt import handled as interrupt_handled
@@ -223,27 +224,6 @@ def _is_creation_race(exc: BaseException) -> bool:
 
 # ------------------------------------------------------------------------------- what a study holds (dedup)
 
-STALE_RUNNING_S = 6 * 3600.0  # a RUNNING trial of another machine older than this: its worker is gone
-
-
-def worker_alive(worker: str | None, started: datetime | None, now: datetime | None = None) -> bool:
-    """Whether the process ``host:pid`` that asked a trial is still working on it: on this host, whether the
-    pid runs (a reused pid reads as alive: its trial's config is then not measured again, the safe side); on
-    another host, whether the trial started within :data:`STALE_RUNNING_S`."""
-    host, _, pid = (worker or "").rpartition(":")
-    if host == socket.gethostname() and pid.isdigit():
-        try:
-            os.kill(int(pid), 0)  # signal 0: nothing is sent, only whether the pid exists
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
-    if started is None:
-        return True
-    return ((now or datetime.now()) - started).total_seconds() < STALE_RUNNING_S
-
-
 def _live(t: FrozenTrial) -> bool:
     return t.state == TrialState.RUNNING and worker_alive(t.user_attrs.get("worker"), t.datetime_start)
 
@@ -261,7 +241,9 @@ def seen_of(study: optuna.Study, configs: Callable[[], Iterable[LaunchConfig]],
 
 
 def hold(study: optuna.Study, seen: dedup.Seen) -> None:
+    """Hold what the study holds, and queue again what paged beside others' memory load (dedup.again)."""
     seen.hold(study.get_trials(deepcopy=False), _live)
+    seen.queue_again(study, study.get_trials(deepcopy=False), _live)
 
 
 def tell_duplicate(study: optuna.Study, trial: optuna.Trial, first: int) -> None:
@@ -332,20 +314,22 @@ class SearchOutcome:
     drift: str | None = None  # the anchor's thermal drift in words (GPU runs); None: it held, or was not measured
 
 
-def _tell_measured(study: optuna.Study, trial: optuna.Trial, result: bench.BenchResult, measure: Measure,
-                   objective: Objective, reps: int) -> None:
+def _tell_measured(study: optuna.Study, trial: optuna.Trial, result: bench.BenchResult, paging: PagingVerdict,
+                   measure: Measure, objective: Objective, reps: int) -> None:
+    """``paging``: the result's paging verdict judged against what the watch saw (PagingVerdict.beside)."""
     tg, pp = result.row("tg"), result.row("pp")
     gen, prompt = tg.spread, pp.spread
     score = measure.score(prompt.median, gen.median)
     assert score is not None  # llama-bench rows carry positive speeds
-    paging = result.host_paging  # read its model back from disk: the speed is the disk's, never a candidate
     for key, value in (("gen_tok_s", gen.median), ("prompt_tok_s", prompt.median),
                        ("gen_cv_pct", gen.cv_pct), ("prompt_cv_pct", prompt.cv_pct), ("argv", list(result.argv)),
                        ("request_s", 1.0 / score), ("prompt_depth", pp.n_depth), ("gen_depth", tg.n_depth),
                        ("repetitions", reps), ("host_paging", paging.to_dict())):
         trial.set_user_attr(key, value)
-    if paging.paging:
+    if paging.paging:  # read its model back from disk: the speed is the disk's, never a candidate
         return tell_status(study, trial, dedup.PAGING)  # held like a config the memory gate refused
+    if paging.beside_others:  # others' memory load made it page: measured again (dedup.again)
+        return tell_status(study, trial, dedup.BESIDE_OTHERS)
     trial.set_user_attr("status", "measured")
     study.tell(trial, [gen.median, prompt.median] if objective.pareto else score)
 
@@ -458,14 +442,16 @@ def run_search(
                         if isinstance(res, failures.Failure):
                             tell_status(study, trial, "failed", {"failure": failure_attr(res)})
                         else:
-                            if not res.host_paging.paging:  # a paging config is no anchor: its figures are the disk's
+                            paging = res.host_paging.beside(watch.others_memory)
+                            if paging.kind is PagingKind.NONE:  # paging: no anchor, its figures are the disk's
                                 anchor.measured(cfg, AnchorReading.of(res, anchor.trials_measured,
                                                                       time.monotonic() - start, watch.noise))
                             if anchor.on:
                                 trial.set_user_attr("drift", anchor.noise)
-                            _tell_measured(study, trial, res, measure, objective, reps)
+                            _tell_measured(study, trial, res, paging, measure, objective, reps)
                         pending.remove((trial, cfg))
                     report(trial)
+                hold(study, seen)  # a config that paged beside others' load is queued again: not exhausted
     except KeyboardInterrupt:
         interrupt_handled()
         interrupted = True

@@ -38,7 +38,7 @@ class TrialRecord:
     """One trial as stored: what was tried and what came of it."""
 
     number: int
-    status: str  # measured | host_paging | infeasible | failed | interrupted | running
+    status: str  # measured | host_paging | paging_beside_others | infeasible | failed | interrupted | running
     config: dict[str, Any]
     seed: str | None = None  # which known-good config this was, for enqueued seeds
     gen_tok_s: float | None = None

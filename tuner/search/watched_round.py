@@ -1,18 +1,24 @@
 """One arm's one round under the watch: the run, its failure (a :class:`TrialFailedError`'s, kept as data) and
 what disturbed the machine meanwhile (:func:`tuner.machine.quiet.watch_for`, this run's own llama.cpp processes
 left out). The finish, the session stage and compare-models measure every round this way; a round measured on a
-busy machine is kept and shown, and decides nothing (:func:`tuner.search.decide.quiet_median`)."""
+busy machine is kept and shown, and decides nothing (:func:`tuner.search.decide.quiet_median`).
+
+A round whose engine read its model back from disk while the watch saw other programs' memory load (their paging,
+or their growth while the kernel reclaimed) has its paging verdict blamed on them
+(:meth:`~tuner.machine.sampler.PagingVerdict.beside`): the round is busy, measured again like any busy round, and
+its arm is not ruled out as a config that pages."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Generic, TypeVar
+from dataclasses import dataclass, fields, is_dataclass, replace
+from typing import Any, Generic, TypeVar
 
 from tuner.core.config import LaunchConfig
 from tuner.core.errors import TrialFailedError
 from tuner.engine import runner
 from tuner.machine import quiet
+from tuner.machine.sampler import PagingVerdict
 from tuner.measure.failures import Failure
 
 T = TypeVar("T")
@@ -23,6 +29,7 @@ class Watched(Generic[T]):
     value: T | None  # None: the round failed
     failure: Failure | None
     noise: str | None  # what disturbed the machine (None: quiet)
+    others_memory: str | None = None  # other programs' memory load the watch saw (None: none)
 
 
 def watched_round(cfg: LaunchConfig, label: str, what: str, run: Callable[[], T],
@@ -36,4 +43,13 @@ def watched_round(cfg: LaunchConfig, label: str, what: str, run: Callable[[], T]
             value, failure = None, exc.failure
     if watch.noise and on_step:
         on_step(f"{what}: {label} was measured on a busy machine ({watch.noise}): it decides nothing")
-    return Watched(value, failure, watch.noise)
+    return Watched(blamed(value, watch.others_memory), failure, watch.noise, watch.others_memory)
+
+
+def blamed(value: T, others_memory: str | None) -> T:
+    """A trial (any dataclass with a ``host_paging`` verdict) with its paging judged against what the watch saw."""
+    verdict: Any = getattr(value, "host_paging", None)
+    if not others_memory or not isinstance(verdict, PagingVerdict) or not is_dataclass(value) or \
+            "host_paging" not in {f.name for f in fields(value)}:
+        return value
+    return replace(value, host_paging=verdict.beside(others_memory))  # type: ignore[type-var]

@@ -7,6 +7,11 @@ best median; fresh confirmation rounds then judge it against every other model w
 (:func:`tuner.search.verdict.compare_quiet`). Judging the best median on the rounds that made it best is the
 winner's curse. A model is called faster only when decided in rounds that did not select it; undecided stays
 undecided, with the selected model named.
+
+A model whose engine read its weights back from disk in any round (host paging: it does not fit this machine's RAM as
+tuned) is never selected nor declared faster, as auto-tune never prints such a line; the others are judged without
+it. Every round carries its paging verdict; paging while other programs' memory load pressed on it is theirs (the
+round is busy, :mod:`tuner.search.watched_round`), not the model's.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from typing import Any
 from tuner.core.config import LaunchConfig
 from tuner.engine import flags
 from tuner.engine.build import Capabilities, EngineLocation
+from tuner.machine.sampler import NOT_MEASURED_WORDS
 from tuner.measure import bench, session_run
 from tuner.measure import session as session_mod
 from tuner.measure.workload import Workload
@@ -40,6 +46,7 @@ class Round:
     ttft_s: float | None = None  # median over the round's requests or turns
     session_s: float | None = None  # agent workload: the whole session
     host_paging: str | None = None  # the round read the model back from disk while generating: the evidence
+    paging_verdict: str = "not measured"  # the round's host-paging verdict (tuner.machine.sampler.PagingKind)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +101,7 @@ class HeadToHead:
 
     @property
     def best(self) -> Arm | None:
-        """The selected model; without selection rounds, the best median."""
+        """The selected model; without selection rounds, the best median; never one that paged host RAM."""
         return _best(self.arms, self.selected)
 
     @property
@@ -104,12 +111,20 @@ class HeadToHead:
 
     def summary(self) -> str:
         best = self.best
+        paged = [a.label for a in self.arms if a.paging]
         if best is None and self.selected:
-            return f"undecided: {self.selected} was selected, then failed its confirmation rounds ({self.metric})"
+            how = "paged host RAM in" if self.selected in paged else "failed"
+            return f"undecided: {self.selected} was selected, then {how} its confirmation rounds ({self.metric})"
+        if best is None and paged:
+            return (f"no model ran without paging host RAM ({', '.join(paged)}): none fits this machine's RAM as "
+                    "tuned")
         if best is None:
             why = "; ".join(f"{a.label}: {a.failure}" for a in self.arms if a.failure)
             return "no model could be measured" + (f" ({why})" if why else "")
         if len(self.arms) < 2 or not self.verdicts:
+            if paged:
+                return (f"{best.label} was the only model measured without paging host RAM ({', '.join(paged)} "
+                        "paged: not a line to run on this machine as tuned)")
             return f"{best.label} was the only model measured"
         if self.decided:
             how = " in rounds that did not select it" if self.selected else ""
@@ -133,17 +148,22 @@ ROUNDS = decide.Rounds()
 SELECT, CONFIRM = "selection", "confirmation"
 
 
+def _runnable(arms: Sequence[Arm]) -> list[Arm]:
+    """The measured models that never paged host RAM: the only ones a comparison may crown."""
+    return [a for a in arms if a.score is not None and not a.paging]
+
+
 def _best(arms: Sequence[Arm], selected: str | None) -> Arm | None:
+    ok = _runnable(arms)
     if selected is not None:
-        return next((a for a in arms if a.label == selected and a.score is not None), None)
-    ok = [a for a in arms if a.score is not None]
+        return next((a for a in ok if a.label == selected), None)
     return max(ok, key=lambda a: a.score or 0.0) if ok else None
 
 
 def verdicts_of(arms: Sequence[Arm], selected: str | None = None) -> tuple[Verdict, ...]:
-    """The best (``selected``, else the best median) against every other measured model, on their confirmation
-    rounds."""
-    ok = [a for a in arms if a.score is not None]
+    """The best (``selected``, else the best median) against every other measured model that did not page host RAM,
+    on their confirmation rounds."""
+    ok = _runnable(arms)
     best = _best(arms, selected)
     if len(ok) < 2 or best is None:
         return ()
@@ -182,10 +202,10 @@ def head_to_head(loc: EngineLocation, lines: Sequence[tuple[str, LaunchConfig]],
         if on_step:
             on_step(f"round {r} ({phase}): {label} ({flags.launch_line(cfg)})")
         w = watched_round(cfg, label, f"round {r}",
-                          lambda: _one(loc, cfg, sent, load, makers, session, log_dir / f"round{r}", caps), on_step)
+                          lambda: _trial(loc, cfg, sent, makers, session, log_dir / f"round{r}", caps), on_step)
         if w.failure is not None:
             failed[label] = w.failure.summary()
-        got = replace(w.value or Round(None), noise=w.noise)
+        got = replace(_round(w.value, load) if w.value is not None else Round(None), noise=w.noise)
         runs[phase][label].append(got)
         return got.score, got.noise
 
@@ -194,7 +214,7 @@ def head_to_head(loc: EngineLocation, lines: Sequence[tuple[str, LaunchConfig]],
                     tuple(runs[SELECT][label])) for label, cfg in lines]
 
     def to_confirm(sel: dict[str, list[decide.Obs]]) -> list[str]:
-        best = decide.best(sel, labels)
+        best = decide.best(sel, labels, lambda x: not any(r.host_paging for r in runs[SELECT][x]))
         measured = [x for x in labels if any(s is not None for s, _ in sel[x])]
         if best is None or len(measured) < 2:
             return []  # nothing to judge: the one model measured, or none
@@ -213,16 +233,24 @@ def head_to_head(loc: EngineLocation, lines: Sequence[tuple[str, LaunchConfig]],
     return HeadToHead(tuple(done), metric_of(load, session is not None), verdicts_of(done, selected), selected)
 
 
-def _one(loc: EngineLocation, cfg: LaunchConfig, sent: Workload, load: Workload,
-         makers: list[Any] | None, session: tuple[Path | None, int | None, int, int] | None, log_dir: Path,
-         caps: Capabilities | None) -> Round:
+def _trial(loc: EngineLocation, cfg: LaunchConfig, sent: Workload, makers: list[Any] | None,
+           session: tuple[Path | None, int | None, int, int] | None, log_dir: Path,
+           caps: Capabilities | None) -> bench.ServerTrial | session_run.SessionTrial:
     if makers is not None and session is not None:
-        trial = session_run.run_session_trial(loc, cfg, makers, session[2], log_dir=log_dir, caps=caps)
+        return session_run.run_session_trial(loc, cfg, makers, session[2], log_dir=log_dir, caps=caps)
+    return bench.run_server_trial(loc, cfg, replace(sent, concurrency=cfg.parallel or 1), log_dir=log_dir, caps=caps)
+
+
+def _round(trial: bench.ServerTrial | session_run.SessionTrial, load: Workload) -> Round:
+    """One round's figures and its paging verdict (already judged against what the watch saw)."""
+    paging = trial.host_paging
+    evidence = paging.describe() if paging.paging else None
+    kind = paging.kind.value if paging.measured else NOT_MEASURED_WORDS
+    if isinstance(trial, session_run.SessionTrial):
         res = trial.result
-        return Round(res.score(), ttft_s=res.median_ttft_s, session_s=res.session_s,
-                     host_paging=trial.host_paging.describe() if trial.host_paging.paging else None)
-    t = bench.run_server_trial(loc, cfg, replace(sent, concurrency=cfg.parallel or 1), log_dir=log_dir, caps=caps)
-    first = t.levels[0]
-    return Round(round_score(t.levels, load), gen_tok_s=first.per_request_gen_tok_s,
-                 prompt_tok_s=first.per_request_prompt_tok_s, ttft_s=first.ttft_s,
-                 host_paging=t.host_paging.describe() if t.host_paging.paging else None)
+        return Round(res.score(), ttft_s=res.median_ttft_s, session_s=res.session_s, host_paging=evidence,
+                     paging_verdict=kind)
+    first = trial.levels[0]
+    return Round(round_score(trial.levels, load), gen_tok_s=first.per_request_gen_tok_s,
+                 prompt_tok_s=first.per_request_prompt_tok_s, ttft_s=first.ttft_s, host_paging=evidence,
+                 paging_verdict=kind)

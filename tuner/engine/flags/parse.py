@@ -32,10 +32,10 @@ class ParsedCommand:
 
 _ALIASES = {s: name for name, spellings in _SPELL.items() for s in spellings}
 _ALIASES.update({"--n-cpu-moe": "n_cpu_moe", "-ncmoe": "n_cpu_moe", "--no-mmap": "no_mmap", "--mmap": "mmap",
-                 "--repack": "repack", "-fitt": "fit", "--fit": "fit",
+                 "--repack": "repack", "--fit": "fit",
                  "--no-host": "no_host", "--no-op-offload": "no_op_offload", "--op-offload": "op_offload"})
 _INT_FIELDS = {"ctx", "parallel", "n_gpu_layers", "n_cpu_moe", "threads", "threads_batch", "batch", "ubatch",
-               "cache_reuse", "ctx_checkpoints", "checkpoint_min_step", "cache_ram_mib"}
+               "cache_reuse", "ctx_checkpoints", "checkpoint_min_step", "cache_ram_mib", "fit_target_mib"}
 _BARE = {"kv_unified", "no_kv_unified", "swa_full", "no_repack", "repack", "no_mmap", "mmap", "no_host",
          "no_op_offload", "op_offload"}
 

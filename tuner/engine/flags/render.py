@@ -54,7 +54,7 @@ _SPELL: dict[str, tuple[str, ...]] = {
     "device": ("-dev", "--device"),
     "fit": ("--fit", "-fit"),
     "fit_print": ("-fitp", "--fit-print"),
-    "fit_target": ("-fitt", "--fit-target"),
+    "fit_target_mib": ("-fitt", "--fit-target"),
     "log_jsonl": ("--log-jsonl",),
     "spec_types": ("--spec-type",),
     "draft_model": ("-md", "--spec-draft-model", "--model-draft"),
@@ -116,6 +116,8 @@ def _validate_reuse(cfg: LaunchConfig) -> None:
         value = getattr(cfg, name)
         if value is not None and value < 0:
             raise UsageError(f"{name} must be >= 0, got {value}")
+    if cfg.fit_target_mib is not None and cfg.fit_target_mib < 0:
+        raise UsageError(f"-fitt takes the MiB --fit leaves free, >= 0, got {cfg.fit_target_mib}")
     if cfg.cache_ram_mib is not None and cfg.cache_ram_mib < -1:
         raise UsageError(f"--cache-ram takes MiB, 0 (off) or -1 (no limit), got {cfg.cache_ram_mib}")
 
@@ -351,9 +353,13 @@ def fit_would_move(cfg: LaunchConfig) -> bool:
 
 
 def _fit_flags(a: _Argv, cfg: LaunchConfig) -> None:
-    """``--fit off`` where fit would otherwise rewrite the placement this config states."""
+    """``--fit off`` where fit would otherwise rewrite the placement this config states; ``-fitt`` where the config
+    tells fit what to leave free (common/arg.cpp: one value is every device's margin; common/fit.cpp
+    ``common_params_fit_impl`` fits until each device's projected free memory is at least that)."""
     if fit_would_move(cfg):
         a.add("fit", "off")
+    elif cfg.fit_target_mib is not None:
+        a.add("fit_target_mib", str(cfg.fit_target_mib))
 
 
 def server_argv(binary: Path, cfg: LaunchConfig, caps: Capabilities | None = None) -> list[str]:
@@ -462,7 +468,7 @@ def fit_params_argv(binary: Path, cfg: LaunchConfig, caps: Capabilities | None =
 
 def with_fit_target(argv: list[str], margin_mib: int) -> list[str]:
     """``argv`` with --fit's margin: the MiB it leaves free on each device (llama.cpp's default is 1024)."""
-    return [*argv, _SPELL["fit_target"][0], str(max(0, int(margin_mib)))]
+    return [*argv, _SPELL["fit_target_mib"][0], str(max(0, int(margin_mib)))]
 
 
 def launch_line(cfg: LaunchConfig, binary: str = "llama-server") -> str:

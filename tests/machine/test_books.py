@@ -1,0 +1,70 @@
+"""The machine's books between two looks (tuner.machine.books.account, a pure function of two readings): the kernel's
+threads' CPU split by what caused it (pages brought in, anonymous pages gained, pages dirtied), others' memory load
+in words, and others' CPU judged by what it did to our threads. The readings are written out here as the kernel's
+counters would read; tests/machine/test_host_paging.py and tests/machine/test_cpu_check.py read real ones."""
+
+from __future__ import annotations
+
+import pytest
+
+from tuner.machine import books
+from tuner.machine.books import Look, Proc
+from tuner.machine.cpu_time import CpuTime
+
+pytestmark = pytest.mark.fast
+MIB = 2**20
+PAGE = 4096
+
+
+def _look(*, work_s: float = 0.0, kernel_s: float = 0.0, majflt: int = 0, dirtied: int = 0, pgsteal: int = 0,
+          them: tuple[float, int] = (0.0, 0), ours: tuple[float, int, int, int] = (0.0, 0, 0, 0),
+          wait_ns: int = 0, stall_us: int = 0) -> Look:
+    """One reading: the machine's work, the kernel thread's CPU, vmstat, another process (CPU s, anonymous bytes)
+    and ours (CPU s, anonymous bytes, pages brought in, pages dirtied), unscoped."""
+    them_cpu, them_anon = them
+    our_cpu, our_anon, our_ins, our_dirtied = ours
+    return Look(CpuTime(work_s, 0.0, 0.0), {"pgmajfault": majflt, "pgpgin": 0, "pgsteal": pgsteal, "pgscan": 0,
+                                             "nr_dirtied": dirtied},
+                {"cpu": (0, 0), "memory": (stall_us, 0), "io": (0, 0)}, {57: kernel_s},
+                {4242: Proc("browser", them_cpu, them_anon)}, {4242: them_anon, 100: our_anon}, our_cpu,
+                {100: our_anon}, {100: (our_ins, our_dirtied)}, wait_ns)
+
+
+def test_the_kernels_work_goes_to_whoever_caused_it():
+    # Over 1 s the kernel's threads ran 0.4 s. The browser grew by 300 MiB (no page brought in); we brought in
+    # 100 MiB of pages and dirtied none; somebody dirtied 0 pages. Three quarters of the causes are the browser's.
+    a = _look()
+    b = _look(work_s=0.4, kernel_s=0.4, majflt=100 * MIB // PAGE, pgsteal=400 * MIB // PAGE,
+              them=(0.0, 300 * MIB), ours=(0.0, 0, 100 * MIB // PAGE, 0))
+    got = books.account(a, b, 1.0)
+    assert got.kernel_for_them_cores == pytest.approx(0.3) and got.kernel_for_us_cores == pytest.approx(0.1)
+    assert got.cores == pytest.approx(0.3)  # the machine's work less ours less the kernel's, plus the kernel's for them
+    assert got.memory == ("other processes took 300 MiB of RAM (browser pid 4242 +300 MiB) while the kernel "
+                          "reclaimed 400 MiB")
+    # Page-ins alone (the old books) gave none of it to the browser: 0.3 cores vanished and the look read quiet.
+    writeback = books.account(a, _look(work_s=0.2, kernel_s=0.2, dirtied=5000, ours=(0.0, 0, 0, 1000)), 1.0)
+    assert writeback.kernel_for_us_cores == pytest.approx(0.04) and writeback.kernel_for_them_cores == \
+        pytest.approx(0.16)  # 4000 of 5000 dirtied pages were someone else's: the flusher worked for them
+    idle = books.account(a, _look(work_s=0.1, kernel_s=0.1), 1.0)
+    assert idle.kernel_for_them_cores == idle.kernel_for_us_cores == 0.0 and idle.memory is None  # housekeeping
+
+
+def test_growth_is_others_load_only_while_the_kernel_reclaims():
+    plenty = books.account(_look(), _look(them=(0.0, 2048 * MIB)), 1.0)  # RAM to spare: nobody's page evicted
+    assert plenty.memory is None
+    paging = books.account(_look(), _look(majflt=64 * MIB // PAGE, stall_us=50_000), 1.0)
+    assert paging.memory == "other processes page in 64 MiB/s from disk (memory pressure 5 %)"
+
+
+def test_others_cpu_disturbs_a_run_by_what_it_did_to_our_threads():
+    # Our threads ran 1.8 cores; the browser used 0.3. On 2 cores our threads waited 0.4 s per s of wall time: 0.22 s
+    # per s they ran, a figure slowed by a fifth. On 16 cores the same browser made them wait 0.002 s: noise.
+    crowded = books.account(_look(), _look(work_s=2.1, them=(0.3, 0), ours=(1.8, 0, 0, 0), wait_ns=400_000_000), 1.0)
+    assert crowded.wait_per_run == pytest.approx(0.4 / 1.8) and crowded.cpu_busy(0.5)  # under the old 0.5 limit
+    roomy = books.account(_look(), _look(work_s=2.1, them=(0.3, 0), ours=(1.8, 0, 0, 0), wait_ns=4_000_000), 1.0)
+    assert not roomy.cpu_busy(0.5)
+    busy_roomy = books.account(_look(), _look(work_s=3.0, them=(1.2, 0), ours=(1.8, 0, 0, 0), wait_ns=4_000_000), 1.0)
+    assert not busy_roomy.cpu_busy(0.5)  # 1.2 cores on idle cores beside ours: nothing of ours waited
+    # Nothing of ours ran (the check before a measurement): the limit on others' cores stands in.
+    before = books.account(_look(), _look(work_s=0.6, them=(0.6, 0)), 1.0)
+    assert before.wait_per_run is None and before.cpu_busy(0.5) and not before.cpu_busy(1.0)
