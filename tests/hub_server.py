@@ -19,9 +19,9 @@ commit lands on ``refs/pr/N`` (kept in ``HubRepo.pulls``, main untouched) and th
 namespace's users, and its info says ``private: true``. Tree listings are paginated as the Hub's are (``Link:
 <…&cursor=…>; rel="next"``, ``tree_page`` entries a page).
 
-Test hooks: ``cut_next_download`` (close the socket mid-body), ``corrupt`` (serve different bytes than
-the advertised sha256), gated repos answering 401/403 unless a granted token is sent. Every request is
-recorded with the body bytes it sent, so tests can assert how much was transferred.
+Test hooks: ``cut_next_download`` (close the socket mid-body), ``stall_next`` (answer nothing), ``corrupt`` (serve
+different bytes than the advertised sha256), gated repos answering 401/403 unless a granted token is sent. Every
+request is recorded with the body bytes it sent, so tests can assert how much was transferred.
 
 Also here: ``split_gguf`` writes real llama.cpp split GGUFs (``split.no``/``split.count``/
 ``split.tensors.count``) with the gguf package, and helpers that lay out demo models as Hub repos.
@@ -34,6 +34,7 @@ import hashlib
 import json
 import re
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -91,6 +92,7 @@ class Request:
 @dataclass
 class _Hooks:
     cut_after: dict[str, list[int]] = field(default_factory=dict)  # file url path → byte counts, one per GET
+    stalls: list[tuple[str, str, float]] = field(default_factory=list)  # (method, url part, seconds), one request each
     corrupt: set[str] = field(default_factory=set)
 
 
@@ -151,6 +153,12 @@ class HubServer:
         with self._lock:
             self._hooks.cut_after.setdefault(f"{repo_id}/{path}", []).extend([after_bytes] * times)
 
+    def stall_next(self, url_part: str, seconds: float, method: str = "GET", times: int = 1) -> None:
+        """The next ``times`` requests whose URL (path and query) holds ``url_part`` are read and never answered:
+        the server stays silent for ``seconds``, then hangs up, as a Hub front end that lost its backend does."""
+        with self._lock:
+            self._hooks.stalls.extend([(method, url_part, seconds)] * times)
+
     def corrupt(self, repo_id: str, path: str) -> None:
         """Serve this file with one byte flipped while the listing and headers keep the true sha256."""
         self._hooks.corrupt.add(f"{repo_id}/{path}")
@@ -198,6 +206,14 @@ class HubServer:
     def _record(self, req: Request) -> None:
         with self._lock:
             self.requests.append(req)
+
+    def _take_stall(self, method: str, url: str) -> float | None:
+        with self._lock:
+            for i, (m, part, seconds) in enumerate(self._hooks.stalls):
+                if m == method and part in url:
+                    del self._hooks.stalls[i]
+                    return seconds
+            return None
 
     def _take_cut(self, key: str) -> int | None:
         with self._lock:
@@ -308,6 +324,12 @@ class _Handler(BaseHTTPRequestHandler):
         path = unquote(url.path)
         sent = 0
         status = 404
+        if (seconds := self.hub._take_stall(self.command, unquote(self.path))) is not None:
+            self.hub._record(Request(self.command, path, self.headers.get("Range"), 0, 0,
+                                     self.headers.get("Authorization")))  # status 0: never answered
+            time.sleep(seconds)
+            self.close_connection = True
+            return
         try:
             if path == "/api/whoami-v2":
                 user = self._user()

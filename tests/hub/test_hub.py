@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from pathlib import Path
 
 import gguf
@@ -22,7 +23,7 @@ from tuner.core.errors import (
     UnknownQuantError,
 )
 from tuner.engine import runner
-from tuner.hub import download, remote_header, repos
+from tuner.hub import client, download, remote_header, repos
 from tuner.hub.resolve import resolve_model
 from tuner.machine import hardware
 from tuner.models import demo_model, gguf_reader
@@ -232,6 +233,21 @@ def test_cut_connection_resumes_within_the_same_call(srv, opts, hub_files):
     assert sha256(got.first_path) == sha256(hub_files["root"][path])
     assert srv.ranges_requested(path) == [None, f"bytes={3 << 20}-"]
     assert srv.body_bytes(path) == got.first_path.stat().st_size  # nothing fetched twice
+
+
+def test_a_server_gone_silent_is_given_up_and_the_download_resumes(srv, opts, hub_files, monkeypatch):
+    """huggingface_hub's client waits forever by default (timeout=None, utils/_http.py): a server that takes the GET
+    and never answers held `download` for good. Ours gives up after STALL_S and asks again."""
+    monkeypatch.setattr(client, "STALL_S", 2.0)
+    path = f"{BASE}-Q4_K_M.gguf"
+    srv.stall_next(path, seconds=12)  # the first GET of the file: read, then silence
+    started = time.monotonic()
+    got = download.download_quant(ROOT, "Q4_K_M", options=opts)
+    took = time.monotonic() - started
+    assert sha256(got.first_path) == sha256(hub_files["root"][path])
+    assert 2.0 <= took < 8.0, took  # one stall bound, then the whole file; not the server's 12 s
+    gets = [r for r in srv.requests if r.method == "GET" and r.path.endswith(path)]
+    assert [r.status for r in gets] == [0, 200], gets  # the silent one, then one whole answer
 
 
 def test_interrupted_download_resumes_on_the_next_run(srv, opts, hub_files):

@@ -5,6 +5,8 @@ counters would read; tests/machine/test_host_paging.py and tests/machine/test_cp
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from tuner.machine import books
@@ -56,14 +58,28 @@ def test_growth_is_others_load_only_while_the_kernel_reclaims():
     assert paging.memory == "other processes page in 64 MiB/s from disk (memory pressure 5 %)"
 
 
+def test_a_machine_whose_cpus_others_and_ours_filled_is_busy_whatever_the_wait_read():
+    # Measured here (tests/search/test_finish.py): two busy loops beside a 2-thread llama-server, a 0.29 s look,
+    # others 1.24 cores and ours 0.72, the threads' wait read 0.00 s per s run (schedstat adds a wait when the
+    # thread next runs). On 2 CPUs that is every CPU taken: busy. On 16 the same load leaves 14 idle: quiet.
+    short = books.account(_look(), _look(work_s=0.568, them=(0.36, 0), ours=(0.209, 0, 0, 0), wait_ns=0), 0.29)
+    assert short.wait_per_run == pytest.approx(0.0) and short.cores == pytest.approx(1.24, abs=0.01)
+    assert replace(short, cpus=2).cpu_busy(0.5) and not replace(short, cpus=16).cpu_busy(0.5)
+    # A sliver beside a 2-thread run fills 2 CPUs as well, but is no rival by this rule (the wait rule judges it).
+    sliver = books.account(_look(), _look(work_s=2.1, them=(0.1, 0), ours=(2.0, 0, 0, 0), wait_ns=0), 1.0)
+    assert not replace(sliver, cpus=2).cpu_busy(0.5)
+
+
 def test_others_cpu_disturbs_a_run_by_what_it_did_to_our_threads():
     # Our threads ran 1.8 cores; the browser used 0.3. On 2 cores our threads waited 0.4 s per s of wall time: 0.22 s
     # per s they ran, a figure slowed by a fifth. On 16 cores the same browser made them wait 0.002 s: noise.
     crowded = books.account(_look(), _look(work_s=2.1, them=(0.3, 0), ours=(1.8, 0, 0, 0), wait_ns=400_000_000), 1.0)
     assert crowded.wait_per_run == pytest.approx(0.4 / 1.8) and crowded.cpu_busy(0.5)  # under the old 0.5 limit
-    roomy = books.account(_look(), _look(work_s=2.1, them=(0.3, 0), ours=(1.8, 0, 0, 0), wait_ns=4_000_000), 1.0)
+    roomy = replace(books.account(_look(), _look(work_s=2.1, them=(0.3, 0), ours=(1.8, 0, 0, 0), wait_ns=4_000_000),
+                                  1.0), cpus=16)
     assert not roomy.cpu_busy(0.5)
-    busy_roomy = books.account(_look(), _look(work_s=3.0, them=(1.2, 0), ours=(1.8, 0, 0, 0), wait_ns=4_000_000), 1.0)
+    busy_roomy = replace(books.account(_look(), _look(work_s=3.0, them=(1.2, 0), ours=(1.8, 0, 0, 0),
+                                                      wait_ns=4_000_000), 1.0), cpus=16)
     assert not busy_roomy.cpu_busy(0.5)  # 1.2 cores on idle cores beside ours: nothing of ours waited
     # Nothing of ours ran (the check before a measurement): the limit on others' cores stands in.
     before = books.account(_look(), _look(work_s=0.6, them=(0.6, 0)), 1.0)

@@ -26,7 +26,7 @@ import pytest
 
 from tuner.core.config import LaunchConfig
 from tuner.engine import runner
-from tuner.machine import pressure, processes, quiet, ram_ballast
+from tuner.machine import books, pressure, processes, quiet, ram_ballast
 from tuner.measure import bench, workload
 from tuner.models import shape_model
 
@@ -263,7 +263,9 @@ def test_an_allocating_process_with_no_page_ins_is_others_load(data_file, balloo
         brought_in = pressure.page_ins(allocator.pid) - before
     finally:
         allocator.communicate("", timeout=60)
-    assert brought_in < 256, brought_in  # no paging of its own: under 1 MiB brought in
+    # Below the rate at which its page-ins alone would name it (its own code read back under the pressure: 6.5 and
+    # 11.6 MiB over the look in two runs here): judged by page-ins, this load read as nobody's.
+    assert brought_in * pressure.PAGE_BYTES / 2**20 / LOOK_S < books.OTHERS_PAGING_MIB_S, brought_in
     assert seen.busy and seen.others_memory is not None, seen.describe()
     assert f"pid {allocator.pid} +1,0" in seen.others_memory and "while the kernel reclaimed" in seen.others_memory
     assert seen.kernel_for_us_cores < 0.05, seen  # nothing of ours caused the reclaim

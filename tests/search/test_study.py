@@ -191,6 +191,7 @@ class FakeQuietWatch:
     """The machine watch on a machine where nothing else runs (the shared test machine never is)."""
 
     noise = None
+    others_memory = None
 
     def __enter__(self):
         return self

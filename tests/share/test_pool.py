@@ -10,6 +10,7 @@ import io
 import json
 import random
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,8 @@ from tests.hub_server import HubServer
 from tests.share.test_gate import good
 from tuner.catalog.cards import find_card
 from tuner.engine import flags
+from tuner.core.errors import HubUnreachableError
+from tuner.hub import client
 from tuner.hub.repos import HubOptions
 from tuner.models import fingerprint, shape_model
 from tuner.share import consolidate, pool, seeds, shards
@@ -248,6 +251,44 @@ def test_a_download_that_fails_is_one_line_and_the_others_are_read(model, tmp_pa
     assert [r.record_id for r in got.records] == ["0000000000000000"]
     [line] = got.skipped
     assert line.startswith("shared record 0000000000000001 skipped: download failed (") and "\n" not in line
+
+
+def test_a_listing_page_that_never_comes_is_asked_again_then_given_up(model, tmp_path, monkeypatch):
+    """list_repo_tree passes timeout=None on every page (huggingface_hub's paginate), and huggingface_hub's client
+    has none: a Hub that sent the first page of records/ and then went silent held `lookup` for good. Now a silent
+    page is given up after STALL_S and asked again; a page that never comes leaves the pages that did, said."""
+    monkeypatch.setattr(client, "STALL_S", 2.0)
+    files = {f"records/{i:016x}.json": data(record(model, A if i % 2 else B, tool=f"r{i}")) for i in range(12)}
+    with HubServer(tree_page=5) as hub:
+        hub.add_repo(REPO, files, repo_type="dataset")
+        options = HubOptions(endpoint=hub.endpoint, token=False, cache_dir=tmp_path / "hf")
+        hub.stall_next("&cursor=5", seconds=12)  # the second page of records/, once
+        started = time.monotonic()
+        got = pool.fetch(REPO, options)
+        took = time.monotonic() - started
+        assert 2.0 <= took < 8.0, took  # one stall bound and a retry, not the server's 12 s
+        assert got.files_read == len(got.records) == 12 and got.skipped == ()
+        pages = [r for r in hub.requests if "/tree/" in r.path and r.path.endswith("/records")]
+        assert [r.status for r in pages] == [200, 0, 200, 200], pages
+
+
+@pytest.mark.slow  # huggingface_hub's backoff sleeps 23 s between its six tries
+def test_a_listing_page_that_never_comes_keeps_the_pages_that_did(model, tmp_path, monkeypatch):
+    monkeypatch.setattr(client, "STALL_S", 1.0)
+    files = {f"records/{i:016x}.json": data(record(model, A if i % 2 else B, tool=f"r{i}")) for i in range(12)}
+    with HubServer(tree_page=5) as hub:
+        hub.add_repo(REPO, files, repo_type="dataset")
+        options = HubOptions(endpoint=hub.endpoint, token=False, cache_dir=tmp_path / "hf")
+        hub.stall_next("&cursor=5", seconds=4, times=6)  # every try of the second page
+        started = time.monotonic()
+        got = pool.fetch(REPO, options)
+        took = time.monotonic() - started
+        assert took < 6 * 1.0 + 23 + 10, took
+        assert got.files_read == len(got.records) == 5
+        assert got.skipped == ("records/ was listed in part (5 files): the server sent no further page for 1 s",)
+        hub.stall_next("/shards?", seconds=4, times=6)  # shards/, the first listing: nothing listed at all
+        with pytest.raises(HubUnreachableError, match="ReadTimeout"):
+            pool.fetch(REPO, options)
 
 
 def test_a_hub_name_is_bound_by_its_quants_header_read_with_range_requests(model, tmp_path):

@@ -34,6 +34,7 @@ from tuner.core.errors import (
     UnknownQuantError,
     UsageError,
 )
+from tuner.hub import client
 from tuner.hub.repos import (
     DEFAULT_OPTIONS,
     DEFAULT_QUANT,
@@ -183,6 +184,7 @@ def _stream_into(
     ``hasher`` is a one-item box so a restart (server ignoring Range) can replace the running hash.
     """
     failures = 0
+    client.stall_bounded()  # a server gone silent mid-file is a TransportError: resumed below
     session = get_session()
     with open(part, "ab") as out:
         while have < f.size_bytes:

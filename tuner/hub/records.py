@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from tuner.core.errors import HubError, UsageError
+from tuner.hub import client
 from tuner.hub.remote_header import _fetch_range
 from tuner.hub.repos import DEFAULT_OPTIONS, HubOptions, hub_errors
 
 DATASET = "dataset"
-STALL_S = 20.0  # one request may wait this long for the server before it is given up
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +31,8 @@ class RemoteRecord:
 class Listing:
     commit: str
     files: tuple[RemoteRecord, ...]
-    cut: bool  # the folder holds more than was listed (bounded in entries or seconds)
+    cut: bool  # the folder holds more than was listed (bounded in entries or seconds, or a page never came)
+    stalled: bool = False  # a later page never came (the server was silent for client.STALL_S)
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +53,7 @@ def check_repo_id(repo_id: str) -> str:
 def _api(options: HubOptions, token: str | bool | None = None) -> Any:
     from huggingface_hub import HfApi
 
+    client.stall_bounded()
     return HfApi(endpoint=options.endpoint, token=options.token if token is None else token)
 
 
@@ -87,7 +89,7 @@ def is_public(repo_id: str, repo_type: str = "model", options: HubOptions = DEFA
         return False
     try:
         with hub_errors(repo_id, options):
-            info = _api(options, token=False).repo_info(repo_id, repo_type=repo_type, timeout=STALL_S)
+            info = _api(options, token=False).repo_info(repo_id, repo_type=repo_type, timeout=client.STALL_S)
     except (HubError, UsageError, HfHubHTTPError, ValueError):
         return False
     return info.private is False and not info.gated and not getattr(info, "disabled", False)
@@ -128,7 +130,7 @@ def repo_commit(repo_id: str, options: HubOptions = DEFAULT_OPTIONS) -> str:
     """The dataset repo's current commit on main (every later read names it, so they agree)."""
     _online(repo_id, options)
     with hub_errors(repo_id, options):
-        info = _api(options).dataset_info(repo_id, timeout=STALL_S, expand=["sha"])
+        info = _api(options).dataset_info(repo_id, timeout=client.STALL_S, expand=["sha"])
     return info.sha or "main"
 
 
@@ -139,8 +141,10 @@ def list_files(repo_id: str, commit: str, folder: str, suffix: str, options: Hub
     from huggingface_hub.errors import RemoteEntryNotFoundError
     from huggingface_hub.hf_api import RepoFile
 
+    import httpx2
+
     files: list[RemoteRecord] = []
-    cut = False
+    cut = stalled = False
     with hub_errors(repo_id, options):
         try:
             for e in _api(options).list_repo_tree(repo_id, path_in_repo=folder, repo_type=DATASET, revision=commit,
@@ -152,7 +156,11 @@ def list_files(repo_id: str, commit: str, folder: str, suffix: str, options: Hub
                     files.append(RemoteRecord(e.path, int(e.size)))
         except RemoteEntryNotFoundError:
             pass
-    return Listing(commit, tuple(files), cut)
+        except httpx2.TimeoutException:
+            if not files:
+                raise  # nothing listed: the server is not answering (hub_errors says so in one line)
+            cut = stalled = True  # a later page never came: keep the pages that did
+    return Listing(commit, tuple(files), cut, stalled)
 
 
 def read_file(repo_id: str, path_in_repo: str, commit: str, max_bytes: int,
@@ -171,7 +179,7 @@ def read_range(repo_id: str, path_in_repo: str, commit: str, start: int, end: in
     _online(repo_id, options)
     url = hf_hub_url(repo_id, path_in_repo, repo_type=DATASET, revision=commit, endpoint=options.endpoint)
     with hub_errors(repo_id, options):
-        return _fetch_range(url, build_hf_headers(token=options.token), start, end, timeout_s=STALL_S)
+        return _fetch_range(url, build_hf_headers(token=options.token), start, end, timeout_s=client.STALL_S)
 
 
 class RangeFile:

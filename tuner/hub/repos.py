@@ -28,6 +28,7 @@ from tuner.core.errors import (
     UnknownQuantError,
     UsageError,
 )
+from tuner.hub import client
 from tuner.models.gguf_reader import split_name
 
 DEFAULT_QUANT = "Q4_K_M"  # what llama.cpp's -hf picks when the name carries no quant
@@ -101,7 +102,9 @@ DEFAULT_OPTIONS = HubOptions()
 
 @contextlib.contextmanager
 def hub_errors(repo_id: str, options: HubOptions) -> Iterator[None]:
-    """Turn huggingface_hub and transport errors into the tool's one-line errors."""
+    """Turn huggingface_hub and transport errors into the tool's one-line errors (every Hub call passes here, so
+    the shared client is made stall-bounded first: :mod:`tuner.hub.client`)."""
+    client.stall_bounded()
     try:
         yield
     except errors.GatedRepoError:

@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from tuner.core.errors import RecordError, TunerError
+from tuner.hub import client
 from tuner.hub import records as hub
 from tuner.hub.repos import DEFAULT_OPTIONS, HubOptions
 from tuner.share.gate import MAX_RECORD_BYTES, SharedRecord, read_record, refusal, shown
@@ -116,6 +117,9 @@ def _from_shards(reading: _Reading, query: PoolQuery, clock: Callable[[], float]
     b = reading.bounds
     listing = hub.list_files(reading.repo_id, reading.commit, shards.FOLDER, ".parquet", reading.options,
                              max_entries=b.listed, late=lambda: clock() > reading.deadline)
+    if listing.stalled:
+        reading.skipped.append(f"shards/ was listed in part ({len(listing.files):,} files): the server sent no "
+                               f"further page for {client.STALL_S:.0f} s")
     wanted = []
     for f in listing.files:
         m = shards.PATH.fullmatch(f.path)
@@ -154,7 +158,10 @@ def _from_files(reading: _Reading, rng: random.Random, clock: Callable[[], float
     b = reading.bounds
     listing = hub.list_files(reading.repo_id, reading.commit, FOLDER, "", reading.options, max_entries=b.listed,
                              late=lambda: clock() > reading.deadline)
-    if listing.cut:
+    if listing.stalled:
+        reading.skipped.append(f"records/ was listed in part ({len(listing.files):,} files): the server sent no "
+                               f"further page for {client.STALL_S:.0f} s")
+    elif listing.cut:
         reading.skipped.append(f"records/ holds more than the {len(listing.files):,} files listed (at most "
                                f"{b.listed:,}, within {b.seconds:.0f} s): the pool needs consolidating")
     todo = []
