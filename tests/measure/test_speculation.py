@@ -198,8 +198,9 @@ def test_ngram_drafts_are_accepted_when_a_trained_model_copies_real_text(engine_
     """n-gram speculation on real text: a passage of the bundled corpus, then its start again, continued by the
     trained SmolLM2-135M, which copies it on (in-context copying), so the drafts ngram-simple takes from the prompt
     are accepted; the random-weight demo continues with noise, so no 12-gram of its output is in the prompt and
-    nothing is drafted. How many are accepted depends on the server's default sampling (temperature 0.8): 25 and
-    5 of 46 in two runs here, so the test asserts acceptance, not a rate."""
+    nothing is drafted. How many are accepted depends on the server's default sampling (temperature 0.8, a random
+    seed: llama-server takes no seed from the environment): 25 and 5 of 46, 10 of 67 in runs here, and once none
+    drafted at all in 48 tokens, so the test sends the passage three times and asserts acceptance, not a rate."""
     from tuner.quality import corpus
 
     passage = corpus.text_file().read_text()[20_000:20_700]
@@ -208,14 +209,13 @@ def test_ngram_drafts_are_accepted_when_a_trained_model_copies_real_text(engine_
 
     def measured(model: Path) -> speculation.ArmResult:
         cfg = LaunchConfig(model=model, ctx=1024, parallel=1, threads=2, spec_types=(SpecType.NGRAM_SIMPLE,))
-        r = speculation.measure_arm(engine_loc, Arm("ngram-simple", cfg), load, requests=1, texts=[text],
+        r = speculation.measure_arm(engine_loc, Arm("ngram-simple", cfg), load, requests=3, texts=[text] * 3,
                                     log_dir=tmp_path)
         assert r.ok, r.failure
-        return r
+        return sum(q.draft_n for q in r.requests), sum(q.draft_accepted_n for q in r.requests)
 
-    trained = measured(trained_model).requests[0]
-    random = measured(demo_models[("qwen3moe", "Q8_0")]).requests[0]
-    print(f"drafted/accepted: trained {trained.draft_n}/{trained.draft_accepted_n}, random weights "
-          f"{random.draft_n}/{random.draft_accepted_n}")
-    assert trained.draft_n > 0 and trained.draft_accepted_n > 0, trained  # the prompt's 12-grams drafted, kept
-    assert random.draft_accepted_n <= random.draft_n // 10, random
+    trained = measured(trained_model)
+    random = measured(demo_models[("qwen3moe", "Q8_0")])
+    print(f"drafted/accepted over 3 requests: trained {trained}, random weights {random}")
+    assert trained[0] > 0 and trained[1] > 0, trained  # the prompt's 12-grams drafted, kept
+    assert random[1] <= random[0] // 10, random
