@@ -20,8 +20,8 @@ from tests.conftest import run_cli
 from tests.hub_server import HubServer
 from tests.share.test_gate import good
 from tuner.catalog.cards import find_card
-from tuner.engine import flags
 from tuner.core.errors import HubUnreachableError
+from tuner.engine import flags
 from tuner.hub import client
 from tuner.hub.repos import HubOptions
 from tuner.models import fingerprint, shape_model

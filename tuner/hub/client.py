@@ -9,7 +9,8 @@ write, a free connection) with :data:`STALL_S`, whatever the caller passed. A st
 ``httpx2.TimeoutException``: huggingface_hub's own backoff asks again (``http_backoff``: at most 5 more tries,
 1-8 s apart), a listing that still gets no page keeps the pages it had (:mod:`tuner.hub.records`), a download
 resumes (:mod:`tuner.hub.download`). A bound on each stall, never on a whole transfer: a slow multi-GiB download
-that keeps sending is not cut.
+that keeps sending is not cut. Installed on entry to :func:`tuner.hub.repos.hub_errors`, which every Hub call passes
+through before its first request.
 """
 
 from __future__ import annotations

@@ -34,7 +34,6 @@ from tuner.core.errors import (
     UnknownQuantError,
     UsageError,
 )
-from tuner.hub import client
 from tuner.hub.repos import (
     DEFAULT_OPTIONS,
     DEFAULT_QUANT,
@@ -184,8 +183,7 @@ def _stream_into(
     ``hasher`` is a one-item box so a restart (server ignoring Range) can replace the running hash.
     """
     failures = 0
-    client.stall_bounded()  # a server gone silent mid-file is a TransportError: resumed below
-    session = get_session()
+    session = get_session()  # stall-bounded since the metadata request (hub_errors): a silent server is resumed below
     with open(part, "ab") as out:
         while have < f.size_bytes:
             before = have

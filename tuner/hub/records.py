@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import httpx2
+
 from tuner.core.errors import HubError, UsageError
 from tuner.hub import client
 from tuner.hub.remote_header import _fetch_range
@@ -53,7 +55,6 @@ def check_repo_id(repo_id: str) -> str:
 def _api(options: HubOptions, token: str | bool | None = None) -> Any:
     from huggingface_hub import HfApi
 
-    client.stall_bounded()
     return HfApi(endpoint=options.endpoint, token=options.token if token is None else token)
 
 
@@ -140,8 +141,6 @@ def list_files(repo_id: str, commit: str, folder: str, suffix: str, options: Hub
     until ``late()`` says the caller's time is spent; an empty listing when the folder is missing."""
     from huggingface_hub.errors import RemoteEntryNotFoundError
     from huggingface_hub.hf_api import RepoFile
-
-    import httpx2
 
     files: list[RemoteRecord] = []
     cut = stalled = False

@@ -18,7 +18,6 @@ from huggingface_hub.file_download import hf_hub_url, repo_folder_name
 from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
 from tuner.core.errors import GGUFFormatError, HubError
-from tuner.hub import client
 from tuner.hub.repos import DEFAULT_OPTIONS, HubOptions, Quant, RemoteFile, hub_errors
 from tuner.machine import paths
 from tuner.machine.fileio import atomic_path
@@ -115,7 +114,6 @@ def _fetch_range(url: str, headers: dict[str, str], start: int, end: int, timeou
     one step of the exchange may stall (None: the shared client's, :data:`tuner.hub.client.STALL_S`)."""
     want = end - start
     got = bytearray()
-    client.stall_bounded()
     wait: dict[str, Any] = {"timeout": timeout_s} if timeout_s else {}
     with get_session().stream("GET", url, headers={**headers, "Range": f"bytes={start}-{end - 1}"},
                               follow_redirects=True, **wait) as response:

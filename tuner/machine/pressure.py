@@ -79,7 +79,7 @@ def read_bytes(pid: int) -> int:
 
 def page_ins(pid: int) -> int:
     """Pages ``pid`` brought in: its major faults plus the pages it had read from storage (read-ahead included)."""
-    return majflt(pid) + read_bytes(pid) // PAGE_BYTES
+    return page_traffic(pid)[0]
 
 
 def page_traffic(pid: int) -> tuple[int, int]:

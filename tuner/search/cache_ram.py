@@ -60,7 +60,7 @@ def caps(info: ModelInfo, hw: Hardware, cfg: LaunchConfig, axis: str | None, pla
 
 
 def placement_caps(info: ModelInfo, hw: Hardware, cfg: LaunchConfig, moe: tuple[int, int] | None,
-                   ngl: tuple[int, int] | None) -> tuple[tuple[tuple[int | None, int], ...], tuple[str, ...]]:
+                   ngl: tuple[int, int] | None) -> tuple[Caps, tuple[str, ...]]:
     """The --cache-ram of each placement a search space tries (its ``--n-cpu-moe`` or ``-ngl`` range), priced at
     ``cfg``."""
     if moe:
