@@ -8,6 +8,7 @@ from the same function, so they cannot differ); :mod:`~tuner.engine.flags.parse`
 (tests/test_architecture.py checks it).
 """
 
+from tuner.engine.flags.bench_argv import bench_argv, bench_group_argv
 from tuner.engine.flags.env import CONFIG_ENV, OP_OFFLOAD_MIN_BATCH_DEFAULT, OP_OFFLOAD_MIN_BATCH_ENV, server_env
 from tuner.engine.flags.parse import ParsedCommand, fit_choice_line, parse_command, parse_fit_line, parse_spec_types
 from tuner.engine.flags.quantize import (
@@ -28,8 +29,6 @@ from tuner.engine.flags.render import (
     SERVER,
     address_argv,
     batched_bench_argv,
-    bench_argv,
-    bench_group_argv,
     fit_params_argv,
     launch_line,
     listen_argv,
