@@ -27,6 +27,9 @@ def pytest_configure(config):
     # Other test suites may run llama.cpp on this machine at the same time: the interference check (and the
     # measuring lock) look only at this session's own processes. The busy tests start competitors under it.
     os.environ[processes.SCOPE_ENV] = str(os.getpid())
+    # With ik_llama.cpp built (`make test` builds it), every auto-tune would tune both engines: the suite tunes
+    # llama.cpp alone unless a test names the engines (tests/versus/test_engines.py).
+    os.environ.setdefault(build.ENGINES_ENV, "llama.cpp")
 
 
 @pytest.fixture

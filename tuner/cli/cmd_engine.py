@@ -106,18 +106,23 @@ def engine_info(llama_cpp_dir: LlamaDir = None, as_json: JsonFlag = False) -> No
 
     loc = build.locate_engine(llama_cpp_dir)
     caps = build.capabilities(loc)
+    others = [x for x in build.engines_found(llama_cpp_dir) if x != loc]
     info = {
-        "path": str(loc.bin_dir), "source": loc.source, "pinned_commit": build.PIN.commit,
-        **asdict(caps), "build": build.build_info(loc.bin_dir),
+        "path": str(loc.bin_dir), "source": loc.source, "engine": caps.kind.name,
+        "pinned_commit": caps.kind.pin.commit, **asdict(caps), "build": build.build_info(loc.bin_dir),
+        "other_engines": [{"path": str(x.bin_dir), "source": x.source, "engine": build.capabilities(x).kind.name,
+                           **asdict(build.capabilities(x)), "build": build.build_info(x.bin_dir)} for x in others],
     }
     if as_json:
         out.print_json(json.dumps(info))
         return
-    table = facts_table()
-    table.add_row("path", f"{loc.bin_dir} ({loc.source})")
-    table.add_row("version", f"build {caps.build_number}, commit {caps.commit} (pinned {build.PIN.commit})")
-    table.add_row("backend", caps.backend)
-    table.add_row("devices", "\n".join(caps.devices) or "CPU only")
-    for tool, tool_flags in caps.flags.items():
-        table.add_row(tool, f"{len(tool_flags)} flags")
-    out.print(table)
+    for where, c in [(loc, caps), *((x, build.capabilities(x)) for x in others)]:
+        table = facts_table()
+        table.add_row("engine", c.kind.name)
+        table.add_row("path", f"{where.bin_dir} ({where.source})")
+        table.add_row("version", f"build {c.build_number}, commit {c.commit} (pinned {c.kind.pin.commit})")
+        table.add_row("backend", c.backend)
+        table.add_row("devices", "\n".join(c.devices) or "CPU only")
+        for tool, tool_flags in c.flags.items():
+            table.add_row(tool, f"{len(tool_flags)} flags")
+        out.print(table)

@@ -156,7 +156,7 @@ def serve_cmd(
     if not 1 <= rank <= len(pick):
         raise UsageError(f"--rank {rank} is out of range: this result has {len(pick)} measured configs")
     chosen = pick[rank - 1]
-    loc = build.locate_engine(llama_cpp_dir)
+    loc = build.locate_engine(llama_cpp_dir, study_report.engine_of(found.result, rank))
     argv = study_report.launch_argv(found.result, rank=rank, binary=str(loc.tool("llama-server")))
     checked = line_check.check(found, chosen.config, chosen.label, line_check.probe_now(loc))
     _say(f"{chosen.label} of {found.file}, on {build.capabilities(loc).identity.describe()} at {loc.bin_dir}")

@@ -50,6 +50,7 @@ from tuner.engine.kinds import (  # noqa: F401 - build.PIN: the pin's one statem
     PIN,
     EngineKind,
     EnginePin,
+    kinds_named,
 )
 from tuner.engine.probe import (  # noqa: F401 - build.capabilities and friends, as before
     capabilities,
@@ -161,6 +162,22 @@ def locate_engine(explicit: Path | None = None, kind: EngineKind | None = None) 
             "--llama-cpp-dir", "LLAMA_CPP_DIR", "PATH", f"{paths.engine_root()} (`moe-tune engine install --engine "
             f"{kind.key}` builds it)"])
     raise EngineNotFoundError("llama-server", ["--llama-cpp-dir", "LLAMA_CPP_DIR", "PATH", str(paths.engine_root())])
+
+
+ENGINES_ENV = "MOE_TUNE_ENGINES"  # the engines auto-tune tunes when --engines is not given (e.g. "llama.cpp")
+
+
+def engines_for(names: str | None, explicit: Path | None = None) -> list[EngineLocation]:
+    """The engines ``auto-tune --engines`` names (``llama.cpp,ik``), each located; None: ``MOE_TUNE_ENGINES``, else
+    every engine installed here (llama.cpp alone until ik_llama.cpp is built). A named engine that is not here is
+    an error naming how to build it."""
+    wanted = names or os.environ.get(ENGINES_ENV)
+    if not wanted:
+        found = engines_found(explicit)
+        if not found:
+            locate_engine(explicit)  # raises, naming where it looked
+        return found
+    return [locate_engine(explicit, kind) for kind in kinds_named(wanted)]
 
 
 def engines_found(explicit: Path | None = None) -> list[EngineLocation]:

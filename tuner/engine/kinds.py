@@ -68,9 +68,11 @@ class EngineKind:
     marks: tuple[str, ...] = ()
     # LaunchConfig fields only this kind reads (its own levers: search axes where they apply).
     levers: tuple[str, ...] = ()
-    # Settings of the common LaunchConfig this kind does not read at all (refused in a line for it).
-    lacks: tuple[str, ...] = ()
     aliases: tuple[str, ...] = ()
+    # Whether its llama-bench takes a depth (-d): ik's times a prompt at depth as the difference of two prompts.
+    bench_has_depth: bool = True
+    # Whether its server offloads layers to a GPU unless told how many (llama.cpp: what fits; ik: none).
+    offloads_by_default: bool = True
 
     @property
     def projects_memory(self) -> bool:
@@ -88,11 +90,9 @@ IK_LLAMA = EngineKind(
     marks=("-rtr", "--run-time-repack", "-ser", "--smart-expert-reduction", "-amb", "--attention-max-batch"),
     levers=("run_time_repack", "fused_moe", "merge_up_gate", "attn_max_batch", "graph_reuse", "smart_experts",
             "only_active_experts"),
-    # Prompt reuse across requests, speculation and --fit's margin are llama.cpp's (common/arg.cpp at the pin);
-    # ik's server spells loading as --no-mmap and has no --no-repack (its repacking is -rtr, off by default).
-    lacks=("cache_ram_mib", "ctx_checkpoints", "checkpoint_min_step", "fit_target_mib", "no_host", "kv_unified_off",
-           "repack_off", "spec"),
     aliases=("ik_llama.cpp", "ik-llama.cpp", "ik_llama", "ikllama"),
+    bench_has_depth=False,
+    offloads_by_default=False,
 )
 KINDS = (LLAMA_CPP, IK_LLAMA)
 

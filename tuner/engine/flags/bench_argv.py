@@ -7,10 +7,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import tuner.engine.flags.dialect as dialect
 from tuner.core.config import LaunchConfig
 from tuner.core.errors import UsageError
 from tuner.engine.caps import Capabilities
-import tuner.engine.flags.dialect as dialect
 from tuner.engine.flags.render import validate
 from tuner.engine.flags.spell import BENCH, _Argv
 from tuner.engine.kinds import IK_LLAMA

@@ -12,8 +12,8 @@ settings the same way; where they differ a line rendered for one is refused or m
   nothing on the GPU unless asked), while its llama-bench defaults to 999, so an ik bench always states the
   server's value;
 - only ik reads ``-rtr``, ``-no-fmoe``, ``-muge``, ``-amb``, ``-no-gr``, ``-ser``, ``-no-ooae``; only llama.cpp
-  reads ``--no-repack``, ``--no-host``, ``--no-op-offload``, ``-fitt`` and the prompt-reuse and speculation flags
-  this project measures.
+  reads ``--no-repack``, ``--no-host``, ``--no-op-offload``, ``-fitt``, ``-cms``, ``--cache-reuse`` and the
+  speculation flags this project measures (ik reads ``-cram`` and ``--ctx-checkpoints`` as llama.cpp does).
 
 The kind of a line comes from the engine it runs on (its capabilities) or, with none at hand, from the config's
 ``engine`` field: :func:`kind_for`.
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 # ik_llama.cpp's spellings where they differ from llama.cpp's (tuner.engine.flags.render._SPELL), per tool.
 IK_SERVER_SPELL: dict[str, tuple[str, ...]] = {
     "no_mmap": ("--no-mmap",),
-    "run_time_repack": ("-rtr", "--run-time-repack"),
+    "run_time_repack": ("--run-time-repack", "-rtr"),  # its --help lists the long form only
     "no_fused_moe": ("-no-fmoe", "--no-fused-moe"),
     "merge_up_gate": ("-muge", "--merge-up-gate-experts"),
     "attn_max_batch": ("-amb", "--attention-max-batch"),
@@ -90,10 +90,11 @@ def check_levers(kind: EngineKind, cfg: LaunchConfig) -> None:
         if getattr(cfg, name) != getattr(_IK_DEFAULTS, name):
             raise UnsupportedFlagError(f"{kind.name} does not read {flag}: it is llama.cpp's; leave it at its "
                                        "default for an ik_llama.cpp line")
-    if cfg.cache_ram_mib is not None or cfg.ctx_checkpoints is not None or cfg.checkpoint_min_step is not None \
-            or cfg.cache_reuse is not None or cfg.spec_types:
-        raise UnsupportedFlagError(f"{kind.name}'s prompt-reuse and speculation flags are not measured by "
-                                   "moe-tune: leave them at their defaults for an ik_llama.cpp line")
+    # -cram and --ctx-checkpoints read as llama.cpp's (ik's common.h: cache_ram_mib, ctx_checkpoints_n); its
+    # checkpoint spacing, --cache-reuse and its speculation types are not llama.cpp's and are not measured.
+    if cfg.checkpoint_min_step is not None or cfg.cache_reuse is not None or cfg.spec_types:
+        raise UnsupportedFlagError(f"{kind.name}'s checkpoint spacing, --cache-reuse and speculation are not "
+                                   "measured by moe-tune: leave them at their defaults for an ik_llama.cpp line")
 
 
 _IK_DEFAULTS = LaunchConfig(model=Path("defaults"))  # every field at the engine's default

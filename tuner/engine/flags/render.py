@@ -13,10 +13,10 @@ from collections.abc import Sequence
 from dataclasses import fields, replace
 from pathlib import Path
 
+import tuner.engine.flags.dialect as dialect
 from tuner.core.config import CacheType, FlashAttn, LaunchConfig
 from tuner.core.errors import UnsupportedFlagError, UsageError
 from tuner.engine.caps import Capabilities
-import tuner.engine.flags.dialect as dialect
 from tuner.engine.flags.env import env_prefix, validate_env
 from tuner.engine.flags.spell import (  # noqa: F401 - render.SERVER and friends: callers know them here
     _BENCH_SPELL,
@@ -166,8 +166,11 @@ def _context_flags(a: _Argv, cfg: LaunchConfig) -> None:
         a.add("no_kv_unified")
     if cfg.swa_full:
         a.add("swa_full")
-    if not cfg.mmap:  # read weights into anonymous memory instead of mapping the file
-        a.add("no_mmap") if a.kind is IK_LLAMA else a.add("load_mode", "none")
+    if a.kind is IK_LLAMA:
+        if not cfg.mmap and not cfg.run_time_repack:  # -rtr loads without mmap on its own (ik's common.cpp)
+            a.add("no_mmap")
+    elif not cfg.mmap:
+        a.add("load_mode", "none")  # read weights into anonymous memory instead of mapping the file
     if not cfg.repack:
         a.add("no_repack")
     if cfg.no_host:

@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+import tuner.engine.flags.dialect as dialect
 from tuner.core.errors import UnsupportedFlagError
 from tuner.engine.caps import Capabilities
-import tuner.engine.flags.dialect as dialect
 from tuner.engine.kinds import IK_LLAMA, LLAMA_CPP, EngineKind
 
 SERVER = "llama-server"
