@@ -422,7 +422,8 @@ def run_server_trial(
     log_text = server.log.read_text(errors="replace")
     gpu_use.check_server(log_text, cfg)
     check_fa_kernels(engine, [cfg], log_text)
-    found = breakdown.parse_log_jsonl(log_text) if log_jsonl else []
+    found = breakdown.parse_log_jsonl(log_text) if log_jsonl else \
+        [b for b in [breakdown.parse_load_log(log_text)] if b is not None]  # an engine without --log-jsonl
     return ServerTrial(tuple(server.argv), cfg, load, levels, memory, verdict, server.log, records,
                        memory_breakdown=found[-1] if found else None, roofline_tok_s=roofline_tok_s,
                        host_paging=paging)

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from tuner.core.config import CacheType, FlashAttn, LaunchConfig
 from tuner.core.errors import DiskSpaceError, OutputCutError, QualityError, TextTooShortError, UsageError
@@ -337,12 +337,14 @@ def measure(
     timeout_s: float = DEFAULT_TIMEOUT_S,
     on_step: Callable[[str], None] | None = None,
     base_loc: build.EngineLocation | None = None,
+    levers: dict[str, Any] | None = None,
 ) -> QualityResult:
     """Perplexity of ``model`` at these KV types and, with a reference, KL-divergence against it.
 
     ``reference`` names the reference file; without it the highest-precision sibling is found when
     ``auto_reference``. The bundled corpus is the text unless ``text_file`` is given. ``base_loc``: the engine that
-    writes the reference's logits, where it is not ``loc`` (an engine priced against llama.cpp's numerics).
+    writes the reference's logits, where it is not ``loc`` (an engine priced against llama.cpp's numerics);
+    ``levers``: that engine's own settings the line runs with (ik_llama.cpp's -rtr, -muge: other kernels).
     """
     from tuner.models import gguf_reader
 
@@ -354,6 +356,7 @@ def measure(
             raise UsageError(f"{what} {path} not found: check the path")
     cfg = LaunchConfig(model=model, cache_type_k=cache_type_k, cache_type_v=cache_type_v, flash_attn=flash_attn,
                        threads=threads, engine=_kind_name(loc))
+    cfg = replace(cfg, **(levers or {}))
     flags.validate(cfg)
     base_loc = base_loc or loc
     if text_file is None:
@@ -385,7 +388,8 @@ def measure(
     ref_id = model_identity(reference) if reference is not None else None
     base = engine_identity(base_loc) if base_loc != loc else None
     key = _key(model=model_id, ref=ref_id, text=text_sha, ctx=ctx, chunks=chunks, kv=kv, engine=commit,
-               fa=flash_attn.value, **({"base": base} if base else {}))
+               fa=flash_attn.value, **({"base": base} if base else {}),
+               **({"levers": sorted((levers or {}).items())} if levers else {}))
     cached_path = results_dir() / f"{key}.json"
     if use_cache and (hit := _load_result(cached_path)) is not None:
         return replace(hit, model=str(model), reference=str(reference) if reference else None,

@@ -133,10 +133,10 @@ def decide(tunes: Sequence[EngineTune], load: Workload, *, log_dir: Path, max_kl
     judged = [x for x in lines if not any(r.startswith(f"{x.engine}:") for r in refused)]
     for note in refused:
         on_step(note)
-    engines = {x.label: (next(t.loc for t in tunes if t.kind.name == x.engine),
-                         build.capabilities(next(t.loc for t in tunes if t.kind.name == x.engine))) for x in judged}
     versus = None
     if len(judged) >= 2:
+        where = {t.kind.name: t.loc for t in tunes}
+        engines = {x.label: (where[x.engine], build.capabilities(where[x.engine])) for x in judged}
         on_step(f"engines head to head: {', '.join(x.label for x in judged)} in interleaved rounds")
         first = judged[0]
         versus = judge.head_to_head(engines[first.label][0], [(x.label, x.config) for x in judged], load,
@@ -144,6 +144,12 @@ def decide(tunes: Sequence[EngineTune], load: Workload, *, log_dir: Path, max_kl
                                     engines=engines)
     shown, reason = choose(judged or lines, versus)
     return EngineChoice(tuple(lines), versus, shown, reason, refused)
+
+
+def levers_of(kind: EngineKind, cfg: LaunchConfig) -> dict[str, Any]:
+    """The kind's own levers a line sets away from their defaults (what its engine price runs with)."""
+    default = LaunchConfig(model=cfg.model)
+    return {name: getattr(cfg, name) for name in kind.levers if getattr(cfg, name) != getattr(default, name)}
 
 
 def session_of(req: autotune.TuneRequest) -> tuple[Path | None, int | None, int, int] | None:
@@ -170,9 +176,10 @@ def tune_engines(req: autotune.TuneRequest, locs: Sequence[build.EngineLocation]
         if res.search.interrupted:
             return tunes + [EngineTune(caps.kind, loc, res)], None
         kld = None
-        if caps.kind is not LLAMA_CPP and reference is not None and req.max_kld is not None:
+        cfg, _ = printed(res)
+        if caps.kind is not LLAMA_CPP and reference is not None and req.max_kld is not None and cfg is not None:
             got = engine_price.price(loc, reference, req.model, ctx=req.kld_ctx, chunks=req.kld_chunks,
-                                     on_step=on_step)
+                                     levers=levers_of(caps.kind, cfg), on_step=on_step)
             on_step(f"engine price: {got.describe()}")
             kld = got.kld_mean
         tunes.append(EngineTune(caps.kind, loc, res, kld))
