@@ -39,7 +39,7 @@ def unscoped(monkeypatch):
     monkeypatch.delenv(processes.SCOPE_ENV, raising=False)
 
 
-ENGINE_FIXTURES = {"engine_loc", "demo_models"}
+ENGINE_FIXTURES = {"engine_loc", "demo_models", "ik_loc"}
 
 
 def pytest_collection_modifyitems(config, items):
@@ -93,6 +93,18 @@ def no_llama_process_left_behind():
 @pytest.fixture(scope="session")
 def engine_loc() -> build.EngineLocation:
     return build.locate_engine()
+
+
+@pytest.fixture(scope="session")
+def ik_loc() -> build.EngineLocation:
+    """ik_llama.cpp as the project builds it (`make test` runs `moe-tune engine install --engine ik` first)."""
+    from tuner.core.errors import EngineNotFoundError
+    from tuner.engine.kinds import IK_LLAMA
+
+    try:
+        return build.locate_engine(kind=IK_LLAMA)
+    except EngineNotFoundError:
+        pytest.fail("ik_llama.cpp is not built: run `moe-tune engine install --engine ik` (make test does)")
 
 
 @pytest.fixture(scope="session")

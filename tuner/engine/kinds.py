@@ -73,6 +73,8 @@ class EngineKind:
     bench_has_depth: bool = True
     # Whether its server offloads layers to a GPU unless told how many (llama.cpp: what fits; ik: none).
     offloads_by_default: bool = True
+    # Whether its server reads its API key from the environment (llama.cpp: LLAMA_API_KEY; ik: only from argv).
+    reads_key_env: bool = True
 
     @property
     def projects_memory(self) -> bool:
@@ -93,6 +95,7 @@ IK_LLAMA = EngineKind(
     aliases=("ik_llama.cpp", "ik-llama.cpp", "ik_llama", "ikllama"),
     bench_has_depth=False,
     offloads_by_default=False,
+    reads_key_env=False,
 )
 KINDS = (LLAMA_CPP, IK_LLAMA)
 

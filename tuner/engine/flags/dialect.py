@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 # ik_llama.cpp's spellings where they differ from llama.cpp's (tuner.engine.flags.render._SPELL), per tool.
 IK_SERVER_SPELL: dict[str, tuple[str, ...]] = {
     "no_mmap": ("--no-mmap",),
+    "ctx_checkpoints": ("--ctx-checkpoints",),  # llama.cpp's -ctxcp is not ik's
     "run_time_repack": ("--run-time-repack", "-rtr"),  # its --help lists the long form only
     "no_fused_moe": ("-no-fmoe", "--no-fused-moe"),
     "merge_up_gate": ("-muge", "--merge-up-gate-experts"),

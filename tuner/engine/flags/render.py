@@ -267,6 +267,11 @@ def listen_argv(host: str, port: int, *, log_jsonl: bool = False) -> list[str]:
     return address_argv(host, port) + (["--log-jsonl"] if log_jsonl else [])
 
 
+def api_key_file_argv(path: Path) -> list[str]:
+    """The server's key file by path (ik_llama.cpp reads no key from its environment): the key stays in the file."""
+    return ["--api-key-file", str(path)]
+
+
 def trace_argv() -> list[str]:
     """llama-server at trace verbosity: it then logs each context checkpoint and the prompt cache's state."""
     return ["-lv", "4"]
