@@ -69,7 +69,7 @@ def test_ik_bench_states_the_server_default_and_times_depth_its_own_way():
     assert argv[argv.index("-rtr") + 1] == "1"
     assert "-fa" not in argv  # on in both its bench and its server
     assert argv[argv.index("-ctk") + 1] == "f16,q8_0"
-    assert argv[-2:] == ["-o", "json"] and "-d" not in argv and "-mmp" not in argv
+    assert argv[-3:] == ["-v", "-o", "json"] and "-d" not in argv and "-mmp" not in argv
 
 
 def test_ik_bench_takes_numbers_where_llama_bench_takes_words():

@@ -38,7 +38,7 @@ def _hw(budget_mib: float | None) -> hardware.Hardware:
 
 
 def test_under_a_budget_below_free_vram_the_reference_is_fit_under_that_budget():
-    sp = SimpleNamespace(model=Path("m.gguf"), ctx=4096, parallel=1, device=None)
+    sp = SimpleNamespace(model=Path("m.gguf"), ctx=4096, parallel=1, device=None, engine="llama.cpp")
     fit = LaunchConfig(model=Path("m.gguf"), ctx=4096, parallel=1, n_cpu_moe=20)  # llama-fit-params' placement
     # --fit's margin is per device over what the device reports free: 20,480 - 6,000 held back + its 1,024.
     assert finish.fit_target_mib(_hw(6000)) == 15504

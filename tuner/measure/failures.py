@@ -31,6 +31,7 @@ class FailureKind(str, Enum):
     CRASHED = "crashed"
     TIMED_OUT = "timed_out"
     ENGINE_MISSING = "engine_missing"
+    UNSUPPORTED_MODEL = "unsupported_model"  # the engine does not know the model's architecture
 
 
 # Allocation failures as llama.cpp/ggml print them (CUDA, Vulkan, CPU, KV cache, compute buffers).
@@ -52,7 +53,12 @@ _FIX = {
     FailureKind.CRASHED: "rerun with MOE_TUNE_DEBUG=1 and report the stderr tail",
     FailureKind.TIMED_OUT: "raise the time limit or measure fewer tokens",
     FailureKind.ENGINE_MISSING: "run `moe-tune engine install` or set LLAMA_CPP_DIR",
+    FailureKind.UNSUPPORTED_MODEL: "run this model with an engine that knows its architecture (llama.cpp), or a "
+                                   "newer build of this one",
 }
+# The loader's own words (llama-model-loader / llama.cpp's llm_arch_from_string): "error loading model architecture:
+# unknown model architecture: 'olmoe'" (ik_llama.cpp 0.1.5 on OLMoE).
+_UNKNOWN_ARCH = re.compile(r"unknown model architecture: '([^']+)'")
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +108,10 @@ def classify_exit(argv: tuple[str, ...] | list[str], returncode: int | None, std
         last = _last_meaningful_line(stderr_tail)
         return Failure(FailureKind.CRASHED, f"killed by {sig}{hint}; last output: {last}", argv, returncode, sig,
                        stderr_tail)
+    arch = _UNKNOWN_ARCH.search(stderr_tail)
+    if arch and returncode not in (0, None):
+        return Failure(FailureKind.UNSUPPORTED_MODEL, f"this engine does not know the model's architecture "
+                       f"'{arch.group(1)}'", argv, returncode, sig, stderr_tail)
     rejected = _matching_line(_REJECTED, stderr_tail)
     if rejected and returncode not in (0, None):
         return Failure(FailureKind.REJECTED_CONFIG, rejected, argv, returncode, sig, stderr_tail)

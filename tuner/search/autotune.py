@@ -15,7 +15,7 @@ from tuner.core.errors import UsageError
 from tuner.engine import build
 from tuner.engine.identity import REPLAY_COMMIT, replay_note
 from tuner.machine.hardware import Hardware
-from tuner.measure import engine_memory, gpu_use
+from tuner.measure import engine_memory, failures, gpu_use
 from tuner.measure.engine_memory import EngineMemory
 from tuner.measure.workload import Workload
 from tuner.models import fingerprint
@@ -32,6 +32,7 @@ from tuner.search.budget import DEFAULT_TRIALS
 from tuner.search.interrupt import sigterm_as_ctrl_c
 
 DEFAULT_CTX = 4096
+UNSUPPORTED = failures.FailureKind.UNSUPPORTED_MODEL.value
 TOP_CANDIDATES = 2
 
 
@@ -246,8 +247,15 @@ def _auto_tune(req: TuneRequest, loc: build.EngineLocation, hw: Hardware, mem: E
     recs = study.records(st)
     if not any(r.status == "measured" for r in recs):
         kld = f", raise --max-kld (now {req.max_kld})" if req.max_kld is not None else ""
-        raise UsageError("no config could be measured: see the failures in the report, or raise --vram-margin / "
-                         f"lower --min-ctx{kld}")
+        first = next((r.failure for r in recs if r.failure and r.failure.get("reason")), None)
+        if first is not None and first.get("kind") == UNSUPPORTED and all(
+                (r.failure or {}).get("kind") == UNSUPPORTED for r in recs if r.status == "failed"):
+            raise UsageError(f"{caps.identity.name} cannot run {req.model.name}: {first['reason']}; tune it with "
+                             "another engine (--engines llama.cpp)")
+        failed = str(first["reason"]) if first is not None else None
+        said = f" (the first failure: {failed[:300]})" if failed else ""
+        raise UsageError(f"no config could be measured{said}: see the failures in the report, or raise --vram-margin "
+                         f"/ lower --min-ctx{kld}")
     st.set_user_attr(FINISH_PENDING, True)
     baselines = finish.baseline_configs(sp, hw, fit, req.vram_margin_mib, default)
     # A candidate that runs exactly as a baseline (its flags only spell the engine's defaults) is the baseline:

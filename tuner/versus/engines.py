@@ -12,11 +12,12 @@ llama.cpp's by more than the quality floor (``--max-kld``, the KL-divergence pri
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from tuner.core.config import LaunchConfig
+from tuner.core.errors import CpuFallbackError, TunerError
 from tuner.engine import build, flags
 from tuner.engine.kinds import LLAMA_CPP, EngineKind
 from tuner.measure.workload import Workload
@@ -168,11 +169,20 @@ def tune_engines(req: autotune.TuneRequest, locs: Sequence[build.EngineLocation]
     from tuner.quality import engine_price
 
     tunes: list[EngineTune] = []
+    left_out: list[str] = []
     reference = next((loc for loc in locs if build.capabilities(loc).kind is LLAMA_CPP), None)
     for i, loc in enumerate(locs):
         caps = build.capabilities(loc)
         on_step(f"engine {i + 1} of {len(locs)}: {caps.identity.describe()} at {loc.bin_dir}")
-        res = tune(loc)
+        try:
+            res = tune(loc)
+        except TunerError as exc:
+            if caps.kind is LLAMA_CPP or isinstance(exc, CpuFallbackError):
+                raise  # the reference engine, or the machine itself: nothing to judge without it
+            why = str(exc)
+            on_step(f"{caps.kind.name} is left out: {why}")
+            left_out.append(f"{caps.kind.name}: not judged, it measured nothing on this model ({why})")
+            continue
         if res.search.interrupted:
             return tunes + [EngineTune(caps.kind, loc, res)], None
         kld = None
@@ -186,21 +196,5 @@ def tune_engines(req: autotune.TuneRequest, locs: Sequence[build.EngineLocation]
     log_dir = tunes[0].result.result_dir / "engines"
     choice = decide(tunes, req.workload, log_dir=log_dir, max_kld=req.max_kld, session=session_of(req),
                     rounds=judge.ROUNDS, on_step=on_step)
-    return tunes, choice
+    return tunes, replace(choice, refused=(*choice.refused, *left_out))
 
-
-def record(tunes: Sequence[EngineTune], choice: EngineChoice) -> list[autotune.TuneResult]:
-    """Each engine's result.json with the head to head in it (``engines``, ``chosen`` where that engine printed the
-    line), the chosen one written last: the newest result of the model is the one to serve."""
-    from dataclasses import replace
-
-    from tuner.search.result import write_result
-
-    block = choice.to_dict()
-    out = []
-    for t in sorted(tunes, key=lambda t: t.kind.name == choice.line.engine):
-        chosen = t.kind.name == choice.line.engine
-        result = replace(t.result.result, engines={**block, "chosen": chosen})
-        write_result(result, t.result.result_dir)
-        out.append(replace(t.result, result=result))
-    return out

@@ -130,4 +130,6 @@ def _ik_bench_argv(binary: Path, cfgs: Sequence[LaunchConfig], n_prompt: int, n_
     if not first.mmap and not first.run_time_repack:  # -rtr loads without mmap on its own
         a.add("mmap", "0")
     a.add_words(dialect.bench_lever_args(first))
-    return a.argv + ["-o", "json"]
+    # Without -v ik's llama-bench logs nothing of the load: a model it cannot load (an architecture it lacks)
+    # would fail saying only "failed to load model". The log goes to stderr; the rows stay on stdout.
+    return a.argv + ["-v", "-o", "json"]
