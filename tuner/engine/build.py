@@ -15,6 +15,7 @@ import json
 import os
 import re
 import shutil
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -327,6 +328,32 @@ def _check_build_tools(backend: Backend) -> tuple[str, str]:
     raise BuildToolMissingError("neither ninja nor make found: install one (apt install ninja-build) and retry")
 
 
+# ik_llama.cpp's ggml asks for the CUDA20 dialect: CMake 3.25.1 knows no nvcc flag for it ("Target ggml requires
+# the language dialect CUDA20 … CMake does not know the flags"), 3.26.4 configures it (both seen here with CUDA 13.0).
+IK_CUDA_CMAKE = (3, 26)
+_CMAKE_VERSION = re.compile(r"cmake version (\d+)\.(\d+)")
+
+
+def _cmake_version(cmake: str) -> tuple[int, int]:
+    out = runner.run_process([cmake, "--version"], timeout_s=30, what="cmake --version", check=False,
+                             fix="install cmake (apt install cmake, or pip install cmake)")
+    found = _CMAKE_VERSION.search(out.stdout)
+    return (int(found.group(1)), int(found.group(2))) if found else (0, 0)
+
+
+def _newer_cmake(root: Path, phase: Callable[[str], None]) -> str:
+    """A CMake new enough for ik's CUDA build, from the package index (its wheel carries the binary), kept in the
+    engine cache; the system's stays as it is."""
+    where = root / "cmake-py"
+    binary = where / "cmake" / "data" / "bin" / "cmake"
+    if not binary.is_file():
+        phase(f"fetch CMake >= {'.'.join(map(str, IK_CUDA_CMAKE))} (this one knows no CUDA20 for nvcc)")
+        runner.run_process([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(where),
+                            f"cmake>={'.'.join(map(str, IK_CUDA_CMAKE))},<5"], timeout_s=600,
+                           what="pip install of cmake", fix="check that PyPI is reachable (pip config, proxy)")
+    return str(binary)
+
+
 def _build_lock(root: Path, key: str) -> contextlib.AbstractContextManager[None]:
     return file_lock(root / f"{key}.lock")
 
@@ -376,6 +403,8 @@ def install(
         if not force and _stamp_matches(target, backend, kind):  # another process finished it while we waited
             return InstallResult(target / "bin", backend, False, time.monotonic() - start)
         cmake, generator = _check_build_tools(backend)
+        if kind is IK_LLAMA and backend is Backend.CUDA and _cmake_version(cmake) < IK_CUDA_CMAKE:
+            cmake = _newer_cmake(root, phase)
         free = hardware.free_disk_bytes(root)
         if free < BUILD_DISK_BYTES:
             raise DiskSpaceError(root, BUILD_DISK_BYTES, free)
