@@ -81,16 +81,25 @@ def engine_install(
 
 @engine_app.command("path", short_help="Print the folder of the binaries every command uses.")
 @friendly
-def engine_path(llama_cpp_dir: LlamaDir = None) -> None:
-    """Print the folder holding the llama.cpp binaries that every command will use.
+def engine_path(
+    engine: Annotated[str | None, typer.Option(
+        "--engine", help="llama.cpp or ik: where that kind of engine is found (default: the first engine found).")]
+    = None,
+    llama_cpp_dir: LlamaDir = None,
+) -> None:
+    """Print the folder holding the llama.cpp binaries that every command will use (with --engine ik, those of
+    ik_llama.cpp).
 
     \b
     Example:
       ls "$(moe-tune engine path)"
+      "$(moe-tune engine path --engine ik)/llama-server" --version
     """
     from tuner.engine import build
+    from tuner.engine.kinds import kind_named
 
-    out.print(str(build.locate_engine(llama_cpp_dir).bin_dir), highlight=False, soft_wrap=True)
+    kind = kind_named(engine) if engine else None
+    out.print(str(build.locate_engine(llama_cpp_dir, kind).bin_dir), highlight=False, soft_wrap=True)
 
 
 @engine_app.command("info", short_help="Version, commit, backend, devices and flags.")
