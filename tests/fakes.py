@@ -1,4 +1,5 @@
-"""Fakes at the hardware boundary only: NVML for machines without an NVIDIA GPU."""
+"""Fakes at the hardware boundary only: NVML for machines without an NVIDIA GPU, and a host whose memory holds
+still (psutil's readings of RAM, what holds it, and the RAM bandwidth measured)."""
 
 from __future__ import annotations
 
@@ -127,6 +128,25 @@ class FakeNVML:
 
     def nvmlDeviceGetPowerManagementLimit(self, handle: int) -> int:  # noqa: N802
         return int(self._extra("power_mw", 350_000))
+
+
+class FakeHost:
+    """Stands in for this machine's host side as :mod:`tuner.machine.hardware` reads it (psutil's RAM, swap and
+    cores; the processes holding RAM; the measured RAM bandwidth): fixed, so two readings a moment apart see the same
+    machine, as two front ends answering the same question must."""
+
+    def __init__(self, ram_total_bytes: int, ram_available_bytes: int, holders: tuple[tuple[str, int], ...] = (),
+                 bandwidth_bytes_s: float = 40e9, cores: int = 2) -> None:
+        self.ram_total_bytes, self.ram_available_bytes = ram_total_bytes, ram_available_bytes
+        self.holders, self.bandwidth_bytes_s, self.cores = holders, bandwidth_bytes_s, cores
+
+    def install(self, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+        from tuner.machine import hardware
+
+        host = hardware.HostInfo(self.ram_total_bytes, self.ram_available_bytes, 0, 0, self.cores, self.cores)
+        monkeypatch.setattr(hardware, "probe_host", lambda: host)
+        monkeypatch.setattr(hardware, "ram_holders", lambda limit=3, exclude=frozenset(): self.holders[:limit])
+        monkeypatch.setattr(hardware, "measure_host_bandwidth", lambda *a, **k: self.bandwidth_bytes_s)
 
 
 class FakeFrontierRunner:

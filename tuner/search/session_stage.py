@@ -330,7 +330,8 @@ def judge(arms: Sequence[ArmSessions], source: str, notes: dict[str, str], agent
         if lost == _lost(default) == "failed":
             return stage(None, None, "the base line failed and so did the defaults")
         return stage(None, None, f"the base line {lost} and the defaults {_lost(default)}: no session line (a line "
-                                 "that pages host RAM, breaks the VRAM budget or is not known to keep it is never printed)")
+                                 "that pages host RAM, breaks the VRAM budget or is not known to keep it is never "
+                                 "printed)")
     if best is None or not usable(best):
         default = pool.get("default")
         verdict = versus(base, default) if default is not None and default is not base and usable(default) else None
