@@ -27,8 +27,12 @@ class FakeNVML:
                  processes: list[tuple[int, int]] | None = None, graphics: list[tuple[int, int]] | None = None,
                  util_pct: int | None = None, process_sm: dict[int, int] | None = None,
                  compute_capability: tuple[int, int] = (8, 6), sample_lag_s: float = 0.0,
-                 lost: str | None = None, cuda_driver: int = 12080) -> None:
+                 lost: str | None = None, cuda_driver: int = 12080,
+                 contexts: tuple[str, int] | None = None) -> None:
         self.cards = cards or []
+        # (executable, bytes): every running child of this process that runs that executable holds a compute context
+        # of that size on the card (what a CUDA build's tool creates when it asks the card's free memory).
+        self.contexts = contexts
         # nvmlSystemGetCudaDriverVersion: the newest CUDA the driver runs (12080: CUDA 12.8, driver 570's)
         self.cuda_driver = cuda_driver
         self.processes = processes or []  # (pid, used bytes) holding a compute context on every card
@@ -80,7 +84,22 @@ class FakeNVML:
         return f"GPU-fake-{handle}"
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[SimpleNamespace]:  # noqa: N802
-        return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in self.processes]
+        return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in self.processes + self._contexts()]
+
+    def _contexts(self) -> list[tuple[int, int]]:
+        if self.contexts is None:
+            return []
+        import psutil
+
+        exe, used = self.contexts
+        found = []
+        for child in psutil.Process().children(recursive=True):
+            try:
+                if child.exe() == exe:
+                    found.append((child.pid, used))
+            except psutil.Error:  # gone between the listing and the look
+                continue
+        return found
 
     def nvmlDeviceGetGraphicsRunningProcesses(self, handle: int) -> list[SimpleNamespace]:  # noqa: N802
         return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in self.graphics]
