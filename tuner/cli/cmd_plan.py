@@ -99,13 +99,15 @@ def plan_cmd(
         raise UsageError(f"--load-mode {load_mode!r} is not planned: use mmap or none")
     if cache_type_v.is_quantized and flash_attn is FlashAttn.OFF:
         raise UsageError(f"V cache type {cache_type_v.value} needs flash attention: use -fa on or -ctv f16")
+    from tuner.hub.resolve import resolve_model
     from tuner.report import plan_doc
 
+    resolved = resolve_model(model, header_only=True)
     answer = plan_doc.build(plan_doc.PlanRequest(
-        model, gpu=gpu, ram_gib=ram, host_bandwidth_gb_s=host_bandwidth, vram_budget_mib=vram_budget,
-        ctxs=tuple(_ctxs(ctx)), cache_type_k=cache_type_k, cache_type_v=cache_type_v, flash_attn=flash_attn,
-        parallel=parallel, ubatch=ubatch, mmap=load_mode == "mmap", no_host=no_host, repack=not no_repack,
-        engine_check=engine_check, llama_cpp_dir=llama_cpp_dir))
+        resolved.path, resolved.source, gpu=gpu, ram_gib=ram, host_bandwidth_gb_s=host_bandwidth,
+        vram_budget_mib=vram_budget, ctxs=tuple(_ctxs(ctx)), cache_type_k=cache_type_k, cache_type_v=cache_type_v,
+        flash_attn=flash_attn, parallel=parallel, ubatch=ubatch, mmap=load_mode == "mmap", no_host=no_host,
+        repack=not no_repack, engine_check=engine_check, llama_cpp_dir=llama_cpp_dir))
     if as_json:
         out.print_json(json.dumps(answer.document()))
         return

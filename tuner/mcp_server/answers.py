@@ -26,8 +26,12 @@ def plan(model: str, card: str | None = None, context: int | None = None, ram_gi
         raise UsageError(f"context must be >= 1 token, got {context}")
     if ram_gib is not None and ram_gib <= 0:
         raise UsageError(f"ram_gib {ram_gib:g} leaves nothing to plan for: give the host RAM in GiB, e.g. 64")
-    req = plan_doc.PlanRequest(model, gpu=card, ram_gib=ram_gib, host_bandwidth_gb_s=host_bandwidth_gb_s,
-                               ctxs=(context,) if context else (), llama_cpp_dir=llama_cpp_dir)
+    from tuner.hub.resolve import resolve_model
+
+    resolved = resolve_model(model, header_only=True)
+    req = plan_doc.PlanRequest(resolved.path, resolved.source, gpu=card, ram_gib=ram_gib,
+                               host_bandwidth_gb_s=host_bandwidth_gb_s, ctxs=(context,) if context else (),
+                               llama_cpp_dir=llama_cpp_dir)
     return plan_doc.build(req).document()
 
 

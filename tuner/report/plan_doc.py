@@ -16,7 +16,6 @@ from tuner.core.machine_spec import Hardware
 from tuner.engine import build as engine_build
 from tuner.engine import flags
 from tuner.engine.identity import REPLAY_COMMIT, EngineIdentity, replay_note
-from tuner.hub.resolve import resolve_model
 from tuner.machine import hardware
 from tuner.measure.engine_memory import EngineMemory, Projection, engine_check
 from tuner.models import gguf_reader
@@ -33,7 +32,8 @@ HOST_BANDWIDTH_PROBE_S = 0.3  # how long a plan for this machine measures its RA
 class PlanRequest:
     """What a plan is asked for: ``moe-tune plan``'s options, the MCP tool's arguments (the defaults of both)."""
 
-    model: str  # a GGUF path, owner/name:QUANT (header only) or a catalog shape
+    model: Path  # the GGUF header (a front end resolves the user's name: hub.resolve.resolve_model, header only)
+    model_source: str  # where that header came from, in words
     gpu: str | None = None  # a card by name; None: this machine
     ram_gib: float | None = None  # plan for this much host RAM; None: this machine's available RAM
     host_bandwidth_gb_s: float | None = None
@@ -78,15 +78,14 @@ class PlanAnswer:
 
 
 def build(req: PlanRequest) -> PlanAnswer:
-    """The plan of ``req``: the machine (this one, or the named card in it), the model's header, the engine whose own
-    projection decides where one is found (required with ``engine_check``), the plan and its notes."""
-    resolved = resolve_model(req.model, header_only=True)
-    info = gguf_reader.inspect_model(resolved.path)
+    """The plan of ``req``: the machine (this one, or the named card in it), the engine whose own projection decides
+    where one is found (required with ``engine_check``), the plan of the model's header and its notes."""
+    info = gguf_reader.inspect_model(req.model)
     hw = hardware.with_vram_budget(
         cards.machine(req.gpu, HOST_BANDWIDTH_PROBE_S, int(req.ram_gib * 2**30) if req.ram_gib is not None else None,
                       req.host_bandwidth_gb_s), req.vram_budget_mib)
     ctxs = list(req.ctxs)
-    base = LaunchConfig(model=resolved.path, cache_type_k=req.cache_type_k, cache_type_v=req.cache_type_v,
+    base = LaunchConfig(model=req.model, cache_type_k=req.cache_type_k, cache_type_v=req.cache_type_v,
                         flash_attn=req.flash_attn, parallel=req.parallel, ubatch=req.ubatch,
                         ctx=ctxs[0] if ctxs else None, mmap=req.mmap, no_host=req.no_host, repack=req.repack)
     mem = (EngineMemory.of(engine_build.locate_engine(req.llama_cpp_dir)) if req.engine_check
@@ -97,7 +96,7 @@ def build(req: PlanRequest) -> PlanAnswer:
         p = make_plan(info, base, hw, ctxs, KV_CHOICES, price=mem)
     notes = plan_notes(info, p, base, holders=ram_holders_for(req.ram_gib is not None), price=mem)
     check = engine_check(mem, info, base, hw) if req.engine_check and mem is not None else None
-    return PlanAnswer(info, p, base, tuple(notes), resolved.source, mem, check)
+    return PlanAnswer(info, p, base, tuple(notes), req.model_source, mem, check)
 
 
 def check_json(check: Projection, engine: EngineIdentity) -> list[dict[str, Any]]:
