@@ -1,4 +1,5 @@
-"""Fakes at the hardware boundary only: NVML for machines without an NVIDIA GPU."""
+"""Fakes at the hardware boundary only: NVML for machines without an NVIDIA GPU, and a host whose memory holds
+still (psutil's readings of RAM, what holds it, and the RAM bandwidth measured)."""
 
 from __future__ import annotations
 
@@ -26,8 +27,12 @@ class FakeNVML:
                  processes: list[tuple[int, int]] | None = None, graphics: list[tuple[int, int]] | None = None,
                  util_pct: int | None = None, process_sm: dict[int, int] | None = None,
                  compute_capability: tuple[int, int] = (8, 6), sample_lag_s: float = 0.0,
-                 lost: str | None = None, cuda_driver: int = 12080) -> None:
+                 lost: str | None = None, cuda_driver: int = 12080,
+                 contexts: tuple[str, int] | None = None) -> None:
         self.cards = cards or []
+        # (executable, bytes): every running child of this process that runs that executable holds a compute context
+        # of that size on the card (what a CUDA build's tool creates when it asks the card's free memory).
+        self.contexts = contexts
         # nvmlSystemGetCudaDriverVersion: the newest CUDA the driver runs (12080: CUDA 12.8, driver 570's)
         self.cuda_driver = cuda_driver
         self.processes = processes or []  # (pid, used bytes) holding a compute context on every card
@@ -79,7 +84,22 @@ class FakeNVML:
         return f"GPU-fake-{handle}"
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[SimpleNamespace]:  # noqa: N802
-        return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in self.processes]
+        return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in self.processes + self._contexts()]
+
+    def _contexts(self) -> list[tuple[int, int]]:
+        if self.contexts is None:
+            return []
+        import psutil
+
+        exe, used = self.contexts
+        found = []
+        for child in psutil.Process().children(recursive=True):
+            try:
+                if child.exe() == exe:
+                    found.append((child.pid, used))
+            except psutil.Error:  # gone between the listing and the look
+                continue
+        return found
 
     def nvmlDeviceGetGraphicsRunningProcesses(self, handle: int) -> list[SimpleNamespace]:  # noqa: N802
         return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in self.graphics]
@@ -127,6 +147,25 @@ class FakeNVML:
 
     def nvmlDeviceGetPowerManagementLimit(self, handle: int) -> int:  # noqa: N802
         return int(self._extra("power_mw", 350_000))
+
+
+class FakeHost:
+    """Stands in for this machine's host side as :mod:`tuner.machine.hardware` reads it (psutil's RAM, swap and
+    cores; the processes holding RAM; the measured RAM bandwidth): fixed, so two readings a moment apart see the same
+    machine, as two front ends answering the same question must."""
+
+    def __init__(self, ram_total_bytes: int, ram_available_bytes: int, holders: tuple[tuple[str, int], ...] = (),
+                 bandwidth_bytes_s: float = 40e9, cores: int = 2) -> None:
+        self.ram_total_bytes, self.ram_available_bytes = ram_total_bytes, ram_available_bytes
+        self.holders, self.bandwidth_bytes_s, self.cores = holders, bandwidth_bytes_s, cores
+
+    def install(self, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+        from tuner.machine import hardware
+
+        host = hardware.HostInfo(self.ram_total_bytes, self.ram_available_bytes, 0, 0, self.cores, self.cores)
+        monkeypatch.setattr(hardware, "probe_host", lambda: host)
+        monkeypatch.setattr(hardware, "ram_holders", lambda limit=3, exclude=frozenset(): self.holders[:limit])
+        monkeypatch.setattr(hardware, "measure_host_bandwidth", lambda *a, **k: self.bandwidth_bytes_s)
 
 
 class FakeFrontierRunner:

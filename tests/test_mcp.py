@@ -117,6 +117,36 @@ def test_a_plan_for_this_machines_ram_names_its_holders_as_plan_json_does():
     assert given.structured_content == with_ram and not any("RAM in use" in n for n in with_ram["notes"])
 
 
+@pytest.mark.parametrize(("card", "ram"), [(CARD, None), (CARD, "512"), (None, None), (None, "48")])
+def test_the_tool_and_plan_json_are_one_document_on_every_field(engine_loc, monkeypatch, tmp_path, card, ram):
+    """Issue 58: one builder (tuner.report.plan_doc.build) for both front ends, asked in one process of one machine
+    (its host side held still by a fake at the psutil boundary: 30 of 32 GiB available, 3 GiB held by a browser):
+    the MCP tool's answer is `moe-tune plan --json`'s document on every field, for a card named and for this machine,
+    with and without --ram (without it, the rows short of RAM name the browser)."""
+    from typer.testing import CliRunner
+
+    from tests.fakes import FakeHost
+    from tuner.cli.app import app
+    from tuner.mcp_server import answers
+
+    FakeHost(32 * 2**30, 30 * 2**30, (("firefox", 3 * 2**30),), bandwidth_bytes_s=41e9).install(monkeypatch)
+    monkeypatch.setenv("MOE_TUNE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("LLAMA_CPP_DIR", str(engine_loc.bin_dir))
+    model = "gpt-oss-120b:MXFP4_MOE"
+    argv = ["plan", model, "-c", "4096", "--json", *(["--gpu", card] if card else []), *(["--ram", ram] if ram else [])]
+    printed = CliRunner().invoke(app, argv)
+    assert printed.exit_code == 0, printed.output
+    cli = json.loads(printed.stdout)
+    tool = answers.plan(model, card, 4096, float(ram) if ram else None)
+    assert json.loads(json.dumps(tool)) == cli
+    held = [n for n in cli["notes"] if n.startswith("RAM in use by others: ")]
+    assert held == ([] if ram else ["RAM in use by others: 2.0 GiB of 32.0 GiB, the most by firefox 3.0 GiB"])
+    assert cli["ram_available_bytes"] == (int(ram) if ram else 30) * 2**30
+    assert cli["host_bandwidth_bytes_s"] == (89.6e9 if card else 41e9)
+    figures = cli["memory_figures"]  # the engine here decides; as a CPU build it projects no card
+    assert figures["decided_by"] == "engine" and (figures["configs"] == 0) == bool(card), figures
+
+
 def test_results_and_launch_lines_of_this_machine(tuned):
     compose = run_cli("launch-line", str(tuned), "--format", "compose", env={"CUDA_VISIBLE_DEVICES": ""})
     _, [listed, line, wrong] = ask([("results", {}),

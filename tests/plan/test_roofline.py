@@ -239,3 +239,28 @@ def test_a_line_left_to_fit_is_priced_where_fit_puts_it(free_mib, ctx, engine_gp
     assert placement.placed_by_fit(info, cfg, replace(hw, vram_budget_override_bytes=4 * GIB)) == placed
     for stated in (replace(cfg, n_cpu_moe=30), replace(cfg, n_cpu_moe=0), replace(cfg, device="none")):
         assert placement.placed_by_fit(info, stated, hw) == stated
+
+
+def test_fit_places_by_the_card_alone_and_by_the_figures_given():
+    """Issue 58: --fit sizes each device to its own free memory and never asks the host's (common/fit.cpp,
+    ``common_params_fit_impl``), so a machine short of RAM changes nothing in where it places (the placement was once
+    that of a line with every expert on the card whenever the RAM could not hold fit's choice); and the card's need
+    is the price given (an engine's own projection): a build that needs one layer's experts more on the card (their
+    bytes read from the header) is placed one layer further to the host."""
+    info = _model("qwen3-30b-a3b:Q4_K_M")
+    roomy = Hardware("NVIDIA H100 80GB HBM3", 81559 * MIB, 12288 * MIB, 2 * 2619e6 * 5120 / 8, 63e9, 126 * GIB,
+                     126 * GIB, 0, 100e9, 16)
+    cfg = LaunchConfig(model=info.paths[0], ctx=8192, parallel=1)
+    placed = placement.placed_by_fit(info, cfg, roomy)
+    assert placed.n_cpu_moe is not None and placed.n_cpu_moe > 0
+    short = replace(roomy, ram_total_bytes=4 * GIB, ram_available_bytes=4 * GIB)
+    assert memory.estimate(info, placed, short).host.total_bytes > short.ram_available_bytes
+    assert placement.placed_by_fit(info, cfg, short) == placed
+    layer = sum(t.n_bytes for t in info.tensors if t.klass is TensorClass.ROUTED_EXPERTS) // info.n_layer
+
+    def one_layer_more(model, c, hw):  # type: ignore[no-untyped-def]
+        est = memory.estimate(model, c, hw)
+        gpu = replace(est.gpu, compute_bytes=est.gpu.compute_bytes + layer)
+        return replace(est, gpu=gpu, verdict=memory.judge(gpu, est.host, hw))
+
+    assert placement.placed_by_fit(info, cfg, roomy, one_layer_more).n_cpu_moe == placed.n_cpu_moe + 1

@@ -166,3 +166,41 @@ def test_the_load_mode_is_no_axis_where_the_pinned_copy_would_page_or_nothing_is
                space.build_space(shape, info, big, ctx=8192, parallel=1, prompt_tokens=512)):
         assert sp.load_mode == ("mmap",) and all(c.mmap for c in space.iter_configs(sp))
         assert not any("--load-mode" in n for n in sp.left_out)
+
+
+def test_the_load_mode_check_and_fits_placement_follow_a_builds_own_host_need(engine_loc, tmp_path, monkeypatch):
+    """Issue 58: the pinned copy is judged by the figures in force, not the replay's. b99999 (the pinned binaries
+    behind shims, tests/other_engine.py) projects 3 GiB more host compute than the pin; as a CPU build it projects
+    no card, so the figures for the card carry its own host drift (what its projection adds beside the replay's,
+    read from its llama-fit-params) onto the card's host side. With RAM that leaves the pinned copy the 2 GiB margin
+    and 1 GiB more by the replay, the replay searches --load-mode none; b99999's figures leave it under the margin
+    and it is not searched. --fit's placement does not move: fit sizes the card alone."""
+    from tests.other_engine import other_engine
+    from tuner.measure.engine_memory import EngineMemory, deciding
+    from tuner.models import shape_model
+    from tuner.plan import memory, placement, ram
+    from tuner.plan.pricing import corrected
+    from tuner.search import levers
+
+    monkeypatch.setenv("MOE_TUNE_CACHE", str(tmp_path / "cache"))
+    q30 = inspect_model(shape_model.write_catalog_model("Qwen3-30B-A3B:Q4_K_M", tmp_path / "q30.gguf").path)
+    other = EngineMemory.of(other_engine(engine_loc, tmp_path / "b99999", "b99999", "99999", host_compute_mib=3072))
+
+    def b99999(model, cfg, hw):  # type: ignore[no-untyped-def]
+        return corrected(memory.estimate(model, cfg, hw), other.drift(model, cfg, hw.cpu_only()), hw)
+
+    card0 = find_card("RTX 4060 Ti 16GB").hardware(0, 0, 89.6e9, 8, 0)
+    most_host = LaunchConfig(model=q30.paths[0], ctx=8192, parallel=1, n_cpu_moe=q30.n_layer, flash_attn=FlashAttn.ON)
+    pinned = replace(most_host, mmap=False)
+    moved = b99999(q30, pinned, card0).host_need_bytes - memory.estimate(q30, pinned, card0).host_need_bytes
+    assert moved == 3072 * 2**20  # b99999's own projection, as its llama-fit-params printed it
+    room = memory.estimate(q30, pinned, card0).host_need_bytes + ram.TIGHT_MARGIN_BYTES + GIB
+    card = find_card("RTX 4060 Ti 16GB").hardware(room, room, 89.6e9, 8, 0)
+    moe = (20, q30.n_layer)
+    assert levers.load_mode_axis(q30, card, None, moe, most_host)[0] == levers.LOAD_MODES
+    with deciding(b99999):
+        modes, note = levers.load_mode_axis(q30, card, None, moe, most_host)
+    assert modes == ("mmap",) and note[0].startswith("--load-mode none not searched: its pinned copy of ")
+    bare = LaunchConfig(model=q30.paths[0], ctx=8192, parallel=1)
+    placed = placement.placed_by_fit(q30, bare, card)
+    assert placed.n_cpu_moe and placement.placed_by_fit(q30, bare, card, b99999) == placed

@@ -100,7 +100,8 @@ def test_two_tuners_share_one_postgres_study_and_a_third_resumes_it(demo_models,
     for run in runs:
         assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr
         assert f"trials stored ({TRIALS_EACH} this run) in postgresql+psycopg2://" in run.stdout
-        assert run.stdout.strip().splitlines()[-1].startswith("launch line: llama-server -m ")
+        assert run.stdout.strip().splitlines()[-2:][0] == "launch line:"
+        assert run.stdout.strip().splitlines()[-1].startswith("llama-server -m ")
 
     [summary] = optuna.get_all_study_summaries(postgres_url)
     # Both printed the same study name, the one the storage holds.

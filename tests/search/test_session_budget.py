@@ -106,3 +106,41 @@ def test_a_session_arm_over_the_budget_is_never_printed_nor_ranked(engine_loc, d
     assert "--swa-full" not in " ".join(lines) and "-fitt 13600" in lines[1], lines
     with pytest.raises(Exception, match="out of range"):
         study_report.launch_line(res, rank=3)
+
+
+@pytest.mark.fast
+def test_an_arm_whose_vram_was_not_sampled_is_unknown_never_within_the_budget():
+    """Issue 58: a round whose line's own VRAM NVML did not report (a driver that cannot attribute it, a PID it does
+    not show) once read as within --vram-budget, and the arm could be printed. Unknown is its own verdict: such an
+    arm is neither chosen nor printed nor ranked, and says why; without a budget (no GPU) there is no verdict."""
+    cfg = LaunchConfig(model=Path("m.gguf"), ctx=2048, parallel=1)
+    budget, within = BUDGET_MIB * MIB, 5000 * MIB
+    default = ArmSessions("default", cfg, (_res(10.0), _res(10.2), _res(9.9)), vram_growth_bytes=(within,) * 3,
+                          vram_budget_bytes=budget)
+    tuned = ArmSessions("tuned", replace(cfg, n_cpu_moe=2), (_res(8.0), _res(8.2), _res(7.9)),
+                        vram_growth_bytes=(within,) * 3, vram_budget_bytes=budget)
+    # Twice as fast, and one of its rounds has no VRAM figure.
+    unsampled = ArmSessions("tuned + swa-full", replace(cfg, n_cpu_moe=2, swa_full=True),
+                            (_res(4.0), _res(4.1), _res(3.9)), vram_growth_bytes=(within, None, within),
+                            vram_budget_bytes=budget)
+    assert (default.vram_verdict, unsampled.vram_verdict, unsampled.over_budget) == ("within", "unknown", None)
+    stage = session_stage.judge([default, tuned, unsampled], "bundled", {})
+    assert stage.winner == "tuned" and stage.best is None, (stage.winner, stage.reason)
+    assert stage.reason == ("no reuse arm could be printed (tuned + swa-full had its VRAM unsampled (not known to keep "
+                            "the VRAM budget)): tuned is printed")
+    record = json.loads(json.dumps(stage.to_dict()))
+    assert [a["vram_verdict"] for a in record["arms"]] == ["within", "within", "unknown"]
+    res = study_result.StudyResult(study="s", model="m.gguf", finish=Finish((), ()), session=record,
+                                   workload={"kind": "agent", "prompt_tokens": 512, "gen_tokens": 64,
+                                             "depth_tokens": 4096, "concurrency": 1})
+    assert [p.label for p in study_report.picks(res)] == ["tuned", "default"]
+    # The base line unknown: the defaults are printed, and the reason names what is missing.
+    base_unknown = replace(tuned, vram_growth_bytes=(None,) * 3)
+    back = session_stage.judge([default, base_unknown], "bundled", {})
+    assert back.winner == "default" and back.reason == ("the base line had its VRAM unsampled (not known to keep the "
+                                                        "VRAM budget): the defaults are printed")
+    # A failed round has nothing to sample; without a budget there is nothing to keep.
+    assert replace(tuned, results=(None, *tuned.results[1:]), vram_growth_bytes=(None, within, within)).vram_verdict \
+        == "within"
+    free = replace(unsampled, vram_budget_bytes=None)
+    assert free.vram_verdict is None and session_stage.usable(free)

@@ -29,8 +29,8 @@ def test_auto_tune_ends_with_a_launch_line_that_reproduces_its_speed(demo_models
             "1024", "--trials", "3", "--results-dir", str(tmp_path)]
     first = run_cli(*args, timeout=300)
     assert first.returncode == 0, first.stderr
-    last = first.stdout.strip().splitlines()[-1]
-    assert last.startswith("launch line: llama-server -m ") and "-c 1024 -np 1" in last
+    *_, said, last = first.stdout.strip().splitlines()
+    assert said == "launch line:" and last.startswith("llama-server -m ") and "-c 1024 -np 1" in last
     [result_file] = tmp_path.glob("*/result.json")
     result = json.loads(result_file.read_text())
     assert len(result["trials"]) == 3 and result["trials"][0]["seed"] == "default"
@@ -66,7 +66,7 @@ def test_auto_tune_ends_with_a_launch_line_that_reproduces_its_speed(demo_models
         assert m["label"] in table and shown in table
 
     printed = run_cli("launch-line", str(result_file))
-    assert printed.returncode == 0 and printed.stdout.strip() == last.removeprefix("launch line: ")
+    assert printed.returncode == 0 and printed.stdout.strip() == last
     swap = run_cli("launch-line", str(result_file), "--format", "llama-swap", "--port", "9001")
     assert "cmd:" in swap.stdout and "--port 9001" in swap.stdout
     bad = run_cli("launch-line", str(result_file), "--rank", "9")

@@ -81,6 +81,15 @@ def device_choice(device: str | None) -> str | None:
     return value
 
 
+def say_fitted(console: Console, text: str, seen: set[str] | None = None) -> None:
+    """``text`` to fit the console's width (COLUMNS): prose wrapped, each launch line and path whole on a line of its
+    own (:func:`tuner.report.terminal.fitted`); with ``seen``, a launch line already shown through it is not again."""
+    from tuner.report import terminal
+
+    for line in terminal.fitted(text, console.width, seen):
+        console.print(line, highlight=False, markup=False, soft_wrap=True)
+
+
 @contextlib.contextmanager
 def measuring(command: str, *, allow_busy: bool, busy_wait: str, quiet_output: bool = False,
               device: str | None = None) -> Iterator[str | None]:
@@ -97,8 +106,7 @@ def measuring(command: str, *, allow_busy: bool, busy_wait: str, quiet_output: b
 
     wait_s = parse_duration(busy_wait)
     for left in processes.left_by_earlier_runs():
-        err.print(f"warning: {left.describe()} is still running: stop it with `kill {left.pid}`",
-                  highlight=False, markup=False, soft_wrap=True)
+        say_fitted(err, f"warning: {left.describe()} is still running: stop it with `kill {left.pid}`")
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), console=err, transient=True,
                   disable=quiet_output) as bar:
         task = bar.add_task("checking that the machine is quiet", total=None)
@@ -108,7 +116,7 @@ def measuring(command: str, *, allow_busy: bool, busy_wait: str, quiet_output: b
         def on_wait(what: str, waited_s: float) -> None:
             bar.update(task, description=f"{escape(what)} ({waited_s:.0f} s of {wait_s:.0f} s; Ctrl-C to stop)")
             if not waited and not err.is_terminal and not quiet_output:
-                err.print(f"{what} (up to {wait_s:.0f} s)", highlight=False, markup=False, soft_wrap=True)
+                say_fitted(err, f"{what} (up to {wait_s:.0f} s)")
             waited[:] = [what]
 
         started = time.monotonic()
@@ -116,14 +124,13 @@ def measuring(command: str, *, allow_busy: bool, busy_wait: str, quiet_output: b
                                  on_wait=on_wait, gpu=device != "none") as claim:
             bar.stop()
             if claim.note:  # the machine's lock could not be used: said even under --json (stderr)
-                err.print(f"warning: {claim.note}", highlight=False, markup=False, soft_wrap=True)
+                say_fitted(err, f"warning: {claim.note}")
             if waited and not err.is_terminal and not quiet_output:
                 err.print(f"the machine is ours after {time.monotonic() - started:.0f} s", highlight=False)
             if claim.noise and not quiet_output:
-                err.print(f"warning: measuring on a busy machine: {claim.noise}", highlight=False, markup=False,
-                          soft_wrap=True)
+                say_fitted(err, f"warning: measuring on a busy machine: {claim.noise}")
             if (residents := claim.residents_line()) and not quiet_output:
-                err.print(residents, highlight=False, markup=False, soft_wrap=True)
+                say_fitted(err, residents)
             yield claim.noise
 
 

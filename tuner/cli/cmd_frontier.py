@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import typer
 from rich.table import Table
 
-from tuner.cli.app import err, out
+from tuner.cli.app import err, out, say_fitted
 
 if TYPE_CHECKING:
     from tuner.engine.build import EngineLocation
@@ -68,7 +68,7 @@ def trial_line(p: study.Progress, elapsed_s: float, time_s: float | None) -> str
 
 
 def _to_stderr(msg: str) -> None:
-    err.print(msg, highlight=False, soft_wrap=True)
+    say_fitted(err, msg)
 
 
 def run(req: TuneRequest, loc: EngineLocation, hw: Hardware, *, max_ctx: int | None, trials: int | None,
@@ -118,10 +118,11 @@ def run(req: TuneRequest, loc: EngineLocation, hw: Hardware, *, max_ctx: int | N
         table.add_row(*row)
     out.print(table)
     for line in frontier_report.summary_lines(front):
-        out.print(line, highlight=False, soft_wrap=True)
-    out.print(f"study {done.study_name} in {done.storage}", highlight=False, soft_wrap=True)
-    out.print(f"report: {done.result_dir / 'report.md'}; plots: "
-              f"{', '.join(str(f) for f in files if f.suffix == '.png')}", highlight=False, soft_wrap=True)
+        say_fitted(out, line)
+    say_fitted(out, f"study {done.study_name} in {done.storage}")
+    say_fitted(out, f"report: {done.result_dir / 'report.md'}; plots: "
+                    f"{', '.join(str(f) for f in files if f.suffix == '.png')}")
     flag = " --slots N" if front.concurrent else ""
-    out.print(f"launch line of a point: moe-tune launch-line {done.result_dir / 'result.json'} --ctx N{flag}",
-              highlight=False, soft_wrap=True)
+    out.print("launch line of a point:", highlight=False)  # the command whole on its own line, to copy
+    out.print(f"moe-tune launch-line {done.result_dir / 'result.json'} --ctx N{flag}", highlight=False,
+              soft_wrap=True)

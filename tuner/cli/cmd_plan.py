@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -16,12 +16,12 @@ from tuner.core.errors import UsageError
 if TYPE_CHECKING:  # the command's own modules load when it runs (start-up: see cli/__init__)
     from tuner.core.model import ModelInfo
     from tuner.engine.identity import EngineIdentity
-    from tuner.measure.engine_memory import EngineMemory, Projection
+    from tuner.measure.engine_memory import Projection
     from tuner.plan.placement import Plan
 
 
-HOST_BANDWIDTH_PROBE_S = 0.3
 LOAD_MODES = ("mmap", "none")
+
 
 def _ctxs(text: str | None) -> list[int]:
     if not text:
@@ -41,25 +41,6 @@ def _rate(v: float | None) -> str:
 
 def _mib(n_bytes: int) -> str:
     return f"{n_bytes / 2**20:,.0f}"
-
-
-def _engine(llama_cpp_dir: Path | None, required: bool) -> EngineMemory | None:
-    """The engine whose own projection decides; None when there is none and none is required."""
-    from tuner.engine import build
-    from tuner.measure.engine_memory import EngineMemory
-
-    if required:
-        return EngineMemory.of(build.locate_engine(llama_cpp_dir))
-    return EngineMemory.find(llama_cpp_dir)
-
-
-def _check_json(check: Projection, engine: EngineIdentity) -> list[dict[str, Any]]:
-    from tuner.plan.pricing import decided_mib
-
-    return [{"component": r.component, "where": r.where, "model_mib": r.model_mib, "engine_mib": r.engine_mib,
-             "error_mib": r.error_mib, "agrees": r.agrees, "engine_commit": engine.commit,
-             "decides_mib": None if check.cpu_fallback else decided_mib(r.model_mib, r.engine_mib)}
-            for r in check.rows]
 
 
 @app.command("plan", short_help="VRAM, RAM and fit per --n-cpu-moe (dense: -ngl); needs no GPU.")
@@ -118,43 +99,22 @@ def plan_cmd(
         raise UsageError(f"--load-mode {load_mode!r} is not planned: use mmap or none")
     if cache_type_v.is_quantized and flash_attn is FlashAttn.OFF:
         raise UsageError(f"V cache type {cache_type_v.value} needs flash attention: use -fa on or -ctv f16")
-    from tuner.catalog import cards
     from tuner.hub.resolve import resolve_model
-    from tuner.machine import hardware
-    from tuner.measure.engine_memory import engine_check as check_with
-    from tuner.models import gguf_reader
-    from tuner.plan.placement import KV_CHOICES, make_plan
     from tuner.report import plan_doc
 
     resolved = resolve_model(model, header_only=True)
-    info = gguf_reader.inspect_model(resolved.path)
-    hw = hardware.with_vram_budget(
-        cards.machine(gpu, HOST_BANDWIDTH_PROBE_S, int(ram * 2**30) if ram is not None else None, host_bandwidth),
-        vram_budget)
-    ctxs = _ctxs(ctx)
-    base = LaunchConfig(model=resolved.path, cache_type_k=cache_type_k, cache_type_v=cache_type_v,
-                        flash_attn=flash_attn, parallel=parallel, ubatch=ubatch, ctx=ctxs[0] if ctxs else None,
-                        mmap=load_mode == "mmap", no_host=no_host, repack=not no_repack)
-    mem = _engine(llama_cpp_dir, required=engine_check)
-    if mem is not None and hw.has_gpu:  # a card's plan asks a projection per row: made all cores at a time
-        p = mem.prefetched(lambda price: make_plan(info, base, hw, ctxs, KV_CHOICES, price=price))
-    else:  # without a GPU the offload axis places nothing: a handful of projections, asked as they come
-        p = make_plan(info, base, hw, ctxs, KV_CHOICES, price=mem)
-    notes = plan_doc.plan_notes(info, p, base, holders=plan_doc.ram_holders_for(ram is not None), price=mem)
-    check = check_with(mem, info, base, hw) if engine_check and mem is not None else None
-    figures = plan_doc.memory_figures(mem)
-    whose = figures["replay_note"]
-    memory_notes = ([mem.describe(), *mem.notes] if mem is not None else []) + ([whose] if whose else [])
+    answer = plan_doc.build(plan_doc.PlanRequest(
+        resolved.path, resolved.source, gpu=gpu, ram_gib=ram, host_bandwidth_gb_s=host_bandwidth,
+        vram_budget_mib=vram_budget, ctxs=tuple(_ctxs(ctx)), cache_type_k=cache_type_k, cache_type_v=cache_type_v,
+        flash_attn=flash_attn, parallel=parallel, ubatch=ubatch, mmap=load_mode == "mmap", no_host=no_host,
+        repack=not no_repack, engine_check=engine_check, llama_cpp_dir=llama_cpp_dir))
     if as_json:
-        doc = plan_doc.plan_json(p, notes, base)
-        doc.update({"model_source": resolved.source, "figures_from": plan_doc.FIGURES_FROM,
-                    "memory_figures": figures})
-        if check is not None and mem is not None:
-            doc["engine_check"] = _check_json(check, mem.engine)
-        out.print_json(json.dumps(doc))
+        out.print_json(json.dumps(answer.document()))
         return
-    _print_plan(model, info, p, base, notes, resolved.source)
-    for note in memory_notes:
+    p, base, mem, check = answer.plan, answer.base, answer.mem, answer.check
+    hw = p.hardware
+    _print_plan(model, answer.info, p, base, list(answer.notes), answer.model_source)
+    for note in answer.memory_notes:
         _say(note)
     if check is not None and mem is not None:
         _print_check(check, base, mem.engine)

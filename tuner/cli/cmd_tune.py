@@ -24,6 +24,7 @@ from tuner.cli.app import (
     measuring,
     model_path,
     out,
+    say_fitted,
 )
 from tuner.core.errors import UsageError
 from tuner.measure import workload
@@ -153,9 +154,11 @@ def auto_tune_cmd(
                          "--speculation")
     if frontier and seed_from:
         raise UsageError("--seed-from seeds the single-winner search: drop --frontier")
+    shown: set[str] = set()  # launch lines the steps already showed whole
+
     def say(msg: str) -> None:
         if not as_json:
-            err.print(msg, highlight=False, soft_wrap=True)
+            say_fitted(err, msg, shown)
 
     load = workload.preset(workload_kind, n_prompt, n_gen, depth_tokens=depth)
     sessions = _sessions(workload_kind, session_file, depth, n_gen, session_rounds, parallel or 1, say)
@@ -220,7 +223,8 @@ def auto_tune_cmd(
     kind = study_report.engine_of(result.result)
     if kind is not LLAMA_CPP:
         chosen += f" ({kind.name}: its own llama-server, by path)"
-    out.print(f"launch line{chosen}: {named}", highlight=False, soft_wrap=True)
+    out.print(f"launch line{chosen}:", highlight=False, markup=False, soft_wrap=True)
+    out.print(named, highlight=False, markup=False, soft_wrap=True)  # whole, on a line of its own, to copy
 
 
 def _search(req: autotune.TuneRequest, loc: build.EngineLocation, hw: hardware.Hardware, budget: study.Budget,
@@ -302,19 +306,19 @@ def _session_summary(stage: SessionStage) -> None:
     for label in dict.fromkeys(a.label for a in (*stage.arms, *stage.confirmation) if a.paging):
         paged = next(a.paging for a in (*stage.confirmation, *stage.arms) if a.label == label and a.paging)
         if paged is not None:
-            out.print(f"{label}: host paging, never the line: {paged.describe()}", highlight=False, soft_wrap=True)
+            say_fitted(out, f"{label}: host paging, never the line: {paged.describe()}")
     for label, note in stage.notes.items():
-        out.print(f"{label}: {note}", highlight=False)
+        say_fitted(out, f"{label}: {note}")
     for label in dict.fromkeys(["default", stage.winner or "default"]):
         shown = stage.arm(label)
         if shown is not None and shown.typical is not None:
             print_session(shown.typical, f"{label}: per turn (a typical round)")
             if shown.finding is not None:
-                out.print(f"{label}: {shown.finding.describe()}", highlight=False, soft_wrap=True)
+                say_fitted(out, f"{label}: {shown.finding.describe()}")
     if stage.verdict is not None:
-        out.print(f"by session time: {stage.verdict.describe()}", highlight=False, soft_wrap=True)
+        say_fitted(out, f"by session time: {stage.verdict.describe()}")
     if stage.reason:
-        out.print(f"session stage: {stage.reason}", highlight=False, soft_wrap=True)
+        say_fitted(out, f"session stage: {stage.reason}")
 
 
 def _speculation(on: bool, draft: str | None, prompts: Path | None) -> SpeculationRequest | None:
@@ -375,25 +379,25 @@ def _summary(res: autotune.TuneResult) -> None:
                       num(m.get("kld_mean"), ".2g"), _spill_cell(m))
     out.print(table)
     n = len(r["trials"])
-    out.print(f"study {res.study_name}: {n} trials stored ({res.search.trials_this_run} this run) in {res.storage}",
-              highlight=False, soft_wrap=True)
+    say_fitted(out, f"study {res.study_name}: {n} trials stored ({res.search.trials_this_run} this run) in "
+                    f"{res.storage}")
     winner = r.get("winner")
     decision = fin.get("decision") or {}
     if winner:
-        out.print(f"printed: {winner['label']} ({decision.get('reason', '')})", highlight=False, soft_wrap=True)
+        say_fitted(out, f"printed: {winner['label']} ({decision.get('reason', '')})")
     if story := res.result.seed_story():
-        out.print(f"seed: {story}", highlight=False, soft_wrap=True)
+        say_fitted(out, f"seed: {story}")
     sp = r["speedup"]
     parts = [f"{k}: {v:.2f}x" for k, v in sp.items() if v is not None and not (winner and winner["label"] == k)]
     if parts:
         metric = finish.Finish.from_dict(r["finish"]).metric
-        out.print(f"{winner['label'] if winner else 'printed'} vs {', '.join(parts)} (by {metric})", highlight=False)
+        say_fitted(out, f"{winner['label'] if winner else 'printed'} vs {', '.join(parts)} (by {metric})")
     for v in fin.get("verdicts", []):
-        out.print(verdict.Verdict.from_dict(v).describe(), highlight=False, soft_wrap=True)
-    out.print(f"report: {res.result_dir / 'report.md'}", highlight=False, soft_wrap=True)
+        say_fitted(out, verdict.Verdict.from_dict(v).describe())
+    say_fitted(out, f"report: {res.result_dir / 'report.md'}")
     where = frontier_report.winner_on_frontier(res.result, res.result_dir.parent)
     if where:
-        out.print(where, highlight=False, soft_wrap=True)
+        say_fitted(out, where)
 
 
 @app.command("launch-line", short_help="Print the measured llama-server line of a result.")

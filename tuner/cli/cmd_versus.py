@@ -22,6 +22,7 @@ from tuner.cli.app import (
     friendly,
     measuring,
     out,
+    say_fitted,
 )
 from tuner.core.errors import TunerError, UsageError
 from tuner.measure import workload
@@ -119,8 +120,10 @@ def compare_models_cmd(
                                        out_dir=out_dir, device=device_choice(device), plan_only=plan_only,
                                        max_kld=kv_price.parse_max_kld(max_kld), session_rounds=session_rounds)
 
+    shown: set[str] = set()  # launch lines the steps already showed whole
+
     def say(msg: str) -> None:
-        err.print(msg, highlight=False, markup=False, soft_wrap=True)
+        say_fitted(err, msg, shown)
 
     if plan_only:
         hw = cards.machine(gpu, 0.3, int(ram * 2**30) if ram is not None else None, host_bandwidth)
@@ -150,9 +153,8 @@ def compare_models_cmd(
             table.add_row(*versus_report.cells(result, r))
         out.print(table)
         for line in versus_report.after_table(result):
-            out.print(line, highlight=False, markup=False, soft_wrap=True)
-        out.print(f"written: {', '.join(str(p) for p in written)}, {result.out_dir / 'compare-models.json'}",
-                  highlight=False, soft_wrap=True)
+            say_fitted(out, line)
+        say_fitted(out, f"written: {', '.join(str(p) for p in written)}, {result.out_dir / 'compare-models.json'}")
     if not plan_only and result.versus is not None and result.versus.best is None:
         raise TunerError(f"compare-models: {result.versus.summary()}")
     if not plan_only and result.versus is None:

@@ -12,38 +12,27 @@ from pathlib import Path
 from typing import Any
 
 from tuner.catalog import cards, families
-from tuner.core.config import LaunchConfig
 from tuner.core.errors import EngineNotFoundError, TunerError, UnknownQuantError, UsageError
 from tuner.engine import build
-from tuner.measure.engine_memory import EngineMemory
-from tuner.models import gguf_reader
-from tuner.plan.placement import KV_CHOICES, fit_verdict, make_plan, scaled
+from tuner.plan.placement import fit_verdict, scaled
 from tuner.report import line_check, plan_doc, study_report
-
-HOST_BANDWIDTH_PROBE_S = 0.3  # as `moe-tune plan` measures this machine's RAM bandwidth
 
 
 def plan(model: str, card: str | None = None, context: int | None = None, ram_gib: float | None = None,
-         host_bandwidth_gb_s: float | None = None) -> dict[str, Any]:
+         host_bandwidth_gb_s: float | None = None, llama_cpp_dir: Path | None = None) -> dict[str, Any]:
     """VRAM, RAM, verdict and speed ceilings per --n-cpu-moe for ``model`` on ``card`` (this machine when None),
-    with the defaults of ``moe-tune plan`` (f16 KV, flash attention auto, mmap)."""
-    from tuner.hub.resolve import resolve_model
-
+    with the defaults of ``moe-tune plan`` (f16 KV, flash attention auto, mmap): its document, from its builder."""
     if context is not None and context < 1:
         raise UsageError(f"context must be >= 1 token, got {context}")
     if ram_gib is not None and ram_gib <= 0:
         raise UsageError(f"ram_gib {ram_gib:g} leaves nothing to plan for: give the host RAM in GiB, e.g. 64")
+    from tuner.hub.resolve import resolve_model
+
     resolved = resolve_model(model, header_only=True)
-    info = gguf_reader.inspect_model(resolved.path)
-    hw = cards.machine(card, HOST_BANDWIDTH_PROBE_S, int(ram_gib * 2**30) if ram_gib is not None else None,
-                       host_bandwidth_gb_s)
-    base = LaunchConfig(model=resolved.path, ctx=context)
-    mem = EngineMemory.find()  # the engine's own projection decides where one is found, as in `moe-tune plan`
-    p = make_plan(info, base, hw, [context] if context else [], KV_CHOICES, price=mem)
-    notes = plan_doc.plan_notes(info, p, base, holders=plan_doc.ram_holders_for(ram_gib is not None), price=mem)
-    return plan_doc.plan_json(p, notes, base) | {
-        "model_source": resolved.source, "figures_from": plan_doc.FIGURES_FROM,
-        "memory_figures": plan_doc.memory_figures(mem)}
+    req = plan_doc.PlanRequest(resolved.path, resolved.source, gpu=card, ram_gib=ram_gib,
+                               host_bandwidth_gb_s=host_bandwidth_gb_s, ctxs=(context,) if context else (),
+                               llama_cpp_dir=llama_cpp_dir)
+    return plan_doc.build(req).document()
 
 
 def quants(repo: str, card: str | None = None, context: int = 8192, revision: str = "main") -> dict[str, Any]:

@@ -60,7 +60,7 @@ def build_server(results_dir: Path = Path("results"), llama_cpp_dir: Path | None
     ) -> dict[str, Any]:
         """VRAM and RAM needed, fit verdict and speed ceilings for every --n-cpu-moe (the figures of
         `moe-tune plan --json`); nothing is launched or downloaded."""
-        return answers.plan(model, card, context, ram_gib, host_bandwidth_gb_s)
+        return answers.plan(model, card, context, ram_gib, host_bandwidth_gb_s, llama_cpp_dir)
 
     @server.tool(annotations=READ_ONLY)
     @_tool_errors

@@ -40,8 +40,10 @@ from tuner.engine.breakdown import BufferRow, MemoryBreakdown
 from tuner.engine.identity import REPLAY_COMMIT, EngineIdentity
 from tuner.machine import paths
 from tuner.machine.fileio import atomic_write
+from tuner.measure import projection_load
+from tuner.measure.projection_load import ProjectionLoad
 from tuner.models import fingerprint
-from tuner.plan.memory import MemoryEstimate, estimate
+from tuner.plan.memory import FIT_MARGIN_BYTES, MemoryEstimate, estimate
 from tuner.plan.placement import EngineCheckRow, engine_check_rows
 from tuner.plan.pricing import Drift, Price, corrected, decided_mib
 
@@ -94,6 +96,7 @@ class EngineMemory:
     notes: list[str] = field(default_factory=list)  # drift beyond the tolerance, said once per component
     drifted: dict[str, tuple[int, int]] = field(default_factory=dict)  # "host compute" → (configs, largest MiB)
     priced: int = 0  # distinct configs the engine decided
+    load: ProjectionLoad | None = None  # how the last prefetch ran its projections (None: none was prefetched)
     _said: set[str] = field(default_factory=set)
     _drifts: dict[str, Drift] = field(default_factory=dict)
     _prints: dict[Path, str] = field(default_factory=dict)
@@ -149,27 +152,38 @@ class EngineMemory:
             fp = replace(fp, device="none")  # a GPU build asked about the CPU alone: as llama.cpp spells it
         return fp, self._key(model, fp)
 
-    def prefetched(self, run: Callable[[Price], T], jobs: int | None = None) -> T:
-        """``run(price)`` as it would run with this engine deciding, its projections made ``jobs`` at a time
-        first: a dry run on the replay notes the configs it asks (the ones the engine settles from, when the
-        replay is right), those are projected in parallel into the cache, then the real run finds them there and
-        asks one by one only where the engine moved an end."""
+    def prefetched(self, run: Callable[[Price], T], jobs: int | None = None,
+                   margin_bytes: int = FIT_MARGIN_BYTES) -> T:
+        """``run(price)`` as it would run with this engine deciding, its projections made several at a time first: a
+        dry run on the replay notes the configs it asks (the ones the engine settles from, when the replay is right),
+        those are projected in parallel into the cache, then the real run finds them there and asks one by one only
+        where the engine moved an end. At most ``jobs`` at once (default: the cores); on a card, as many as their
+        CUDA contexts fit in the VRAM free less ``margin_bytes`` (:mod:`tuner.measure.projection_load`)."""
         notes = Recorder()
         run(notes)
-        todo: dict[str, tuple[ModelInfo, LaunchConfig]] = {}
+        todo: dict[str, tuple[ModelInfo, LaunchConfig, Hardware]] = {}
         for model, cfg, hw in notes.asked:
             asked = self._request(model, cfg, hw)
             if asked is not None and asked[1] not in self._drifts and not self._path(asked[1]).is_file():
-                todo[asked[1]] = (model, asked[0])
+                todo[asked[1]] = (model, asked[0], hw)
 
-        def project(item: tuple[str, tuple[ModelInfo, LaunchConfig]]) -> None:
-            key, (model, fp) = item
+        def project(item: tuple[str, tuple[ModelInfo, LaunchConfig, Hardware]]) -> None:
+            key, (model, fp, _) = item
             with contextlib.suppress(TunerError):  # the real run asks again, and says what went wrong
                 self.projection(model, fp, key)
 
-        if todo:
-            with ThreadPoolExecutor(max_workers=max(1, jobs or os.cpu_count() or 1)) as pool:
-                list(pool.map(project, todo.items()))
+        items = list(todo.items())
+        if items:
+            cards = [hw for _, (_, fp, hw) in items if hw.has_gpu and fp.device != "none"]
+
+            def first() -> int | None:  # the first projection alone, its process's VRAM read while it runs
+                return projection_load.watched(lambda: project(items.pop(0)))[1]
+
+            self.load = projection_load.plan_load(self.engine.backend, self.engine.backend != "cpu" and bool(cards),
+                                                  cards[0] if cards else None, margin_bytes,
+                                                  max(1, jobs or os.cpu_count() or 1), first)
+            with ThreadPoolExecutor(max_workers=self.load.jobs) as pool:
+                list(pool.map(project, items))
         return run(self)
 
     def _path(self, key: str) -> Path:
@@ -237,7 +251,8 @@ class EngineMemory:
     def summary(self, cost: bool = True) -> dict[str, Any]:
         """What decided the memory verdicts, for result.json and ``plan --json`` (``cost``: with the projections
         this run paid for and their seconds, which a second run served from the cache does not repeat)."""
-        paid = {"projections_run": self.calls, "projection_s": round(self.seconds, 2)} if cost else {}
+        paid = {"projections_run": self.calls, "projection_s": round(self.seconds, 2),
+                "prefetch": self.load.to_dict() if self.load is not None else None} if cost else {}
         return {"decided_by": "engine", "engine": self.engine.to_dict(), "replay_commit": REPLAY_COMMIT,
                 "configs": self.priced, **paid,
                 "drift": {k: {"configs": n, "largest_mib": m} for k, (n, m) in self.drifted.items()},
@@ -246,8 +261,9 @@ class EngineMemory:
     def describe(self) -> str:
         """One line: whose figures decided and what it cost."""
         cost = f"{self.calls} projections run in {self.seconds:.1f} s" if self.calls else "every one cached"
+        load = f"; {self.load.describe()}" if self.load is not None and self.load.on_card else ""
         return (f"memory verdicts: {self.engine.name}'s own projection (llama-fit-params) for {self.priced} "
-                f"distinct configs ({cost}); the replay of llama.cpp {REPLAY_COMMIT} made the first guesses")
+                f"distinct configs ({cost}); the replay of llama.cpp {REPLAY_COMMIT} made the first guesses{load}")
 
 
 def engine_check(mem: EngineMemory, info: ModelInfo, base: LaunchConfig, hw: Hardware) -> Projection:

@@ -18,7 +18,7 @@ from tuner.engine import build, flags
 from tuner.engine.build import EngineLocation
 from tuner.engine.identity import EngineIdentity
 from tuner.machine import hardware, paths
-from tuner.measure import gpu_use, session_run, speculation
+from tuner.measure import engine_memory, gpu_use, session_run, speculation
 from tuner.measure.bench import BenchResult, ServerTrial, run_bench, run_server_trial
 from tuner.measure.session_run import SessionTrial
 from tuner.measure.workload import Workload, WorkloadKind
@@ -112,7 +112,9 @@ def bench_config(loc: EngineLocation, cfg: LaunchConfig, load: Workload, *, dept
     if cfg.device == gpu_use.CPU_DEVICE:
         hw = hw.cpu_only()
     info = inspect_model(cfg.model)
-    roof = roofline.roofline(info, placed_by_fit(info, cfg, hw), hw, depth_tokens=depth)
+    # A line that leaves placement to --fit, placed as the engine's own projection says fit would place it.
+    price = engine_memory.in_force() or engine_memory.EngineMemory(loc, caps.identity)
+    roof = roofline.roofline(info, placed_by_fit(info, cfg, hw, price), hw, depth_tokens=depth)
     trial = None
     if server and load.kind is WorkloadKind.AGENT and session is not None:
         many = len(session) if isinstance(session, (list, tuple)) else 1

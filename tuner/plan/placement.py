@@ -153,27 +153,10 @@ def fit_interval(model: ModelInfo, cfg: LaunchConfig, hw: Hardware,
     end when the replay was right, a few more when it drifted."""
     axis = offload_of(model)
     last = axis.steps - 1
-    guess: dict[int, tuple[int, int]] = {}
-
-    def over_replay(n: int) -> tuple[int, int]:
-        if n not in guess:
-            guess[n] = overs(estimate(model, axis.apply(cfg, n), hw), hw, margin_bytes)
-        return guess[n]
-
-    lo = _first(lambda n: over_replay(n)[0] <= 0, last)  # the fewest steps the card holds
-    hi = _first(lambda n: over_replay(n)[1] > 0, last)  # the first step the RAM does not hold
-    over = over_replay
-    if price is not None:
-        seen: dict[int, tuple[int, int]] = {}
-
-        def over_decided(n: int) -> tuple[int, int]:
-            if n not in seen:
-                seen[n] = overs(price(model, axis.apply(cfg, n), hw), hw, margin_bytes)
-            return seen[n]
-
-        lo = _settle(lambda n: over_decided(n)[0] <= 0, lo, last)
-        hi = _settle(lambda n: over_decided(n)[1] > 0, hi, last)
-        over = over_decided
+    replay, decided = _overs_by(model, cfg, hw, margin_bytes, price)
+    lo = _end(lambda o: o[0] <= 0, replay, decided, last)  # the fewest steps the card holds
+    hi = _end(lambda o: o[1] > 0, replay, decided, last)  # the first step the RAM does not hold
+    over = decided or replay
     hi = last if hi is None else hi - 1 if hi > 0 else None
     if lo is not None and hi is not None and lo <= hi:
         return FitInterval(lo, hi, offload=axis)
@@ -181,17 +164,51 @@ def fit_interval(model: ModelInfo, cfg: LaunchConfig, hw: Hardware,
                        vram_short_bytes=over(hi)[0] if hi is not None else None, offload=axis)
 
 
-def placed_by_fit(model: ModelInfo, cfg: LaunchConfig, hw: Hardware) -> LaunchConfig:
+Over = Callable[[int], tuple[int, int]]  # an offload step's (VRAM, RAM) over the budgets, as :func:`overs` says
+
+
+def _overs_by(model: ModelInfo, cfg: LaunchConfig, hw: Hardware, margin_bytes: int, price: Price | None
+              ) -> tuple[Over, Over | None]:
+    """:func:`overs` at each offload step of ``cfg``, memoized: by the replay, and by ``price`` where one is given."""
+    axis = offload_of(model)
+
+    def by(priced: Price) -> Over:
+        seen: dict[int, tuple[int, int]] = {}
+
+        def over(n: int) -> tuple[int, int]:
+            if n not in seen:
+                seen[n] = overs(priced(model, axis.apply(cfg, n), hw), hw, margin_bytes)
+            return seen[n]
+
+        return over
+
+    return by(estimate), (by(price) if price is not None else None)
+
+
+def _end(holds: Callable[[tuple[int, int]], bool], replay: Over, decided: Over | None, last: int) -> int | None:
+    """The first step whose overs ``holds``: bisected on the replay, then settled by the deciding figures from there
+    (:func:`_settle`) where there are any."""
+    guess = _first(lambda n: holds(replay(n)), last)
+    return guess if decided is None else _settle(lambda n: holds(decided(n)), guess, last)
+
+
+def placed_by_fit(model: ModelInfo, cfg: LaunchConfig, hw: Hardware, price: Price | None = None) -> LaunchConfig:
     """``cfg`` as llama.cpp's ``--fit`` (on by default) places it where the line leaves the placement open (no
     ``--n-cpu-moe``, no ``-ngl``): the card keeps everything it can within the 1 GiB margin of the VRAM free at
     start (not of a ``--vram-budget``: fit does not know it), the rest of the experts (layers, for a dense model) go
     to the host. Priced as written, such a line reads as every weight on the card: lease 2's default lines read 2 %
     of that ceiling. For a bound, one step fewer than the fewest that fit whole: fit may keep the up and gate
-    matrices of one more layer on the card (common/fit.cpp, LAYER_FRACTION_UP/GATE)."""
+    matrices of one more layer on the card (common/fit.cpp, LAYER_FRACTION_UP/GATE).
+
+    Fit sizes the devices alone (``common_params_fit_impl`` fits each device to its own free memory and never asks
+    the host's), so host RAM moves nothing here; the card's need is ``price``'s where one is given (the engine's own
+    projection), the replay making the first guess."""
     if not hw.has_gpu or cfg.device == "none" or cfg.n_cpu_moe is not None or cfg.n_gpu_layers is not None:
         return cfg
-    lo = fit_interval(model, cfg, replace(hw, vram_budget_override_bytes=None)).lo
-    return offload_of(model).apply(cfg, lo - 1) if lo else cfg
+    axis = offload_of(model)
+    replay, decided = _overs_by(model, cfg, replace(hw, vram_budget_override_bytes=None), FIT_MARGIN_BYTES, price)
+    lo = _end(lambda o: o[0] <= 0, replay, decided, axis.steps - 1)
+    return axis.apply(cfg, lo - 1) if lo else cfg
 
 
 def _first(holds: Callable[[int], bool], last: int) -> int | None:

@@ -1,25 +1,110 @@
 """A plan (:func:`tuner.plan.placement.make_plan`) as JSON, and the notes a reader needs beside it: what
-``moe-tune plan --json`` prints and the MCP ``plan`` tool answers, one builder for both (a dense model's rows carry
+``moe-tune plan --json`` prints and the MCP ``plan`` tool answers, one builder for both (:func:`build`: the machine,
+the model's header, the engine that decides, the plan, its notes and document; a dense model's rows carry
 ``n_gpu_layers``, a MoE's ``n_cpu_moe``)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from tuner.core.config import LaunchConfig
+from tuner.catalog import cards
+from tuner.core.config import CacheType, FlashAttn, LaunchConfig
 from tuner.core.machine_spec import Hardware
+from tuner.engine import build as engine_build
 from tuner.engine import flags
-from tuner.engine.identity import REPLAY_COMMIT, replay_note
+from tuner.engine.identity import REPLAY_COMMIT, EngineIdentity, replay_note
 from tuner.machine import hardware
-from tuner.measure.engine_memory import EngineMemory
+from tuner.measure.engine_memory import EngineMemory, Projection, engine_check
 from tuner.models import gguf_reader
 from tuner.plan.memory import Breakdown, HostBuffer
-from tuner.plan.placement import Plan, PlanRow, load_mode_note, offload_of
-from tuner.plan.pricing import Price
+from tuner.plan.placement import KV_CHOICES, Plan, PlanRow, load_mode_note, make_plan, offload_of
+from tuner.plan.pricing import Price, decided_mib
 from tuner.plan.ram import TIGHT_MARGIN_BYTES, RamSide, holders_line, ram_side
 
 FIGURES_FROM = "moe-tune's memory model (tuner.plan.memory), the engine's own projection deciding where one is found"
+HOST_BANDWIDTH_PROBE_S = 0.3  # how long a plan for this machine measures its RAM bandwidth (without a card named)
+
+
+@dataclass(frozen=True, slots=True)
+class PlanRequest:
+    """What a plan is asked for: ``moe-tune plan``'s options, the MCP tool's arguments (the defaults of both)."""
+
+    model: Path  # the GGUF header (a front end resolves the user's name: hub.resolve.resolve_model, header only)
+    model_source: str  # where that header came from, in words
+    gpu: str | None = None  # a card by name; None: this machine
+    ram_gib: float | None = None  # plan for this much host RAM; None: this machine's available RAM
+    host_bandwidth_gb_s: float | None = None
+    vram_budget_mib: float | None = None
+    ctxs: tuple[int, ...] = ()
+    cache_type_k: CacheType = CacheType.F16
+    cache_type_v: CacheType = CacheType.F16
+    flash_attn: FlashAttn = FlashAttn.AUTO
+    parallel: int | None = None
+    ubatch: int | None = None
+    mmap: bool = True
+    no_host: bool = False
+    repack: bool = True
+    engine_check: bool = False  # set the replay beside the engine's projection (an engine is then required)
+    llama_cpp_dir: Path | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PlanAnswer:
+    """A plan with everything said beside it; :meth:`document` is ``plan --json`` and the MCP tool's answer."""
+
+    info: gguf_reader.ModelInfo
+    plan: Plan
+    base: LaunchConfig
+    notes: tuple[str, ...]
+    model_source: str
+    mem: EngineMemory | None  # the engine whose projection decided; None: the replay alone
+    check: Projection | None = None  # ``engine_check``: the replay beside the engine, component by component
+
+    @property
+    def memory_notes(self) -> tuple[str, ...]:
+        """Whose figures decided, each drift beyond the tolerance, and whose the replay's are."""
+        whose = replay_note(self.mem.engine if self.mem is not None else None)
+        return ((self.mem.describe(), *self.mem.notes) if self.mem is not None else ()) + ((whose,) if whose else ())
+
+    def document(self) -> dict[str, Any]:
+        doc = plan_json(self.plan, list(self.notes), self.base) | {
+            "model_source": self.model_source, "figures_from": FIGURES_FROM, "memory_figures": memory_figures(self.mem)}
+        if self.check is not None and self.mem is not None:
+            doc["engine_check"] = check_json(self.check, self.mem.engine)
+        return doc
+
+
+def build(req: PlanRequest) -> PlanAnswer:
+    """The plan of ``req``: the machine (this one, or the named card in it), the engine whose own projection decides
+    where one is found (required with ``engine_check``), the plan of the model's header and its notes."""
+    info = gguf_reader.inspect_model(req.model)
+    hw = hardware.with_vram_budget(
+        cards.machine(req.gpu, HOST_BANDWIDTH_PROBE_S, int(req.ram_gib * 2**30) if req.ram_gib is not None else None,
+                      req.host_bandwidth_gb_s), req.vram_budget_mib)
+    ctxs = list(req.ctxs)
+    base = LaunchConfig(model=req.model, cache_type_k=req.cache_type_k, cache_type_v=req.cache_type_v,
+                        flash_attn=req.flash_attn, parallel=req.parallel, ubatch=req.ubatch,
+                        ctx=ctxs[0] if ctxs else None, mmap=req.mmap, no_host=req.no_host, repack=req.repack)
+    mem = (EngineMemory.of(engine_build.locate_engine(req.llama_cpp_dir)) if req.engine_check
+           else EngineMemory.find(req.llama_cpp_dir))
+    if mem is not None and hw.has_gpu:  # a card's plan asks a projection per row: prefetched, as the card allows
+        p = mem.prefetched(lambda price: make_plan(info, base, hw, ctxs, KV_CHOICES, price=price))
+    else:  # without a GPU the offload axis places nothing: a handful of projections, asked as they come
+        p = make_plan(info, base, hw, ctxs, KV_CHOICES, price=mem)
+    notes = plan_notes(info, p, base, holders=ram_holders_for(req.ram_gib is not None), price=mem)
+    check = engine_check(mem, info, base, hw) if req.engine_check and mem is not None else None
+    return PlanAnswer(info, p, base, tuple(notes), req.model_source, mem, check)
+
+
+def check_json(check: Projection, engine: EngineIdentity) -> list[dict[str, Any]]:
+    """``plan --engine-check``'s rows in the document: both figures, and the one that decides each component."""
+    return [{"component": r.component, "where": r.where, "model_mib": r.model_mib, "engine_mib": r.engine_mib,
+             "error_mib": r.error_mib, "agrees": r.agrees, "engine_commit": engine.commit,
+             "decides_mib": None if check.cpu_fallback else decided_mib(r.model_mib, r.engine_mib)}
+            for r in check.rows]
 
 # What each host buffer is, in the words the table's notes use.
 _BUFFER_WORDS = {
@@ -99,8 +184,7 @@ def memory_figures(mem: EngineMemory | None) -> dict[str, Any]:
 
 def ram_holders_for(ram_given: bool) -> Callable[[], tuple[tuple[str, int], ...]] | None:
     """Who to name as holding this machine's RAM in the notes: its processes (read only when a row is short of RAM),
-    unless the plan is for a RAM size the user gave (``--ram``, the MCP tool's ``ram_gib``): another machine's.
-    ``plan --json`` and the MCP ``plan`` tool both ask here, so they answer alike."""
+    unless the plan is for a RAM size the user gave (``--ram``, the MCP tool's ``ram_gib``): another machine's."""
     return None if ram_given else hardware.ram_holders
 
 

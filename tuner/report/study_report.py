@@ -84,8 +84,8 @@ def picks(result: StudyResult) -> list[Pick]:
     """What ``launch-line --rank N`` counts, the printed line first. Where the engines' head to head printed a line
     of this result's engine (``auto-tune --engines``), that line comes first. The agent workload's session stage
     scores whole sessions, so when it ran, its arms (its printed one, then by median session time, the confirmation's
-    figures where an arm was measured again; failed last; none that paged host RAM or broke the VRAM budget) are the
-    ranking; otherwise :func:`ranked`."""
+    figures where an arm was measured again; failed last; none that paged host RAM, broke the VRAM budget or was not
+    known to keep it) are the ranking; otherwise :func:`ranked`."""
     own = _own_picks(result)
     chosen = engines_pick(result)
     if chosen is None:
@@ -110,7 +110,8 @@ def _own_picks(result: StudyResult) -> list[Pick]:
     paged = session_paged(result)
     if stage is not None:
         judged = {a["label"]: a for a in [*stage["arms"], *(stage.get("confirmation") or [])]
-                  if a.get("config") and a["launch_line"] not in paged and not a.get("over_budget")}
+                  if a.get("config") and a["launch_line"] not in paged and not a.get("over_budget")
+                  and a.get("vram_verdict") != "unknown"}
         arms = sorted(judged.values(), key=lambda a: (a["label"] != stage["winner"], a["median_session_s"] is None,
                                                      a["median_session_s"] or 0.0))
         return _distinct([Pick(a["label"], a["config"], {"median_session_s": a["median_session_s"],

@@ -20,7 +20,7 @@ from tuner.measure.engine_memory import EngineMemory
 from tuner.measure.workload import Workload
 from tuner.models import fingerprint
 from tuner.models.gguf_reader import ModelInfo, inspect_model
-from tuner.plan.memory import effective_config
+from tuner.plan.memory import FIT_MARGIN_BYTES, MIB, effective_config
 from tuner.plan.placement import largest_fitting_ctx, placed_by_fit
 from tuner.plan.pricing import Price
 from tuner.plan.roofline import Roofline, roofline
@@ -167,8 +167,10 @@ def _auto_tune(req: TuneRequest, loc: build.EngineLocation, hw: Hardware, mem: E
                                      vram_margin_mib=req.vram_margin_mib, device=req.device,
                                      fa_kernels=caps.fa_kernels, kind=caps.kind)
 
-    # A card's --n-cpu-moe bounds ask a projection per end and KV pair and ubatch: made all cores at a time.
-    sp = mem.prefetched(space_by) if hw.has_gpu else space_by(mem)
+    # A card's --n-cpu-moe bounds ask a projection per end and KV pair and ubatch: made several at a time, as many as
+    # the card holds beside the run's margin (tuner.measure.projection_load).
+    margin = int(req.vram_margin_mib * MIB) if req.vram_margin_mib is not None else FIT_MARGIN_BYTES
+    sp = mem.prefetched(space_by, margin_bytes=margin) if hw.has_gpu else space_by(mem)
     said: set[str] = set()
     _memory_steps(mem, said, on_step)
     if on_step:
@@ -272,9 +274,10 @@ def _auto_tune(req: TuneRequest, loc: build.EngineLocation, hw: Hardware, mem: E
     roofs: dict[LaunchConfig, Roofline] = {}
 
     def roof(cfg: LaunchConfig) -> Roofline:
-        # A line that leaves placement to llama.cpp's --fit is priced as fit places it, not as every weight on the card.
+        # A line that leaves placement to llama.cpp's --fit is priced as fit places it, not as every weight on the card,
+        # by the engine's own projection of the card's need.
         if cfg not in roofs:
-            roofs[cfg] = roofline(info, placed_by_fit(info, cfg, hw), hw)
+            roofs[cfg] = roofline(info, placed_by_fit(info, cfg, hw, engine_memory.in_force()), hw)
         return roofs[cfg]
 
     done = finish.finish(loc, [(rec.number, cfg) for rec, cfg in top], baselines, req.workload,

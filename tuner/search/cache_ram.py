@@ -1,7 +1,9 @@
 """The --cache-ram each config carries: llama-server's host prompt cache (``server_prompt_cache``, 8192 MiB by default
 in ``common_params::cache_ram_mib``) fills with distinct conversations beside the model, so where the default would
 not fit beside a config's host need with the margin kept free (:mod:`tuner.plan.ram`), the config carries the cap that
-does.
+does. The host need is the one the search gate judges by: the engine's own projection where a command put it in force
+(:func:`tuner.measure.engine_memory.price`), the replay its first guess; a cap priced on the replay alone could let a
+newer build's larger need refuse the line it was meant to fit.
 
 Priced per config, never once for a whole space: each layer's experts moved to the host take RAM from the cache, so a
 config with more host experts carries a smaller cap than one with fewer. The search space prices each placement it
@@ -18,7 +20,8 @@ from tuner.core.config import LaunchConfig
 from tuner.core.machine_spec import Hardware
 from tuner.core.model import ModelInfo
 from tuner.engine import flags
-from tuner.plan.memory import DEFAULT_CACHE_RAM_MIB, estimate
+from tuner.measure.engine_memory import price
+from tuner.plan.memory import DEFAULT_CACHE_RAM_MIB
 from tuner.plan.ram import TIGHT_MARGIN_BYTES, ram_side
 
 Caps = tuple[tuple[int | None, int], ...]
@@ -28,7 +31,7 @@ def cap(info: ModelInfo, cfg: LaunchConfig, hw: Hardware) -> int | None:
     """The --cache-ram ``cfg`` needs where llama-server's default prompt cache would not fit beside its host need
     with the margin kept free (0, the cache off, where its need alone exceeds the RAM: a lighter config priced by it
     may still fit, with no room for a cache); None where the default fits or the config sets its own."""
-    side = ram_side(estimate(info, cfg, hw), cfg, hw)
+    side = ram_side(price(info, cfg, hw), cfg, hw)
     return 0 if side.exceeds and cfg.cache_ram_mib is None else side.cache_ram_fit_mib
 
 

@@ -14,7 +14,8 @@ from dataclasses import replace
 from tuner.core.config import LaunchConfig
 from tuner.core.model import ModelInfo
 from tuner.machine.hardware import Hardware
-from tuner.plan.memory import DEFAULT_UBATCH, estimate
+from tuner.measure.engine_memory import price
+from tuner.plan.memory import DEFAULT_UBATCH
 from tuner.plan.op_offload import OP_OFFLOAD_MIN_BATCH
 from tuner.plan.ram import TIGHT_MARGIN_BYTES, lock_fits
 
@@ -66,12 +67,13 @@ def load_mode_axis(info: ModelInfo, hw: Hardware, device: str | None, moe: tuple
     driver's staging buffer at 0.30-0.77x of it in published measurements (tuner.plan.roofline): a gain no header
     prices, so it is measured. Both hold the experts once in RAM (tuner.plan.memory), but the pinned copy can
     never be paged out: the axis is offered only where it leaves the RAM margin at the most host experts the space
-    tries (``most_host``, its largest ubatch), never where it would page. Without a GPU, or with every expert on
-    the card, nothing is copied and mmap stays."""
+    tries (``most_host``, its largest ubatch), never where it would page, by the figures in force (the engine's own
+    projection during a tune: :func:`tuner.measure.engine_memory.price`). Without a GPU, or with every expert on the
+    card, nothing is copied and mmap stays."""
     if not host_levers(hw, device, moe):
         return (LOAD_MODES[0],), ()
     pinned = replace(most_host, mmap=False, no_host=False)
-    est = estimate(info, pinned, hw)
+    est = price(info, pinned, hw)
     if not lock_fits(est, pinned, hw):
         return (LOAD_MODES[0],), (
             f"--load-mode none not searched: its pinned copy of {est.pinned_bytes / 2**30:.1f} GiB of experts (at "

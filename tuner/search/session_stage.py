@@ -13,7 +13,8 @@ cache, more checkpoints) are never launched.
 Both budgets hold here as in the finish: ``default`` is llama.cpp's bare launch told to leave what the VRAM budget
 holds back (``-fitt``, :func:`tuner.search.known_good.bounded_default`) with the ``--cache-ram`` its placement needs,
 and an arm whose own VRAM broke the budget in a round (sampled as the finish samples it), or that paged host RAM, is
-never printed nor ranked.
+never printed nor ranked. Nor is one measured under a budget without its VRAM sampled in every round it ran: unknown
+is its own verdict (:attr:`ArmSessions.vram_unknown`), never read as within the budget.
 """
 
 from __future__ import annotations
@@ -86,6 +87,23 @@ class ArmSessions:
         return most if most is not None and budget is not None and most > budget else None
 
     @property
+    def vram_unknown(self) -> bool:
+        """Measured under a VRAM budget with a round whose VRAM was not sampled (no NVML reading of the line's own
+        memory): whether it kept the budget is not known, so it is not taken as kept."""
+        if self.vram_budget_bytes is None or self.over_budget is not None:
+            return False
+        n = len(self.results)
+        growth = [*self.vram_growth_bytes[:n], *[None] * (n - len(self.vram_growth_bytes))]
+        return any(r is not None and g is None for r, g in zip(self.results, growth, strict=True))
+
+    @property
+    def vram_verdict(self) -> str | None:
+        """"over", "unknown" or "within" the budget it was measured under; None without a budget (no GPU)."""
+        if self.vram_budget_bytes is None:
+            return None
+        return "over" if self.over_budget is not None else "unknown" if self.vram_unknown else "within"
+
+    @property
     def paging(self) -> PagingVerdict | None:
         """A round that read the model back from disk while the session ran (such an arm is never the line)."""
         return next((v for v in self.host_paging if v is not None and v.paging), None)
@@ -125,6 +143,7 @@ class ArmSessions:
                 "host_paging": [None if v is None else v.to_dict() for v in self.host_paging],
                 "paging": None if self.paging is None else self.paging.describe(),
                 "vram_growth_bytes": list(self.vram_growth_bytes), "over_budget": self.over_budget,
+                "vram_verdict": self.vram_verdict,
                 "finding": None if self.finding is None else self.finding.describe()}
 
 
@@ -251,15 +270,17 @@ def measure(loc: EngineLocation, arms: Sequence[tuple[str, LaunchConfig]], req: 
 
 def select(arms: Sequence[ArmSessions]) -> str | None:
     """The reuse arm with the shortest session over its quiet rounds (selection decides nothing); an arm that paged
-    host RAM is not chosen."""
-    ok = [a for a in arms if a.paging is None and a.over_budget is None]
+    host RAM, broke the VRAM budget or is not known to have kept it is not chosen."""
+    ok = [a for a in arms if a.paging is None and a.over_budget is None and not a.vram_unknown]
     return decide.best({a.label: decide.observations(a.scores, a.interference) for a in ok},
                        reuse_labels([a.label for a in ok]))
 
 
 def usable(arm: ArmSessions | None) -> bool:
-    """Measured, never read its model back from disk, within the VRAM budget: an arm the stage may print."""
-    return arm is not None and arm.median_session_s is not None and arm.paging is None and arm.over_budget is None
+    """Measured, never read its model back from disk, within the VRAM budget (known to be): an arm the stage may
+    print."""
+    return (arm is not None and arm.median_session_s is not None and arm.paging is None and arm.over_budget is None
+            and not arm.vram_unknown)
 
 
 def _lost(arm: ArmSessions | None) -> str:
@@ -268,6 +289,8 @@ def _lost(arm: ArmSessions | None) -> str:
         return "paged host RAM"
     if arm is not None and arm.over_budget is not None:
         return f"broke the VRAM budget ({arm.over_budget / 2**20:,.0f} MiB)"
+    if arm is not None and arm.vram_unknown:
+        return "had its VRAM unsampled (not known to keep the VRAM budget)"
     return "failed"
 
 
@@ -307,13 +330,15 @@ def judge(arms: Sequence[ArmSessions], source: str, notes: dict[str, str], agent
         if lost == _lost(default) == "failed":
             return stage(None, None, "the base line failed and so did the defaults")
         return stage(None, None, f"the base line {lost} and the defaults {_lost(default)}: no session line (a line "
-                                 "that pages host RAM or breaks the VRAM budget is never printed)")
+                                 "that pages host RAM, breaks the VRAM budget or is not known to keep it is never "
+                                 "printed)")
     if best is None or not usable(best):
         default = pool.get("default")
         verdict = versus(base, default) if default is not None and default is not base and usable(default) else None
-        paged_reuse = [a.label for a in arms if a.label in reuse_labels(labels) and a.paging is not None]
+        lost_reuse = [f"{a.label} {_lost(a)}" for a in arms if a.label in reuse_labels(labels)
+                      and a.median_session_s is not None and not usable(a)]
         why = (f"{chosen} {_lost(best)}" if chosen is not None else
-               f"no reuse arm could be printed ({', '.join(paged_reuse)} paged host RAM)" if paged_reuse else
+               f"no reuse arm could be printed ({'; '.join(lost_reuse)})" if lost_reuse else
                "no reuse setting applies")
         return stage(base.label, verdict, f"{why}: {base.label} is printed")
     verdict = versus(best, base)
