@@ -98,7 +98,7 @@ def _identity_problems(ident: EngineIdentity, loc: build.EngineLocation) -> list
 
 def _every_engine(llama_cpp_dir: Path | None) -> list[dict[str, Any]]:
     """One entry per kind of engine found (the one auto-tune runs for it), and one per kind not built yet."""
-    found = []
+    found: list[dict[str, Any]] = []
     for loc in build.engines_found(llama_cpp_dir):
         caps = build.capabilities(loc)
         found.append({"engine": caps.kind.name, "path": str(loc.bin_dir), "source": loc.source,

@@ -255,9 +255,9 @@ def _auto_tune(req: TuneRequest, loc: build.EngineLocation, hw: Hardware, mem: E
             raise UsageError(f"{caps.identity.name} cannot run {req.model.name}: {first['reason']}; tune it with "
                              "another engine (--engines llama.cpp)")
         failed = str(first["reason"]) if first is not None else None
-        said = f" (the first failure: {failed[:300]})" if failed else ""
-        raise UsageError(f"no config could be measured{said}: see the failures in the report, or raise --vram-margin "
-                         f"/ lower --min-ctx{kld}")
+        first_words = f" (the first failure: {failed[:300]})" if failed else ""
+        raise UsageError(f"no config could be measured{first_words}: see the failures in the report, or raise "
+                         f"--vram-margin / lower --min-ctx{kld}")
     st.set_user_attr(FINISH_PENDING, True)
     baselines = finish.baseline_configs(sp, hw, fit, req.vram_margin_mib, default)
     # A candidate that runs exactly as a baseline (its flags only spell the engine's defaults) is the baseline:

@@ -198,3 +198,17 @@ def tune_engines(req: autotune.TuneRequest, locs: Sequence[build.EngineLocation]
                     rounds=judge.ROUNDS, on_step=on_step)
     return tunes, replace(choice, refused=(*choice.refused, *left_out))
 
+
+def record(tunes: Sequence[EngineTune], choice: EngineChoice) -> list[autotune.TuneResult]:
+    """Each engine's result.json with the head to head in it (``engines``, ``chosen`` where that engine printed the
+    line), the chosen one written last: the newest result of the model is the one to serve."""
+    from tuner.search.result import write_result
+
+    block = choice.to_dict()
+    out = []
+    for t in sorted(tunes, key=lambda t: t.kind.name == choice.line.engine):
+        chosen = t.kind.name == choice.line.engine
+        result = replace(t.result.result, engines={**block, "chosen": chosen})
+        write_result(result, t.result.result_dir)
+        out.append(replace(t.result, result=result))
+    return out

@@ -126,7 +126,7 @@ def parse_command(text: str, kind: EngineKind | None = None) -> ParsedCommand:
 
 def _ik_levers(values: dict[str, object]) -> dict[str, object]:
     """ik_llama.cpp's levers of a pasted line as LaunchConfig fields."""
-    out = {k: values[k] for k in ("run_time_repack", "fused_moe", "merge_up_gate", "graph_reuse",
+    out: dict[str, object] = {k: values[k] for k in ("run_time_repack", "fused_moe", "merge_up_gate", "graph_reuse",
                                   "only_active_experts") if k in values}
     try:
         if "attn_max_batch" in values:
