@@ -50,9 +50,9 @@ def test_each_engine_is_tuned_and_the_printed_line_names_its_engine(two_engines,
     assert {x["engine"] for x in block["lines"]} == {LLAMA_CPP.name, IK_LLAMA.name}
     # the verdict against llama.cpp's default (or its own choice) is printed, then the line with engine and binary
     assert "engines head to head" in res.stdout and f"printed: {block['printed']}" in res.stdout
-    binary = printed["binary"]
-    assert f"launch line ({printed['engine']}, {binary}):" in res.stdout
-    line = res.stdout.strip().splitlines()[-1]
+    how = "" if printed["engine"] == LLAMA_CPP.name else ": its own llama-server, by path"
+    *_, said, line = res.stdout.strip().splitlines()
+    assert said == f"launch line ({printed['engine']}{how}):"
     runs = "llama-server " if printed["engine"] == LLAMA_CPP.name else f"{ik_loc.bin_dir}/llama-server "
     assert line.startswith(runs)
     # launch-line of the chosen result prints the same line, its first pick the head to head's
@@ -67,7 +67,9 @@ def ik_result(demo_models, ik_loc, tmp_path_factory) -> Path:
     res = run_cli("auto-tune", str(demo_models[("qwen3moe", "Q4_K_M")]), *QUICK, "--engines", "ik",
                   "--results-dir", str(out), timeout=1200)
     assert res.returncode == 0, res.stderr[-3000:]
-    assert f"launch line ({IK_LLAMA.name}: its own llama-server, by path): {ik_loc.bin_dir}/llama-server" in res.stdout
+    *_, said, line = res.stdout.strip().splitlines()
+    assert said == f"launch line ({IK_LLAMA.name}: its own llama-server, by path):"
+    assert line.startswith(f"{ik_loc.bin_dir}/llama-server -m ")
     (result,) = out.glob("*/result.json")
     return result
 

@@ -11,7 +11,8 @@ import typer
 from rich import box
 from rich.table import Table
 
-from tuner.cli.app import out
+from tuner.cli.app import out, say_fitted
+from tuner.engine.kinds import LLAMA_CPP
 
 if TYPE_CHECKING:
     from tuner.engine.build import EngineLocation
@@ -72,21 +73,21 @@ def _print(choice: EngineChoice) -> None:
         table.add_row(line.label, *cells)
     out.print(table)
     for note in choice.refused:
-        out.print(note, highlight=False, markup=False, soft_wrap=True)
+        say_fitted(out, note)
     if versus is not None:
         for v in versus.verdicts:
-            out.print(v.describe(), highlight=False, markup=False, soft_wrap=True)
-    out.print(f"printed: {choice.printed} ({choice.reason})", highlight=False, markup=False, soft_wrap=True)
+            say_fitted(out, v.describe())
+    say_fitted(out, f"printed: {choice.printed} ({choice.reason})")
     line = choice.line
-    out.print(f"launch line ({line.engine}, {line.binary}):", highlight=False, markup=False, soft_wrap=True)
-    out.print(_launch(line), highlight=False, markup=False, soft_wrap=True)
+    how = "" if line.engine == LLAMA_CPP.name else ": its own llama-server, by path"
+    out.print(f"launch line ({line.engine}{how}):", highlight=False, markup=False, soft_wrap=True)
+    out.print(_launch(line), highlight=False, markup=False, soft_wrap=True)  # whole, on a line of its own
 
 
 def _launch(line: EngineLine) -> str:
     """llama.cpp's line as ``llama-server …`` (the user's own, as every single-engine result prints it); another
     engine's by its binary's path (its server has the same name)."""
     from tuner.engine import flags
-    from tuner.engine.kinds import LLAMA_CPP
 
     binary = "llama-server" if line.engine == LLAMA_CPP.name else str(line.binary)
     return flags.launch_line(line.config, binary)

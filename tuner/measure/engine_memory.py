@@ -38,6 +38,7 @@ from tuner.core.units import MIB
 from tuner.engine import breakdown, build, flags
 from tuner.engine.breakdown import BufferRow, MemoryBreakdown
 from tuner.engine.identity import REPLAY_COMMIT, EngineIdentity
+from tuner.engine.kinds import EngineKind, kind_by_name
 from tuner.machine import paths
 from tuner.machine.fileio import atomic_write
 from tuner.measure import projection_load
@@ -144,6 +145,8 @@ class EngineMemory:
                                   f"card are the replay's (llama.cpp {REPLAY_COMMIT})")
             return None
         if not self.loc.has("llama-fit-params"):
+            if not self._kind.projects_memory:  # ik_llama.cpp has no such tool at all: said at the start of a tune
+                return None
             self._say_once("tool", f"{self.engine.name} at {self.loc.bin_dir} has no llama-fit-params: the replay of "
                                    f"llama.cpp {REPLAY_COMMIT} decides (build that target to let the engine decide)")
             return None
@@ -253,13 +256,21 @@ class EngineMemory:
         this run paid for and their seconds, which a second run served from the cache does not repeat)."""
         paid = {"projections_run": self.calls, "projection_s": round(self.seconds, 2),
                 "prefetch": self.load.to_dict() if self.load is not None else None} if cost else {}
-        return {"decided_by": "engine", "engine": self.engine.to_dict(), "replay_commit": REPLAY_COMMIT,
+        decided = "engine" if self._kind.projects_memory else "replay"  # ik_llama.cpp has no projection of its own
+        return {"decided_by": decided, "engine": self.engine.to_dict(), "replay_commit": REPLAY_COMMIT,
                 "configs": self.priced, **paid,
                 "drift": {k: {"configs": n, "largest_mib": m} for k, (n, m) in self.drifted.items()},
                 "notes": list(self.notes)}
 
+    @property
+    def _kind(self) -> EngineKind:
+        return kind_by_name(self.engine.engine)
+
     def describe(self) -> str:
         """One line: whose figures decided and what it cost."""
+        if not self._kind.projects_memory:
+            return (f"memory verdicts: the replay of llama.cpp {REPLAY_COMMIT} ({self.engine.name} has no projection "
+                    "of its own)")
         cost = f"{self.calls} projections run in {self.seconds:.1f} s" if self.calls else "every one cached"
         load = f"; {self.load.describe()}" if self.load is not None and self.load.on_card else ""
         return (f"memory verdicts: {self.engine.name}'s own projection (llama-fit-params) for {self.priced} "
