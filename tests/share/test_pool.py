@@ -25,20 +25,13 @@ from tuner.core.errors import HubUnreachableError
 from tuner.engine import flags
 from tuner.hub import client
 from tuner.hub.repos import HubOptions
-from tuner.models import fingerprint, shape_model
+from tuner.models import fingerprint
 from tuner.share import consolidate, pool, seeds, shards
 from tuner.share.gate import read_record
 from tuner.share.match import ModelQuery
 
 REPO = "pool/moe-tune-shared"
 A, B, C, D, E = ("a" * 16, "b" * 16, "c" * 16, "d" * 16, "e" * 16)
-
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory) -> Path:
-    """A few-MB qwen3moe-shaped GGUF (zero weights) that lookups name by path and match by fingerprint."""
-    out = tmp_path_factory.mktemp("model")
-    return shape_model.write_shape_model(shape_model.small_spec("qwen3moe"), "Q8_0", out / "small-Q8_0.gguf").path
 
 
 def line(model: Path, extra: str = "") -> str:

@@ -122,11 +122,12 @@ def _request_hook(seconds: float) -> Callable[[Any], None]:
         timeout = {k: seconds if v is None else v for k, v in timeout.items()}
         b = _bounds.get()
         if b is not None:
-            end = min(b.deadline, time.monotonic() + b.request_s)
-            left = _remaining(end, b.what)
-            timeout = {k: min(v, left) for k, v in timeout.items()}
+            _remaining(b.deadline, b.what)
+            own = time.monotonic() + b.request_s
+            end, what = (b.deadline, b.what) if b.deadline <= own else (own, f"one request's {b.request_s:.0f} s")
+            timeout = {k: max(1e-3, min(v, end - time.monotonic())) for k, v in timeout.items()}
             request.headers["Accept-Encoding"] = "identity"
-            _spend.set(_Spend(end, b.max_bytes, b.what))
+            _spend.set(_Spend(end, b.max_bytes, what))
         request.extensions["timeout"] = timeout
 
     return hook

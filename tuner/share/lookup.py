@@ -20,10 +20,10 @@ from typing import Any
 from tuner.core.errors import TunerError
 from tuner.hub import client
 from tuner.hub.repos import DEFAULT_OPTIONS, HubOptions
-from tuner.share import physics
+from tuner.share import physics, pool
 from tuner.share.gate import refusal, shown
 from tuner.share.match import CardQuery, Matched, ModelQuery, matching, wanted
-from tuner.share.pool import DEADLINE_S, MAX_RESPONSE_BYTES, REQUEST_S, Fetched, PoolQuery, fetch
+from tuner.share.pool import Fetched, PoolQuery, fetch
 from tuner.share.refusals import Refusals
 
 MAX_SHOWN = 5  # distinct reasons and verdicts shown per line
@@ -154,8 +154,8 @@ def lookup(repo_id: str, model: ModelQuery, card: CardQuery, options: HubOptions
            bound: physics.ModelBound | None = None) -> Answer:
     """The records of ``repo_id`` for ``model`` on ``card`` or a sibling, within physics, as lines; within
     :data:`tuner.share.pool.DEADLINE_S` whatever the server does (the model's header read included)."""
-    with client.bounded(DEADLINE_S, request_s=REQUEST_S, max_bytes=MAX_RESPONSE_BYTES,
-                        what=f"the look-up's {DEADLINE_S:.0f} s"):
+    with client.bounded(pool.DEADLINE_S, request_s=pool.REQUEST_S, max_bytes=pool.MAX_RESPONSE_BYTES,
+                        what=f"the look-up's {pool.DEADLINE_S:.0f} s"):
         got = fetch(repo_id, options, PoolQuery(card.vram_class_gib, model.keys, model.sha[1] if model.sha else None),
                     keep=wanted(model, card))
         candidates = matching(got.records, model, card, got.accounts)

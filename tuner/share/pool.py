@@ -140,7 +140,8 @@ def fetch(repo_id: str, options: HubOptions = DEFAULT_OPTIONS, query: PoolQuery 
     """The gated records of ``repo_id`` that ``query`` may want and ``keep`` keeps, each with its uploader; the
     rest counted in ``refusals``."""
     hub.check_repo_id(repo_id)
-    b = bounds or Bounds(MAX_FILES, MAX_LISTED, MAX_SHARD_ROWS, MAX_SHARD_BYTES, DEADLINE_S, MAX_KEPT_BYTES)
+    b = bounds or Bounds(MAX_FILES, MAX_LISTED, MAX_SHARD_ROWS, MAX_SHARD_BYTES, DEADLINE_S, MAX_KEPT_BYTES,
+                         REQUEST_S, MAX_RESPONSE_BYTES)  # read when called (a test may lower one)
     with client.bounded(b.seconds, request_s=b.request_s, max_bytes=b.response_bytes,
                         what=f"the look-up's {b.seconds:.0f} s"):
         reading = _Reading(repo_id, hub.repo_commit(repo_id, options), options, clock() + b.seconds, b, keep, clock)

@@ -220,8 +220,11 @@ def _read_rows(fetch: Callable[[int, int], bytes], size: int, keys: frozenset[st
     checked = _footer(fetch, size)
     wanted_columns = [*KEYS, *ROWS, ACCOUNT]
     # A footer is metadata a stranger wrote: its strings and lists are bounded before pyarrow allocates them.
-    pf = pq.ParquetFile(checked, pre_buffer=False, thrift_string_size_limit=MAX_FOOTER_BYTES,
-                        thrift_container_size_limit=MAX_FOOTER_ITEMS, read_dictionary=wanted_columns)
+    footer = pq.ParquetFile(checked, pre_buffer=False, thrift_string_size_limit=MAX_FOOTER_BYTES,
+                            thrift_container_size_limit=MAX_FOOTER_ITEMS)
+    present = [n for n in wanted_columns if n in footer.schema_arrow.names]
+    # Every string column read as a dictionary: a value repeated in each row is decoded once, not once a row.
+    pf = pq.ParquetFile(checked, pre_buffer=False, metadata=footer.metadata, read_dictionary=present)
     arrow = pf.schema_arrow
     missing = [c for c in (*KEYS, *ROWS) if c not in arrow.names]
     if missing:
