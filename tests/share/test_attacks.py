@@ -233,8 +233,9 @@ def test_a_strangers_text_never_stands_where_a_line_to_run_does_and_output_fits_
     launch = [ln for ln in lines if ln.startswith("llama-server")]
     assert launch == [line(model)]  # the one line to run, whole, on its own
     assert all(len(ln) <= 80 for ln in lines if ln not in launch), [ln for ln in lines if len(ln) > 80]
-    assert not any(ln.lstrip().startswith("3 accounts agree") for ln in lines)
-    assert all(ln.startswith(("  why: ", "    ")) for ln in lines if "--rpc" in ln)
+    # The forged count and line stand nowhere a line to run does: every line holding them is indented.
+    assert not any(ln.startswith(("3 accounts agree", "llama-server -m x.gguf")) for ln in lines)
+    assert all(ln.startswith(("  why: ", "    ")) for ln in lines if "--rpc" in ln or "accounts agree" in ln[1:])
     assert "\u3164" not in out and "\u0301" not in out and "\\u3164" in out
 
 
@@ -295,6 +296,6 @@ def test_a_server_that_ignores_range_sends_no_byte_nobody_counts(model, tmp_path
                                      tmp_path)
         sent = hub.body_bytes(path)
     assert rc == 0, err
+    assert sent <= len(blob), (sent, len(blob))  # at most the one answer it broke off
     err = unwrapped(err)
     assert f"warning: shard {path} skipped: " in err and "the server ignored Range" in err
-    assert sent <= len(blob), (sent, len(blob))  # at most the one answer it broke off
