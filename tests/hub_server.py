@@ -126,6 +126,7 @@ class _Hooks:
     cut_after: dict[str, list[int]] = field(default_factory=dict)  # file url path → byte counts, one per GET
     stalls: list[tuple[str, str, float]] = field(default_factory=list)  # (method, url part, seconds), one request each
     drips: list[tuple[str, float]] = field(default_factory=list)  # (url part, seconds between bytes), one GET each
+    throttles: list[str] = field(default_factory=list)  # url parts answered 429 "Retry-After: 3600", one GET each
     corrupt: set[str] = field(default_factory=set)
 
 
@@ -224,6 +225,12 @@ class HubServer:
         with self._lock:
             self._hooks.drips.extend([(url_part, seconds_per_byte)] * times)
 
+    def throttle_next(self, url_part: str, times: int = 1) -> None:
+        """The next ``times`` GETs whose URL holds ``url_part`` are answered 429 with ``Retry-After: 3600`` (which
+        huggingface_hub's backoff waits out: an hour and a second)."""
+        with self._lock:
+            self._hooks.throttles.extend([url_part] * times)
+
     def corrupt(self, repo_id: str, path: str) -> None:
         """Serve this file with one byte flipped while the listing and headers keep the true sha256."""
         self._hooks.corrupt.add(f"{repo_id}/{path}")
@@ -279,6 +286,14 @@ class HubServer:
                     del self._hooks.stalls[i]
                     return seconds
             return None
+
+    def _take_throttle(self, url: str) -> bool:
+        with self._lock:
+            for i, part in enumerate(self._hooks.throttles):
+                if part in url:
+                    del self._hooks.throttles[i]
+                    return True
+            return False
 
     def _take_drip(self, url: str) -> float | None:
         with self._lock:
@@ -414,7 +429,13 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             return
         try:
-            if path == "/api/whoami-v2":
+            if self.command == "GET" and self.hub._take_throttle(unquote(self.path)):
+                self.send_response(429)
+                self.send_header("Retry-After", "3600")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                status = 429
+            elif path == "/api/whoami-v2":
                 user = self._user()
                 if user is None:
                     status, sent = self._error(401, "Unauthorized", "Invalid credentials in Authorization header")

@@ -75,3 +75,35 @@ def test_a_file_that_is_not_a_shard_is_one_error():
         with pytest.raises(ShardError) as exc:
             read(data, frozenset({"hub:x/y"}))
         assert "\n" not in str(exc.value) and why in str(exc.value)
+
+
+def _shard(records_text: list[str], **write: object) -> bytes:
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [{"model_key": "hub:o/m-gguf", "head_sha256": None, "record_id": f"{i:016x}", "sharer": None,
+             "vram_class_gib": 12, "engine_commit": "0c1e570", "record": t, "account": None}
+            for i, t in enumerate(records_text)]
+    sink = io.BytesIO()
+    pq.write_table(pa.Table.from_pylist(rows, schema=shards.SCHEMA), sink, row_group_size=512, **write)
+    return sink.getvalue()
+
+
+def test_an_encoding_that_decodes_past_its_bytes_is_refused_before_pyarrow_decodes_it():
+    """DELTA_BYTE_ARRAY keeps a prefix shared by consecutive strings once: 512 records sharing 60 KB are a few KB of
+    pages that decode to 30 MB. Its page header names the encoding; the walk refuses it, nothing is decoded."""
+    data = _shard(["x" * 60_000 + f"{i}" for i in range(512)], use_dictionary=False,
+                  column_encoding={"record": "DELTA_BYTE_ARRAY"}, compression="zstd")
+    assert len(data) < 200_000
+    with pytest.raises(ShardError, match="a page in encoding 7, whose values may decode to more than its bytes"):
+        read(data, frozenset({"hub:o/m-gguf"}))
+
+
+def test_a_row_group_whose_pages_decode_past_the_bound_is_refused(monkeypatch):
+    data = _shard(["y" * 2_000 + f"{i}" for i in range(100)], compression="zstd")
+    assert read(data, frozenset({"hub:o/m-gguf"}))[1].rows == 100
+    monkeypatch.setattr(shards, "MAX_RECORD_CHUNK_BYTES", 64 * 1024)  # 100 records of 2 KB decode to ~200 KB
+    with pytest.raises(ShardError, match=r"(page that decompresses to|decodes to) [\d,]+ bytes \(at most 65,536\)"):
+        read(data, frozenset({"hub:o/m-gguf"}))
