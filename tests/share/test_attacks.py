@@ -7,7 +7,6 @@ server that drips bytes, a server that ignores Range."""
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import random
@@ -19,12 +18,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from tests.hub_server import HubServer
+from tests.share.hostile import bomb
 from tests.share.test_pool import agreeing, data, env_for, line, pooled, record
 from tuner.catalog.cards import find_card
 from tuner.hub import client
@@ -60,21 +57,6 @@ def lookup_cli(args: list[str], env: dict[str, str], tmp: Path, timeout_s: float
 def unwrapped(text: str) -> str:
     """Lines as lookup said them, before it wrapped them to 80 columns (continuations are indented 4)."""
     return text.replace("\n    ", " ")
-
-
-def bomb(rows: int, row_group_rows: int, value_bytes: int, key: str, head: str) -> bytes:
-    """A shard of ``rows`` rows whose record is one ``value_bytes`` string, dictionary-encoded: a few KiB of file
-    that decodes to rows x value_bytes when read the plain way."""
-    def same(text: str) -> pa.DictionaryArray:
-        return pa.DictionaryArray.from_arrays(pa.array(np.zeros(rows, dtype=np.int32)), pa.array([text]))
-
-    table = pa.table({"model_key": same(key), "head_sha256": same(head), "record_id": same("0" * 16),
-                      "sharer": same("a" * 16), "vram_class_gib": pa.array(np.zeros(rows, dtype=np.int32)),
-                      "engine_commit": same("0c1e570"), "record": same("x" * value_bytes)})
-    sink = io.BytesIO()
-    # store_schema=False: nothing in the file asks a reader for dictionaries; the plain read expands every row.
-    pq.write_table(table, sink, row_group_size=row_group_rows, compression="zstd", store_schema=False)
-    return sink.getvalue()
 
 
 def test_a_decoded_size_bomb_stays_under_the_ram_cap_and_is_one_line(model, tmp_path):
