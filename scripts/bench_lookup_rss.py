@@ -8,7 +8,9 @@
   and 97 row groups of 512 such rows, every row naming the looked-up model, beside one honest record.
 
 Each look-up is a fresh process (`moe-tune lookup …`, three times each); its peak RSS is wait4's rusage of that
-one child. Prints the figures and writes results/benchmarks/share-lookup-rss.md with the load the machine carried.
+one process, started from a small wrapper (a child forked from this script would count the 1.9 GB of records the
+script holds: tests/share/hostile.py). Prints the figures and writes results/benchmarks/share-lookup-rss.md with
+the load the machine carried.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ import json
 import os
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.*: the pro
 from bench_share_lookup import N_INBOX, N_RECORDS, as_record, simulated  # noqa: E402
 
 from tests.hub_server import HubServer  # noqa: E402
-from tests.share.hostile import bomb  # noqa: E402
+from tests.share.hostile import bomb, run_measured  # noqa: E402
 from tuner.models import fingerprint, shape_model  # noqa: E402
 from tuner.share import shards  # noqa: E402
 from tuner.share.gate import SCHEMA, SCHEMA_VERSION  # noqa: E402
@@ -42,15 +43,9 @@ EXE = Path(sys.executable).parent / "moe-tune"
 
 
 def run(args: list[str], env: dict[str, str], work: Path) -> dict[str, Any]:
-    """One `moe-tune lookup` process: wall seconds, peak RSS (MiB), exit code, lines printed."""
-    full = {**os.environ, **env, "COLUMNS": "80"}
-    with open(work / "out", "w") as out, open(work / "err", "w") as err:
-        start = time.perf_counter()
-        proc = subprocess.Popen([str(EXE), "lookup", *args], stdout=out, stderr=err, env=full)
-        _, status, usage = os.wait4(proc.pid, 0)
-        wall = time.perf_counter() - start
-    return {"s": wall, "rss_mib": usage.ru_maxrss / 1024, "rc": os.waitstatus_to_exitcode(status),
-            "out": (work / "out").read_text(), "err": (work / "err").read_text()}
+    """One `moe-tune lookup` process: wall seconds, its own peak RSS (MiB), exit code, what it printed."""
+    got = run_measured([str(EXE), "lookup", *args], {**os.environ, **env, "COLUMNS": "80"}, work)
+    return {"s": got.wall_s, "rss_mib": got.peak_rss_mib, "rc": got.returncode, "out": got.stdout, "err": got.stderr}
 
 
 def measured(name: str, args: list[str], env: dict[str, str], work: Path, say: harness.Log) -> None:

@@ -11,7 +11,6 @@ import json
 import os
 import random
 import re
-import subprocess
 import sys
 import threading
 import time
@@ -21,7 +20,7 @@ from typing import Any
 import pytest
 
 from tests.hub_server import HubServer
-from tests.share.hostile import bomb
+from tests.share.hostile import bomb, run_measured
 from tests.share.test_pool import agreeing, data, env_for, line, pooled, record
 from tuner.catalog.cards import find_card
 from tuner.hub import client
@@ -38,20 +37,11 @@ RSS_CAP_MIB = 256  # docs/sharing.md: a look-up's RAM whatever the pool holds
 
 def lookup_cli(args: list[str], env: dict[str, str], tmp: Path, timeout_s: float = 300) -> tuple[int, str, str, float]:
     """`moe-tune lookup ARGS` as a user runs it (80 columns): exit code, stdout, stderr and the process's own peak
-    RSS in MiB (wait4's rusage of that one child, not of every child this test process had)."""
-    exe = Path(sys.executable).parent / "moe-tune"
+    RSS in MiB (through a small wrapper: a child forked from this test process would count its memory too)."""
     full = {**os.environ, **env, "COLUMNS": "80"}
     full.pop("MOE_TUNE_DEBUG", None)
-    with open(tmp / "out", "w") as out, open(tmp / "err", "w") as err:
-        proc = subprocess.Popen([str(exe), "lookup", *args], stdout=out, stderr=err, env=full)
-        killer = threading.Timer(timeout_s, proc.kill)
-        killer.start()
-        try:
-            _, status, usage = os.wait4(proc.pid, 0)
-        finally:
-            killer.cancel()
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    return proc.returncode, (tmp / "out").read_text(), (tmp / "err").read_text(), usage.ru_maxrss / 1024
+    got = run_measured([str(Path(sys.executable).parent / "moe-tune"), "lookup", *args], full, tmp, timeout_s)
+    return got.returncode, got.stdout, got.stderr, got.peak_rss_mib
 
 
 def unwrapped(text: str) -> str:
