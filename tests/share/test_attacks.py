@@ -83,8 +83,13 @@ def test_a_refusal_flood_is_counted_by_reason_in_a_few_lines(model, tmp_path):
     """Issue 57, hole 2: every refused row was its own warning line (20,012 for one shard)."""
     junk = {f"records/{i:016x}.json": b"{" * 64 for i in range(1, 400)}
     junk |= {f"records/{i:016x}.json": data(record(model, "b" * 16, gen=-1.0)) for i in range(400, 500)}
+    # And a flood of lines that pass: thirty distinct ones, each from one account.
+    lines_flood = {f"records/{i:016x}.json": data(record(model, "c" * 16, printed=line(model, f" -t {i - 999}")))
+                   for i in range(1000, 1030)}
     with HubServer() as hub:
-        pooled(hub, REPO, {"mallory": junk, "alice": {"records/0000000000000000.json": data(record(model, "a" * 16))}})
+        pooled(hub, REPO, {"mallory": junk | lines_flood,
+                           "alice": {"records/0000000000000000.json": data(record(model, "a" * 16))},
+                           "bob": {"records/0000000000000fff.json": data(record(model, "b" * 16))}})
         rc, out, err, _ = lookup_cli([str(model), "--gpu", "RTX 3060 12GB", "--repo", REPO], env_for(hub, tmp_path),
                                      tmp_path)
     assert rc == 0, err
@@ -92,7 +97,11 @@ def test_a_refusal_flood_is_counted_by_reason_in_a_few_lines(model, tmp_path):
     assert len(warnings) == 6, warnings  # five named, then the counts
     assert warnings[-1] == ("warning: 499 shared records skipped in all (399 not JSON, 100 bad field); the first 5 "
                             "are above")
-    assert agreeing(out) == [("1 account (unconfirmed)", line(model))]
+    shown = agreeing(out)
+    assert shown[0] == ("2 accounts agree", line(model)) and len(shown) == 8  # the agreed line, then 7 of 30
+    assert unwrapped(out).splitlines()[-1] == ("23 more line(s), fewer accounts behind each, not shown: --json lists "
+                                               "every one")
+    assert len(out.splitlines()) < 120  # 8 lines shown, each with its table row, reasons and verdicts
 
 
 def test_no_field_or_flag_of_a_record_lifts_its_physics_ceiling_and_totals_are_bound_as_totals(tmp_path):

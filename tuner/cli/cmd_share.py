@@ -14,6 +14,8 @@ from rich.table import Table
 from tuner.cli.app import JsonFlag, app, err, friendly, out
 
 DEFAULT_REPO = "moe-tune/shared-results"
+# What lookup prints at most (--json holds everything): engine commits, lines under each, and per line.
+SHOWN_COMMITS, SHOWN_LINES, SHOWN_ACCOUNTS, SHOWN_WHY, SHOWN_VERDICTS = 3, 8, 8, 2, 3
 RepoOpt = Annotated[str, typer.Option("--repo", help="Hugging Face dataset repo, OWNER/DATASET.")]
 
 
@@ -98,7 +100,13 @@ def lookup_cmd(
         _wrapped(out, f"no shared record in {repo} for {model} on {card_q.name} or a card of its VRAM class "
                       f"({got.files_read + got.shard_rows_read:,} records read)")
         return
-    for commit, lines in answer.groups.items():
+    # A pool can hold thousands of distinct lines that pass the gate: the text shows the best few (those more
+    # accounts agree on first), and says how many more --json lists.
+    commits = sorted(answer.groups.items(), key=lambda kv: (-max(g.n_accounts for g in kv[1]), kv[0]))
+    hidden = sum(len(lines) for _, lines in commits[SHOWN_COMMITS:])
+    for commit, every in commits[:SHOWN_COMMITS]:
+        lines = every[:SHOWN_LINES]
+        hidden += len(every) - len(lines)
         table = Table(title=f"engine {commit}", box=box.SIMPLE_HEAD)
         for col in ("accounts", "records", "printed", "gen tok/s", "pp tok/s", "cards", "workloads"):
             table.add_column(col, justify="right" if col in ("accounts", "records", "gen tok/s", "pp tok/s")
@@ -117,11 +125,15 @@ def lookup_cmd(
             _wrapped(out, lookup.agreement(d["accounts"], d["unverified"]) + ":")
             out.print(d["line"], highlight=False, soft_wrap=True, markup=False)
             if d["account_names"]:
-                _wrapped(out, ", ".join(d["account_names"]), "  accounts: ")
-            for why in d["why"]:
+                _wrapped(out, ", ".join(d["account_names"][:SHOWN_ACCOUNTS]) + (
+                    f" and {len(d['account_names']) - SHOWN_ACCOUNTS:,} more"
+                    if len(d["account_names"]) > SHOWN_ACCOUNTS else ""), "  accounts: ")
+            for why in d["why"][:SHOWN_WHY]:
                 _wrapped(out, why, "  why: ")
-            for v in d["verdicts"]:
+            for v in d["verdicts"][:SHOWN_VERDICTS]:
                 _wrapped(out, v, "  verdict: ")
+    if hidden:
+        _wrapped(out, f"{hidden:,} more line(s), fewer accounts behind each, not shown: --json lists every one")
 
 
 def _wrapped(console: Console, text: str, first: str = "", rest: str = "    ") -> None:
