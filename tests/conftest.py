@@ -27,6 +27,9 @@ def pytest_configure(config):
     # Other test suites may run llama.cpp on this machine at the same time: the interference check (and the
     # measuring lock) look only at this session's own processes. The busy tests start competitors under it.
     os.environ[processes.SCOPE_ENV] = str(os.getpid())
+    # With ik_llama.cpp built (`make test` builds it), every auto-tune would tune both engines: the suite tunes
+    # llama.cpp alone unless a test names the engines (tests/versus/test_engines.py).
+    os.environ.setdefault(build.ENGINES_ENV, "llama.cpp")
 
 
 @pytest.fixture
@@ -36,7 +39,7 @@ def unscoped(monkeypatch):
     monkeypatch.delenv(processes.SCOPE_ENV, raising=False)
 
 
-ENGINE_FIXTURES = {"engine_loc", "demo_models"}
+ENGINE_FIXTURES = {"engine_loc", "demo_models", "ik_loc"}
 
 
 def pytest_collection_modifyitems(config, items):
@@ -90,6 +93,18 @@ def no_llama_process_left_behind():
 @pytest.fixture(scope="session")
 def engine_loc() -> build.EngineLocation:
     return build.locate_engine()
+
+
+@pytest.fixture(scope="session")
+def ik_loc() -> build.EngineLocation:
+    """ik_llama.cpp as the project builds it (`make test` runs `moe-tune engine install --engine ik` first)."""
+    from tuner.core.errors import EngineNotFoundError
+    from tuner.engine.kinds import IK_LLAMA
+
+    try:
+        return build.locate_engine(kind=IK_LLAMA)
+    except EngineNotFoundError:
+        pytest.fail("ik_llama.cpp is not built: run `moe-tune engine install --engine ik` (make test does)")
 
 
 @pytest.fixture(scope="session")

@@ -62,7 +62,10 @@ OWNERS = {
 }
 # Strings that look like llama.cpp flags but are another program's arguments: pip's `-m pip download -d DIR`,
 # nvcc's `-o OUT` and `python -c CODE` for the VRAM ballast, nvcc's `-c` and pip's `-d` for the CUDA toolkit.
-NOT_LLAMA_FLAGS = {"engine/build.py": {"-m", "-d"}, "machine/ballast.py": {"-o", "-c"},
+NOT_LLAMA_FLAGS = {"engine/sdist.py": {"-m", "-d"}, "machine/ballast.py": {"-o", "-c"},
+                   # flags read in a --help to tell ik_llama.cpp from llama.cpp, never put in a line
+                   "engine/kinds.py": {"-rtr", "--run-time-repack", "-ser", "--smart-expert-reduction", "-amb",
+                                       "--attention-max-batch"},
                    "machine/ram_ballast.py": {"-c"},  # python -c
                    "engine/cuda_toolkit.py": {"-m", "-d", "-c", "-o"},  # pip download -d; nvcc -c; cc -o
                    "engine/cuda_wheels.py": {"-m", "-d"},  # pip download -d: NVIDIA's CUDA wheels

@@ -29,7 +29,7 @@ def test_pin_lives_in_one_place():
         text = path.read_text()
         if build.PIN.commit in text or f"=={build.PIN.version}" in text:
             hits.append(path.relative_to(REPO).as_posix())
-    assert hits == ["tuner/engine/identity.py"]
+    assert hits == ["tuner/engine/kinds.py"]
 
 
 def test_discovery_order(engine_loc, tmp_path, monkeypatch):

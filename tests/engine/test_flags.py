@@ -74,7 +74,7 @@ def test_the_spelling_the_binary_accepts_is_used():
 
 def test_a_flag_the_binary_lacks_is_refused_before_launch():
     caps = _caps(("-m", "-c"))
-    with pytest.raises(UnsupportedFlagError, match="does not accept --n-cpu-moe 4: update llama.cpp"):
+    with pytest.raises(UnsupportedFlagError, match="does not accept --n-cpu-moe 4: update it"):
         flags.server_argv(Path("llama-server"), LaunchConfig(model=MODEL, n_cpu_moe=4), caps)
 
 

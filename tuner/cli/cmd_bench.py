@@ -35,10 +35,28 @@ from tuner.measure import workload
 
 if TYPE_CHECKING:
     from tuner.engine import build
+    from tuner.engine.kinds import EngineKind
     from tuner.machine import hardware
     from tuner.measure import one_config, session_run
     from tuner.measure.bench import ServerTrial
 
+
+
+def _kind_of_program(line: str) -> EngineKind | None:
+    """The engine a pasted line's program is, where it is a path to a build here (ik's server has llama.cpp's name,
+    so only what the build is tells them apart); None: the line's own flags decide."""
+    import shlex
+
+    from tuner.engine import build
+
+    try:
+        words = [w for w in shlex.split(line.replace("\\\n", " ")) if "=" not in w or w.startswith("-")]
+    except ValueError:
+        return None  # the parse that follows says what is wrong with the quotes
+    program = Path(words[0]).expanduser() if words else None
+    if program is None or not program.is_absolute() or not program.is_file():
+        return None
+    return build.capabilities(build.EngineLocation(program.parent, "option")).kind
 
 
 @app.command("bench", short_help="Measure one config end to end: speed, memory, spill.")
@@ -102,6 +120,9 @@ def bench_cmd(
     device: DeviceOpt = None,
     allow_busy: AllowBusy = False,
     busy_wait: BusyWait = "10m",
+    engine: Annotated[str | None, typer.Option(
+        "--engine", help="Which engine measures: llama.cpp or ik (ik_llama.cpp, `moe-tune engine install --engine "
+        "ik`). Default: the engine a --from-cmd line names (its path, or ik's own flags), else llama.cpp.")] = None,
     llama_cpp_dir: LlamaDir = None,
     as_json: JsonFlag = False,
 ) -> None:
@@ -118,6 +139,7 @@ def bench_cmd(
         --session my-agent-log.json
     """
     from tuner.engine import build, flags
+    from tuner.engine.kinds import kind_named
     from tuner.machine import hardware
     from tuner.measure import one_config, session
     from tuner.models import demo
@@ -140,20 +162,22 @@ def bench_cmd(
     if from_cmd is not None:
         if given:
             raise UsageError(f"--from-cmd already holds the flags; drop {', '.join(sorted(given))} or edit the command")
-        parsed = flags.parse_command(from_cmd)
+        kind = kind_named(engine) if engine else _kind_of_program(from_cmd)
+        parsed = flags.parse_command(from_cmd, kind)
         cfg = parsed.config if model is None else flags.with_overrides(parsed.config, model=model_path(model))
         if parsed.ignored and not as_json:
             err.print(f"not measured (no effect on speed): {' '.join(parsed.ignored)}", highlight=False)
     else:
         # The demo model (when no model is named) is made once the machine is held: it runs the engine.
-        cfg = LaunchConfig(model=model_path(model) if model is not None else DEMO_PLACEHOLDER, **given)
+        cfg = LaunchConfig(model=model_path(model) if model is not None else DEMO_PLACEHOLDER,
+                           engine=kind_named(engine or "llama.cpp").name, **given)
     if cfg.model != DEMO_PLACEHOLDER and not cfg.model.is_file():
         raise TunerError(f"model file {cfg.model} not found: check the path")
     flags.validate(cfg)
     if cfg.speculative and no_server:
         raise UsageError("speculative decoding is measured by llama-server only: drop --no-server")
     load = workload.preset(workload_kind, n_prompt, n_gen, depth_tokens=depth or None)  # agent's 8192 cut to -d
-    loc = build.locate_engine(llama_cpp_dir)
+    loc = build.locate_engine(llama_cpp_dir, kind_named(cfg.engine))
     if cfg.speculative and not as_json:
         err.print("llama-bench has no speculative decoding at the pinned engine: its rows are measured without it; "
                   "the llama-server trial measures it", highlight=False)

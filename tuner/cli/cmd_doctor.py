@@ -34,6 +34,10 @@ def doctor_cmd(llama_cpp_dir: LlamaDir = None, as_json: JsonFlag = False) -> Non
             table.add_row("flags", ", ".join(f"{t}: {len(f)}" for t, f in eng["flags"].items()))
         else:
             table.add_row("engine", Text("not found", style="red"))
+        for other in report.engines:  # every engine auto-tune would judge, the one above among them
+            where = f"{other['identity']} at {other['path']} ({other['source']})" if other.get("path") else \
+                f"not built (`{other['install']}`)"
+            table.add_row(f"engine: {other['engine']}", where)
         if report.gpus:
             for gpu in report.gpus:
                 table.add_row(

@@ -156,7 +156,8 @@ def serve_cmd(
     if not 1 <= rank <= len(pick):
         raise UsageError(f"--rank {rank} is out of range: this result has {len(pick)} measured configs")
     chosen = pick[rank - 1]
-    loc = build.locate_engine(llama_cpp_dir)
+    kind = study_report.engine_of(found.result, rank)
+    loc = build.locate_engine(llama_cpp_dir, kind)
     argv = study_report.launch_argv(found.result, rank=rank, binary=str(loc.tool("llama-server")))
     checked = line_check.check(found, chosen.config, chosen.label, line_check.probe_now(loc))
     _say(f"{chosen.label} of {found.file}, on {build.capabilities(loc).identity.describe()} at {loc.bin_dir}")
@@ -180,19 +181,21 @@ def serve_cmd(
     elif key is not None:
         _say(f"{'a new key was written to' if key.made else 'the key is in'} {key.where}: clients send "
              "`Authorization: Bearer KEY` (OpenAI clients: api_key=KEY)")
-    env = {**study_report.launch_env(found.result, rank=rank), **(key.env if key is not None else {})}
+    named = None
     if not any(t in ALIAS_FLAGS or t.startswith("--alias=") for t in extra or []):  # one passed through wins
-        env[served.ALIAS_ENV] = served.alias_for(Path(chosen.config["model"]), alias)
-        _say(f"served as model {env[served.ALIAS_ENV]!r} (what /v1/models lists and clients send as model)")
+        named = served.alias_for(Path(chosen.config["model"]), alias)
+        _say(f"served as model {named!r} (what /v1/models lists and clients send as model)")
 
     def ready(s: served.Served) -> None:
         _say(f"llama-server (pid {s.pid}) is ready on {s.host}:{s.port}; log: {s.log}; Ctrl-C stops it")
         out.print(f"OpenAI-compatible base URL: {s.base_url}", highlight=False, soft_wrap=True)
 
-    with interrupt.sigterm_as_ctrl_c():
+    with interrupt.sigterm_as_ctrl_c(), served.handed_to(kind, key, named) as (key_argv, handed):
+        env = {**study_report.launch_env(found.result, rank=rank), **handed}
         try:
-            served.run_foreground([*argv, *(extra or [])], host=host, port=port, log_dir=found.file.parent / "logs",
-                                  env=env, load_timeout_s=load_timeout, on_ready=ready)
+            served.run_foreground([*argv, *key_argv, *(extra or [])], host=host, port=port,
+                                  log_dir=found.file.parent / "logs", env=env, load_timeout_s=load_timeout,
+                                  on_ready=ready)
         except KeyboardInterrupt:
             interrupt.handled()  # stopping is what Ctrl-C asks of serve: the run ends well
             _say("llama-server stopped")

@@ -105,13 +105,19 @@ def auto_tune_cmd(
     session_rounds: Annotated[int, typer.Option(
         "--session-rounds", help="Agent workload: confirmation sessions per arm (interleaved rounds, one more while "
         "undecided; 2 selection rounds come first when several reuse settings compete); 0: no session stage.")] = 3,
+    engines: Annotated[str | None, typer.Option(
+        "--engines", help="Engines to tune, each with its own levers, then judge head to head on the workload: "
+        "llama.cpp, ik (ik_llama.cpp) or llama.cpp,ik. Default: MOE_TUNE_ENGINES, else every engine installed "
+        "(llama.cpp alone until `moe-tune engine install --engine ik`).")] = None,
     allow_busy: AllowBusy = False,
     busy_wait: BusyWait = "10m",
     llama_cpp_dir: LlamaDir = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Search the fastest llama-server settings for MODEL on this machine, measured for real, and print the
-    launch line. Ctrl-C stops cleanly; running it again resumes the same study.
+    launch line. With ik_llama.cpp installed too, each engine is tuned with its own levers and the lines meet
+    llama.cpp's default in fresh rounds: the printed line names its engine. Ctrl-C stops cleanly; running it
+    again resumes the same study.
 
     \b
     Examples:
@@ -124,6 +130,8 @@ def auto_tune_cmd(
       moe-tune auto-tune MODEL --workload agent --depth 16384
     Start from lines others shared for this model and card:
       moe-tune auto-tune MODEL --seed-from you/moe-tune-results
+    Which engine (llama.cpp or ik_llama.cpp) for this rig and workload:
+      moe-tune auto-tune MODEL --engines llama.cpp,ik
     """
     from tuner.cli.cmd_frontier import run as run_frontier
     from tuner.engine import build, tokenizer
@@ -163,7 +171,10 @@ def auto_tune_cmd(
                                session=sessions)
     if req.device == "none" and vram_budget is not None:
         raise UsageError("--vram-budget plans the card and --device none leaves it out: drop one of them")
-    loc = build.locate_engine(llama_cpp_dir)
+    locs = build.engines_for(engines, llama_cpp_dir)
+    loc = locs[0]
+    if len(locs) > 1 and (frontier or speculate or draft or prompts):
+        raise UsageError("--frontier and --speculation tune one engine: add --engines llama.cpp (or ik)")
     if sessions is not None and sessions.session_file is None and path is not None and tokenizer.available(loc):
         # The bundled session in the model's own tokens (its header's vocabulary), before the machine is held.
         session.check_room(depth, sessions.gen_tokens, tokenizer.model_tokenizer(loc, path), path.name)
@@ -182,6 +193,12 @@ def auto_tune_cmd(
         if frontier:
             run_frontier(req, loc, hw, max_ctx=max_ctx, trials=trials, as_json=as_json, say=say)
             return
+        if len(locs) > 1:
+            from tuner.cli.engines_out import tune_engines
+
+            tune_engines(req, locs, hw, as_json, say, lambda where: _search(req, where, hw, budget, as_json, say),
+                         _summary)
+            return
         result = _search(req, loc, hw, budget, as_json, say)
     study_report.write(result.result, result.result_dir)
     if result.search.interrupted:
@@ -195,7 +212,11 @@ def auto_tune_cmd(
     if result.session is not None:
         _session_summary(result.session)
     chosen = " (chosen by agent session time)" if study_report.deciding_session(result.result) else ""
-    out.print(f"launch line{chosen}: {study_report.launch_line(result.result)}", highlight=False, soft_wrap=True)
+    named = study_report.launch_line(result.result)
+    kind = study_report.engine_of(result.result)
+    if kind.name != "llama.cpp":
+        chosen += f" ({kind.name}: its own llama-server, by path)"
+    out.print(f"launch line{chosen}: {named}", highlight=False, soft_wrap=True)
 
 
 def _search(req: autotune.TuneRequest, loc: build.EngineLocation, hw: hardware.Hardware, budget: study.Budget,
@@ -411,7 +432,7 @@ def launch_line_cmd(
     if execute:
         if fmt != "shell":
             raise UsageError("--exec runs the shell form: drop --format")
-        binary = str(build.locate_engine(llama_cpp_dir).tool("llama-server"))
+        binary = str(build.locate_engine(llama_cpp_dir, study_report.engine_of(data, rank)).tool("llama-server"))
         argv = study_report.launch_argv(data, rank=rank, host=host, port=port, binary=binary)
         runner.run_process(argv, timeout_s=10**9, what="llama-server", fix="check the flags in the launch line",
                            env=study_report.launch_env(data, rank=rank))

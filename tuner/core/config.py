@@ -108,6 +108,24 @@ class LaunchConfig:
     # generated text is not valid, the speed is that of a drafter with that acceptance.
     spec_synth_len: float | None = None
     spec_synth_rates: tuple[float, ...] | None = None
+    # Which engine reads this line (tuner.engine.kinds: "llama.cpp" or "ik_llama.cpp"); the flag layer spells it
+    # in that engine's dialect, and runs it with that engine's binaries.
+    engine: str = "llama.cpp"
+    # ik_llama.cpp's own levers (its common/common.cpp; llama.cpp reads none of them). At their defaults they render
+    # nothing. ``run_time_repack`` (-rtr): weights repacked into the CPU's interleaved layouts at load (no mmap);
+    # ``fused_moe`` (-no-fmoe turns it off): the MoE FFN's up, gate and activation in one op; ``merge_up_gate``
+    # (-muge): experts' up and gate merged into one tensor at load; ``attn_max_batch`` (-amb): the most tokens an
+    # attention step takes at once (bounds its compute buffer); ``graph_reuse`` (-no-gr turns it off): the compute
+    # graph reused between tokens; ``smart_experts`` (-ser MIN,THRESH): experts below a weight skipped, down to MIN
+    # (changes outputs: priced like a quantized KV cache); ``only_active_experts`` (-no-ooae turns it off): with
+    # experts in RAM, only those a batch routes to are copied to the GPU.
+    run_time_repack: bool = False
+    fused_moe: bool = True
+    merge_up_gate: bool = False
+    attn_max_batch: int | None = None
+    graph_reuse: bool = True
+    smart_experts: tuple[int, float] | None = None
+    only_active_experts: bool = True
 
     def __post_init__(self) -> None:
         # Values read back from JSON arrive as lists and strings; keep the config hashable and typed.
@@ -116,6 +134,9 @@ class LaunchConfig:
             object.__setattr__(self, "draft_model", Path(self.draft_model))
         if self.spec_synth_rates is not None:
             object.__setattr__(self, "spec_synth_rates", tuple(float(r) for r in self.spec_synth_rates))
+        if self.smart_experts is not None:
+            n_min, thresh = self.smart_experts
+            object.__setattr__(self, "smart_experts", (int(n_min), float(thresh)))
 
     @property
     def speculative(self) -> bool:

@@ -7,6 +7,7 @@ llama.cpp prints whole MiB, rounded down, so every figure here is exact only to 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,6 +83,28 @@ def parse_log_jsonl(text: str) -> list[MemoryBreakdown]:
         rows = record.get("data", {}).get("rows", [])
         found.append(MemoryBreakdown(tuple(_row(r) for r in rows)))
     return found
+
+
+# A load log's buffer lines, as engines without --log-jsonl print them (ik_llama.cpp's llama.cpp-era loader):
+# "llm_load_tensors:        CPU buffer size =     9.89 MiB", "llama_kv_cache_init:        CPU KV buffer size =
+# 16.00 MiB", "llama_init_from_model:        CPU compute buffer size =     8.50 MiB" (and "output buffer").
+_LOAD_LINE = re.compile(r"^(llm_load_tensors|llama_kv_cache_init|llama_init_from_model|llama_new_context_with_model):"
+                        r"\s+(\S+)\s+(KV |compute |output )?buffer size\s*=\s*([\d.]+) MiB", re.MULTILINE)
+
+
+def parse_load_log(text: str) -> MemoryBreakdown | None:
+    """The buffers a load log says it allocated (model, KV, compute per buffer type), whole MiB rounded down as
+    llama.cpp prints its own; None when the log has none. From the plain log: not a ``--log-jsonl`` record."""
+    parts: dict[str, dict[str, float]] = {}
+    for _, name, what, mib in _LOAD_LINE.findall(text):
+        part = {"KV ": "context", "compute ": "compute", "output ": "context"}.get(what, "model")
+        parts.setdefault(name, {"model": 0.0, "context": 0.0, "compute": 0.0})[part] += float(mib)
+    if not parts:
+        return None
+    rows = tuple(BufferRow("device" if n.upper().startswith(("CUDA", "ROCM", "VULKAN")) and "_HOST" not in n.upper()
+                           else "host", n, int(p["model"]), int(p["context"]), int(p["compute"]))
+                 for n, p in parts.items())
+    return MemoryBreakdown(rows, from_record=False)
 
 
 def _row(r: dict[str, object]) -> BufferRow:

@@ -1,8 +1,10 @@
-"""The llama.cpp engine: the pin, where the binaries are, what they can do, and the managed build.
+"""The engines: where their binaries are, and the managed builds (the pinned llama.cpp; ik_llama.cpp beside it).
 
-Discovery order for every command: ``--llama-cpp-dir`` > ``LLAMA_CPP_DIR`` > PATH > the managed build in the
-per-user cache. The managed build compiles the llama.cpp tree vendored in the pinned llama-cpp-python sdist
-(downloaded with pip, never built as a wheel) and keeps only the tools this project runs.
+Discovery order for every command: ``--llama-cpp-dir`` > ``LLAMA_CPP_DIR`` > PATH > the managed builds in the
+per-user cache; asked for one kind of engine, the first of those that is that kind (:mod:`tuner.engine.kinds`:
+known by the flags its tools list). A managed build compiles the engine tree vendored in its pinned sdist
+(downloaded with pip, never built as a wheel: :mod:`tuner.engine.sdist`) and keeps only the tools this project
+runs. What a build is and accepts: :mod:`tuner.engine.probe`.
 """
 
 from __future__ import annotations
@@ -13,25 +15,21 @@ import json
 import os
 import re
 import shutil
-import sys
-import tarfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from tuner.core.config import LaunchConfig
 from tuner.core.errors import (
     BuildFailedError,
     BuildToolMissingError,
     DiskSpaceError,
-    EngineError,
     EngineNotFoundError,
     ProcessFailedError,
     UsageError,
 )
-from tuner.engine import cuda_toolkit, cuda_wheels, runner
-from tuner.engine.caps import (  # the engine's public names: build.EngineLocation, build.parse_devices, ...
+from tuner.engine import cuda_toolkit, cuda_wheels, runner, sdist
+from tuner.engine.caps import (  # noqa: F401 - the engine's public names: build.EngineLocation, build.parse_devices, ...
     FA_QUANTS_DEFAULT,
     FA_VEC_FLAG,
     Backend,
@@ -45,16 +43,26 @@ from tuner.engine.caps import (  # the engine's public names: build.EngineLocati
     parse_help_flags,
     parse_version,
 )
-from tuner.engine.flags import server_argv, trace_argv
-from tuner.engine.flags.quantize import help_argv
-from tuner.engine.identity import PIN, EnginePin  # noqa: F401 - build.PIN: the pin's one statement is in identity
+from tuner.engine.kinds import (  # noqa: F401 - build.PIN: the pin's one statement is in kinds
+    IK_LLAMA,
+    KINDS,
+    LLAMA_CPP,
+    PIN,
+    EngineKind,
+    EnginePin,
+    kinds_named,
+)
+from tuner.engine.probe import (  # noqa: F401 - build.capabilities and friends, as before
+    capabilities,
+    note_engine_log,
+    system_info,
+)
 from tuner.machine import hardware, paths
-from tuner.machine.fileio import atomic_write, file_lock, sha256_file
+from tuner.machine.fileio import file_lock
 
-# llama-imatrix: compare-quants --imatrix; llama-tokenize: a model's token counts from its header (input checks). A
-# build made before a tool joined this list is built again, once, to add it.
-TOOLS = ("llama-server", "llama-bench", "llama-perplexity", "llama-quantize", "llama-fit-params", "llama-batched-bench",
-         "llama-imatrix", "llama-tokenize")
+# The llama.cpp tools moe-tune runs (tuner.engine.kinds). A build made before a tool joined the list is built again,
+# once, to add it.
+TOOLS = LLAMA_CPP.tools
 # The flash-attention vector kernels the CUDA build compiles: llama.cpp's default list and every mixed pair the
 # search's KV axis tries (tuner.search.space.KV_PAIRS; a test holds the two together). Without them a mixed
 # pair converts the cache to f16 at every token (``ggml_cuda_flash_attn_ext_vec``). Each pair is one template
@@ -86,23 +94,35 @@ def _engine_dir_in(folder: Path) -> Path | None:
     return None
 
 
-def managed_builds() -> list[Path]:
-    """Bin folders of finished managed builds, newest first."""
+def _stamp_engine(build_dir: Path) -> str | None:
+    """Which kind a managed build is (its stamp; builds made before a second engine are llama.cpp's)."""
+    try:
+        return str(json.loads((build_dir / STAMP_NAME).read_text()).get("engine") or LLAMA_CPP.name)
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def managed_builds(kind: EngineKind | None = None) -> list[Path]:
+    """Bin folders of finished managed builds (of ``kind``, or of every kind with llama.cpp's first), newest first."""
     root = paths.engine_root()
     if not root.is_dir():
         return []
-    found = [p / "bin" for p in root.iterdir() if (p / STAMP_NAME).is_file() and (p / "bin").is_dir()]
-    return sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)
+    found = [p / "bin" for p in root.iterdir() if (p / STAMP_NAME).is_file() and (p / "bin").is_dir()
+             and (kind is None or _stamp_engine(p) == kind.name)]
+    newest = sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)
+    return newest if kind is not None else sorted(newest, key=lambda p: _stamp_engine(p.parent) != LLAMA_CPP.name)
 
 
-def locate_engine(explicit: Path | None = None) -> EngineLocation:
+def _named(explicit: Path | None) -> list[EngineLocation]:
+    """The engines the user named, in precedence order: ``--llama-cpp-dir``, ``LLAMA_CPP_DIR``, PATH."""
+    named: list[EngineLocation] = []
     if explicit is not None:
         found = _engine_dir_in(explicit.expanduser())
         if found is None:
             raise UsageError(
                 f"--llama-cpp-dir {explicit} holds no llama-server: point it at the folder with the llama.cpp binaries"
             )
-        return EngineLocation(found.resolve(), "option")
+        named.append(EngineLocation(found.resolve(), "option"))
     env_dir = os.environ.get("LLAMA_CPP_DIR")
     if env_dir:
         found = _engine_dir_in(Path(env_dir).expanduser())
@@ -110,119 +130,65 @@ def locate_engine(explicit: Path | None = None) -> EngineLocation:
             raise UsageError(
                 f"LLAMA_CPP_DIR={env_dir} holds no llama-server: point it at the folder with the llama.cpp binaries"
             )
-        return EngineLocation(found.resolve(), "env")
+        named.append(EngineLocation(found.resolve(), "env"))
     on_path = shutil.which("llama-server")
     if on_path:
-        return EngineLocation(Path(on_path).resolve().parent, "path")
-    try:
-        wanted: Path | None = _managed_dir(resolve_backend(Backend.AUTO)) / "bin"
-    except BuildToolMissingError:  # a card whose architecture the driver does not report: any finished build
-        wanted = None
-    builds = managed_builds()
-    if wanted in builds:
-        return EngineLocation(wanted, "managed")
+        named.append(EngineLocation(Path(on_path).resolve().parent, "path"))
+    return named
+
+
+def locate_engine(explicit: Path | None = None, kind: EngineKind | None = None) -> EngineLocation:
+    """The engine every command runs: the first of ``--llama-cpp-dir``, ``LLAMA_CPP_DIR``, PATH and the managed
+    builds. With ``kind``, the first of those that is that kind of engine (known by its flags, never its folder)."""
+    named = _named(explicit)
+    if kind is None and named:
+        return named[0]
+    for loc in named:
+        if capabilities(loc).kind is kind:
+            return loc
+    if kind is None or kind is LLAMA_CPP:
+        try:
+            wanted: Path | None = _managed_dir(resolve_backend(Backend.AUTO)) / "bin"
+        except BuildToolMissingError:  # a card whose architecture the driver does not report: any finished build
+            wanted = None
+        builds = managed_builds(kind)
+        if wanted in builds:
+            return EngineLocation(wanted, "managed")
+    builds = managed_builds(kind)
     if builds:
         return EngineLocation(builds[0], "managed")
+    if kind is not None and kind is not LLAMA_CPP:
+        raise EngineNotFoundError(f"{kind.name}'s llama-server", [
+            "--llama-cpp-dir", "LLAMA_CPP_DIR", "PATH", f"{paths.engine_root()} (`moe-tune engine install --engine "
+            f"{kind.key}` builds it)"])
     raise EngineNotFoundError("llama-server", ["--llama-cpp-dir", "LLAMA_CPP_DIR", "PATH", str(paths.engine_root())])
 
 
-# ------------------------------------------------------------------------------------------- capabilities
-
-def _capabilities_cache_file(loc: EngineLocation) -> Path:
-    ident = []
-    for tool in TOOLS:
-        path = loc.bin_dir / tool
-        if path.exists():
-            st = path.stat()
-            ident.append(f"{tool}:{st.st_size}:{st.st_mtime_ns}")
-    digest = hashlib.sha256((str(loc.bin_dir) + "|" + "|".join(ident)).encode()).hexdigest()[:16]
-    return paths.cache_root() / "capabilities" / f"{digest}.json"
+ENGINES_ENV = "MOE_TUNE_ENGINES"  # the engines auto-tune tunes when --engines is not given (e.g. "llama.cpp")
 
 
-def capabilities(loc: EngineLocation, use_cache: bool = True) -> Capabilities:
-    """Version, commit, devices and accepted flags of the binaries at ``loc`` (cached per binary identity)."""
-    cache_file = _capabilities_cache_file(loc)
-    if use_cache and cache_file.is_file():
-        with contextlib.suppress(ValueError, KeyError, TypeError):
-            raw = json.loads(cache_file.read_text())
-            return Capabilities.from_json(raw)
-    fix = "the binary may be broken: rebuild with `moe-tune engine install --force`"
-    bench = loc.tool("llama-bench")
-    out = runner.run_process(
-        [str(bench), "--version"], timeout_s=30, what="llama-bench --version", fix=fix, check=False
-    )
-    _refuse_unloadable(out.returncode, out.stdout + "\n" + out.stderr_tail, loc)
-    version, build_number, commit = parse_version(out.stdout + "\n" + out.stderr_tail)
-    server = loc.tool("llama-server")
-    dev = runner.run_process(
-        [str(server), "--list-devices"], timeout_s=60, what="llama-server --list-devices", fix=fix, check=False
-    )
-    devices = parse_devices(dev.stdout + "\n" + dev.stderr_tail)
-    flags: dict[str, tuple[str, ...]] = {}
-    for tool in TOOLS:
-        if loc.has(tool):
-            res = runner.run_process(
-                help_argv(loc.bin_dir / tool), timeout_s=30, what=f"{tool} --help", fix=fix, check=False
-            )
-            flags[tool] = parse_help_flags(res.stdout + "\n" + res.stderr_tail)
-    backend = backend_of(devices, loc.bin_dir)
-    # Only a CUDA build compiles a list of flash-attention vector kernels: one short probe, cached with the rest.
-    fa = fa_kernels_from_system_info(system_info(loc), backend) if backend == "cuda" else FaKernels()
-    caps = Capabilities(version, build_number, commit, backend, devices, flags, fa)
-    _save_caps(cache_file, caps)
-    return caps
+def engines_for(names: str | None, explicit: Path | None = None) -> list[EngineLocation]:
+    """The engines ``auto-tune --engines`` names (``llama.cpp,ik``), each located; None: ``MOE_TUNE_ENGINES``, else
+    every engine installed here (llama.cpp alone until ik_llama.cpp is built). A named engine that is not here is
+    an error naming how to build it."""
+    wanted = names or os.environ.get(ENGINES_ENV)
+    if not wanted:
+        found = engines_found(explicit)
+        if not found:
+            locate_engine(explicit)  # raises, naming where it looked
+        return found
+    return [locate_engine(explicit, kind) for kind in kinds_named(wanted)]
 
 
-_MISSING_LIBRARY = re.compile(r"error while loading shared libraries: (\S+?):")
-
-
-def _refuse_unloadable(returncode: int, text: str, loc: EngineLocation) -> None:
-    """A binary the loader cannot start says nothing of itself: name the library it lacks, and for a CUDA build
-    linked to the driver (``libcuda.so.1``, VMM) on a machine without one, that it was built for a GPU machine."""
-    missing = _MISSING_LIBRARY.search(text)
-    if returncode == 0 or missing is None:
-        return
-    lib = missing.group(1)
-    if lib.startswith("libcuda.so"):
-        raise EngineError(f"the engine at {loc.bin_dir} is a CUDA build and this machine has no NVIDIA driver ({lib}): "
-                          "it runs on a GPU machine; here run `moe-tune engine install --backend cpu` or point "
-                          "LLAMA_CPP_DIR at a CPU build")
-    raise EngineError(f"the engine at {loc.bin_dir} cannot start: {lib} is missing; install it, or rebuild with "
-                      "`moe-tune engine install --force`")
-
-
-def _save_caps(cache_file: Path, caps: Capabilities) -> None:
-    with contextlib.suppress(OSError):
-        atomic_write(cache_file, json.dumps(asdict(caps)))
-
-
-def system_info(loc: EngineLocation) -> str:
-    """The system info line of the engine's build (``llama_print_system_info``: each backend's compiled
-    features, a CUDA build's ``FA_QUANTS`` among them). ``common_params_print_info`` prints it at verbosity 4
-    before any model is loaded, so a llama-server pointed at no model prints it and exits at once."""
-    missing = LaunchConfig(model=loc.bin_dir / "moe-tune-probe-no-model.gguf")
-    found: list[str] = []
-
-    def keep(line: str) -> None:  # every line passes here: the tail alone may have lost it
-        if "system_info:" in line:
-            found.append(line)
-
-    res = runner.run_process(server_argv(loc.tool("llama-server"), missing) + trace_argv(),
-                             timeout_s=60, what="llama-server system info", check=False, on_line=keep,
-                             fix="rebuild with `moe-tune engine install --force`")
-    return found[0] if found else res.stdout
-
-
-def note_engine_log(loc: EngineLocation, log_text: str) -> Capabilities:
-    """Keep what a server or bench log taught about the engine: K/V pairs it said it has no flash-attention
-    vector kernel for ("no FlashAttention vector kernel compiled for K/V types …") are left out from then on."""
-    caps = capabilities(loc)
-    learnt = caps.fa_kernels.learn_from_log(log_text)
-    if learnt is caps.fa_kernels:
-        return caps
-    caps = replace(caps, fa_kernels=learnt)
-    _save_caps(_capabilities_cache_file(loc), caps)
-    return caps
+def engines_found(explicit: Path | None = None) -> list[EngineLocation]:
+    """One engine of each kind found here (the one :func:`locate_engine` would run for it), llama.cpp first."""
+    found: list[EngineLocation] = []
+    for kind in KINDS:
+        with contextlib.suppress(EngineNotFoundError):
+            loc = locate_engine(explicit, kind)
+            if loc not in found:
+                found.append(loc)
+    return found
 
 
 # -------------------------------------------------------------------------------------------- managed build
@@ -254,9 +220,11 @@ def resolve_backend(requested: Backend) -> Backend:
     return backend_choice(requested)[0]
 
 
-def cmake_flags(backend: Backend) -> tuple[str, ...]:
+def cmake_flags(backend: Backend, kind: EngineKind = LLAMA_CPP) -> tuple[str, ...]:
     """The flags that make a build what it is (its cache key). The CUDA build adds, at configure time, where
     this machine's toolkit and cuBLAS are (:func:`tuner.engine.cuda_toolkit.cmake_flags`)."""
+    if kind is IK_LLAMA:
+        return _ik_cmake_flags(backend)
     flags = [
         "-DCMAKE_BUILD_TYPE=Release",
         "-DGGML_NATIVE=OFF",
@@ -275,34 +243,63 @@ def cmake_flags(backend: Backend) -> tuple[str, ...]:
     return tuple(flags)
 
 
-def build_identity(backend: Backend) -> tuple[str, ...]:
+# ik_llama.cpp's CPU flash attention (ggml/src/iqk/iqk_flash_attn.cpp, ``supported_kv_types``) takes f16, q8_0,
+# q8_KV and q6_0 caches; q4_0, q4_1 and iq4_nl only when built with GGML_IQK_FA_ALL_QUANTS (its default, ON), and
+# any other pair aborts the process ("… is not a supported combination on the CPU backend"). The search's KV axis
+# tries q4_0 (tuner.search.space.KV_PAIRS), so the managed build keeps them all.
+IK_FA_ALL_QUANTS = True
+
+
+def _ik_cmake_flags(backend: Backend) -> tuple[str, ...]:
+    """ik_llama.cpp's tree: its examples folder holds llama-bench and the server (both off unless asked for); a
+    native build, as the fork's speed comes from the host's own SIMD (AVX2, AVX512, VNNI) and the build runs where
+    it is used. Shared libraries go beside the binaries (``$ORIGIN``): the install step gathers them from the tree."""
+    flags = [
+        "-DCMAKE_BUILD_TYPE=Release",
+        "-DGGML_NATIVE=ON",
+        "-DLLAMA_BUILD_TESTS=OFF",
+        "-DLLAMA_BUILD_EXAMPLES=ON",
+        "-DLLAMA_BUILD_SERVER=ON",
+        "-DLLAMA_CURL=OFF",
+        f"-DGGML_IQK_FA_ALL_QUANTS={'ON' if IK_FA_ALL_QUANTS else 'OFF'}",
+        "-DCMAKE_INSTALL_RPATH=$ORIGIN",
+        "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON",
+    ]
+    if backend is Backend.CUDA:
+        flags += ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={cuda_toolkit.architectures()}"]
+    return tuple(flags)
+
+
+def build_identity(backend: Backend, kind: EngineKind = LLAMA_CPP) -> tuple[str, ...]:
     """What makes two builds the same: the flags, and for CUDA the toolkit that compiles them (an installed
     13.0 and the wheels' 13.5 are two builds)."""
-    flags = cmake_flags(backend)
+    flags = cmake_flags(backend, kind)
     return (*flags, f"toolkit={cuda_toolkit.toolkit_id()}") if backend is Backend.CUDA else flags
 
 
-def _build_key(backend: Backend) -> str:
-    digest = hashlib.sha256("\n".join(build_identity(backend)).encode()).hexdigest()[:8]
-    return f"llama.cpp-{PIN.version}-{PIN.commit}-{backend.value}-{digest}"
+def _build_key(backend: Backend, kind: EngineKind = LLAMA_CPP) -> str:
+    digest = hashlib.sha256("\n".join(build_identity(backend, kind)).encode()).hexdigest()[:8]
+    if kind is LLAMA_CPP:  # the key builds made before a second engine existed carry
+        return f"llama.cpp-{PIN.version}-{PIN.commit}-{backend.value}-{digest}"
+    return f"{kind.name}-{kind.pin.version}-{backend.value}-{digest}"
 
 
-def _managed_dir(backend: Backend) -> Path:
-    return paths.engine_root() / _build_key(backend)
+def _managed_dir(backend: Backend, kind: EngineKind = LLAMA_CPP) -> Path:
+    return paths.engine_root() / _build_key(backend, kind)
 
 
-def _stamp_matches(target: Path, backend: Backend) -> bool:
+def _stamp_matches(target: Path, backend: Backend, kind: EngineKind = LLAMA_CPP) -> bool:
     stamp = target / STAMP_NAME
     try:
         data = json.loads(stamp.read_text())
     except (OSError, ValueError):
         return False
     return (
-        data.get("pin") == asdict(PIN)
-        and data.get("cmake_flags") == list(cmake_flags(backend))
-        and data.get("identity", data.get("cmake_flags")) == list(build_identity(backend))
+        data.get("pin") == asdict(kind.pin)
+        and data.get("cmake_flags") == list(cmake_flags(backend, kind))
+        and data.get("identity", data.get("cmake_flags")) == list(build_identity(backend, kind))
         # Every tool this version runs: a build made before a tool was added is built again, once.
-        and all((target / "bin" / t).is_file() for t in TOOLS)
+        and all((target / "bin" / t).is_file() for t in kind.tools)
     )
 
 
@@ -334,62 +331,41 @@ def _build_lock(root: Path, key: str) -> contextlib.AbstractContextManager[None]
     return file_lock(root / f"{key}.lock")
 
 
-def _fetch_sdist(src_dir: Path, on_line: Callable[[str], None] | None) -> Path:
-    tarball = src_dir / PIN.sdist_name
-    if tarball.is_file() and sha256_file(tarball) == PIN.sdist_sha256:
-        return tarball
-    src_dir.mkdir(parents=True, exist_ok=True)
-    runner.run_process(
-        [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", PIN.package,
-         f"{PIN.package}=={PIN.version}", "-d", str(src_dir)],
-        timeout_s=600, what="pip download of the llama.cpp source",
-        fix="check that PyPI is reachable (pip config, proxy) and retry", on_line=on_line,
-    )
-    if not tarball.is_file():
-        raise BuildFailedError("download", ["pip", "download"], 1, f"{tarball.name} missing after download", tarball)
-    if sha256_file(tarball) != PIN.sdist_sha256:
-        tarball.unlink()
-        raise BuildFailedError("verify", ["sha256"], 1, "sdist checksum does not match the pin", tarball)
-    return tarball
-
-
-def _extract_llama_cpp(tarball: Path, dest: Path) -> Path:
-    prefix = f"{PIN.package.replace('-', '_')}-{PIN.version}/vendor/llama.cpp/"
-    if dest.exists():
-        shutil.rmtree(dest)
-    dest.mkdir(parents=True)
-    with tarfile.open(tarball) as tar:
-        members = []
-        for member in tar.getmembers():
-            if member.name.startswith(prefix) and len(member.name) > len(prefix):
-                member.name = member.name[len(prefix):]
-                members.append(member)
-        if hasattr(tarfile, "data_filter"):
-            tar.extractall(dest, members=members, filter="data")
-        else:  # Python < 3.10.12
-            tar.extractall(dest, members=members)  # noqa: S202 - the sdist's checksum was verified
-    return dest
-
-
 _NINJA_PROGRESS = re.compile(r"^\[(\d+)/(\d+)\]")
 _MAKE_PROGRESS = re.compile(r"^\[\s*(\d+)%\]")
+
+
+def _built_files(kind: EngineKind, build_dir: Path) -> list[Path]:
+    """The binaries and shared libraries a build made. llama.cpp's tree puts them all in build/bin; ik_llama.cpp's
+    leaves libllama, libggml and libmtmd in their own folders, where binaries with an ``$ORIGIN`` rpath do not look."""
+    found = [p for p in (build_dir / "bin").iterdir() if p.name in kind.tools or ".so" in p.name] \
+        if (build_dir / "bin").is_dir() else []
+    if kind is not LLAMA_CPP:
+        names = {p.name for p in found}
+        for lib in sorted(build_dir.rglob("lib*.so*")):
+            if "CMakeFiles" not in lib.parts and lib.name not in names:
+                found.append(lib)
+                names.add(lib.name)
+    return found
 
 
 def install(
     backend: Backend = Backend.AUTO,
     *,
+    kind: EngineKind = LLAMA_CPP,
     force: bool = False,
     jobs: int | None = None,
     on_phase: Callable[[str], None] | None = None,
     on_progress: Callable[[int, int], None] | None = None,
 ) -> InstallResult:
-    """Build the pinned llama.cpp tools into the cache; return at once when a matching build is there."""
+    """Build an engine's tools (the pinned llama.cpp, or ik_llama.cpp) into the cache; return at once when a matching
+    build is there."""
     start = time.monotonic()
     backend = resolve_backend(backend)
-    key = _build_key(backend)
+    key = _build_key(backend, kind)
     root = paths.engine_root()
     target = root / key
-    if not force and _stamp_matches(target, backend):
+    if not force and _stamp_matches(target, backend, kind):
         return InstallResult(target / "bin", backend, False, time.monotonic() - start)
 
     def phase(name: str) -> None:
@@ -397,7 +373,7 @@ def install(
             on_phase(name)
 
     with _build_lock(root, key):
-        if not force and _stamp_matches(target, backend):  # another process finished it while we waited
+        if not force and _stamp_matches(target, backend, kind):  # another process finished it while we waited
             return InstallResult(target / "bin", backend, False, time.monotonic() - start)
         cmake, generator = _check_build_tools(backend)
         free = hardware.free_disk_bytes(root)
@@ -419,42 +395,41 @@ def install(
                     on_progress(int(pct.group(1)), 100)
 
             phase("download source")
-            tarball = _fetch_sdist(root / "src", log_line)
+            tarball = sdist.fetch(kind, root / "src", log_line)
             work = root / f"{key}.work"
             build_dir = work / "build"
             # An interrupted build keeps its folder; the source is extracted again with the sdist's own
             # mtimes (older than the objects), so ninja goes on from the step where it was stopped.
             resumed = (build_dir / ".ninja_log").is_file()
             phase("extract (the interrupted build resumes)" if resumed else "extract")
-            source = _extract_llama_cpp(tarball, work / "llama.cpp")
+            source = sdist.extract(kind, tarball, work / kind.name)
             fix = f"see {log_path}; install the missing development package or pass --backend cpu"
             extra, runtime = _cuda_parts(backend, phase)
             phase("configure")
             _run_step("configure", [cmake, "-S", str(source), "-B", str(build_dir), "-G", generator,
-                                    *cmake_flags(backend), *extra], log_line, log_path, fix)
+                                    *cmake_flags(backend, kind), *extra], log_line, log_path, fix)
             phase("compile")
             n_jobs = jobs or os.cpu_count() or 2
-            _run_step("compile", [cmake, "--build", str(build_dir), "-j", str(n_jobs), "--target", *TOOLS],
+            _run_step("compile", [cmake, "--build", str(build_dir), "-j", str(n_jobs), "--target", *kind.tools],
                       build_line, log_path, fix)
             phase("install")
             staged = root / f"{key}.staged"
             if staged.exists():
                 shutil.rmtree(staged)
             (staged / "bin").mkdir(parents=True)
-            built_bin = build_dir / "bin"
-            for item in built_bin.iterdir():
-                if item.name in TOOLS or ".so" in item.name:
-                    shutil.copy2(item, staged / "bin" / item.name, follow_symlinks=False)
+            for item in _built_files(kind, build_dir):
+                shutil.copy2(item, staged / "bin" / item.name, follow_symlinks=False)
             for lib in runtime:  # CUDA runtime and cuBLAS beside the binaries (RPATH $ORIGIN)
                 shutil.copy2(lib, staged / "bin" / lib.name)
             elapsed = time.monotonic() - start
             stamp = {
-                "pin": asdict(PIN),
+                "engine": kind.name,
+                "pin": asdict(kind.pin),
                 "backend": backend.value,
-                "cmake_flags": list(cmake_flags(backend)),
-                "identity": list(build_identity(backend)),
+                "cmake_flags": list(cmake_flags(backend, kind)),
+                "identity": list(build_identity(backend, kind)),
                 "cmake_flags_here": extra,  # this machine's toolkit and cuBLAS (not part of the build's identity)
-                "tools": list(TOOLS),
+                "tools": list(kind.tools),
                 "build_s": round(elapsed, 1),  # this run's time: a resumed build's earlier part is not in it
                 "resumed": resumed,
                 "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -463,6 +438,8 @@ def install(
             if target.exists():
                 shutil.rmtree(target)
             staged.rename(target)
+            with contextlib.suppress(OSError):  # each step's compile time, kept beside the log (what made it slow)
+                shutil.copy2(build_dir / ".ninja_log", log_path.with_suffix(".ninja_log"))
             shutil.rmtree(work, ignore_errors=True)
     return InstallResult(target / "bin", backend, True, time.monotonic() - start)
 

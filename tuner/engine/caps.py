@@ -16,6 +16,7 @@ from typing import Any
 
 from tuner.core.errors import EngineNotFoundError
 from tuner.engine.identity import EngineIdentity
+from tuner.engine.kinds import EngineKind, kind_of_flags
 
 
 class Backend(str, Enum):
@@ -55,7 +56,9 @@ class EngineLocation:
 
 # "version: 0.5.0-dev (build 1, commit <hash>)" now; "version: 6500 (<hash>)" in older builds.
 _VERSION_RE = re.compile(r"version:\s*(\S+)\s*\(build\s+(\d+),\s*commit\s+([0-9a-fA-F]+|unknown)\)")
-_OLD_VERSION_RE = re.compile(r"version:\s*(\d+)\s*\(([0-9a-fA-F]+|unknown)\)")
+# ``version: 0 (ik-llama-cpp-python-0.1.5)``: ik_llama.cpp's server, its commit the source label of a build from an
+# sdist (tuner.engine.sdist) or a git hash.
+_OLD_VERSION_RE = re.compile(r"version:\s*(\d+)\s*\(([0-9A-Za-z][0-9A-Za-z._+-]*)\)")
 _FLAG_RE = re.compile(r"(?<![\w-])(--?[A-Za-z][A-Za-z0-9-]*)")
 _DEVICE_RE = re.compile(r"^\s*([A-Za-z]+)(\d+):\s*(.+)$")
 
@@ -92,6 +95,16 @@ def parse_devices(text: str) -> tuple[str, ...]:
         if match and match.group(1).upper() in {"CUDA", "VULKAN", "METAL", "ROCM", "HIP", "SYCL", "CPU", "BLAS", "RPC"}:
             devices.append(f"{match.group(1)}{match.group(2)}: {match.group(3).strip()}")
     return tuple(devices)
+
+
+# ggml_cuda_init (ggml-cuda.cu), as ik_llama.cpp's server prints it at start-up:
+# "  Device 0: NVIDIA H200, compute capability 9.0, VMM: yes, VRAM: 143167 MiB".
+_CUDA_INIT_RE = re.compile(r"^\s*Device (\d+): ([^,\n]+), compute capability", re.MULTILINE)
+
+
+def parse_cuda_init(text: str) -> tuple[str, ...]:
+    """CUDA devices from a start-up log (for a server with no ``--list-devices``), in that list's spelling."""
+    return tuple(f"CUDA{n}: {name.strip()}" for n, name in _CUDA_INIT_RE.findall(text))
 
 
 def backend_of(devices: tuple[str, ...], bin_dir: Path) -> str:
@@ -158,9 +171,30 @@ class FaKernels:
 
     def learn_from_log(self, text: str) -> FaKernels:
         """These kernels, less the pairs the engine's log says it has no vector kernel for."""
-        found = tuple(fa_pair(k, v) for k, v in _NO_VEC_KERNEL_RE.findall(text))
+        found = tuple(fa_pair(k, v) for k, v in (*_NO_VEC_KERNEL_RE.findall(text), *_IK_NO_PAIR_RE.findall(text)))
         new = tuple(p for p in dict.fromkeys(found) if p not in self.missing)
         return FaKernels(self.pairs, self.source, self.missing + new) if new else self
+
+
+# ik_llama.cpp's CPU flash attention (ggml/src/iqk/iqk_flash_attn.cpp, ``supported_kv_types``): f16 and q8_0 of the
+# types this project searches; q4_0, q4_1 and iq4_nl with GGML_IQK_FA_ALL_QUANTS (its default); bf16 only as
+# bf16/bf16 on a CPU with AVX512_BF16. Any other pair aborts the process.
+IK_FA_TYPES = ("f16", "q8_0")
+IK_FA_ALL_QUANTS_TYPES = ("q4_0", "q4_1", "iq4_nl")
+_IK_NO_PAIR_RE = re.compile(r"K cache (\w+) coupled with V cache (\w+) is not a supported combination")
+
+
+def ik_fa_kernels(startup: str, backend: str = "cpu", all_quants: bool = True) -> FaKernels:
+    """The K/V pairs ik_llama.cpp's CPU flash attention runs. Its system info does not say whether the build has
+    GGML_IQK_FA_ALL_QUANTS: ``all_quants`` is its default (on), and a pair its log refuses is learnt then."""
+    if backend != "cpu":
+        return FaKernels(None, "ik_llama.cpp on a GPU: pairs learnt from its log")
+    types = IK_FA_TYPES + (IK_FA_ALL_QUANTS_TYPES if all_quants else ())
+    pairs = [fa_pair(k, v) for k in types for v in types]
+    if re.search(r"AVX512_BF16 = 1", startup):
+        pairs.append("bf16-bf16")
+    why = "GGML_IQK_FA_ALL_QUANTS on" if all_quants else "GGML_IQK_FA_ALL_QUANTS off"
+    return FaKernels(tuple(pairs), f"ik_llama.cpp's CPU flash attention ({why}; iqk_flash_attn.cpp)")
 
 
 def fa_kernels_from_system_info(text: str, backend: str) -> FaKernels:
@@ -206,11 +240,16 @@ class Capabilities:
         return flag in self.flags.get(tool, ())
 
     @property
+    def kind(self) -> EngineKind:
+        """llama.cpp or ik_llama.cpp, known by the flags its tools list (:func:`tuner.engine.kinds.kind_of_flags`)."""
+        return kind_of_flags(self.flags)
+
+    @property
     def identity(self) -> EngineIdentity:
         """Which build this is, in the one spelling every output uses (:mod:`tuner.engine.identity`)."""
         pairs = self.fa_kernels.pairs
         return EngineIdentity(self.commit, self.version, self.build_number, self.backend,
-                              ";".join(pairs) if pairs else None)
+                              ";".join(pairs) if pairs else None, self.kind.name)
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> Capabilities:

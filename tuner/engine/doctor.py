@@ -10,6 +10,7 @@ from typing import Any
 from tuner.core.errors import TunerError
 from tuner.engine import build
 from tuner.engine.identity import PIN, EngineIdentity
+from tuner.engine.kinds import KINDS
 from tuner.machine import hardware, paths
 
 GiB = 2**30
@@ -27,6 +28,8 @@ class Problem:
 @dataclass(slots=True)
 class DoctorReport:
     engine: dict[str, Any] = field(default_factory=dict)
+    # Every engine found, one per kind (llama.cpp, ik_llama.cpp), as auto-tune --engines would run them.
+    engines: list[dict[str, Any]] = field(default_factory=list)
     gpus: list[dict[str, Any]] = field(default_factory=list)
     gpu_note: str = ""
     host: dict[str, Any] = field(default_factory=dict)
@@ -41,6 +44,7 @@ class DoctorReport:
         return {
             "ok": self.ok,
             "engine": self.engine,
+            "engines": self.engines,
             "gpus": self.gpus,
             "gpu_note": self.gpu_note,
             "host": self.host,
@@ -92,6 +96,21 @@ def _identity_problems(ident: EngineIdentity, loc: build.EngineLocation) -> list
     return []
 
 
+def _every_engine(llama_cpp_dir: Path | None) -> list[dict[str, Any]]:
+    """One entry per kind of engine found (the one auto-tune runs for it), and one per kind not built yet."""
+    found = []
+    for loc in build.engines_found(llama_cpp_dir):
+        caps = build.capabilities(loc)
+        found.append({"engine": caps.kind.name, "path": str(loc.bin_dir), "source": loc.source,
+                      "identity": caps.identity.describe(), "tools": {t: loc.has(t) for t in caps.kind.tools}})
+    have = {e["engine"] for e in found}
+    for kind in KINDS:
+        if kind.name not in have:
+            found.append({"engine": kind.name, "path": None,
+                          "install": f"moe-tune engine install --engine {kind.key}"})
+    return found
+
+
 def diagnose(llama_cpp_dir: Path | None = None, nvml: Any = None) -> DoctorReport:
     report = DoctorReport()
     try:
@@ -111,13 +130,14 @@ def diagnose(llama_cpp_dir: Path | None = None, nvml: Any = None) -> DoctorRepor
             "identity": ident.describe(),
             "pinned": ident.pinned,
         }
-        missing = [t for t in build.TOOLS if not loc.has(t) and t != "llama-batched-bench"]
+        missing = [t for t in caps.kind.tools if not loc.has(t) and t != "llama-batched-bench"]
         if missing:
             report.problems.append(Problem(
                 f"engine at {loc.bin_dir} lacks {', '.join(missing)}",
                 "build those targets too, or run `moe-tune engine install` for the managed build",
             ))
         report.problems += _identity_problems(ident, loc)
+        report.engines = _every_engine(llama_cpp_dir)
     except TunerError as exc:
         report.engine = {"path": None, "pinned_commit": PIN.commit}
         report.problems.append(Problem(str(exc), "run `moe-tune engine install` or set LLAMA_CPP_DIR", fatal=True))

@@ -1,7 +1,7 @@
-"""Which llama.cpp is which: the pin this version of moe-tune builds and replays, and the identity of the engine
-that ran (its commit, build number, version, backend), spelled one way for every output that names it: the
-bench header, the report, result.json's ``engine`` block, shared records, ``serve``, ``doctor`` and the
-note a plan gives when its memory figures follow a commit other than the engine's.
+"""Which engine is which: the pin this version of moe-tune builds and replays, and the identity of the engine
+that ran (llama.cpp or ik_llama.cpp; its commit, build number, version, backend), spelled one way for every
+output that names it: the bench header, the report, result.json's ``engine`` block, shared records, ``serve``,
+``doctor`` and the note a plan gives when its memory figures follow a commit other than the engine's.
 
 A build made without git data (an sdist) reports ``commit unknown`` unless it was configured with
 ``-DLLAMA_BUILD_COMMIT``: then nothing ties its results to a source, and every output says so.
@@ -12,29 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from tuner.engine.kinds import LLAMA_CPP, PIN, EnginePin, kind_by_name  # noqa: F401 - identity.PIN, as before
+
 UNKNOWN = "unknown"
 
 
-@dataclass(frozen=True, slots=True)
-class EnginePin:
-    package: str
-    version: str
-    commit: str
-    sdist_sha256: str
-
-    @property
-    def sdist_name(self) -> str:
-        return f"{self.package.replace('-', '_')}-{self.version}.tar.gz"
-
-
-# The one place the engine version is stated: the managed build compiles it, and the memory model's replay of the
-# compute graph (tuner.plan.graph_arch) was read from its source.
-PIN = EnginePin(
-    package="llama-cpp-python",
-    version="0.3.36",
-    commit="0c1e57098",
-    sdist_sha256="832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e",
-)
+# The pins live with the kinds of engine (tuner.engine.kinds); the memory model's replay follows llama.cpp's.
 REPLAY_COMMIT = PIN.commit
 
 
@@ -56,6 +39,7 @@ class EngineIdentity:
     build_number: str = UNKNOWN
     backend: str = UNKNOWN
     fa_quants: str | None = None  # a CUDA build's flash-attention vector kernels (GGML_CUDA_FA_QUANTS), ";"-joined
+    engine: str = LLAMA_CPP.name  # which kind of engine (tuner.engine.kinds): "llama.cpp" or "ik_llama.cpp"
 
     @property
     def known(self) -> bool:
@@ -63,16 +47,18 @@ class EngineIdentity:
 
     @property
     def pinned(self) -> bool:
-        return same_commit(self.commit, PIN.commit)
+        """The build this version of moe-tune pins for its kind (llama.cpp's commit, or ik's sdist)."""
+        return same_commit(self.commit, kind_by_name(self.engine).pin.commit)
 
     @property
     def name(self) -> str:
-        """``llama.cpp b11434``; a build without a commit is named by its build number, or as unknown."""
+        """``llama.cpp b11434``, ``ik_llama.cpp ik-llama-cpp-python-0.1.5``; a build without a commit is named by
+        its build number, or as unknown."""
         if self.known:
-            return f"llama.cpp {self.commit}"
+            return f"{self.engine} {self.commit}"
         if self.build_number not in (UNKNOWN, "", "0"):
-            return f"llama.cpp build {self.build_number} (commit unknown)"
-        return "llama.cpp of unknown commit"
+            return f"{self.engine} build {self.build_number} (commit unknown)"
+        return f"{self.engine} of unknown commit"
 
     def describe(self) -> str:
         """``llama.cpp b11434 (cpu)``, with ``, the pinned build`` for the pin."""
@@ -81,16 +67,17 @@ class EngineIdentity:
     def to_dict(self) -> dict[str, Any]:
         """result.json's and the shared record's ``engine`` block."""
         return {"commit": self.commit, "version": self.version, "build_number": self.build_number,
-                "backend": self.backend, "fa_quants": self.fa_quants}
+                "backend": self.backend, "fa_quants": self.fa_quants, "engine": self.engine}
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any] | None) -> EngineIdentity:
-        """Back from an ``engine`` block (older results lack some keys; none at all reads as unknown)."""
+        """Back from an ``engine`` block (older results lack some keys; none at all reads as unknown; no ``engine``
+        key: llama.cpp, the one engine before ik_llama.cpp)."""
         raw = raw or {}
         fa = raw.get("fa_quants")
         return cls(str(raw.get("commit") or UNKNOWN), str(raw.get("version") or UNKNOWN),
                    str(raw.get("build_number") or UNKNOWN), str(raw.get("backend") or UNKNOWN),
-                   fa if isinstance(fa, str) else None)
+                   fa if isinstance(fa, str) else None, kind_by_name(raw.get("engine")).name)
 
 
 def replay_note(engine: EngineIdentity | None) -> str | None:

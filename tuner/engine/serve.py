@@ -8,17 +8,22 @@ process behind. What it runs (the measured line, checked to still hold) is the c
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import ipaddress
 import os
 import secrets
+import shutil
 import socket
 import stat
-from collections.abc import Callable, Mapping, Sequence
+import tempfile
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from tuner.core.errors import ProcessFailedError, UsageError
+from tuner.engine import flags
+from tuner.engine.kinds import EngineKind
 
 # llama-server reads its keys from these variables (common/arg.cpp: `--api-key` set_env("LLAMA_API_KEY"),
 # `--api-key-file` set_env("LLAMA_ARG_API_KEY_FILE")), so neither the key nor its file is in any process's argv.
@@ -28,6 +33,9 @@ API_KEY_FILE_ENV = "LLAMA_ARG_API_KEY_FILE"
 # /v1/models would show clients the absolute path, home folder included. The alias goes by environment (common/
 # arg.cpp `--alias` set_env("LLAMA_ARG_ALIAS")), so the command stays the measured one.
 ALIAS_ENV = "LLAMA_ARG_ALIAS"
+# ik_llama.cpp reads a few server settings from its environment (common.cpp ``gpt_params_parse_from_env``): the alias
+# as LLAMA_ARG_MODEL_ALIAS, and no key at all; its --api-key-file takes every non-empty line as a key, comments too.
+IK_ALIAS_ENV = "LLAMA_ARG_MODEL_ALIAS"
 KEY_FIX = f"export {API_KEY_ENV}, or give --api-key-file FILE (made with a new key when it does not exist)"
 POLL_S = 0.2
 
@@ -73,6 +81,7 @@ class ApiKey:
     env: dict[str, str]
     where: str  # where a client finds it, in the user's words
     made: bool = False  # a new key was written to the file just now
+    keys: tuple[str, ...] = ()  # the keys themselves (an engine that reads no environment gets them by a file)
 
 
 MAX_KEY_FILE_BYTES = 64 * 1024
@@ -116,7 +125,7 @@ def api_key(environ: Mapping[str, str], key_file: Path | None) -> ApiKey | None:
     from ``LLAMA_API_KEY``; None when neither is given. A file that is not the user's alone, unreadable or empty is
     one line naming it."""
     if key_file is None:
-        return ApiKey({}, f"${API_KEY_ENV}") if environ.get(API_KEY_ENV) else None
+        return ApiKey({}, f"${API_KEY_ENV}", keys=(environ[API_KEY_ENV],)) if environ.get(API_KEY_ENV) else None
     path = key_file.expanduser().absolute()
     made = False
     try:
@@ -138,7 +147,32 @@ def api_key(environ: Mapping[str, str], key_file: Path | None) -> ApiKey | None:
     env = {API_KEY_FILE_ENV: str(path)}
     if environ.get(API_KEY_ENV):
         env[API_KEY_ENV] = ""  # the file is the one source: an exported key would be accepted beside it
-    return ApiKey(env, str(path), made)
+    return ApiKey(env, str(path), made, tuple(keys))
+
+
+@contextlib.contextmanager
+def handed_to(kind: EngineKind, key: ApiKey | None, alias: str | None) -> Iterator[tuple[list[str], dict[str, str]]]:
+    """How this engine is handed the key and the alias: (argv to add, environment). llama.cpp reads both from its
+    environment; ik_llama.cpp reads the alias from LLAMA_ARG_MODEL_ALIAS and the key from no environment at all, so
+    it gets ``--api-key-file`` naming a file of its own (mode 600 in a private folder, the keys alone, removed when
+    the server stops): the key stays out of every argv either way."""
+    env = {} if alias is None else {ALIAS_ENV if kind.reads_key_env else IK_ALIAS_ENV: alias}
+    if key is None:
+        yield [], env
+        return
+    if kind.reads_key_env:
+        yield [], {**env, **key.env}
+        return
+    folder = Path(tempfile.mkdtemp(prefix="moe-tune-key-"))  # mode 700
+    try:
+        path = folder / "api-key"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write("".join(k + "\n" for k in key.keys))
+        # an exported key would be read by no one, but nothing of it should reach the server either
+        yield flags.api_key_file_argv(path), {**env, API_KEY_ENV: ""}
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def alias_for(model: Path, alias: str | None = None) -> str:

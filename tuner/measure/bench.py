@@ -8,7 +8,6 @@ repetition cap is hit, and every figure carries its median and CV. Failures come
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import statistics
 from collections.abc import Callable, Sequence
@@ -18,12 +17,11 @@ from typing import Any
 
 from tuner.core.config import FlashAttn, LaunchConfig
 from tuner.core.errors import EngineNotFoundError, ProcessFailedError, TrialFailedError, TunerError, UsageError
-from tuner.core.stats import cv_pct
 from tuner.engine import breakdown, build, flags, runner
 from tuner.engine.breakdown import MemoryBreakdown
 from tuner.engine.build import Capabilities, EngineLocation
+from tuner.engine.flags import dialect
 from tuner.machine import pressure
-from tuner.machine.pressure import HostPressure
 from tuner.machine.sampler import (
     NOT_MEASURED,
     MemoryReport,
@@ -34,66 +32,20 @@ from tuner.machine.sampler import (
     spill_verdict,
 )
 from tuner.measure import failures, gpu_use, phases, workload
+from tuner.measure.bench_rows import (  # noqa: F401 - bench.BenchRow, bench.spread, bench.parse_jsonl: as before
+    BenchRow,
+    Spread,
+    parse_jsonl,
+    parse_rows,
+    prompt_at_depth,
+    spread,
+)
 from tuner.measure.phases import paging_fix
 from tuner.measure.workload import LevelResult, Workload
 
 RSE_TARGET_PCT = 3.0
 MIN_REPETITIONS = 3
 MAX_REPETITIONS = 12
-
-
-@dataclass(frozen=True, slots=True)
-class Spread:
-    n: int
-    median: float
-    mean: float
-    cv_pct: float  # sample standard deviation / mean
-    rse_pct: float  # standard error of the mean / mean: how well the mean is known
-
-
-def spread(samples: Sequence[float]) -> Spread:
-    if not samples:
-        raise ValueError("no samples")
-    mean = statistics.fmean(samples)
-    cv = cv_pct(samples) or 0.0
-    rse = cv / math.sqrt(len(samples)) if len(samples) > 1 else math.inf
-    return Spread(len(samples), statistics.median(samples), mean, cv, rse)
-
-
-@dataclass(frozen=True, slots=True)
-class BenchRow:
-    """One llama-bench test: either prompt processing (n_gen == 0) or generation (n_prompt == 0)."""
-
-    n_prompt: int
-    n_gen: int
-    n_depth: int
-    avg_tok_s: float
-    stddev_tok_s: float
-    samples_tok_s: tuple[float, ...]
-    build_commit: str
-    # The settings llama-bench reports it ran with (type_k, flash_attn, n_threads, …), as text.
-    params: tuple[tuple[str, str], ...] = ()
-    # The GPU devices llama-bench's backend registry held (``get_gpu_info``); empty when it ran on the CPU alone.
-    gpu_info: str = ""
-    # Host memory over this test's timed generation runs (:mod:`tuner.measure.phases`), and how many runs that
-    # covers; None: not read.
-    host: HostPressure | None = None
-    host_runs: int = 0
-
-    @property
-    def kind(self) -> str:
-        return "pp" if self.n_gen == 0 else "tg"
-
-    @property
-    def spread(self) -> Spread:
-        return spread(self.samples_tok_s or (self.avg_tok_s,))
-
-    def to_dict(self) -> dict[str, Any]:
-        s = self.spread
-        return {"kind": self.kind, "n_prompt": self.n_prompt, "n_gen": self.n_gen, "n_depth": self.n_depth,
-                "avg_tok_s": self.avg_tok_s, "stddev_tok_s": self.stddev_tok_s, "median_tok_s": s.median,
-                "cv_pct": s.cv_pct, "rse_pct": s.rse_pct, "samples_tok_s": list(self.samples_tok_s),
-                "build_commit": self.build_commit}
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,32 +79,6 @@ class BenchResult:
                                     self.config)
 
 
-_PARAM_KEYS = ("type_k", "type_v", "flash_attn", "n_threads", "n_batch", "n_ubatch", "n_gpu_layers", "n_cpu_moe")
-
-
-def parse_jsonl(text: str) -> tuple[BenchRow, ...]:
-    rows = []
-    for line in text.splitlines():
-        line = line.strip()
-        if not line.startswith("{"):
-            continue
-        raw = json.loads(line)
-        rows.append(
-            BenchRow(
-                n_prompt=int(raw["n_prompt"]),
-                n_gen=int(raw["n_gen"]),
-                n_depth=int(raw.get("n_depth", 0)),
-                avg_tok_s=float(raw["avg_ts"]),
-                stddev_tok_s=float(raw.get("stddev_ts", 0.0)),
-                samples_tok_s=tuple(float(x) for x in raw.get("samples_ts", [])),
-                build_commit=str(raw.get("build_commit", "")),
-                params=tuple((k, str(raw[k])) for k in _PARAM_KEYS if k in raw),
-                gpu_info=str(raw.get("gpu_info", "")).strip(),
-            )
-        )
-    return tuple(rows)
-
-
 # llama-bench reports flash attention as llama.cpp's enum value.
 _FA_CODE = {FlashAttn.ON: "1", FlashAttn.OFF: "0", FlashAttn.AUTO: "-1"}
 
@@ -175,8 +101,10 @@ def rows_for(cfg: LaunchConfig, rows: Sequence[BenchRow]) -> tuple[BenchRow, ...
 
 
 # op_offload_min_batch is the engine's environment, read once per process: configs that differ in it never share one.
+# ik_llama.cpp's levers are one value per llama-bench process too (its examples/llama-bench: params.repack, fmoe, …).
 _LOAD_FIELDS = ("model", "mmap", "repack", "no_host", "op_offload", "op_offload_min_batch", "device", "n_gpu_layers",
-                "n_cpu_moe")
+                "n_cpu_moe", "engine", "run_time_repack", "fused_moe", "merge_up_gate", "attn_max_batch",
+                "graph_reuse", "smart_experts", "only_active_experts")
 _SWEPT_FIELDS = ("cache_type_k", "cache_type_v", "flash_attn", "threads", "batch", "ubatch")
 
 
@@ -290,7 +218,9 @@ def _bench_once(engine: EngineLocation, cfgs: Sequence[LaunchConfig], *, tests: 
             raise TrialFailedError("llama-bench", failures.from_error(exc)) from None
         # Test i is the i-th row (llama-bench prints each test's row when it is done, in order).
         got = tuple(replace(r, host=windows.of(i), host_runs=windows.count(i))
-                    for i, r in enumerate(parse_jsonl(result.stdout)))
+                    for i, r in enumerate(parse_rows(result.stdout)))
+        if not dialect.kind_for(caps, cfgs[0]).bench_has_depth and n_prompt > 0:
+            got = prompt_at_depth(got, n_prompt, depths)  # ik: a prompt at depth from two prompts' times
         gpu_use.check_bench(got[0].gpu_info if got else None, result.stderr_tail, cfgs[0])
         check_fa_kernels(engine, cfgs, result.stderr_tail)
         expected = ((n_prompt > 0) + (n_gen > 0)) * len(depths) * len(cfgs)
@@ -492,7 +422,8 @@ def run_server_trial(
     log_text = server.log.read_text(errors="replace")
     gpu_use.check_server(log_text, cfg)
     check_fa_kernels(engine, [cfg], log_text)
-    found = breakdown.parse_log_jsonl(log_text) if log_jsonl else []
+    found = breakdown.parse_log_jsonl(log_text) if log_jsonl else \
+        [b for b in [breakdown.parse_load_log(log_text)] if b is not None]  # an engine without --log-jsonl
     return ServerTrial(tuple(server.argv), cfg, load, levels, memory, verdict, server.log, records,
                        memory_breakdown=found[-1] if found else None, roofline_tok_s=roofline_tok_s,
                        host_paging=paging)

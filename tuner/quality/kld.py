@@ -52,7 +52,8 @@ class KldFigures:
 
 _NUM = r"([-+]?(?:nan|inf|\d+(?:\.\d*)?(?:[eE][-+]?\d+)?))"
 _PM = r"\s*(?:±|\+/-)\s*"
-_FINAL = re.compile(rf"Final estimate: PPL = {_NUM}{_PM}{_NUM}", re.IGNORECASE)
+# ik_llama.cpp prints "Final estimate: PPL over 2 chunks for n_ctx=512 = 4290.4085 +/- 61.86890".
+_FINAL = re.compile(rf"Final estimate: PPL(?: over \d+ chunks for n_ctx=\d+)? = {_NUM}{_PM}{_NUM}", re.IGNORECASE)
 _NEED = re.compile(r"you need at least (\d+) tokens to evaluate perplexity with a context of (\d+)")
 _ONLY = re.compile(r"tokenizes to only (\d+) tokens")
 _CHUNKS = re.compile(r"(?:calculating perplexity|computing) over (\d+) chunks, n_ctx=(\d+)")
@@ -95,9 +96,15 @@ def _check_engine_complaints(text: str) -> None:
         raise TextTooShortError(int(only.group(1)) if only else None, int(need.group(1)), int(need.group(2)))
 
 
-def _chunks_done(text: str, want_chunks: int | None) -> tuple[int, int]:
-    """(chunks evaluated, tokens per chunk) as the engine announced them."""
+def _chunks_done(text: str, want_chunks: int | None, ctx: int = 0) -> tuple[int, int]:
+    """(chunks evaluated, tokens per chunk) as the engine announced them; where it announced nothing (ik_llama.cpp's
+    kl_divergence), the chunk rows it printed and the ``ctx`` it was run with."""
     match = _CHUNKS.search(text)
+    rows = len({m.group(1) for m in _CHUNK_ROW.finditer(text)})
+    if not match and rows:  # ik_llama.cpp's kl_divergence announces nothing: its chunk rows count
+        if want_chunks is not None and rows < want_chunks:
+            raise TextTooShortError(None, want_chunks * ctx, ctx)
+        return rows, ctx
     if not match:
         raise OutputCutError("llama-perplexity stopped before measuring (or its output was lost at exit): the "
                              "text may be too short (it needs 2 x ctx tokens); try a longer text or a smaller -c")
@@ -142,10 +149,11 @@ def _chunk_rows(text: str, n_chunks: int) -> tuple[list[float], list[float]] | N
     return [rows[i][0] for i in range(1, n_chunks + 1)], [rows[i][1] for i in range(1, n_chunks + 1)]
 
 
-def parse_kld(text: str, want_chunks: int | None = None) -> KldFigures:
-    """Figures of a ``--kl-divergence`` run against a reference logits file."""
+def parse_kld(text: str, want_chunks: int | None = None, ctx: int = 0) -> KldFigures:
+    """Figures of a ``--kl-divergence`` run against a reference logits file (``ctx``: the context it ran with, for
+    an engine that does not announce it)."""
     _check_engine_complaints(text)
-    n_chunks, ctx = _chunks_done(text, want_chunks)
+    n_chunks, ctx = _chunks_done(text, want_chunks, ctx)
     found = {key: rx.search(text) for key, rx in _KLD_LINES.items()}
     missing = [key for key, m in found.items() if m is None]
     if n_chunks * (ctx - 1 - ctx // 2) < MIN_SCORED_TOKENS:

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from tuner.core.config import CacheType, FlashAttn, LaunchConfig
 from tuner.core.errors import DiskSpaceError, OutputCutError, QualityError, TextTooShortError, UsageError
@@ -117,6 +117,13 @@ def _hash_parts(stamp: tuple[tuple[str, int, int], ...]) -> str:
                 fh.seek(size - 2**20)
                 digest.update(fh.read())
     return digest.hexdigest()[:32]
+
+
+def _kind_name(loc: build.EngineLocation) -> str:
+    """Which kind of engine ``loc`` is (its lines are spelled in that engine's dialect)."""
+    from tuner.engine import build
+
+    return build.capabilities(loc).kind.name
 
 
 def engine_identity(loc: build.EngineLocation) -> str:
@@ -329,11 +336,15 @@ def measure(
     use_cache: bool = True,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     on_step: Callable[[str], None] | None = None,
+    base_loc: build.EngineLocation | None = None,
+    levers: dict[str, Any] | None = None,
 ) -> QualityResult:
     """Perplexity of ``model`` at these KV types and, with a reference, KL-divergence against it.
 
     ``reference`` names the reference file; without it the highest-precision sibling is found when
-    ``auto_reference``. The bundled corpus is the text unless ``text_file`` is given.
+    ``auto_reference``. The bundled corpus is the text unless ``text_file`` is given. ``base_loc``: the engine that
+    writes the reference's logits, where it is not ``loc`` (an engine priced against llama.cpp's numerics);
+    ``levers``: that engine's own settings the line runs with (ik_llama.cpp's -rtr, -muge: other kernels).
     """
     from tuner.models import gguf_reader
 
@@ -344,8 +355,10 @@ def measure(
         if path is not None and not path.is_file():
             raise UsageError(f"{what} {path} not found: check the path")
     cfg = LaunchConfig(model=model, cache_type_k=cache_type_k, cache_type_v=cache_type_v, flash_attn=flash_attn,
-                       threads=threads)
+                       threads=threads, engine=_kind_name(loc))
+    cfg = replace(cfg, **(levers or {}))
     flags.validate(cfg)
+    base_loc = base_loc or loc
     if text_file is None:
         text_file, text_sha = corpus.text_file(), corpus.sha256()
     else:
@@ -373,8 +386,10 @@ def measure(
     kv = (cache_type_k.value, cache_type_v.value)
     model_id = model_identity(model)
     ref_id = model_identity(reference) if reference is not None else None
+    base = engine_identity(base_loc) if base_loc != loc else None
     key = _key(model=model_id, ref=ref_id, text=text_sha, ctx=ctx, chunks=chunks, kv=kv, engine=commit,
-               fa=flash_attn.value)
+               fa=flash_attn.value, **({"base": base} if base else {}),
+               **({"levers": sorted((levers or {}).items())} if levers else {}))
     cached_path = results_dir() / f"{key}.json"
     if use_cache and (hit := _load_result(cached_path)) is not None:
         return replace(hit, model=str(model), reference=str(reference) if reference else None,
@@ -394,12 +409,13 @@ def measure(
         ppl = _run(argv, lambda out: kld.parse_perplexity(out, want_chunks=chunks), timeout_s)
         result = replace(result, ppl=ppl.ppl, ppl_error=ppl.ppl_error, argv=tuple(argv))
     else:
-        ref = reference_logits(loc, reference, text_file=text_file, text_sha256=text_sha, ctx=ctx, chunks=chunks,
-                               disk_budget_bytes=disk_budget_bytes, cfg=cfg, timeout_s=timeout_s, on_step=on_step,
-                               reference_info=ref_info)
+        ref = reference_logits(base_loc, reference, text_file=text_file, text_sha256=text_sha, ctx=ctx,
+                               chunks=chunks, disk_budget_bytes=disk_budget_bytes,
+                               cfg=replace(cfg, engine=_kind_name(base_loc)), timeout_s=timeout_s,
+                               on_step=on_step, reference_info=ref_info)
         result = replace(result, reference=str(reference), reference_ppl=ref.ppl, reference_logits=str(ref.path),
                          reference_logits_bytes=ref.size_bytes)
-        if ref_id == model_id and kv == ("f16", "f16"):
+        if ref_id == model_id and kv == ("f16", "f16") and base is None:
             # Compared with itself the distributions are identical: KLD 0, same top token 100 %.
             result = replace(result, ppl=ref.ppl, ppl_error=ref.ppl_error, kld_mean=0.0, kld_mean_error=0.0,
                              kld_p99=0.0, same_top_pct=100.0, same_top_pct_error=0.0, kld_token_error=0.0)
@@ -408,7 +424,7 @@ def measure(
                 on_step(f"KL-divergence of {model.name} at KV {kv[0]}/{kv[1]} against {reference.name}")
             argv = flags.perplexity_argv(binary, cfg, text_file=text_file, ctx=ctx, chunks=chunks,
                                          kld_base=ref.path, kld=True)
-            fig = _run(argv, lambda out: kld.parse_kld(out, want_chunks=chunks), timeout_s)
+            fig = _run(argv, lambda out: kld.parse_kld(out, want_chunks=chunks, ctx=ctx), timeout_s)
             result = replace(result, ppl=fig.ppl, ppl_error=fig.ppl_error, kld_mean=fig.kld_mean,
                              kld_mean_error=fig.kld_mean_error, kld_p99=fig.kld_p99, same_top_pct=fig.same_top_pct,
                              same_top_pct_error=fig.same_top_pct_error, argv=tuple(argv),

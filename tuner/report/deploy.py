@@ -21,8 +21,11 @@ from tuner.core.config import LaunchConfig
 from tuner.core.errors import UsageError
 from tuner.engine import flags
 from tuner.engine import serve as served
+from tuner.engine.kinds import LLAMA_CPP, kind_by_name
 
 FORMATS = ("shell", "llama-swap", "systemd", "compose", "preset", "json")
+# Formats that run llama.cpp itself, whatever engine measured the line: the official image, the router's presets.
+LLAMA_CPP_ONLY = {"compose": "server image", "preset": "router (--models-preset)"}
 # Started by another program, not from the user's shell.
 SERVICE_FORMATS = ("llama-swap", "systemd", "compose", "preset")
 # The variables that choose which card the line runs on: a service started elsewhere needs them as they are here.
@@ -59,6 +62,11 @@ def line_env(environ: Mapping[str, str]) -> dict[str, str]:
 
 def render(line: Line, fmt: str, *, host: str | None = None, port: int | None = None,
            binary: str = "llama-server", env: Mapping[str, str] | None = None) -> Rendered:
+    kind = kind_by_name(line.config.engine)
+    if fmt in LLAMA_CPP_ONLY and kind is not LLAMA_CPP:
+        raise UsageError(f"--format {fmt} runs llama.cpp's own {LLAMA_CPP_ONLY[fmt]}, not {kind.name}, whose line this "
+                         f"is: use --format shell, systemd or llama-swap (they run {kind.name}'s llama-server by its "
+                         "path)")
     env = {**(env or {}), **flags.server_env(line.config)}  # the engine reads part of the config from there
     if fmt in SERVICE_FORMATS:  # clients of a service see the model by name, not by this machine's path
         env.setdefault(served.ALIAS_ENV, served.alias_for(line.config.model))
@@ -81,7 +89,7 @@ def render(line: Line, fmt: str, *, host: str | None = None, port: int | None = 
 
 def _measured_on(line: Line) -> str:
     e = line.engine or {}
-    return f"llama.cpp {e.get('commit', '?')} ({e.get('backend', '?')})"
+    return f"{kind_by_name(e.get('engine')).name} {e.get('commit', '?')} ({e.get('backend', '?')})"
 
 
 # ------------------------------------------------------------------------------------------- llama-swap

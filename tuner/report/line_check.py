@@ -73,6 +73,8 @@ def latest(results_dir: Path, model: Path | None = None) -> Found:
     if model is not None:
         want = model.resolve()
         found = [f for f in found if f.model is not None and f.model.resolve() == want]
+    # After `auto-tune --engines`, each engine's result holds the head to head: the one whose engine printed the line.
+    found = [f for f in found if (f.result.engines or {}).get("chosen", True)] or found
     if not found:
         what = f"for {model}" if model is not None else "at all"
         raise UsageError(f"no tuned result {what} in {results_dir}/: run `moe-tune auto-tune"
@@ -89,13 +91,14 @@ class Now:
     engine_backend: str
     gpu_name: str  # "" without an NVIDIA GPU
     vram_free_bytes: int
+    engine: str = "llama.cpp"  # which kind of engine (tuner.engine.kinds)
 
 
 def probe_now(loc: build.EngineLocation, nvml: Any = None) -> Now:
     caps = build.capabilities(loc)
     probe = hardware.probe_gpus(nvml)
     gpu = probe.gpus[0] if probe.gpus else None
-    return Now(caps.commit, caps.backend, gpu.name if gpu else "", gpu.free_bytes if gpu else 0)
+    return Now(caps.commit, caps.backend, gpu.name if gpu else "", gpu.free_bytes if gpu else 0, caps.kind.name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,8 +169,9 @@ def _engine_changes(engine: dict[str, Any] | None, now: Now) -> tuple[list[str],
     if not engine:
         return [], ["the engine (the result records none)"]
     then = EngineIdentity.from_dict(engine)
-    here = EngineIdentity(now.engine_commit, backend=now.engine_backend)
-    moved = then.backend != here.backend or (then.known and here.known and not same_commit(then.commit, here.commit))
+    here = EngineIdentity(now.engine_commit, backend=now.engine_backend, engine=now.engine)
+    moved = then.backend != here.backend or then.engine != here.engine or (
+        then.known and here.known and not same_commit(then.commit, here.commit))
     if moved or then.known != here.known:
         return [f"the engine is {here.describe()} now; the line was measured on {then.describe()}"], []
     if not here.known:

@@ -11,9 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from tuner.core.errors import UsageError
+from tuner.core.errors import TunerError, UsageError
 from tuner.engine import build, flags
 from tuner.engine.identity import EngineIdentity, replay_note
+from tuner.engine.kinds import LLAMA_CPP, EngineKind, kind_by_name
 from tuner.machine.fileio import atomic_write
 from tuner.report import deploy
 from tuner.search import dedup
@@ -80,10 +81,31 @@ def deciding_session(result: StudyResult) -> dict[str, Any] | None:
 
 
 def picks(result: StudyResult) -> list[Pick]:
-    """What ``launch-line --rank N`` counts, the printed line first. The agent workload's session stage scores whole
-    sessions, so when it ran, its arms (its printed one, then by median session time, the confirmation's figures
-    where an arm was measured again; failed last; none that paged host RAM or broke the VRAM budget) are the ranking;
-    otherwise :func:`ranked`."""
+    """What ``launch-line --rank N`` counts, the printed line first. Where the engines' head to head printed a line
+    of this result's engine (``auto-tune --engines``), that line comes first. The agent workload's session stage
+    scores whole sessions, so when it ran, its arms (its printed one, then by median session time, the confirmation's
+    figures where an arm was measured again; failed last; none that paged host RAM or broke the VRAM budget) are the
+    ranking; otherwise :func:`ranked`."""
+    own = _own_picks(result)
+    chosen = engines_pick(result)
+    if chosen is None:
+        return own
+    return _distinct([chosen, *own], lambda p: flags.launch_line(config_from_dict(p.config)))
+
+
+def engines_pick(result: StudyResult) -> Pick | None:
+    """The line the engines' head to head printed, when it is this result's engine's (None: no such head to head,
+    or another engine's line was printed)."""
+    block = result.engines or {}
+    if not block.get("chosen"):
+        return None
+    line = next((x for x in block.get("lines", []) if x.get("label") == block.get("printed")), None)
+    if line is None:
+        return None
+    return Pick(line["label"], line["config"], {"chosen_by": "the engines' head to head", "reason": block["reason"]})
+
+
+def _own_picks(result: StudyResult) -> list[Pick]:
     stage = deciding_session(result)
     paged = session_paged(result)
     if stage is not None:
@@ -121,24 +143,47 @@ def launch_argv(result: StudyResult, *, rank: int = 1, host: str | None = None, 
     return _argv(_pick_at(result, rank), host, port, binary)
 
 
+def engine_of(result: StudyResult, rank: int = 1) -> EngineKind:
+    """Which kind of engine the ``rank``-th line is for (its config's ``engine``)."""
+    return kind_by_name(_pick_at(result, rank).config.get("engine"))
+
+
+def binary_for(result: StudyResult, rank: int = 1, llama_cpp_dir: Path | None = None) -> str:
+    """The llama-server a printed line names: plain ``llama-server`` for llama.cpp (the user's own, on PATH); for
+    another engine, whose server has the same name, the absolute path of that engine's build here (the one the
+    result was measured with when it is still there), so the line runs the engine that was measured."""
+    kind = engine_of(result, rank)
+    if kind is LLAMA_CPP:
+        return "llama-server"
+    measured = Path(str((result.engine or {}).get("bin_dir", ""))) / "llama-server"
+    try:
+        return str(build.locate_engine(llama_cpp_dir, kind).tool("llama-server"))
+    except TunerError:
+        if measured.is_file():
+            return str(measured)
+        raise
+
+
 def launch_env(result: StudyResult, *, rank: int = 1) -> dict[str, str]:
     """What the ``rank``-th config's engine reads from its environment (:func:`tuner.engine.flags.server_env`)."""
     return flags.server_env(config_from_dict(_pick_at(result, rank).config))
 
 
 def launch_line(result: StudyResult, *, rank: int = 1, fmt: str = "shell", host: str | None = None,
-                port: int | None = None, binary: str = "llama-server", env: Mapping[str, str] | None = None,
+                port: int | None = None, binary: str | None = None, env: Mapping[str, str] | None = None,
                 llama_cpp_dir: Path | None = None) -> str:
     """The ``rank``-th measured config as ``fmt`` (one of :data:`tuner.report.deploy.FORMATS`; what a format cannot
     carry is written into it). A service (llama-swap, systemd, compose) does not inherit the shell's environment,
     so by default it gets the variables here that choose the card (:func:`tuner.report.deploy.line_env`); a
     systemd unit runs the engine found here (``llama_cpp_dir``, LLAMA_CPP_DIR, PATH, the managed one) by its
-    absolute path."""
+    absolute path. ``binary`` None: the line's own engine (:func:`binary_for`)."""
     if fmt not in deploy.FORMATS:
         raise UsageError(f"unknown --format {fmt}: use {', '.join(deploy.FORMATS)}")
     cand = _pick_at(result, rank)
+    if binary is None:
+        binary = binary_for(result, rank, llama_cpp_dir)
     if fmt == "systemd" and not Path(binary).is_absolute():
-        binary = str(build.locate_engine(llama_cpp_dir).tool("llama-server"))
+        binary = str(build.locate_engine(llama_cpp_dir, engine_of(result, rank)).tool("llama-server"))
     if env is None:
         env = deploy.line_env(os.environ) if fmt in deploy.SERVICE_FORMATS else {}
     line = deploy.Line(config_from_dict(cand.config), cand.label, result.study, cand.config, cand.figures,
@@ -262,6 +307,28 @@ def _memory_lines(result: dict[str, Any]) -> list[str]:
     return lines + ([f"- {whose}"] if whose else []) + [f"- {note}" for note in figures.get("notes") or []]
 
 
+def _engines_lines(block: dict[str, Any] | None) -> list[str]:
+    """`auto-tune --engines`: each engine's line, the head to head's figures and verdicts, and what was printed."""
+    if not block:
+        return []
+    versus = block.get("head_to_head") or {}
+    arms = {a["label"]: a for a in versus.get("arms", [])}
+    out = ["## Engines head to head", "", f"By {versus.get('metric', 'the workload')}. "
+           "KLD: the engine's logits against llama.cpp's on this model (f16 KV).", "",
+           "| line | engine | gen tok/s | prompt tok/s | TTFT s | session s | KLD | launch line |",
+           "|---|---|---:|---:|---:|---:|---:|---|"]
+    for x in block.get("lines", []):
+        a = arms.get(x["label"], {})
+        out.append(f"| {x['label']} | {x['engine']} | {_fmt(a.get('gen_tok_s'))} | {_fmt(a.get('prompt_tok_s'))} | "
+                   f"{_fmt(a.get('ttft_s'), '.2f')} | {_fmt(a.get('session_s'))} | {_fmt(x.get('engine_kld'), '.3g')} "
+                   f"| `{x['launch_line']}` |")
+    out += ["", *(f"- {Verdict.from_dict(v).describe()}" for v in versus.get("verdicts", [])),
+            *(f"- {r}" for r in block.get("refused", [])),
+            f"- printed: {block['printed']} ({block['reason']})"
+            + ("" if block.get("chosen") else f"; its result is {block['printed_engine']}'s"), ""]
+    return out
+
+
 def markdown(study_result: StudyResult) -> str:
     result = study_result.to_dict()
     trials = [TrialRecord(**t) for t in result["trials"]]
@@ -273,7 +340,7 @@ def markdown(study_result: StudyResult) -> str:
              f"- workload: {workload_words(result.get('workload'))}",
              f"- trials: llama-bench pp{m.get('n_prompt')} at depth {m.get('prompt_depth')}, tg{m.get('n_gen')} at "
              f"depth {m.get('gen_depth')}, scored by one request's end-to-end time" if m else "- trials: llama-bench",
-             "", *_session_lines(study_result), *_winner_lines(result)]
+             "", *_engines_lines(result.get("engines")), *_session_lines(study_result), *_winner_lines(result)]
     fin = result["finish"]
     confirmed = fin.get("confirmation") or []
     phases = (["Selection rounds come first: they chose the candidate to confirm and decide nothing; the "

@@ -13,7 +13,7 @@ from typing import Any
 from tuner.core.config import CacheType, LaunchConfig
 from tuner.core.errors import UsageError
 from tuner.engine import build
-from tuner.engine.identity import replay_note
+from tuner.engine.identity import REPLAY_COMMIT, replay_note
 from tuner.machine.hardware import Hardware
 from tuner.measure import engine_memory, gpu_use
 from tuner.measure.engine_memory import EngineMemory
@@ -151,9 +151,12 @@ def _auto_tune(req: TuneRequest, loc: build.EngineLocation, hw: Hardware, mem: E
     caps = build.capabilities(loc)
     info = inspect_model(req.model)
     parallel = req.parallel or req.workload.concurrency
-    if on_step:
+    if on_step and caps.kind.projects_memory:
         on_step(f"memory: {mem.engine.name}'s own projection (llama-fit-params) decides what fits, each distinct "
                 "config asked once and cached; the replay's figures are its first guess")
+    elif on_step:
+        on_step(f"memory: {mem.engine.name} has no projection of its own (no llama-fit-params): the replay of "
+                f"llama.cpp {REPLAY_COMMIT} decides what fits; each load's own buffer sizes are kept with its trial")
     ctx = choose_ctx(req, info, hw, parallel)
 
     def space_by(price: Price) -> space.SearchSpace:
@@ -161,7 +164,7 @@ def _auto_tune(req: TuneRequest, loc: build.EngineLocation, hw: Hardware, mem: E
             return space.build_space(req.model, info, hw, ctx=ctx, parallel=parallel,
                                      prompt_tokens=req.workload.prompt_tokens, concurrency=req.workload.concurrency,
                                      vram_margin_mib=req.vram_margin_mib, device=req.device,
-                                     fa_kernels=caps.fa_kernels)
+                                     fa_kernels=caps.fa_kernels, kind=caps.kind)
 
     # A card's --n-cpu-moe bounds ask a projection per end and KV pair and ubatch: made all cores at a time.
     sp = mem.prefetched(space_by) if hw.has_gpu else space_by(mem)
@@ -175,7 +178,7 @@ def _auto_tune(req: TuneRequest, loc: build.EngineLocation, hw: Hardware, mem: E
     measure = req.measure or study.Measure.for_workload(req.workload)
     name = study.study_name(req.model, hw, caps, sp, measure, objective)
     storage = req.storage or study.default_storage(req.results_dir)
-    if on_step:
+    if on_step and loc.has("llama-fit-params"):
         on_step("asking llama-fit-params for llama.cpp's own --fit choice")
     fit = finish.fit_config(loc, finish.default_config(sp), info.n_layer,
                             fit_target=finish.fit_target_mib(hw, req.vram_margin_mib))
@@ -207,7 +210,8 @@ def _auto_tune(req: TuneRequest, loc: build.EngineLocation, hw: Hardware, mem: E
                                   "vram_budget_bytes": hw.vram_budget_bytes, "physical_cores": hw.physical_cores,
                                   "ram_available_bytes": hw.ram_available_bytes,
                                   "n_cpu_moe_why": sp.n_cpu_moe_why})
-    st.set_user_attr("engine", caps.identity.to_dict())
+    # Where the engine's binaries were: a line of an engine other than llama.cpp names its server by this path.
+    st.set_user_attr("engine", caps.identity.to_dict() | {"bin_dir": str(loc.bin_dir)})
     st.set_user_attr("memory_figures", mem.summary())
     st.set_user_attr("workload", req.workload.describe())
     st.set_user_attr("measure", {"n_prompt": measure.n_prompt, "n_gen": measure.n_gen,

@@ -285,6 +285,11 @@ class Finish:
             [alt.label] if alt else [])
 
     @property
+    def own(self) -> str:
+        """Whose own choice the baselines are: the engine their lines run on (llama.cpp, or ik_llama.cpp)."""
+        return next((str(m.config.get("engine") or "llama.cpp") for m in self.baselines), "llama.cpp")
+
+    @property
     def reference(self) -> ServerMeasurement | None:
         """llama.cpp's own choice: the default launch, or --fit's placement made explicit when the default failed."""
         for label in ("default", "fit"):
@@ -313,7 +318,7 @@ class Finish:
         best = self.judged(chosen.label) if chosen is not None else None
         if best is None or not self.eligible(best):
             if ref is not None and ref.paging:
-                return Decision(None, best, f"no line: llama.cpp's own choice ({ref.label}) pages host RAM and no "
+                return Decision(None, best, f"no line: {self.own}'s own choice ({ref.label}) pages host RAM and no "
                                             f"candidate was measured without paging: {ref.host_paging_evidence}")
             if ref is None:
                 return Decision(None, best, "nothing could be measured: see the failures")
@@ -321,19 +326,19 @@ class Finish:
                    f"{chosen.label} paged host RAM ({best.host_paging_evidence})" if best is not None and best.paging
                    else f"{chosen.label} broke the VRAM budget" if best is not None and self.over_budget(best) else
                    f"{chosen.label} failed its confirmation")
-            return Decision(ref, best, f"{why}: llama.cpp's own choice ({ref.label}) is printed")
+            return Decision(ref, best, f"{why}: {self.own}'s own choice ({ref.label}) is printed")
         if ref is None or not self.eligible(ref):
             broke = [m.label for m in map(self.judged, ("default", "fit")) if m is not None and self.over_budget(m)]
             miss = ("pages host RAM" if ref is not None and ref.paging else
                     "misses --min-tok-s per request" if ref is not None else
                     f"broke the VRAM budget ({', '.join(broke)})" if broke else "could not be measured")
-            return Decision(best, best, f"llama.cpp's own choice {miss}: {best.label} is printed")
+            return Decision(best, best, f"{self.own}'s own choice {miss}: {best.label} is printed")
         verdicts = [self.verdict(best, ref)]
         shipped, reason = best, f"{best.label} was decided faster than {ref.label}"
         if verdicts[0].outcome != BETTER:
             how = "slower than" if verdicts[0].outcome == WORSE else "not shown faster than"
             shipped, reason = ref, (f"{best.label} was the best candidate but {how} {ref.label} in the confirmation "
-                                    f"rounds: llama.cpp's own choice is printed")
+                                    f"rounds: {self.own}'s own choice is printed")
         alt_of = self.lossless_alternative(chosen) if chosen is not None else None
         alt = self.judged(alt_of.label) if alt_of is not None else None
         if shipped is best and alt is not None and self.eligible(alt):
@@ -343,7 +348,7 @@ class Finish:
                 shipped, reason = (alt, f"{best.label} (lossy KV) was not shown faster than the lossless {alt.label}, "
                                    f"which was decided faster than {ref.label}") if verdicts[-1].outcome == BETTER \
                     else (ref, f"{best.label} (lossy KV) was not shown faster than the lossless {alt.label}, nor was "
-                               f"{alt.label} than {ref.label}: llama.cpp's own choice is printed")
+                               f"{alt.label} than {ref.label}: {self.own}'s own choice is printed")
         pool = self.confirmation or (*self.candidates, *self.baselines)
         verdicts += [self.verdict(shipped, m) for m in pool if m.label in {b.label for b in self.baselines}
                      and m is not shipped and m is not ref and self.score(m) is not None]

@@ -18,7 +18,7 @@ from tuner.engine import flags, runner
 from tuner.engine.build import EngineLocation
 from tuner.machine import hardware
 from tuner.machine.hardware import Hardware
-from tuner.search import cache_ram, space
+from tuner.search import cache_ram, engine_axes, space
 
 FIT_MARGIN_MIB = 1024  # llama.cpp's default -fitt
 
@@ -53,8 +53,9 @@ def fit_config(loc: EngineLocation, base: LaunchConfig, n_layers: int, timeout_s
 
 
 def default_config(sp: space.SearchSpace) -> LaunchConfig:
-    """What ``llama-server -m MODEL -c CTX -np N`` runs with: every other setting at the engine default."""
-    return LaunchConfig(model=sp.model, ctx=sp.ctx, parallel=sp.parallel, device=sp.device)
+    """What ``llama-server -m MODEL -c CTX -np N`` runs with, on the space's engine: every other setting at that
+    engine's default."""
+    return LaunchConfig(model=sp.model, ctx=sp.ctx, parallel=sp.parallel, device=sp.device, engine=sp.engine)
 
 
 def bounded_default(sp: space.SearchSpace, hw: Hardware, vram_margin_mib: float | None = None) -> LaunchConfig:
@@ -125,6 +126,10 @@ def seed_configs(sp: space.SearchSpace, info: ModelInfo, hw: Hardware, fit: Laun
     guess = space.best_guess(sp, info, hw, vram_margin_mib)
     if guess is not None:
         seeds.append(("memory-model", guess))
+    promising = engine_axes.promising(sp.engine_levers)
+    if promising:  # the engine's own levers where they were measured to pay (tuner.search.engine_axes)
+        base = guess or seeds[0][1]
+        seeds.append(("engine-levers", space.make_config(sp, {**space.params_of(sp, base), **promising})))
     out: list[tuple[str, LaunchConfig]] = []
     for label, cfg in seeds:
         if all(cfg != c for _, c in out):

@@ -63,6 +63,9 @@ class StudyResult:
     seed_origins: dict[str, str] | None = None
     # Whose memory figures decided the gate (tuner.measure.engine_memory.EngineMemory.summary); None before it.
     memory_figures: dict[str, Any] | None = None
+    # `auto-tune --engines`: every engine's line judged head to head (tuner.versus.engines.EngineChoice.to_dict),
+    # with ``chosen``: whether this result's engine printed the line to run. None: one engine was tuned.
+    engines: dict[str, Any] | None = None
 
     def seed_story(self) -> str | None:
         """Which seed the printed line (or, when llama.cpp's own choice is printed, the best candidate) came from,
@@ -102,6 +105,7 @@ class StudyResult:
             **({"model_fingerprint": self.model_fingerprint} if self.model_fingerprint is not None else {}),
             **({"seed_origins": self.seed_origins, "seed_story": self.seed_story()} if self.seed_origins else {}),
             **({"memory_figures": self.memory_figures} if self.memory_figures is not None else {}),
+            **({"engines": self.engines} if self.engines is not None else {}),
         }
 
     @classmethod
@@ -115,7 +119,7 @@ class StudyResult:
             objective=d.get("objective"), space=d.get("space"), measure=d.get("measure"),
             quality=QualitySummary.from_dict(d.get("quality") or {}), frontier=d.get("frontier"),
             session=d.get("session"), model_fingerprint=d.get("model_fingerprint"),
-            seed_origins=d.get("seed_origins"), memory_figures=d.get("memory_figures"),
+            seed_origins=d.get("seed_origins"), memory_figures=d.get("memory_figures"), engines=d.get("engines"),
         )
 
 
@@ -134,7 +138,7 @@ def result_from_study(st: Any) -> StudyResult:
                                tuple(attrs.get("kv_prices", []))),
         frontier=attrs.get("frontier"), session=attrs.get("session"),
         model_fingerprint=attrs.get("model_fingerprint"), seed_origins=attrs.get("seed_origins"),
-        memory_figures=attrs.get("memory_figures"),
+        memory_figures=attrs.get("memory_figures"), engines=attrs.get("engines"),
     )
 
 

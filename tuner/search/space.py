@@ -23,7 +23,7 @@ one that physics already rules out:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from itertools import product
 from pathlib import Path
@@ -33,6 +33,7 @@ from tuner.core.config import CacheType, FlashAttn, LaunchConfig
 from tuner.core.errors import UsageError
 from tuner.core.model import ModelInfo
 from tuner.engine.caps import FaKernels
+from tuner.engine.kinds import LLAMA_CPP, EngineKind
 from tuner.machine.hardware import Hardware
 from tuner.measure.engine_memory import in_force, price
 from tuner.plan.memory import (
@@ -45,7 +46,9 @@ from tuner.plan.memory import (
 from tuner.plan.placement import fit_interval, offload_of, overs
 from tuner.plan.ram import prompt_cache_reach_bytes
 from tuner.search import cache_ram
+from tuner.search.engine_axes import Axes, axis_values, engine_axes
 from tuner.search.levers import host_levers, levers_note, load_mode_axis
+from tuner.search.reuse import ReuseArm, reuse_arms  # noqa: F401 - space.reuse_arms, as the session stage knows it
 
 F16, Q8, Q4 = CacheType.F16, CacheType.Q8_0, CacheType.Q4_0
 # Same-type pairs and K-more-precise-than-V pairs over f16 > q8_0 > q4_0, most precise first. The exotic
@@ -60,6 +63,8 @@ UBATCH_CHOICES = (1024, 2048, 4096, 8192)
 # --n-cpu-moe values searched above the largest fitting boundary (-ngl values below the smallest), to absorb the
 # memory model's error.
 N_CPU_MOE_ABOVE = 3
+# -ngl for every layer, where the engine offloads none unless told (more than any model has).
+ALL_LAYERS = 999
 
 
 def kv_label(k: CacheType, v: CacheType) -> str:
@@ -101,6 +106,11 @@ class SearchSpace:
     op_offload: tuple[bool, ...] = (True,)
     no_host: tuple[bool, ...] = (False,)
     load_mode: tuple[str, ...] = ("mmap",)  # --load-mode: mmap, or none (pinned host experts): levers.load_mode_axis
+    engine: str = LLAMA_CPP.name  # whose search this is (tuner.engine.kinds); its configs carry it
+    # That engine's own levers (tuner.search.engine_axes): LaunchConfig field and values, its default first.
+    engine_levers: Axes = ()
+    # Every layer on the GPU stated with -ngl: an engine whose server offloads none unless told (ik_llama.cpp).
+    all_layers: bool = False
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -115,6 +125,8 @@ class SearchSpace:
             **({"op_offload": list(self.op_offload)} if len(self.op_offload) > 1 else {}),
             **({"no_host": list(self.no_host)} if len(self.no_host) > 1 else {}),
             **({"load_mode": list(self.load_mode)} if len(self.load_mode) > 1 else {}),
+            **({"engine": self.engine} if self.engine != LLAMA_CPP.name else {}),
+            **{name: list(values) for name, values in self.engine_levers},
         }
 
     @property
@@ -165,11 +177,13 @@ def fitting_boundary(info: ModelInfo, cfg: LaunchConfig, hw: Hardware,
 def build_space(model_path: Path, info: ModelInfo, hw: Hardware, *, ctx: int, parallel: int, prompt_tokens: int,
                 kv_pairs: Sequence[tuple[CacheType, CacheType]] = KV_PAIRS, search_n_cpu_moe: bool | None = None,
                 concurrency: int = 1, vram_margin_mib: float | None = None, device: str | None = None,
-                fa_kernels: FaKernels | None = None) -> SearchSpace:
+                fa_kernels: FaKernels | None = None, kind: EngineKind = LLAMA_CPP) -> SearchSpace:
     """The space for this model on this machine, serving ``parallel`` slots of ``ctx`` tokens in total.
 
     ``fa_kernels``: the engine's flash-attention vector kernels (:attr:`Capabilities.fa_kernels`); a K/V pair
     without one is left out, with the reason and the build flag that adds it in :attr:`SearchSpace.left_out`.
+    ``kind``: whose search it is: its own levers join the axes (:mod:`tuner.search.engine_axes`), llama.cpp's
+    host levers and load mode only for llama.cpp.
     """
     if ctx < 1 or parallel < 1:
         raise UsageError("context and slots must be >= 1: fix --min-ctx / --parallel")
@@ -205,18 +219,20 @@ def build_space(model_path: Path, info: ModelInfo, hw: Hardware, *, ctx: int, pa
     if offload and not info.n_expert:
         ngl, why = _gpu_layers(info, hw, model_path, ctx, parallel, pairs, ubatch, vram_margin_mib)
     caps, note = cache_ram.placement_caps(info, hw, _hungriest(model_path, pairs, ubatch, ctx, parallel), moe, ngl)
-    levers = host_levers(hw, device, moe if with_moe else None)
+    levers = host_levers(hw, device, moe if with_moe else None) if kind is LLAMA_CPP else False
     # The pinned copy is judged where it weighs most: the most host experts, their own prompt-cache cap.
     most_host = replace(ubatch_config(model_path, *pairs[0], ctx, parallel, ubatch[-1]),
                         cache_ram_mib=dict(caps).get(moe[1] if moe else None), n_cpu_moe=moe[1] if moe else None)
-    load_modes, load_note = load_mode_axis(info, hw, device, moe if with_moe else None, most_host)
+    load_modes, load_note = load_mode_axis(info, hw, device, moe if with_moe else None, most_host) \
+        if kind is LLAMA_CPP else (("mmap",), ())
+    own, own_note = engine_axes(kind, info, hw, device, bool(with_moe and moe and moe[1] > 0))
     return SearchSpace(
         model=model_path, ctx=ctx, parallel=parallel, n_cpu_moe=moe, kv_pairs=pairs,
         flash_attn=(FlashAttn.ON, FlashAttn.OFF), threads=_physical_threads(max(1, hw.physical_cores)),
         ubatch=ubatch, slots=slot_counts(concurrency), n_cpu_moe_why=why, device=device, n_gpu_layers=ngl,
-        left_out=left_out + note + (levers_note() if levers else ()) + load_note, cache_ram_caps=caps,
+        left_out=left_out + note + (levers_note() if levers else ()) + load_note + own_note, cache_ram_caps=caps,
         op_offload=(True, False) if levers else (True,), no_host=(False, True) if levers else (False,),
-        load_mode=load_modes,
+        load_mode=load_modes, engine=kind.name, engine_levers=own, all_layers=offload and not kind.offloads_by_default,
     )
 
 
@@ -304,16 +320,21 @@ def make_config(space: SearchSpace, params: dict[str, Any]) -> LaunchConfig:
     ctk, ctv = _kv_from_label(params["kv"]) if "kv" in params else space.kv_pairs[0]
     fa = FlashAttn.ON if ctv.is_quantized else FlashAttn(params.get("flash_attn", space.flash_attn[0].value))
     ubatch = params.get("ubatch", space.ubatch[0])
+    own = axis_values(space.engine_levers, params)
+    layers = params.get("n_gpu_layers") if space.n_gpu_layers else (ALL_LAYERS if space.all_layers else None)
     return LaunchConfig(
         model=space.model,
         n_cpu_moe=params.get("n_cpu_moe") if space.n_cpu_moe else None,
-        n_gpu_layers=params.get("n_gpu_layers") if space.n_gpu_layers else None,
+        n_gpu_layers=layers,
         cache_type_k=ctk, cache_type_v=ctv, flash_attn=fa, ctx=space.ctx, parallel=space.parallel,
         threads=params.get("threads", space.threads[-1]), ubatch=ubatch, batch=batch_for(ubatch),
         device=space.device, cache_ram_mib=space.cache_ram_at(params.get("n_cpu_moe"), params.get("n_gpu_layers")),
         op_offload=params.get("op_offload", space.op_offload[0]), no_host=params.get("no_host", space.no_host[0]),
-        # --no-host leaves no pinned buffer to choose: the load mode is asked only without it.
-        mmap=params.get("no_host", space.no_host[0]) or params.get("load_mode", space.load_mode[0]) == "mmap",
+        # --no-host leaves no pinned buffer to choose: the load mode is asked only without it. ik's -rtr reads
+        # the weights into its own buffers (no mmap: its common.cpp sets use_mmap false).
+        mmap=(params.get("no_host", space.no_host[0]) or params.get("load_mode", space.load_mode[0]) == "mmap")
+        and not own.get("run_time_repack", False),
+        engine=space.engine, **own,
     )
 
 
@@ -345,6 +366,8 @@ def params_of(space: SearchSpace, cfg: LaunchConfig) -> dict[str, Any]:
         params["no_host"] = cfg.no_host
     if len(space.load_mode) > 1 and not cfg.no_host:
         params["load_mode"] = "mmap" if cfg.mmap else "none"
+    for name, values in space.engine_levers:
+        params[name] = getattr(cfg, name) if getattr(cfg, name) in values else values[0]
     return params
 
 
@@ -370,6 +393,8 @@ def suggest(trial: Any, space: SearchSpace) -> LaunchConfig:
         params["no_host"] = trial.suggest_categorical("no_host", list(space.no_host))
     if len(space.load_mode) > 1 and not params.get("no_host", space.no_host[0]):
         params["load_mode"] = trial.suggest_categorical("load_mode", list(space.load_mode))
+    for name, values in space.engine_levers:
+        params[name] = trial.suggest_categorical(name, list(values))
     return make_config(space, params)
 
 
@@ -379,10 +404,13 @@ def iter_configs(space: SearchSpace) -> Iterator[LaunchConfig]:
     ngl: Sequence[int | None] = range(space.n_gpu_layers[1], space.n_gpu_layers[0] - 1, -1) \
         if space.n_gpu_layers else [None]
     seen: set[LaunchConfig] = set()
-    for n, g, kv, fa, t, u, po, nh, lm in product(moe, ngl, space.kv_pairs, space.flash_attn, space.threads,
-                                                  space.ubatch, space.op_offload, space.no_host, space.load_mode):
+    names = [name for name, _ in space.engine_levers]
+    for n, g, kv, fa, t, u, po, nh, lm, *own in product(moe, ngl, space.kv_pairs, space.flash_attn, space.threads,
+                                                        space.ubatch, space.op_offload, space.no_host,
+                                                        space.load_mode, *(v for _, v in space.engine_levers)):
         params: dict[str, Any] = {"n_cpu_moe": n, "n_gpu_layers": g, "kv": kv_label(*kv), "flash_attn": fa.value,
-                                  "threads": t, "ubatch": u, "op_offload": po, "no_host": nh, "load_mode": lm}
+                                  "threads": t, "ubatch": u, "op_offload": po, "no_host": nh, "load_mode": lm,
+                                  **dict(zip(names, own, strict=True))}
         cfg = make_config(space, params)
         if cfg not in seen:
             seen.add(cfg)
@@ -447,42 +475,7 @@ def best_guess(space: SearchSpace, info: ModelInfo, hw: Hardware, vram_margin_mi
     return None
 
 
-# --- prompt reuse (the agent workload's session stage) -------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class ReuseArm:
-    """One prompt-reuse setting tried on a config: a label and the LaunchConfig fields it sets."""
-
-    label: str
-    changes: tuple[tuple[str, Any], ...]
-
-    def apply(self, cfg: LaunchConfig) -> LaunchConfig:
-        return replace(cfg, **dict(self.changes))
-
-
-def reuse_arms(info: ModelInfo, accepts: Callable[[str], bool], slots: int = 1) -> list[ReuseArm]:
-    """The prompt-reuse settings worth a session for this model, among those the engine accepts (``accepts``:
-    setting name → whether its llama-server takes the flag). Which apply follows ``server-context.cpp``:
-    checkpoints are made only for memory that cannot be rolled back (recurrent state, a sliding window), where
-    their count and spacing decide whether a turn restores one or re-processes everything; ``--swa-full``
-    removes the need for SWA checkpoints at the price of a full-size cache; ``--cache-reuse`` shifts KV and
-    only works where the memory can shift (not recurrent); the host prompt cache only matters when sessions
-    share slots."""
-    arms: list[ReuseArm] = []
-    swa = bool(info.n_swa and any(info.swa_layers))
-    if (info.is_hybrid or swa) and accepts("ctx_checkpoints"):
-        arms.append(ReuseArm("checkpoints 8", (("ctx_checkpoints", 8),)))
-        if accepts("checkpoint_min_step"):
-            arms.append(ReuseArm("checkpoints 64, every 1024",
-                                 (("ctx_checkpoints", 64), ("checkpoint_min_step", 1024))))
-    if swa and accepts("swa_full"):
-        arms.append(ReuseArm("swa-full", (("swa_full", True),)))
-    if not info.is_hybrid and accepts("cache_reuse"):
-        arms.append(ReuseArm("cache-reuse 256", (("cache_reuse", 256),)))
-    if slots > 1 and accepts("cache_ram_mib"):
-        arms.append(ReuseArm("prompt cache 2048 MiB", (("cache_ram_mib", 2048),)))
-    return arms
+# --- prompt reuse (the agent workload's session stage): the arms live in tuner.search.reuse --------------------
 
 
 def reuse_fits(info: ModelInfo, cfg: LaunchConfig, hw: Hardware, vram_margin_mib: float | None = None) -> bool:

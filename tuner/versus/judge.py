@@ -17,7 +17,7 @@ round is busy, :mod:`tuner.search.watched_round`), not the model's.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -182,11 +182,13 @@ def metric_of(load: Workload, agent: bool) -> str:
 def head_to_head(loc: EngineLocation, lines: Sequence[tuple[str, LaunchConfig]], load: Workload, *, log_dir: Path,
                  caps: Capabilities | None = None, rounds: decide.Rounds = ROUNDS,
                  session: tuple[Path | None, int | None, int, int] | None = None,
-                 on_step: Callable[[str], None] | None = None) -> HeadToHead:
+                 on_step: Callable[[str], None] | None = None,
+                 engines: Mapping[str, tuple[EngineLocation, Capabilities | None]] | None = None) -> HeadToHead:
     """Every model's tuned line once per round, the order rotating: ``rounds.select`` selection rounds choose the
     best median, then ``rounds.min`` fresh rounds and more (up to ``rounds.max``) judge it against every other
     until decided. ``session`` (file, depth, gen tokens, agents): replay an agent session instead of single
-    requests."""
+    requests. ``engines``: the engine each line runs on, by label, where the lines are not all ``loc``'s (the
+    engines' head-to-head: :mod:`tuner.versus.engines`)."""
     configs = dict(lines)
     labels = [label for label, _ in lines]
     n_select = rounds.select if len(labels) >= 2 else 0
@@ -201,8 +203,9 @@ def head_to_head(loc: EngineLocation, lines: Sequence[tuple[str, LaunchConfig]],
         phase = SELECT if r <= n_select else CONFIRM
         if on_step:
             on_step(f"round {r} ({phase}): {label} ({flags.launch_line(cfg)})")
+        where, its_caps = (engines or {}).get(label, (loc, caps))
         w = watched_round(cfg, label, f"round {r}",
-                          lambda: _trial(loc, cfg, sent, makers, session, log_dir / f"round{r}", caps), on_step)
+                          lambda: _trial(where, cfg, sent, makers, session, log_dir / f"round{r}", its_caps), on_step)
         if w.failure is not None:
             failed[label] = w.failure.summary()
         got = replace(_round(w.value, load) if w.value is not None else Round(None), noise=w.noise)

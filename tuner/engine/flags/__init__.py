@@ -8,6 +8,7 @@ from the same function, so they cannot differ); :mod:`~tuner.engine.flags.parse`
 (tests/test_architecture.py checks it).
 """
 
+from tuner.engine.flags.bench_argv import bench_argv, bench_group_argv
 from tuner.engine.flags.env import CONFIG_ENV, OP_OFFLOAD_MIN_BATCH_DEFAULT, OP_OFFLOAD_MIN_BATCH_ENV, server_env
 from tuner.engine.flags.parse import ParsedCommand, fit_choice_line, parse_command, parse_fit_line, parse_spec_types
 from tuner.engine.flags.quantize import (
@@ -27,9 +28,8 @@ from tuner.engine.flags.render import (
     PERPLEXITY,
     SERVER,
     address_argv,
+    api_key_file_argv,
     batched_bench_argv,
-    bench_argv,
-    bench_group_argv,
     fit_params_argv,
     launch_line,
     listen_argv,
@@ -50,7 +50,8 @@ from tuner.engine.flags.tokenize import TOKENIZE, parse_token_ids, tokenize_argv
 __all__ = [
     "BATCHED_BENCH", "BENCH", "FIT_PARAMS", "PERPLEXITY", "SERVER", "ParsedCommand",
     "CONFIG_ENV", "OP_OFFLOAD_MIN_BATCH_DEFAULT", "OP_OFFLOAD_MIN_BATCH_ENV", "server_env",
-    "address_argv", "batched_bench_argv", "bench_argv", "bench_group_argv", "fit_choice_line", "fit_params_argv",
+    "address_argv", "api_key_file_argv",
+    "batched_bench_argv", "bench_argv", "bench_group_argv", "fit_choice_line", "fit_params_argv",
     "launch_line", "listen_argv", "parse_command", "parse_fit_line", "parse_spec_types", "perplexity_argv",
     "server_accepts", "server_argv", "server_logs_jsonl", "spelled", "takes_value", "trace_argv", "validate",
     "with_fit_target", "with_overrides", "without_reuse",

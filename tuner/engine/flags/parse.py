@@ -8,10 +8,12 @@ import shlex
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import tuner.engine.flags.dialect as dialect
 from tuner.core.config import CacheType, FlashAttn, LaunchConfig, SpecType
 from tuner.core.errors import UsageError
 from tuner.engine.flags.env import config_env_fields
 from tuner.engine.flags.render import _IGNORED_BARE, _IGNORED_WITH_VALUE, _SPEC_NUMBERS, _SPELL, SERVER, validate
+from tuner.engine.kinds import IK_LLAMA, LLAMA_CPP, EngineKind
 
 # One part of an -ot list that moves FFN tensors of some layers: ``blk\.(3|4|5)\.ffn_(up|down|gate)_exps=CPU``
 # (a hand-written line), or as llama-fit-params prints them (common/fit.cpp, ``get_overflow_pattern``):
@@ -40,8 +42,20 @@ _BARE = {"kv_unified", "no_kv_unified", "swa_full", "no_repack", "repack", "no_m
          "no_op_offload", "op_offload"}
 
 
-def parse_command(text: str) -> ParsedCommand:
-    """Read a pasted ``llama-server …`` command (shell quoting, ``\\`` line breaks, ``VAR=x`` prefixes)."""
+# ik_llama.cpp's own levers as its llama-server spells them (tuner.engine.flags.dialect): flag → (field, value taken
+# from the next word, or the value a bare flag sets).
+_IK_BARE = {s: (field, value) for field, setting, value in (
+    ("run_time_repack", "run_time_repack", True), ("fused_moe", "no_fused_moe", False),
+    ("merge_up_gate", "merge_up_gate", True), ("graph_reuse", "no_graph_reuse", False),
+    ("only_active_experts", "no_only_active_experts", False)) for s in dialect.IK_SERVER_SPELL[setting]}
+_IK_BARE.update({"-gr": ("graph_reuse", True), "--graph-reuse": ("graph_reuse", True)})
+_IK_VALUED = {s: field for field, setting in (("attn_max_batch", "attn_max_batch"), ("smart_experts", "smart_experts"))
+              for s in dialect.IK_SERVER_SPELL[setting]}
+
+
+def parse_command(text: str, kind: EngineKind | None = None) -> ParsedCommand:
+    """Read a pasted ``llama-server …`` command (shell quoting, ``\\`` line breaks, ``VAR=x`` prefixes). ``kind``:
+    the engine the line is for; None: ik_llama.cpp where the line carries one of its own levers, else llama.cpp."""
     try:
         tokens = shlex.split(text.replace("\\\n", " "))
     except ValueError as exc:
@@ -54,6 +68,9 @@ def parse_command(text: str) -> ParsedCommand:
         raise UsageError("the pasted command must start with llama-server: paste the whole launch line")
     values: dict[str, object] = {}
     ignored: list[str] = []
+    if kind is None:
+        kind = IK_LLAMA if any(t.partition("=")[0] in _IK_BARE or t.partition("=")[0] in _IK_VALUED
+                               for t in tokens[1:]) else LLAMA_CPP
     i = 1
     while i < len(tokens):
         tok = tokens[i]
@@ -75,8 +92,18 @@ def parse_command(text: str) -> ParsedCommand:
         if flag in _IGNORED_WITH_VALUE:
             ignored.append(f"{flag} {value()}")
             continue
+        if kind is IK_LLAMA and flag in _IK_BARE:
+            field, setting = _IK_BARE[flag]
+            values[field] = setting
+            continue
+        if kind is IK_LLAMA and flag in _IK_VALUED:
+            values[_IK_VALUED[flag]] = value()
+            continue
         name = _ALIASES.get(flag)
         if flag in ("--fit", "-fit"):
+            if kind is IK_LLAMA:  # a switch there, off unless given: moe-tune measures lines without it
+                raise UsageError("--fit in an ik_llama.cpp line is not measured by moe-tune: remove it and give "
+                                 "the placement (-ngl, --n-cpu-moe)")
             values["fit"] = value()
             continue
         if name is None or name == "fit":
@@ -94,10 +121,28 @@ def parse_command(text: str) -> ParsedCommand:
         else:
             values[name] = value()
     values.update(config_env_fields(assignments))
-    return ParsedCommand(_config_from(values), tuple(ignored), tokens[0], tuple(assignments.items()))
+    return ParsedCommand(_config_from(values, kind), tuple(ignored), tokens[0], tuple(assignments.items()))
 
 
-def _config_from(values: dict[str, object]) -> LaunchConfig:
+def _ik_levers(values: dict[str, object]) -> dict[str, object]:
+    """ik_llama.cpp's levers of a pasted line as LaunchConfig fields."""
+    out = {k: values[k] for k in ("run_time_repack", "fused_moe", "merge_up_gate", "graph_reuse",
+                                  "only_active_experts") if k in values}
+    try:
+        if "attn_max_batch" in values:
+            out["attn_max_batch"] = int(str(values["attn_max_batch"]))
+        if "smart_experts" in values:
+            n_min, _, thresh = str(values["smart_experts"]).partition(",")
+            out["smart_experts"] = (int(n_min), float(thresh))
+    except ValueError:
+        raise UsageError("-amb takes a whole number and -ser MIN,THRESH (e.g. -ser 6,0.5): fix it in the pasted "
+                         "command") from None
+    if out.get("run_time_repack"):
+        out["mmap"] = False  # -rtr loads without mmap (ik's common.cpp)
+    return out
+
+
+def _config_from(values: dict[str, object], kind: EngineKind = LLAMA_CPP) -> LaunchConfig:
     if "model" not in values:
         raise UsageError("the pasted command has no -m MODEL: add the model path")
     fit = str(values.pop("fit", "on")).lower()
@@ -149,6 +194,8 @@ def _config_from(values: dict[str, object]) -> LaunchConfig:
     if "device" in values:
         kwargs["device"] = str(values["device"])
     kwargs.update(_spec_from(values))
+    if kind is not LLAMA_CPP:
+        kwargs.update(_ik_levers(values), engine=kind.name)
     cfg = LaunchConfig(**kwargs)  # type: ignore[arg-type]
     validate(cfg)
     return cfg

@@ -1,5 +1,5 @@
-"""LaunchConfig → argv for llama-bench, llama-batched-bench, llama-server, llama-perplexity and
-llama-fit-params.
+"""LaunchConfig → argv for llama-batched-bench, llama-server, llama-perplexity and llama-fit-params (llama-bench:
+:mod:`~tuner.engine.flags.bench_argv`), in the dialect of the engine that runs them.
 
 Because the measured argv and the emitted launch line come from the same function, they cannot differ. With
 the engine's :class:`~tuner.engine.caps.Capabilities` each setting is spelled the way the detected binary accepts
@@ -13,77 +13,26 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import fields, replace
 from pathlib import Path
-from typing import Any
 
+import tuner.engine.flags.dialect as dialect
 from tuner.core.config import CacheType, FlashAttn, LaunchConfig
 from tuner.core.errors import UnsupportedFlagError, UsageError
 from tuner.engine.caps import Capabilities
 from tuner.engine.flags.env import env_prefix, validate_env
-
-SERVER = "llama-server"
-BENCH = "llama-bench"
-PERPLEXITY = "llama-perplexity"
-FIT_PARAMS = "llama-fit-params"
-BATCHED_BENCH = "llama-batched-bench"
-
-# Setting → spellings, preferred first. llama-bench prefers the short forms its own --help lists first.
-_SPELL: dict[str, tuple[str, ...]] = {
-    "model": ("-m", "--model"),
-    "ctx": ("-c", "--ctx-size"),
-    "parallel": ("-np", "--parallel"),
-    "n_gpu_layers": ("-ngl", "--n-gpu-layers", "--gpu-layers"),
-    "n_cpu_moe": ("--n-cpu-moe", "-ncmoe"),
-    "cache_type_k": ("-ctk", "--cache-type-k"),
-    "cache_type_v": ("-ctv", "--cache-type-v"),
-    "threads": ("-t", "--threads"),
-    "threads_batch": ("-tb", "--threads-batch"),
-    "batch": ("-b", "--batch-size"),
-    "ubatch": ("-ub", "--ubatch-size"),
-    "flash_attn": ("-fa", "--flash-attn"),
-    "kv_unified": ("--kv-unified", "-kvu"),
-    "no_kv_unified": ("--no-kv-unified", "-no-kvu"),
-    "swa_full": ("--swa-full",),
-    # Prompt reuse (common/arg.cpp at the pin: --cache-reuse, -ctxcp, -cms and -cram are llama-server's).
-    "cache_reuse": ("--cache-reuse",),
-    "ctx_checkpoints": ("-ctxcp", "--ctx-checkpoints", "--swa-checkpoints"),
-    "checkpoint_min_step": ("-cms", "--checkpoint-min-step"),
-    "cache_ram_mib": ("-cram", "--cache-ram"),
-    "load_mode": ("-lm", "--load-mode"),
-    "no_repack": ("--no-repack", "-nr"),
-    "no_host": ("--no-host",),
-    "no_op_offload": ("--no-op-offload",),
-    "device": ("-dev", "--device"),
-    "fit": ("--fit", "-fit"),
-    "fit_print": ("-fitp", "--fit-print"),
-    "fit_target_mib": ("-fitt", "--fit-target"),
-    "log_jsonl": ("--log-jsonl",),
-    "spec_types": ("--spec-type",),
-    "draft_model": ("-md", "--spec-draft-model", "--model-draft"),
-    "spec_draft_n_max": ("--spec-draft-n-max",),
-    "spec_draft_n_min": ("--spec-draft-n-min",),
-    "spec_draft_p_min": ("--spec-draft-p-min", "--draft-p-min"),
-    "spec_synth_len": ("--spec-synth-len",),
-    "spec_synth_rates": ("--spec-synth-rates",),
-}
-_SPEC_NUMBERS = ("spec_draft_n_max", "spec_draft_n_min", "spec_draft_p_min", "spec_synth_len")
-_BENCH_SPELL = {"n_cpu_moe": ("-ncmoe", "--n-cpu-moe"), "repack": ("--repack",), "depth": ("-d", "--n-depth"),
-                "no_op_offload": ("-nopo", "--no-op-offload")}
-
-# Flags a pasted command may carry that do not change speed or memory: dropped, and reported as dropped.
-_IGNORED_WITH_VALUE = {
-    "--host", "--port", "-a", "--alias", "--api-key", "--api-key-file", "--temp", "--temperature", "--top-k",
-    "--top-p", "--min-p", "--repeat-penalty", "--presence-penalty", "--seed", "-s", "--chat-template",
-    "--chat-template-file", "--log-file", "-lv", "--verbosity", "--log-verbosity", "--timeout", "-to",
-    "--threads-http", "--reasoning-format", "--reasoning-budget", "--slot-save-path", "--path", "--api-prefix",
-    "--chat-template-kwargs", "--ssl-key-file", "--ssl-cert-file", "--sleep-idle-seconds", "-n", "--n-predict",
-    "--predict", "--tags",
-}
-_IGNORED_BARE = {
-    "--jinja", "--no-jinja", "--metrics", "--slots", "--no-slots", "--props", "--no-webui", "--no-ui", "-v",
-    "--verbose", "--log-jsonl", "--no-log-jsonl", "--log-timestamps", "--log-prefix", "--log-colors",
-    "--no-warmup", "--warmup", "--cont-batching", "-cb", "--embedding", "--embeddings", "--no-context-shift",
-    "--context-shift", "--log-disable", "--perf", "--no-perf",
-}
+from tuner.engine.flags.spell import (  # noqa: F401 - render.SERVER and friends: callers know them here
+    _BENCH_SPELL,
+    _IGNORED_BARE,
+    _IGNORED_WITH_VALUE,
+    _SPEC_NUMBERS,
+    _SPELL,
+    BATCHED_BENCH,
+    BENCH,
+    FIT_PARAMS,
+    PERPLEXITY,
+    SERVER,
+    _Argv,
+)
+from tuner.engine.kinds import IK_LLAMA, LLAMA_CPP
 
 
 # common/arg.cpp reads every integer flag with std::stoi (a 32-bit int: a longer number is out_of_range and
@@ -209,29 +158,6 @@ def exact_number(value: float) -> str:
     return short if float(short) == value else repr(value)
 
 
-class _Argv:
-    """Collects flags for one tool, spelled as that tool's binary accepts them."""
-
-    def __init__(self, binary: Path, tool: str, caps: Capabilities | None) -> None:
-        self.tool = tool
-        self.caps = caps
-        self.argv: list[str] = [str(binary)]
-
-    def add(self, setting: str, *values: str) -> None:
-        spellings = (_BENCH_SPELL.get(setting) if self.tool == BENCH else None) or _SPELL[setting]
-        flag = spellings[0]
-        if self.caps is not None and self.tool in self.caps.flags:
-            usable = [s for s in spellings if self.caps.supports(self.tool, s)]
-            if not usable:
-                shown = f"{flag} {' '.join(values)}".strip()
-                raise UnsupportedFlagError(
-                    f"{self.tool} of this engine does not accept {shown}: update llama.cpp "
-                    "(`moe-tune engine install`) or leave that setting at its default"
-                )
-            flag = usable[0]
-        self.argv += [flag, *values]
-
-
 def _common(a: _Argv, cfg: LaunchConfig) -> None:
     if cfg.device is not None:
         a.add("device", cfg.device)
@@ -263,7 +189,10 @@ def _context_flags(a: _Argv, cfg: LaunchConfig) -> None:
         a.add("no_kv_unified")
     if cfg.swa_full:
         a.add("swa_full")
-    if not cfg.mmap:
+    if a.kind is IK_LLAMA:
+        if not cfg.mmap and not cfg.run_time_repack:  # -rtr loads without mmap on its own (ik's common.cpp)
+            a.add("no_mmap")
+    elif not cfg.mmap:
         a.add("load_mode", "none")  # read weights into anonymous memory instead of mapping the file
     if not cfg.repack:
         a.add("no_repack")
@@ -271,79 +200,8 @@ def _context_flags(a: _Argv, cfg: LaunchConfig) -> None:
         a.add("no_host")
     if not cfg.op_offload:
         a.add("no_op_offload")
-
-
-def bench_argv(binary: Path, cfg: LaunchConfig, **options: Any) -> list[str]:
-    """llama-bench for one config (options as :func:`bench_group_argv`); it has no -c (context = prompt +
-    generated + depth)."""
-    return bench_group_argv(binary, [cfg], **options)
-
-
-def bench_group_argv(
-    binary: Path,
-    cfgs: Sequence[LaunchConfig],
-    *,
-    n_prompt: int,
-    n_gen: int,
-    repetitions: int,
-    depth: int | Sequence[int] = 0,
-    caps: Capabilities | None = None,
-    progress: bool = False,
-) -> list[str]:
-    """One llama-bench process for configs that form a full cross product of comma lists.
-
-    llama-bench runs every combination of its lists and aborts the whole sweep at the first invalid one, so
-    the caller (:func:`tuner.measure.bench.group_configs`) only hands in sets where every combination is a wanted,
-    valid config. Each list is rendered in first-seen order. ``progress``: ``--progress`` where this llama-bench
-    takes it (a line on stderr as each phase of a test starts: :mod:`tuner.measure.phases` reads them).
-    """
-    if not cfgs:
-        raise UsageError("no configs to benchmark: pass at least one")
-    for cfg in cfgs:
-        validate(cfg)
-    if len({(c.model, c.mmap, c.repack, c.no_host, c.op_offload, c.op_offload_min_batch, c.device)
-            for c in cfgs}) != 1:
-        raise UsageError("configs in one llama-bench run must share the model file, load mode, device and "
-                         "op-offload threshold (the environment of the process)")
-    depths = [depth] if isinstance(depth, int) else list(depth)
-    a = _Argv(binary, BENCH, caps)
-    first = cfgs[0]
-    a.add("model", str(first.model))
-    a.argv += ["-p", str(n_prompt), "-n", str(n_gen), "-r", str(repetitions)]
-    if depths != [0]:
-        a.add("depth", ",".join(str(d) for d in depths))
-    if first.device is not None:
-        a.add("device", first.device)
-
-    def listed(name: str) -> list[str]:
-        seen: list[str] = []
-        for c in cfgs:
-            value = getattr(c, name)
-            text = value.value if hasattr(value, "value") else ("" if value is None else str(value))
-            if text not in seen:
-                seen.append(text)
-        return seen
-
-    for name in ("n_gpu_layers", "n_cpu_moe", "cache_type_k", "cache_type_v", "threads", "batch", "ubatch",
-                 "flash_attn"):
-        values = listed(name)
-        default = {"cache_type_k": "f16", "cache_type_v": "f16", "flash_attn": "auto"}.get(name, "")
-        if values == [default]:
-            continue
-        if "" in values:
-            raise UsageError(f"configs in one llama-bench run must all set {name} or none of them")
-        a.add(name, ",".join(values))
-    if not first.mmap:
-        a.add("load_mode", "none")
-    if not first.repack:
-        a.add("repack", "0")
-    if first.no_host:
-        a.add("no_host", "1")
-    if not first.op_offload:
-        a.add("no_op_offload", "1")
-    if progress and (caps is None or BENCH not in caps.flags or caps.supports(BENCH, "--progress")):
-        a.argv.append("--progress")
-    return a.argv + ["-o", "jsonl"]
+    if a.kind is IK_LLAMA:
+        a.add_words(dialect.server_lever_args(cfg))
 
 
 def batched_bench_argv(binary: Path, cfg: LaunchConfig, *, n_prompt: int, n_gen: int,
@@ -378,7 +236,10 @@ def fit_would_move(cfg: LaunchConfig) -> bool:
 def _fit_flags(a: _Argv, cfg: LaunchConfig) -> None:
     """``--fit off`` where fit would otherwise rewrite the placement this config states; ``-fitt`` where the config
     tells fit what to leave free (common/arg.cpp: one value is every device's margin; common/fit.cpp
-    ``common_params_fit_impl`` fits until each device's projected free memory is at least that)."""
+    ``common_params_fit_impl`` fits until each device's projected free memory is at least that). ik_llama.cpp's
+    ``--fit`` is off unless given (its common/common.cpp): its lines never need one."""
+    if a.kind is not LLAMA_CPP:
+        return
     if fit_would_move(cfg):
         a.add("fit", "off")
     elif cfg.fit_target_mib is not None:
@@ -393,7 +254,9 @@ def _server_argv(binary: Path, cfg: LaunchConfig, caps: Capabilities | None, *, 
     """llama-server's argv for ``cfg``; ``fit``: with the ``--fit off`` a placement of its own needs (llama-fit-params
     with -fitp prints the estimate of the config as given and never fits, tools/fit-params)."""
     validate(cfg)
-    a = _Argv(binary, SERVER, caps)
+    kind = dialect.kind_for(caps, cfg)
+    dialect.check_levers(kind, cfg)
+    a = _Argv(binary, SERVER, caps, kind)
     a.add("model", str(cfg.model))
     if cfg.ctx is not None:
         a.add("ctx", str(cfg.ctx))
@@ -427,6 +290,11 @@ def listen_argv(host: str, port: int, *, log_jsonl: bool = False) -> list[str]:
     return address_argv(host, port) + (["--log-jsonl"] if log_jsonl else [])
 
 
+def api_key_file_argv(path: Path) -> list[str]:
+    """The server's key file by path (ik_llama.cpp reads no key from its environment): the key stays in the file."""
+    return ["--api-key-file", str(path)]
+
+
 def trace_argv() -> list[str]:
     """llama-server at trace verbosity: it then logs each context checkpoint and the prompt cache's state."""
     return ["-lv", "4"]
@@ -453,7 +321,9 @@ def perplexity_argv(
     With ``kld_base`` and not ``kld``: write the reference logits to that file. With both: compare against it.
     """
     validate(cfg)
-    a = _Argv(binary, PERPLEXITY, caps)
+    kind = dialect.kind_for(caps, cfg)
+    dialect.check_levers(kind, cfg)
+    a = _Argv(binary, PERPLEXITY, caps, kind)
     a.add("model", str(cfg.model))
     a.argv += ["-f", str(text_file)]
     a.add("ctx", str(ctx))
@@ -474,6 +344,9 @@ def perplexity_argv(
 
 def fit_params_argv(binary: Path, cfg: LaunchConfig, caps: Capabilities | None = None) -> list[str]:
     """llama-fit-params projecting ``cfg``'s memory (header only, nothing allocated), with JSON records."""
+    if not dialect.kind_for(caps, cfg).projects_memory:
+        raise UnsupportedFlagError(f"{dialect.kind_for(caps, cfg).name} has no llama-fit-params: its memory comes "
+                                   "from its own load log")
     if cfg.kv_unified is not None:
         # llama-fit-params has no --kv-unified / --no-kv-unified (its -np default is 1, where they agree).
         raise UnsupportedFlagError(

@@ -1,0 +1,113 @@
+"""`auto-tune --engines llama.cpp,ik` for real on the demo model (random weights: its figures are not speeds, the
+tests read its lines and records): each engine tuned, the lines judged head to head, the printed line naming its
+engine and binary; then `serve` of an ik_llama.cpp result starts ik's own server, which answers /v1/models behind
+the key (ik reads no key from its environment: it gets a key file of its own)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import urllib.error
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.cli.test_serve import gone, model_ids, post, ready, start
+from tests.conftest import run_cli
+from tuner.engine.kinds import IK_LLAMA, LLAMA_CPP
+from tuner.report import study_report
+from tuner.search.result import load_result
+
+QUICK = ("--workload", "chat", "-p", "48", "-n", "16", "--min-ctx", "1024", "--trials", "3", "--max-kld", "off",
+         "--allow-busy")
+
+
+@pytest.fixture(scope="module")
+def two_engines(demo_models, ik_loc, tmp_path_factory) -> tuple[subprocess.CompletedProcess[str], Path]:
+    out = tmp_path_factory.mktemp("engines")
+    model = demo_models[("qwen3moe", "Q4_K_M")]
+    res = run_cli("auto-tune", str(model), *QUICK, "--engines", "llama.cpp,ik", "--results-dir", str(out),
+                  timeout=1800)
+    return res, out
+
+
+def test_each_engine_is_tuned_and_the_printed_line_names_its_engine(two_engines, ik_loc):
+    res, out = two_engines
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "engine 1 of 2: llama.cpp 0c1e57098" in res.stderr
+    assert "engine 2 of 2: ik_llama.cpp ik-llama-cpp-python-0.1.5" in res.stderr
+    assert "ik_llama.cpp's own levers searched: run_time_repack, fused_moe, merge_up_gate" in res.stderr
+    results = [load_result(p) for p in out.glob("*/result.json")]
+    engines = sorted(r.engines["lines"][0]["engine"] for r in results if r.engines)
+    assert len(results) == 2 and engines == [LLAMA_CPP.name, LLAMA_CPP.name]  # each holds the same head to head
+    chosen = [r for r in results if r.engines and r.engines["chosen"]]
+    assert len(chosen) == 1
+    block = chosen[0].engines
+    printed = next(x for x in block["lines"] if x["label"] == block["printed"])
+    assert block["printed_engine"] == printed["engine"] == chosen[0].engine["engine"]
+    labels = {x["label"] for x in block["lines"]}
+    assert "llama.cpp default" in labels or "llama.cpp default" == block["printed"] or any(
+        x["label"].startswith("llama.cpp") for x in block["lines"])
+    assert any(x["engine"] == IK_LLAMA.name for x in block["lines"])
+    # the verdict against llama.cpp's default (or its own choice) is printed, then the line with engine and binary
+    assert "engines head to head" in res.stdout and f"printed: {block['printed']}" in res.stdout
+    binary = printed["binary"]
+    assert f"launch line ({printed['engine']}, {binary}):" in res.stdout
+    line = res.stdout.strip().splitlines()[-1]
+    assert line.startswith("llama-server " if printed["engine"] == LLAMA_CPP.name else f"{ik_loc.bin_dir}/llama-server ")
+    # launch-line of the chosen result prints the same line, its first pick the head to head's
+    shown = run_cli("launch-line", str(next(p for p in out.glob("*/result.json") if load_result(p).engines["chosen"])))
+    assert shown.returncode == 0 and shown.stdout.strip() == line
+
+
+@pytest.fixture(scope="module")
+def ik_result(demo_models, ik_loc, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("ik-only")
+    res = run_cli("auto-tune", str(demo_models[("qwen3moe", "Q4_K_M")]), *QUICK, "--engines", "ik",
+                  "--results-dir", str(out), timeout=1200)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert f"launch line ({IK_LLAMA.name}: its own llama-server, by path): {ik_loc.bin_dir}/llama-server" in res.stdout
+    (result,) = out.glob("*/result.json")
+    return result
+
+
+def test_serve_of_an_ik_result_runs_ik_s_server_behind_its_key(ik_result, ik_loc, tmp_path):
+    assert study_report.engine_of(load_result(ik_result)) is IK_LLAMA
+    key_file = tmp_path / "key"
+    proc = start(str(ik_result.parent), "--api-key-file", str(key_file), "--alias", "ik-demo")
+    try:
+        url, pid, said = ready(proc)
+        server = psutil.Process(pid)
+        assert Path(server.exe()) == ik_loc.tool("llama-server").resolve()
+        key = key_file.read_text().strip()
+        assert not any(key in w for w in server.cmdline())  # the key by file, never in argv
+        ask = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            post(f"{url}/chat/completions", ask)
+        assert refused.value.code == 401
+        assert post(f"{url}/chat/completions", ask, key=key)["choices"][0]["message"]["role"] == "assistant"
+        assert model_ids(url, key) == ["ik-demo"]
+        handed = server.cmdline()[server.cmdline().index("--api-key-file") + 1]
+        assert Path(handed).stat().st_mode & 0o077 == 0 and Path(handed) != key_file
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, rest = proc.communicate(timeout=30)
+    assert proc.returncode == 0, said + rest
+    assert gone(pid) and not Path(handed).exists()  # its key file went with it
+
+
+def test_compose_and_presets_refuse_an_ik_line_with_the_formats_that_carry_it(ik_result):
+    for fmt in ("compose", "preset"):
+        res = run_cli("launch-line", str(ik_result), "--format", fmt)
+        assert res.returncode == 1
+        assert res.stderr.strip() == (f"error: --format {fmt} runs llama.cpp's own "
+                                      f"{'server image' if fmt == 'compose' else 'router (--models-preset)'}, not "
+                                      "ik_llama.cpp, whose line this is: use --format shell, systemd or llama-swap "
+                                      "(they run ik_llama.cpp's llama-server by its path)")
+    unit = run_cli("launch-line", str(ik_result), "--format", "systemd")
+    assert unit.returncode == 0 and "/llama-server" in unit.stdout and "ik_llama.cpp" in unit.stdout or \
+        "ExecStart=" in unit.stdout
+    data = json.loads(run_cli("launch-line", str(ik_result), "--format", "json").stdout)
+    assert data["config"]["engine"] == IK_LLAMA.name and data["argv"][0].endswith("/llama-server")
