@@ -34,7 +34,6 @@ from tuner.engine.flags.spell import (  # noqa: F401 - render.SERVER and friends
 )
 from tuner.engine.kinds import IK_LLAMA, LLAMA_CPP
 
-
 # common/arg.cpp reads every integer flag with std::stoi (a 32-bit int: a longer number is out_of_range and
 # llama-server refuses to start) and ggml reads GGML_OP_OFFLOAD_MIN_BATCH with atoi (beyond an int: undefined).
 INT_MAX = 2**31 - 1
