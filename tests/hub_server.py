@@ -45,7 +45,7 @@ import json
 import re
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -279,29 +279,24 @@ class HubServer:
         with self._lock:
             self.requests.append(req)
 
-    def _take_stall(self, method: str, url: str) -> float | None:
+    def _take(self, pending: list[Any], wanted: Callable[[Any], bool]) -> Any:
+        """The first pending hook ``wanted`` accepts, taken off its list (None: none is)."""
         with self._lock:
-            for i, (m, part, seconds) in enumerate(self._hooks.stalls):
-                if m == method and part in url:
-                    del self._hooks.stalls[i]
-                    return seconds
+            for i, hook in enumerate(pending):
+                if wanted(hook):
+                    return pending.pop(i)
             return None
+
+    def _take_stall(self, method: str, url: str) -> float | None:
+        stall = self._take(self._hooks.stalls, lambda h: h[0] == method and h[1] in url)
+        return None if stall is None else stall[2]
 
     def _take_throttle(self, url: str) -> bool:
-        with self._lock:
-            for i, part in enumerate(self._hooks.throttles):
-                if part in url:
-                    del self._hooks.throttles[i]
-                    return True
-            return False
+        return self._take(self._hooks.throttles, lambda part: part in url) is not None
 
     def _take_drip(self, url: str) -> float | None:
-        with self._lock:
-            for i, (part, seconds) in enumerate(self._hooks.drips):
-                if part in url:
-                    del self._hooks.drips[i]
-                    return seconds
-            return None
+        drip = self._take(self._hooks.drips, lambda h: h[0] in url)
+        return None if drip is None else drip[1]
 
     def _take_cut(self, key: str) -> int | None:
         with self._lock:
