@@ -1,7 +1,7 @@
 """`moe-tune lookup` over a pool of 100,000 simulated records: consolidated Parquet shards against one file per record,
 side by side, through the local Hub server (tests/hub_server.py, a real HTTP server speaking the Hub protocol).
 
-The pool: 4 cards (two of them in the 12 GiB class) x 250 model repos x 3 quants x 6 engine commits, 3,000 sharers,
+The pool: 4 cards (two of them in the 12 GiB class) x 250 model repos x 3 quants x 6 engine commits, 3,000 accounts,
 each record the schema's full shape (6 measured lines, 3 verdicts, a reason) with random figures. Consolidated
 into shards (tuner/share/shards.py) plus 300 records still in records/. The file-by-file pool holds 20,000 records
 in records/ (the most a look-up lists): a look-up reads a random 1,000 of them and says what it skipped.
@@ -118,13 +118,14 @@ def main() -> None:
     data = [simulated(rng, i, sharers) for i in range(N_RECORDS + N_INBOX)]
     configs: dict[str, Any] = {}
     records = [as_record(f"{i:016x}", d, configs) for i, d in enumerate(data[:N_RECORDS])]
-    built = shards.build_shards(records)
+    account = {sharer: f"user{i:04d}" for i, sharer in enumerate(sharers)}  # each sharer's Hub account, as consolidated
+    built = shards.build_shards(records, {r.record_id: account[r.data["sharer"]] for r in records})
     harness.progress(f"{N_RECORDS:,} records simulated and consolidated in {time.perf_counter() - start:.1f} s")
     inbox = {f"records/{N_RECORDS + i:016x}.json": json.dumps(d, indent=1).encode()
              for i, d in enumerate(data[N_RECORDS:])}
     files_pool = {f"records/{i:016x}.json": json.dumps(d, indent=1).encode() for i, d in enumerate(data[:N_FILES_POOL])}
     say(f"pool: {N_RECORDS:,} records ({len(CARDS)} cards, {N_MODELS} models x {len(QUANTS)} quants, "
-        f"{len(COMMITS)} engine commits, {len(sharers):,} sharers) in {len(built)} shards, "
+        f"{len(COMMITS)} engine commits, {len(sharers):,} accounts) in {len(built)} shards, "
         f"{sum(map(len, built.values())) / 2**20:,.1f} MiB; {N_INBOX} more in records/")
     say(f"file-by-file pool: {N_FILES_POOL:,} records in records/, "
         f"{sum(map(len, files_pool.values())) / 2**20:,.1f} MiB; look-up reads at most {pool.MAX_FILES:,} of them")

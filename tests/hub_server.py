@@ -19,9 +19,19 @@ commit lands on ``refs/pr/N`` (kept in ``HubRepo.pulls``, main untouched) and th
 namespace's users, and its info says ``private: true``. Tree listings are paginated as the Hub's are (``Link:
 <…&cursor=…>; rel="next"``, ``tree_page`` entries a page).
 
-Test hooks: ``cut_next_download`` (close the socket mid-body), ``stall_next`` (answer nothing), ``corrupt`` (serve
-different bytes than the advertised sha256), gated repos answering 401/403 unless a granted token is sent. Every
-request is recorded with the body bytes it sent, so tests can assert how much was transferred.
+Who did what, as the Hub tells it: every commit has an author (the token's user; a repo's first files are its
+namespace's, or ``add_repo(author=)``'s), ``GET /api/{…}/REPO/commits/REV`` lists them newest first in pages
+(``commits_page``, ``Link: rel="next"``), ``POST /api/{…}/REPO/paths-info/REV`` with ``expand`` answers each path's
+``lastCommit``, ``GET /api/{…}/REPO/discussions`` lists the pull requests newest first (50 a page, ``count`` and
+``start`` as the Hub sends them) and ``…/discussions/N`` details one (its opener, ``changes.mergeCommitId``).
+``POST …/discussions/N/merge`` (``HfApi.merge_pull_request``) needs a user of the repo's namespace and applies the
+pull request's files to main as one new commit, authored by the user who merged (the opener is known from the
+discussions API only).
+
+Test hooks: ``cut_next_download`` (close the socket mid-body), ``stall_next`` (answer nothing), ``drip_next`` (send
+the body a byte at a time, slowly), ``ignore_range`` (answer every GET whole, 200), ``corrupt`` (serve different
+bytes than the advertised sha256), gated repos answering 401/403 unless a granted token is sent. Every request is
+recorded with the body bytes it sent, so tests can assert how much was transferred.
 
 Also here: ``split_gguf`` writes real llama.cpp split GGUFs (``split.no``/``split.count``/
 ``split.tensors.count``) with the gguf package, and helpers that lay out demo models as Hub repos.
@@ -35,7 +45,7 @@ import json
 import re
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -46,6 +56,25 @@ import gguf
 
 CHUNK_BYTES = 64 * 1024
 LFS_SUFFIXES = (".gguf", ".bin", ".safetensors", ".parquet")
+DISCUSSIONS_PAGE = 50
+EPOCH = 1_767_225_600  # 2026-01-01: commit dates count seconds from it, one a commit
+
+
+@dataclass(frozen=True)
+class Commit:
+    commit_id: str
+    author: str
+    title: str
+    date: str
+
+
+@dataclass
+class Pull:
+    num: int
+    author: str
+    title: str
+    status: str = "open"  # or "merged"
+    merge_commit: str | None = None
 
 
 @dataclass
@@ -77,6 +106,9 @@ class HubRepo:
     commits: list[str] = field(default_factory=list)  # summaries of the commits pushed to it, oldest first
     private: bool = False
     pulls: list[dict[str, bytes | None]] = field(default_factory=list)  # refs/pr/N (N = index + 1): its files
+    pull_info: list[Pull] = field(default_factory=list)  # the same pull requests: opener, status, merge commit
+    history: list[Commit] = field(default_factory=list)  # every commit to main, oldest first
+    last_commit: dict[str, str] = field(default_factory=dict)  # path → the commit that last changed it
 
 
 @dataclass(frozen=True)
@@ -93,6 +125,8 @@ class Request:
 class _Hooks:
     cut_after: dict[str, list[int]] = field(default_factory=dict)  # file url path → byte counts, one per GET
     stalls: list[tuple[str, str, float]] = field(default_factory=list)  # (method, url part, seconds), one request each
+    drips: list[tuple[str, float]] = field(default_factory=list)  # (url part, seconds between bytes), one GET each
+    throttles: list[str] = field(default_factory=list)  # url parts answered 429 "Retry-After: 3600", one GET each
     corrupt: set[str] = field(default_factory=set)
 
 
@@ -104,9 +138,11 @@ class HubServer:
     on the redirect response and clients must not forward the token to the CDN host.
     """
 
-    def __init__(self, cdn_redirect: bool = False, tree_page: int = 1000) -> None:
+    def __init__(self, cdn_redirect: bool = False, tree_page: int = 1000, commits_page: int = 50) -> None:
         self.cdn_redirect = cdn_redirect
         self.tree_page = tree_page
+        self.commits_page = commits_page
+        self.ignore_range = False  # a server (a proxy, a mirror) that answers every GET with the whole file
         # token → (user name, organizations): who may write, and where (whoami-v2)
         self.users: dict[str, tuple[str, tuple[str, ...]]] = {"hf_test": ("alice", ())}
         self.repos: dict[tuple[str, str], HubRepo] = {}
@@ -121,7 +157,7 @@ class HubServer:
 
     def add_repo(
         self, repo_id: str, files: Mapping[str, Path | bytes], *, repo_type: str = "model", gated: bool = False,
-        private: bool = False,
+        private: bool = False, author: str | None = None,
     ) -> HubRepo:
         entries = {}
         for path, source in files.items():
@@ -131,11 +167,19 @@ class HubServer:
         for path in sorted(entries):
             digest.update(path.encode() + entries[path].sha256.encode())
         repo = HubRepo(repo_id, repo_type, entries, digest.hexdigest(), gated, private=private)
+        self._log(repo, repo.commit, author or repo_id.split("/")[0], "initial commit", entries)
         self.repos[(repo_type, repo_id)] = repo
         return repo
 
-    def commit(self, repo: HubRepo, summary: str, files: Mapping[str, bytes | None]) -> str:
-        """Apply one commit (a path mapped to None is deleted); the repo's new commit id."""
+    def _log(self, repo: HubRepo, commit: str, author: str, title: str, paths: Mapping[str, object]) -> None:
+        date = time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(EPOCH + len(repo.history)))
+        repo.history.append(Commit(commit, author, title, date))
+        for path in paths:
+            repo.last_commit[path] = commit
+
+    def commit(self, repo: HubRepo, summary: str, files: Mapping[str, bytes | None], author: str | None = None) -> str:
+        """Apply one commit by ``author`` (default: the repo's namespace; a path mapped to None is deleted); the
+        repo's new commit id."""
         with self._lock:
             for path, data in files.items():
                 if data is None:
@@ -144,7 +188,23 @@ class HubServer:
                     repo.files[path] = HubFile(path, data, lfs=path.endswith(LFS_SUFFIXES))
             repo.commit = hashlib.sha1(f"{repo.commit}\n{summary}\n{sorted(files)}".encode()).hexdigest()
             repo.commits.append(summary)
+            self._log(repo, repo.commit, author or repo.repo_id.split("/")[0], summary,
+                      {p: d for p, d in files.items() if d is not None})
             return repo.commit
+
+    def open_pull(self, repo: HubRepo, author: str, files: Mapping[str, bytes | None], title: str = "") -> int:
+        """What ``create_pr=1`` does for ``author``: the files wait on refs/pr/N; N."""
+        with self._lock:
+            repo.pulls.append(dict(files))
+            repo.pull_info.append(Pull(len(repo.pulls), author, title or f"Upload {', '.join(sorted(files))}"))
+            return len(repo.pulls)
+
+    def merge_pull(self, repo: HubRepo, num: int, merger: str | None = None) -> str:
+        """Merge pull request ``num`` into main as one commit made by ``merger`` (default: the namespace)."""
+        pull = repo.pull_info[num - 1]
+        commit = self.commit(repo, f"{pull.title} (#{num})", repo.pulls[num - 1], author=merger)
+        pull.status, pull.merge_commit = "merged", commit
+        return commit
 
     # -- hooks -------------------------------------------------------------------------------------
 
@@ -158,6 +218,18 @@ class HubServer:
         the server stays silent for ``seconds``, then hangs up, as a Hub front end that lost its backend does."""
         with self._lock:
             self._hooks.stalls.extend([(method, url_part, seconds)] * times)
+
+    def drip_next(self, url_part: str, seconds_per_byte: float, times: int = 1) -> None:
+        """The next ``times`` GETs whose URL holds ``url_part`` send their headers at once, then the body one byte
+        every ``seconds_per_byte`` (never silent for a whole stall bound, never done)."""
+        with self._lock:
+            self._hooks.drips.extend([(url_part, seconds_per_byte)] * times)
+
+    def throttle_next(self, url_part: str, times: int = 1) -> None:
+        """The next ``times`` GETs whose URL holds ``url_part`` are answered 429 with ``Retry-After: 3600`` (which
+        huggingface_hub's backoff waits out: an hour and a second)."""
+        with self._lock:
+            self._hooks.throttles.extend([url_part] * times)
 
     def corrupt(self, repo_id: str, path: str) -> None:
         """Serve this file with one byte flipped while the listing and headers keep the true sha256."""
@@ -207,13 +279,24 @@ class HubServer:
         with self._lock:
             self.requests.append(req)
 
-    def _take_stall(self, method: str, url: str) -> float | None:
+    def _take(self, pending: list[Any], wanted: Callable[[Any], bool]) -> Any:
+        """The first pending hook ``wanted`` accepts, taken off its list (None: none is)."""
         with self._lock:
-            for i, (m, part, seconds) in enumerate(self._hooks.stalls):
-                if m == method and part in url:
-                    del self._hooks.stalls[i]
-                    return seconds
+            for i, hook in enumerate(pending):
+                if wanted(hook):
+                    return pending.pop(i)
             return None
+
+    def _take_stall(self, method: str, url: str) -> float | None:
+        stall = self._take(self._hooks.stalls, lambda h: h[0] == method and h[1] in url)
+        return None if stall is None else stall[2]
+
+    def _take_throttle(self, url: str) -> bool:
+        return self._take(self._hooks.throttles, lambda part: part in url) is not None
+
+    def _take_drip(self, url: str) -> float | None:
+        drip = self._take(self._hooks.drips, lambda h: h[0] in url)
+        return None if drip is None else drip[1]
 
     def _take_cut(self, key: str) -> int | None:
         with self._lock:
@@ -247,10 +330,22 @@ class _Handler(BaseHTTPRequestHandler):
         status, sent = 404, 0
         try:
             user = self._user()
-            if user is None:
+            if (m := _API.match(path)) and re.match(r"^/paths-info/[^/]+$", m.group("rest") or ""):
+                status, sent = self._paths_info(m.group("kind")[:-1], m.group("repo"), body)  # a read: no token
+            elif user is None:
                 status, sent = self._error(401, "Unauthorized", "Invalid credentials in Authorization header")
             elif path == "/api/repos/create":
                 status, sent = self._create(json.loads(body or b"{}"), user)
+            elif (m := _API.match(path)) and (p := re.match(r"^/discussions/(\d+)/merge$", m.group("rest") or "")):
+                repo = self._repo(m.group("kind")[:-1], m.group("repo"))
+                num = int(p.group(1))
+                if repo is None or not 0 < num <= len(repo.pull_info):
+                    status, sent = self._error(404, "RepoNotFound", "No such pull request")
+                elif repo.repo_id.split("/")[0] not in user:
+                    status, sent = self._error(403, "Forbidden", "Only the repo's owners merge", repo)
+                else:
+                    self.hub.merge_pull(repo, num, merger=user[0])
+                    status, sent = self._json(200, {}, repo)
             elif (m := _API.match(path)) and (w := re.match(r"^/(preupload|commit)/[^/]+$", m.group("rest") or "")):
                 repo = self._repo(m.group("kind")[:-1], m.group("repo"))
                 as_pr = parse_qs(url.query).get("create_pr", ["0"])[0] == "1"
@@ -306,14 +401,12 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._error(400, "BadRequest", f"unsupported commit operation {item.get('key')}", repo)
         prefix = "" if repo.repo_type == "model" else f"{repo.repo_type}s/"
         if as_pr:  # main stays as it is: the commit goes on refs/pr/N
-            with self.hub._lock:
-                repo.pulls.append(files)
-                number = len(repo.pulls)
+            number = self.hub.open_pull(repo, (self._user() or ("?",))[0], files, summary)
             commit = hashlib.sha1(f"{repo.commit}\npr {number}\n{summary}".encode()).hexdigest()
             page = f"{self.hub.endpoint}/{prefix}{repo.repo_id}"
             return self._json(200, {"success": True, "commitOid": commit, "commitUrl": f"{page}/commit/{commit}",
                                     "pullRequestUrl": f"{page}/discussions/{number}"}, repo)
-        commit = self.hub.commit(repo, summary, files)
+        commit = self.hub.commit(repo, summary, files, author=(self._user() or (None,))[0])
         return self._json(200, {"success": True, "commitOid": commit, "pullRequestUrl": None,
                                 "commitUrl": f"{self.hub.endpoint}/{prefix}{repo.repo_id}/commit/{commit}"}, repo)
 
@@ -331,7 +424,13 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             return
         try:
-            if path == "/api/whoami-v2":
+            if self.command == "GET" and self.hub._take_throttle(unquote(self.path)):
+                self.send_response(429)
+                self.send_header("Retry-After", "3600")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                status = 429
+            elif path == "/api/whoami-v2":
                 user = self._user()
                 if user is None:
                     status, sent = self._error(401, "Unauthorized", "Invalid credentials in Authorization header")
@@ -381,6 +480,19 @@ class _Handler(BaseHTTPRequestHandler):
                 "siblings": [{"rfilename": p} for p in sorted(repo.files)],
             }
             return self._json(200, info, repo)
+        if m := re.match(r"^/commits/(?P<rev>[^/]+)$", rest):
+            if not self._revision_ok(repo, unquote(m.group("rev"))):
+                return self._error(404, "RevisionNotFound", "Invalid rev id")
+            return self._commits(repo, kind, query)
+        if rest == "/discussions":
+            return self._discussions(repo, query)
+        if m := re.match(r"^/discussions/(\d+)$", rest):
+            num = int(m.group(1))
+            if not 0 < num <= len(repo.pull_info):
+                return self._error(404, "RepoNotFound", "No such discussion", repo)
+            return self._json(200, self._discussion(repo, repo.pull_info[num - 1]) | {
+                "events": [], "filesWithConflicts": [], "diff": "",
+                "changes": {"base": "refs/heads/main", "mergeCommitId": repo.pull_info[num - 1].merge_commit}}, repo)
         if m := re.match(r"^/tree/(?P<rev>[^/]+)(?:/(?P<sub>.*))?$", rest):
             if not self._revision_ok(repo, m.group("rev")):
                 return self._error(404, "RevisionNotFound", "Invalid rev id")
@@ -396,6 +508,55 @@ class _Handler(BaseHTTPRequestHandler):
                 link = f'<{self.hub.endpoint}/api/{kind}s/{repo_id}{rest}?{rest_query}>; rel="next"'
             return self._json(200, page, repo, link=link)
         return self._error(404, "RepoNotFound", "Unknown route")
+
+    def _commits(self, repo: HubRepo, kind: str, query: str) -> tuple[int, int]:
+        """The commits API: newest first, ``commits_page`` a page, the next page by ``Link``."""
+        params = parse_qs(query)
+        page = int(params.get("p", ["0"])[0])
+        size = self.hub.commits_page
+        newest = list(reversed(repo.history))
+        items = [{"id": c.commit_id, "title": c.title, "message": "", "date": c.date,
+                  "authors": [{"user": c.author, "avatar": ""}]} for c in newest[page * size:(page + 1) * size]]
+        link = None
+        if (page + 1) * size < len(newest):
+            link = f'<{self.hub.endpoint}/api/{kind}s/{repo.repo_id}/commits/{repo.commit}?p={page + 1}>; rel="next"'
+        return self._json(200, items, repo, link=link)
+
+    def _paths_info(self, kind: str, repo_id: str, body: bytes) -> tuple[int, int]:
+        repo = self._repo(kind, repo_id)
+        if repo is None:
+            return self._error(404, "RepoNotFound", "Repository not found")
+        form = parse_qs(body.decode())
+        expand = form.get("expand", ["False"])[0].lower() == "true"
+        out = []
+        for path in form.get("paths", []):
+            f = repo.files.get(path)
+            if f is None:
+                continue
+            entry: dict[str, Any] = {"type": "file", "path": path, "size": f.size, "oid": f.git_oid}
+            commit = repo.last_commit.get(path)
+            if expand and commit is not None:
+                c = next(c for c in repo.history if c.commit_id == commit)
+                entry["lastCommit"] = {"id": c.commit_id, "title": c.title, "date": c.date}
+            out.append(entry)
+        return self._json(200, out, repo)
+
+    def _discussion(self, repo: HubRepo, pull: Pull) -> dict[str, Any]:
+        return {"num": pull.num, "title": pull.title, "author": {"name": pull.author},
+                "createdAt": time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(EPOCH + pull.num)),
+                "status": pull.status, "repo": {"name": repo.repo_id, "type": repo.repo_type},
+                "isPullRequest": True}
+
+    def _discussions(self, repo: HubRepo, query: str) -> tuple[int, int]:
+        """The discussions API: newest first, DISCUSSIONS_PAGE a page (``p``), with ``count`` and ``start``."""
+        params = parse_qs(query)
+        page = int(params.get("p", ["0"])[0])
+        pulls = list(reversed(repo.pull_info))
+        if "author" in params:
+            pulls = [p for p in pulls if p.author == params["author"][0]]
+        start = page * DISCUSSIONS_PAGE
+        page_of = [self._discussion(repo, p) for p in pulls[start:start + DISCUSSIONS_PAGE]]
+        return self._json(200, {"discussions": page_of, "count": len(pulls), "start": start}, repo)
 
     def _resolve(self, kind: str, repo_id: str, rev: str, path: str, head: bool) -> tuple[int, int]:
         repo = self._repo(kind, repo_id)
@@ -433,7 +594,7 @@ class _Handler(BaseHTTPRequestHandler):
         total = len(data)
         start, end = 0, total - 1
         status = 200
-        if (rng := self.headers.get("Range")) and (m := _RANGE.match(rng.strip())):
+        if not self.hub.ignore_range and (rng := self.headers.get("Range")) and (m := _RANGE.match(rng.strip())):
             start = int(m.group(1))
             end = min(int(m.group(2)), total - 1) if m.group(2) else total - 1
             if start >= total:
@@ -459,11 +620,18 @@ class _Handler(BaseHTTPRequestHandler):
         if head:
             return status, 0
         cut = self.hub._take_cut(key)
+        drip = self.hub._take_drip(unquote(self.path))
         body = memoryview(data)[start:end + 1]
         limit = len(body) if cut is None else min(cut, len(body))
         sent = 0
         try:
             while sent < limit:
+                if drip is not None:
+                    self.wfile.write(body[sent:sent + 1])
+                    self.wfile.flush()
+                    sent += 1
+                    time.sleep(drip)
+                    continue
                 chunk = body[sent:min(sent + CHUNK_BYTES, limit)]
                 self.wfile.write(chunk)
                 sent += len(chunk)

@@ -264,3 +264,34 @@ def test_one_llama_bench_process_has_one_op_offload_threshold():
     b = LaunchConfig(model=MODEL, n_cpu_moe=4, threads=2, op_offload_min_batch=512)
     with pytest.raises(UsageError, match="op-offload threshold"):
         flags.bench_group_argv(Path("llama-bench"), [a, b], n_prompt=8, n_gen=8, repetitions=1)
+
+
+@pytest.mark.parametrize("pasted", [
+    "llama-server -m x.gguf --spec-type ngram-mod --spec-draft-n-max 1000000",
+    "llama-server -m x.gguf --spec-type ngram-mod --spec-draft-n-max 1234567",
+    "llama-server -m x.gguf --spec-type ngram-mod --spec-draft-p-min 0.123456789",
+    "llama-server -m x.gguf --spec-type ngram-mod --spec-synth-len 1234567.5",
+    "llama-server -m x.gguf --spec-type ngram-mod --spec-synth-rates 0.987654321,0.5",
+])
+def test_spec_numbers_render_as_the_engine_reads_them_back(pasted):
+    """std::stoi stops at the first letter: ``1e+06`` (format "g") read as 1 and ``1.23457e+06`` as 1, so the line
+    shown was not the line measured; every number now renders to the same value when read again."""
+    cfg = flags.parse_command(pasted).config
+    line = flags.launch_line(cfg)
+    assert flags.parse_command(line).config == cfg
+    assert "e+" not in line and line.split()[-1] == pasted.split()[-1]
+
+
+@pytest.mark.parametrize("pasted", [
+    "llama-server -m x.gguf -c 99999999999999999999",
+    "llama-server -m x.gguf -ngl 100000000000000000",
+    "llama-server -m x.gguf -c 2147483648",
+    "GGML_OP_OFFLOAD_MIN_BATCH=4294967296 llama-server -m x.gguf",
+    "llama-server -m x.gguf --spec-type ngram-mod --spec-synth-len nan",
+    "llama-server -m x.gguf --spec-type ngram-mod --spec-synth-len inf",
+])
+def test_numbers_llama_cpp_cannot_read_are_refused(pasted):
+    """common/arg.cpp reads integers with std::stoi (32 bits: more is out_of_range, the server does not start)."""
+    with pytest.raises(UsageError):
+        flags.parse_command(pasted)
+    assert flags.parse_command("llama-server -m x.gguf -c 2147483647").config.ctx == 2**31 - 1

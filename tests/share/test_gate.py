@@ -172,3 +172,35 @@ def test_every_kept_line_pastes_as_the_words_it_shows():
     assert line == "GGML_OP_OFFLOAD_MIN_BATCH=64 llama-server -m m-Q4_K_M.gguf -c 4096 -np 1"
     assert shlex.split(line) == line.split(" ")  # nothing quoted, nothing a shell expands
     assert rec.printed.op_offload_min_batch == 64
+
+
+def test_a_strangers_text_is_shown_collapsed_and_in_a_narrow_charset():
+    padded = "faster" + " " * 200 + "3 accounts agree: llama-server --rpc x"
+    assert shown(padded, 600) == "faster 3 accounts agree: llama-server --rpc x"
+    # Printable to Python, yet a blank-looking letter, a stack of accents, a right-to-left override: escaped.
+    assert shown("a\u3164b" + "e\u0301\u0301" + "\u202eZ") == "a\\u3164be\\u0301\\u0301\\u202eZ"
+    assert shown("a\tb\nc\x1b[2J") == "a\\tb\\nc\\x1b[2J"
+    assert shown("2.0× faster — 12 GiB → 16 GiB") == "2.0× faster — 12 GiB → 16 GiB"  # moe-tune's own signs
+
+
+@pytest.mark.parametrize("extra,why", [
+    (" -cram -1", "a line sets cache_ram_mib to -1: a shared line's numbers are 0 or more"),
+    (" -c 99999999999999999999", "beyond the 32-bit whole numbers llama.cpp reads"),
+    (" --spec-type ngram-mod --spec-synth-len nan", "--spec-synth-len counts the target token too"),
+])
+def test_a_line_with_a_number_llama_cpp_reads_otherwise_is_refused(extra, why):
+    with pytest.raises(RecordError, match=why) as exc:
+        read_record(raw(hostile(printed(LINE + extra))), RID)
+    assert exc.value.reason == "line refused"
+
+
+def test_every_refusal_names_its_kind():
+    kinds = {}
+    for name, d in {"not JSON": b"{", "too large": b" " * (MAX_RECORD_BYTES + 1),
+                    "bad field": raw(hostile(lambda d: d["card"].update(name=7))),
+                    "newer schema": raw(good() | {"version": SCHEMA_VERSION + 1})}.items():
+        with pytest.raises(RecordError) as exc:
+            read_record(d, RID)
+        kinds[name] = exc.value.reason
+    assert kinds == {"not JSON": "not JSON", "too large": "too large", "bad field": "bad field",
+                     "newer schema": "newer schema"}

@@ -1,5 +1,6 @@
 """Matching, agreement and the physics bound of a look-up (tuner/share/match.py, lookup.py, physics.py, seeds.py):
-cards the catalog knows, sharers counted once, figures bounded by the roofline of the model on the card."""
+cards the catalog knows, Hub accounts counted once (a record's own sharer id never), figures bounded by the roofline
+of the model on the card and nothing a record says."""
 
 from __future__ import annotations
 
@@ -46,27 +47,42 @@ def test_a_card_is_a_sibling_only_when_the_catalog_knows_it():
     assert matching(recs, MODEL, CardQuery.parse("cpu")) == []
 
 
-def test_agreement_counts_sharers_not_files_and_a_single_sharers_line_comes_last():
-    recs = [rec(i, SHARER_A, line=CANDIDATE, gen=150.0) for i in range(50)]  # one sharer, fifty copies
-    recs += [rec(100, SHARER_A, gen=90.0), rec(101, SHARER_A, gen=92.0), rec(102, SHARER_B, gen=110.0)]
-    matched = matching(recs, MODEL, CardQuery.parse("RTX 3060 12GB"))
+def test_agreement_counts_accounts_not_files_nor_sharer_ids_and_a_single_accounts_line_comes_last():
+    # alice: fifty copies of the candidate under fifty made-up sharer ids, and two of the default; bob: one default.
+    recs = [rec(i, f"{i:016x}", line=CANDIDATE, gen=150.0) for i in range(50)]
+    recs += [rec(100, SHARER_A, gen=90.0), rec(101, SHARER_B, gen=92.0), rec(102, SHARER_C, gen=110.0)]
+    who = {r.record_id: "alice" for r in recs} | {recs[-1].record_id: "bob"}
+    matched = matching(recs, MODEL, CardQuery.parse("RTX 3060 12GB"), who)
     [confirmed, single] = lookup.group(matched)["0c1e570"]
     c, s = confirmed.to_dict(), single.to_dict()
-    assert (c["line"], c["sharers"], c["records"], c["single_sharer"]) == (LINE, 2, 3, False)
-    # Each sharer's median (91 for A's two records, 110 for B), then the median of those: A's copies count once.
+    assert (c["line"], c["accounts"], c["records"], c["single_account"]) == (LINE, 2, 3, False)
+    assert c["account_names"] == ["alice", "bob"] and c["sharer_ids"] == [SHARER_A, SHARER_B, SHARER_C]
+    # Each account's median (91 for alice's two records, 110 for bob), then the median of those.
     assert c["median_gen_tok_s"] == pytest.approx((91.0 + 110.0) / 2)
-    assert (s["line"], s["sharers"], s["records"], s["single_sharer"]) == (CANDIDATE, 1, 50, True)
-    # Seeds: distinct lines by sharers. The records printing the default propose their best candidate, the line
-    # the fifty copies print: one seed, two sharers.
+    assert (s["line"], s["accounts"], s["records"], s["single_account"]) == (CANDIDATE, 1, 50, True)
+    assert lookup.agreement(s["accounts"], s["unverified"]) == "1 account (unconfirmed)"
+    # Seeds: distinct lines by accounts. The records printing the default propose their best candidate, the line
+    # the fifty copies print: one seed, two accounts.
     [seed] = seeds.proposals(matched, "o/pool")
-    assert seed.config.cache_type_k.value == "q8_0" and seed.origin.endswith("chat workload; 2 sharers")
+    assert seed.config.cache_type_k.value == "q8_0" and seed.origin.endswith("chat workload; 2 accounts agree")
+
+
+def test_records_whose_uploader_is_unknown_count_together_as_one_unverified_account():
+    recs = [rec(i, f"{i:016x}") for i in range(5)] + [rec(9, SHARER_A)]
+    matched = matching(recs, MODEL, CardQuery.parse("RTX 3060 12GB"), {recs[-1].record_id: "alice"})
+    [g] = lookup.group(matched)["0c1e570"]
+    d = g.to_dict()
+    assert (d["accounts"], d["unverified"], d["account_names"]) == (2, True, ["alice"])
+    assert lookup.agreement(d["accounts"], d["unverified"]) == "2 accounts agree (1 of them unverified)"
+    [alone] = lookup.group(matched[:5])["0c1e570"]
+    assert lookup.agreement(alone.n_accounts, True) == "1 unverified account (unconfirmed)"
 
 
 def test_a_record_printing_a_baseline_proposes_its_best_candidate():
     [seed] = seeds.proposals(matching([rec(7, SHARER_A)], MODEL, CardQuery.parse("RTX 3060 12GB")), "o/shared")
-    assert seed.label == "shared-00000000" and seed.config.cache_type_k.value == "q8_0"
+    assert seed.label == "shared-0000000000000007" and seed.config.cache_type_k.value == "q8_0"
     assert seed.origin.startswith("best candidate (it printed default) of shared record 0000000000000007 in o/shared")
-    assert seed.origin.endswith("1 sharer (unconfirmed)")
+    assert seed.origin.endswith("1 unverified account (unconfirmed)")
 
 
 def test_figures_above_the_roofline_of_the_model_on_the_card_are_refused():
@@ -104,12 +120,16 @@ def test_json_of_a_group_holds_only_escaped_text():
     assert "\\u001b" not in text and g.to_dict()["why"] == ["faster [link=https://evil.example]click[/link]"]
 
 
-def test_seeds_are_few_and_the_lines_more_sharers_agree_on_come_first():
+def test_seeds_are_few_the_lines_more_accounts_agree_on_come_first_and_labels_are_unique():
     confirmed = LINE + " -ub 512"
-    singles = [f"{LINE} -t {t}" for t in range(1, 6)]  # sort before it by text, one sharer each
+    singles = [f"{LINE} -t {t}" for t in range(1, 6)]  # sort before it by text, one account each
     recs = [rec(i, f"{i:016x}", line=s) for i, s in enumerate(singles)]
     recs += [rec(10, SHARER_A, line=confirmed), rec(11, SHARER_B, line=confirmed)]
-    props = seeds.proposals(matching(recs, MODEL, CardQuery.parse("RTX 3060 12GB")), "o/pool")
+    who = {r.record_id: f"user{i}" for i, r in enumerate(recs)}
+    props = seeds.proposals(matching(recs, MODEL, CardQuery.parse("RTX 3060 12GB"), who), "o/pool")
     assert len(props) == seeds.MAX_SEEDS == 4
-    assert props[0].config.ubatch == 512 and props[0].origin.endswith("2 sharers")
+    assert props[0].config.ubatch == 512 and props[0].origin.endswith("2 accounts agree")
     assert [p.config.threads for p in props[1:]] == [1, 2, 3]
+    # Record ids that share their first 8 hex digits (issue 57: four seeds were all shared-00000000).
+    assert [p.label for p in props] == ["shared-000000000000000a", "shared-0000000000000000",
+                                        "shared-0000000000000001", "shared-0000000000000002"]

@@ -1,6 +1,7 @@
 """A pool strangers write to, served by a real HTTP server speaking the Hub protocol (tests/hub_server.py): every
-hostile record, name and shard is one line and skipped, the valid records are always read, agreement counts
-sharers, and reading stays bounded (tuner/share/pool.py, shards.py, lookup.py, seeds.py; `moe-tune lookup`)."""
+hostile record, name and shard is skipped and counted (the first few named), the valid records are always read,
+agreement counts the Hub accounts that uploaded them, and reading stays bounded (tuner/share/pool.py, shards.py,
+lookup.py, seeds.py; `moe-tune lookup`)."""
 
 from __future__ import annotations
 
@@ -24,20 +25,13 @@ from tuner.core.errors import HubUnreachableError
 from tuner.engine import flags
 from tuner.hub import client
 from tuner.hub.repos import HubOptions
-from tuner.models import fingerprint, shape_model
+from tuner.models import fingerprint
 from tuner.share import consolidate, pool, seeds, shards
 from tuner.share.gate import read_record
 from tuner.share.match import ModelQuery
 
 REPO = "pool/moe-tune-shared"
 A, B, C, D, E = ("a" * 16, "b" * 16, "c" * 16, "d" * 16, "e" * 16)
-
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory) -> Path:
-    """A few-MB qwen3moe-shaped GGUF (zero weights) that lookups name by path and match by fingerprint."""
-    out = tmp_path_factory.mktemp("model")
-    return shape_model.write_shape_model(shape_model.small_spec("qwen3moe"), "Q8_0", out / "small-Q8_0.gguf").path
 
 
 def line(model: Path, extra: str = "") -> str:
@@ -66,20 +60,30 @@ def data(d: dict) -> bytes:
     return json.dumps(d, indent=1).encode()
 
 
-def hostile_pool(model: Path) -> tuple[dict[str, bytes], int]:
-    """records/ files: the valid line from two sharers (one of them three times), one sharer's single line fifty
-    times, and every hostile case of issue 50, padded past 600 files; how many files must be refused."""
+def pooled(hub: HubServer, repo_id: str, by_account: dict[str, dict[str, bytes]], **kwargs: Any):
+    """A dataset repo whose files each account brought in its own pull request, merged by the repo's owner (so the
+    commit that brought them names the owner; who opened each request, the discussions API)."""
+    repo = hub.add_repo(repo_id, {}, repo_type="dataset", **kwargs)
+    for account, files in by_account.items():
+        hub.merge_pull(repo, hub.open_pull(repo, account, files))
+    return repo
+
+
+def hostile_pool(model: Path) -> tuple[dict[str, dict[str, bytes]], int]:
+    """records/ files by uploader: the valid line from alice (three copies under three sharer ids) and bob, eve's
+    single line fifty times, and every hostile case of issue 50 from mallory, padded past 600 files; how many
+    files must be refused."""
     ids = (f"{i:016x}" for i in range(1, 10**6))
-    files: dict[str, bytes] = {}
+    by: dict[str, dict[str, bytes]] = {"alice": {}, "bob": {}, "eve": {}, "mallory": {}}
 
-    def add(raw: bytes, name: str | None = None) -> None:
-        files[f"records/{name or next(ids)}.json"] = raw
+    def add(raw: bytes, name: str | None = None, who: str = "mallory") -> None:
+        by[who][f"records/{name or next(ids)}.json"] = raw
 
-    for sharer in (A, A, A, B):  # duplicate sharer: A's three copies count once
-        add(data(record(model, sharer, tool=f"moe-tune {len(files)}")))
-    for i in range(50):  # one sharer's sane line, fifty times: unconfirmed
-        add(data(record(model, E, printed=line(model, " -ub 256"), tool=f"copy {i}")))
-    add(data(record(model, A) | {"card": good()["card"] | {"name": "Totally Real GPU 12GB"}}))  # no sibling: unseen
+    for sharer, who in ((A, "alice"), (C, "alice"), (D, "alice"), (B, "bob")):  # alice's copies count once
+        add(data(record(model, sharer, tool=f"moe-tune {sharer}")), who=who)
+    for i in range(50):  # one account's sane line, fifty times: unconfirmed
+        add(data(record(model, E, printed=line(model, " -ub 256"), tool=f"copy {i}")), who="eve")
+    add(data(record(model, A) | {"card": good()["card"] | {"name": "Totally Real GPU 12GB"}}), who="alice")
     refused = 0
     for bad in [
         'llama-server -m "`id>/tmp/PWNED`.gguf" -c 4096 -np 1',
@@ -103,12 +107,12 @@ def hostile_pool(model: Path) -> tuple[dict[str, bytes], int]:
     add(b" " * 70_000)  # listed above the gate's size: never downloaded
     refused += 4
     for name in ("../../x", "\x1b[2J\x1b]0;owned\x07", "x\nwarning: forged", "README"):
-        files[f"records/{name}.json"] = data(record(model, C))
+        add(data(record(model, C)), name)
         refused += 1
-    while len(files) < 640:  # stuffing: junk with names that would sort first
+    while sum(map(len, by.values())) < 640:  # stuffing: junk with names that would sort first
         add(b"{" * 64)
         refused += 1
-    return files, refused
+    return by, refused
 
 
 def env_for(hub: HubServer, tmp_path: Path) -> dict[str, str]:
@@ -118,14 +122,18 @@ def env_for(hub: HubServer, tmp_path: Path) -> dict[str, str]:
 
 
 def agreeing(stdout: str) -> list[tuple[str, str]]:
-    return re.findall(r"^(\d+ sharers agree|1 sharer \(unconfirmed\)): (.*)$", stdout, re.M)
+    """(how many accounts agree, the line to run) as lookup prints them: the line on its own, under its count."""
+    return re.findall(r"^(\d+ accounts agree[^:\n]*|1 (?:unverified )?account \(unconfirmed\)):\n(llama-server .*)$",
+                      stdout, re.M)
 
 
 def test_lookup_and_seed_from_over_a_hostile_pool(model, tmp_path):
-    files, refused = hostile_pool(model)
+    by, refused = hostile_pool(model)
     with HubServer() as hub:
-        hub.add_repo(REPO, files, repo_type="dataset")
+        pooled(hub, REPO, by)
         res = run_cli("lookup", str(model), "--gpu", "RTX 3060 12GB", "--repo", REPO, env=env_for(hub, tmp_path))
+        as_json = json.loads(run_cli("lookup", str(model), "--gpu", "RTX 3060 12GB", "--repo", REPO, "--json",
+                                     env=env_for(hub, tmp_path)).stdout)
         assert not any("70000" in r.path or r.body_bytes > 65_537 for r in hub.requests if "/resolve/" in r.path)
         options = HubOptions(endpoint=hub.endpoint, token=False, cache_dir=tmp_path / "hf")
         steps: list[str] = []
@@ -133,25 +141,31 @@ def test_lookup_and_seed_from_over_a_hostile_pool(model, tmp_path):
         proposed = seeds.seeds_from(REPO, model, hw, options, on_step=steps.append)
     assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
     warnings = res.stderr.splitlines()
-    assert len(warnings) == refused and all(w.startswith("warning: shared record ") for w in warnings), warnings[:5]
+    # The first five refusals named (the names the listing refuses come first), then one line of counts by kind.
+    assert len(warnings) == 6 and all(w.startswith("warning: ") for w in warnings), warnings
     assert all(c.isprintable() for c in res.stdout + res.stderr if c != "\n")  # no escape reached the terminal
     assert "warning: shared record \\x1b[2J\\x1b]0;owned\\x07.json skipped: a record file is" in res.stderr
     assert "warning: shared record x\\nwarning: forged.json skipped" in res.stderr
-    assert "claims gen_tok_s 1e+09, above the" in res.stderr and "70,000 bytes, more than the 65,536" in res.stderr
-    # The valid line first, its sharers counted once; the one-sharer line after it; each the flag layer's rendering.
-    assert agreeing(res.stdout) == [("2 sharers agree", line(model)),
-                                    ("1 sharer (unconfirmed)", line(model, " -ub 256"))]
+    assert "70,000 bytes, more than the 65,536" in res.stderr
+    assert warnings[-1].startswith(f"warning: {refused:,} shared records skipped in all (")
+    assert sum(as_json["refused"].values()) == refused and as_json["refused"]["above physics"] == 2
+    assert as_json["refused"]["line refused"] == 6 and as_json["refused"]["bad name"] == 4
+    # The valid line first, its accounts counted once; the one-account line after it; each the flag layer's
+    # rendering, alone on its line.
+    assert agreeing(res.stdout) == [("2 accounts agree", line(model)),
+                                    ("1 account (unconfirmed)", line(model, " -ub 256"))]
     for _, shown in agreeing(res.stdout):
         assert shown == flags.launch_line(flags.parse_command(shown).config)
-    # --seed-from: the same refusals, one line each, then what it proposes.
-    assert len(steps) == refused + 1 and steps[-1].endswith("2 distinct line(s) proposed as seeds")
-    assert [p.config.ubatch for p in proposed] == [None, 256] and "2 sharers" in proposed[0].origin
+    # --seed-from: the same few lines, then what it proposes.
+    assert len(steps) == 7 and steps[-1].endswith("2 distinct line(s) proposed as seeds")
+    assert [p.config.ubatch for p in proposed] == [None, 256] and "2 accounts agree" in proposed[0].origin
 
 
 def test_reading_is_bounded_in_files_and_seconds_and_says_what_it_skipped(model, tmp_path, monkeypatch):
-    files, _ = hostile_pool(model)
+    by, _ = hostile_pool(model)
+    files = {p: raw for f in by.values() for p, raw in f.items()}
     with HubServer(tree_page=100) as hub:  # the listing comes in pages, as the Hub's does
-        hub.add_repo(REPO, files, repo_type="dataset")
+        pooled(hub, REPO, by)
         options = HubOptions(endpoint=hub.endpoint, token=False, cache_dir=tmp_path / "hf")
         monkeypatch.setattr(pool, "MAX_FILES", 50)
         got = pool.fetch(REPO, options, rng=random.Random(1))
@@ -180,7 +194,8 @@ def test_a_pool_of_shards_is_read_by_model_and_card_and_every_row_goes_through_t
         if i % 3 == 0:
             d["card"] = d["card"] | {"name": "NVIDIA GeForce RTX 4060 Ti", "vram_total_bytes": 16 * 2**30}
         gated.append(read_record(data(d), f"{i:016x}"))
-    built = shards.build_shards(gated)
+    # The keeper read each record's uploader from the Hub when consolidating: it is the row's account column.
+    built = shards.build_shards(gated, {r.record_id: {A: "alice", B: "bob", C: "carol"}[r.sharer] for r in gated})
     assert sorted(p.split("/")[1] for p in built) == ["vram-12", "vram-16"]
     hostile_row = copy.deepcopy(gated[0].data)
     hostile_row["printed"]["line"] = "LD_PRELOAD=/tmp/x.so " + hostile_row["printed"]["line"]
@@ -188,10 +203,10 @@ def test_a_pool_of_shards_is_read_by_model_and_card_and_every_row_goes_through_t
     [(extra_path, extra_bytes)] = extra.items()
     table_bytes = _with_record(extra_bytes, json.dumps(hostile_row))
     with HubServer() as hub:
-        hub.add_repo(REPO, {**built, extra_path.replace(".parquet", "x.parquet"): table_bytes,
-                            "shards/vram-12/notes.parquet": b"not parquet",
-                            "records/00000000000fffff.json": data(record(model, D, tool="late"))},
-                     repo_type="dataset")
+        repo = hub.add_repo(REPO, {**built, extra_path.replace(".parquet", "x.parquet"): table_bytes,
+                                   "shards/vram-12/notes.parquet": b"not parquet"}, repo_type="dataset")
+        hub.merge_pull(repo, hub.open_pull(repo, "dave", {"records/00000000000fffff.json": data(record(
+            model, D, tool="late"))}))
         res = run_cli("lookup", str(model), "--gpu", "RTX 3060 12GB", "--repo", REPO, "--json",
                       env=env_for(hub, tmp_path))
         assert not any("vram-16" in r.path for r in hub.requests)  # the other VRAM class is never opened
@@ -199,7 +214,8 @@ def test_a_pool_of_shards_is_read_by_model_and_card_and_every_row_goes_through_t
     answer = json.loads(res.stdout)
     ours = [i for i in range(3000) if i % 50 == 0 and i % 3]  # our model, on the 3060
     [group] = answer["by_engine_commit"]["0c1e570"]
-    assert group["records"] == len(ours) + 1 and group["sharers"] == 4  # A, B, C from shards; D from records/
+    assert group["records"] == len(ours) + 1 and group["accounts"] == 4  # 3 from shards, dave's from records/
+    assert group["account_names"] == ["alice", "bob", "carol", "dave"] and not group["unverified"]
     assert any("a line sets LD_PRELOAD" in s for s in answer["skipped"])
     assert any(s.startswith("shard shards/vram-12/notes.parquet skipped: ") for s in answer["skipped"])
 
@@ -225,21 +241,25 @@ def test_a_pool_query_names_the_models_keys():
     assert q.keys == {"hub:org/m-gguf", f"sha:{'ab' * 32}"}
 
 
-def test_the_keeper_consolidates_records_into_shards_in_one_commit(model, tmp_path):
-    files = {f"records/{i:016x}.json": data(record(model, sharer, tool=f"r{i}"))
-             for i, sharer in enumerate([A, A, B, C, D])}
-    files["records/00000000000000ff.json"] = data(record(model, D, gen=-1.0))  # refused: stays in records/
+def test_the_keeper_consolidates_records_into_shards_in_one_commit_keeping_who_uploaded_each(model, tmp_path):
+    uploads: dict[str, dict[str, bytes]] = {}
+    for i, (sharer, who) in enumerate([(A, "ann"), (A, "ann"), (B, "bob"), (C, "cid"), (D, "dan")]):
+        uploads.setdefault(who, {})[f"records/{i:016x}.json"] = data(record(model, sharer, tool=f"r{i}"))
+    uploads["dan"]["records/00000000000000ff.json"] = data(record(model, D, gen=-1.0))  # refused: stays
     with HubServer() as hub:
-        repo = hub.add_repo("alice/pool", files, repo_type="dataset")
+        repo = pooled(hub, "alice/pool", uploads)
         options = HubOptions(endpoint=hub.endpoint, token="hf_test", cache_dir=tmp_path / "hf")
         done = consolidate.consolidate("alice/pool", options)
-        assert done.records == 5 and len(done.files_taken) == 5 and repo.commits == [
-            "moe-tune: 5 records consolidated into 1 shard(s)"]
+        assert done.records == 5 and len(done.files_taken) == 5 and repo.commits[-1] == (
+            "moe-tune: 5 records consolidated into 1 shard(s)") and repo.history[-1].author == "alice"
         assert sorted(repo.files) == ["records/00000000000000ff.json", *done.shards]
         again = pool.fetch("alice/pool", options, pool.PoolQuery(12, ModelQuery.parse(str(model)).keys,
                                                                   ModelQuery.parse(str(model)).sha[1]))
         assert again.files_read == 1 and again.shard_rows_read == 5 and len(again.records) == 5
         assert len(again.skipped) == 1 and "gen_tok_s must be a finite number, 0 or more" in again.skipped[0]
+        # The shard was committed by the pool's owner: its rows' accounts (the pull requests' openers) are believed.
+        assert sorted(again.accounts.items()) == [(f"{i:016x}", who) for i, who in enumerate(
+            ["ann", "ann", "bob", "cid", "dan"])]
 
 
 def test_a_download_that_fails_is_one_line_and_the_others_are_read(model, tmp_path):
@@ -285,7 +305,8 @@ def test_a_listing_page_that_never_comes_keeps_the_pages_that_did(model, tmp_pat
         took = time.monotonic() - started
         assert took < 6 * 1.0 + 23 + 10, took
         assert got.files_read == len(got.records) == 5
-        assert got.skipped == ("records/ was listed in part (5 files): the server sent no further page for 1 s",)
+        assert got.skipped == ("records/ was listed in part (5 files): the server sent no further page in time (a "
+                               "page may wait 1 s, the look-up 60 s)",)
         hub.stall_next("/shards?", seconds=4, times=6)  # shards/, the first listing: nothing listed at all
         with pytest.raises(HubUnreachableError, match="ReadTimeout"):
             pool.fetch(REPO, options)
@@ -327,7 +348,7 @@ def test_a_hub_name_is_bound_by_its_quants_header_read_with_range_requests(model
     # A model that cannot be read: said, and the records' own size claim is all that bounds them.
     gone = json.loads(unknown.stdout)
     assert [g["record_ids"] for g in gone["by_engine_commit"]["0c1e570"]] == [["0000000000000004"]]
-    [refused, note] = gone["skipped"]
+    [note, refused] = gone["skipped"]  # what was not known first, then the records refused
     assert refused.startswith("shared record 0000000000000005 skipped: default claims gen_tok_s 1e+09")
     assert refused.endswith("1/64 of its claimed size (the model could not be read))")
     assert note.startswith("the model could not be read (") and note.endswith(

@@ -148,7 +148,7 @@ def test_a_shared_line_is_measured_again_as_a_seed(tuned, hub, engine_loc, tmp_p
     found = run_cli("lookup", str(model), "--gpu", "cpu", "--repo", REPO, "--json", env=env)
     assert found.returncode == 0, found.stderr
     [group] = json.loads(found.stdout)["by_engine_commit"][pushed["record"]["engine"]["commit"] or "unknown"]
-    assert (group["sharers"], group["records"], group["line"]) == (1, 1, pushed["record"]["printed"]["line"])
+    assert (group["accounts"], group["records"], group["line"]) == (1, 1, pushed["record"]["printed"]["line"])
     options = HubOptions(endpoint=hub.endpoint, token="hf_test", cache_dir=tmp_path / "hf")
     got = pool.fetch(REPO, options)
     assert matching(got.records, ModelQuery.parse(str(model)), CardQuery.parse("RTX 3060 12GB")) == []  # CPU only
@@ -157,7 +157,7 @@ def test_a_shared_line_is_measured_again_as_a_seed(tuned, hub, engine_loc, tmp_p
     hw = hardware.probe_hardware(host_bandwidth_s=0)
     steps: list[str] = []
     [seed] = seeds.seeds_from(REPO, model, hw, options, on_step=steps.append)
-    assert seed.label == f"shared-{pushed['path'].split('/')[-1][:8]}" and REPO in seed.origin
+    assert seed.label == f"shared-{pushed['path'].split('/')[-1][:16]}" and REPO in seed.origin
     load = workload.preset(WorkloadKind.CHAT, 16, 16, rounds=1)
     req = autotune.TuneRequest(model=model, workload=load, min_ctx=512, max_kld=None,
                                budget=study.Budget(trials=2), top_candidates=1, results_dir=tmp_path / "results",

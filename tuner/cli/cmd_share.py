@@ -8,11 +8,14 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.console import Console
 from rich.table import Table
 
 from tuner.cli.app import JsonFlag, app, err, friendly, out
 
 DEFAULT_REPO = "moe-tune/shared-results"
+# What lookup prints at most (--json holds everything): engine commits, lines under each, and per line.
+SHOWN_COMMITS, SHOWN_LINES, SHOWN_ACCOUNTS, SHOWN_WHY, SHOWN_VERDICTS = 3, 8, 8, 2, 3
 RepoOpt = Annotated[str, typer.Option("--repo", help="Hugging Face dataset repo, OWNER/DATASET.")]
 
 
@@ -63,9 +66,10 @@ def lookup_cmd(
     as_json: JsonFlag = False,
 ) -> None:
     """List the lines shared for MODEL (and its quants) on a card and its siblings (cards of the same VRAM class
-    the card catalog knows), by engine commit, with how many sharers agree (one installation counts once), their
-    verdicts and figures. Lines only one sharer reports come last, marked unconfirmed. Every record is checked
-    before it is shown (docs/sharing.md); each one refused is one warning line. Measures nothing.
+    the card catalog knows), by engine commit, with how many Hugging Face accounts agree (the accounts that
+    uploaded the records, as the Hub says; one account counts once), their verdicts and figures. Lines only one
+    account reports come last, marked unconfirmed. Every record is checked before it is shown (docs/sharing.md);
+    the first few refused are named, the rest counted. Measures nothing; ends within 60 s.
 
     \b
     Examples:
@@ -74,6 +78,7 @@ def lookup_cmd(
         --repo you/moe-tune-results
     """
     from rich import box
+    from rich.text import Text
 
     from tuner.share import lookup, match
 
@@ -84,34 +89,61 @@ def lookup_cmd(
     if as_json:
         out.print_json(json.dumps({
             "repo": repo, "commit": got.commit, "model": model, "card": card_q.name,
-            "vram_class_gib": card_q.vram_class_gib, "records_read": len(got.records), "bytes_read": got.bytes_read,
-            "skipped": list(answer.skipped),
+            "vram_class_gib": card_q.vram_class_gib, "records_read": got.files_read + got.shard_rows_read,
+            "records_kept": len(got.records), "bytes_read": got.bytes_read, "skipped": list(answer.skipped),
+            "refused": dict(answer.refusals.by_reason),
             "by_engine_commit": {c: [g.to_dict() for g in lines] for c, lines in answer.groups.items()}}))
         return
     for line in answer.skipped:
-        err.print(f"warning: {line}", highlight=False, soft_wrap=True)
+        _wrapped(err, line, "warning: ")
     if not answer.groups:
-        out.print(f"no shared record in {repo} for {model} on {card_q.name} or a card of its VRAM class "
-                  f"({len(got.records)} records read)", highlight=False, soft_wrap=True)
+        _wrapped(out, f"no shared record in {repo} for {model} on {card_q.name} or a card of its VRAM class "
+                      f"({got.files_read + got.shard_rows_read:,} records read)")
         return
-    for commit, lines in answer.groups.items():
+    # A pool can hold thousands of distinct lines that pass the gate: the text shows the best few (those more
+    # accounts agree on first), and says how many more --json lists.
+    commits = sorted(answer.groups.items(), key=lambda kv: (-max(g.n_accounts for g in kv[1]), kv[0]))
+    hidden = sum(len(lines) for _, lines in commits[SHOWN_COMMITS:])
+    for commit, every in commits[:SHOWN_COMMITS]:
+        lines = every[:SHOWN_LINES]
+        hidden += len(every) - len(lines)
         table = Table(title=f"engine {commit}", box=box.SIMPLE_HEAD)
-        for col in ("sharers", "records", "printed", "gen tok/s", "pp tok/s", "cards", "workloads"):
-            table.add_column(col, justify="right" if col in ("sharers", "records", "gen tok/s", "pp tok/s")
+        for col in ("accounts", "records", "printed", "gen tok/s", "pp tok/s", "cards", "workloads"):
+            table.add_column(col, justify="right" if col in ("accounts", "records", "gen tok/s", "pp tok/s")
                              else "left")
         for g in lines:
             d = g.to_dict()
-            table.add_row(str(d["sharers"]), str(d["records"]), d["label"], _num(d["median_gen_tok_s"]),
-                          _num(d["median_prompt_tok_s"]), ", ".join(d["cards"]), ", ".join(d["workloads"]))
+            # Text cells: a record's label or card name is never read as rich markup.
+            table.add_row(*(Text(c) for c in (str(d["accounts"]), str(d["records"]), d["label"],
+                                              _num(d["median_gen_tok_s"]), _num(d["median_prompt_tok_s"]),
+                                              ", ".join(d["cards"]), ", ".join(d["workloads"]))))
         out.print(table)
         for g in lines:
             d = g.to_dict()
-            agree = ("1 sharer (unconfirmed)" if d["single_sharer"] else f"{d['sharers']} sharers agree")
-            out.print(f"{agree}: {d['line']}", highlight=False, soft_wrap=True, markup=False)
-            for why in d["why"]:
-                out.print(f"  why: {why}", highlight=False, soft_wrap=True, markup=False)
-            for v in d["verdicts"]:
-                out.print(f"  verdict: {v}", highlight=False, soft_wrap=True, markup=False)
+            # The line to run stands alone and whole; every word a stranger wrote is indented below it, wrapped here
+            # (never by the terminal, which would put its tail at column 0).
+            _wrapped(out, lookup.agreement(d["accounts"], d["unverified"]) + ":")
+            out.print(d["line"], highlight=False, soft_wrap=True, markup=False)
+            if d["account_names"]:
+                _wrapped(out, ", ".join(d["account_names"][:SHOWN_ACCOUNTS]) + (
+                    f" and {len(d['account_names']) - SHOWN_ACCOUNTS:,} more"
+                    if len(d["account_names"]) > SHOWN_ACCOUNTS else ""), "  accounts: ")
+            for why in d["why"][:SHOWN_WHY]:
+                _wrapped(out, why, "  why: ")
+            for v in d["verdicts"][:SHOWN_VERDICTS]:
+                _wrapped(out, v, "  verdict: ")
+    if hidden:
+        _wrapped(out, f"{hidden:,} more line(s), fewer accounts behind each, not shown: --json lists every one")
+
+
+def _wrapped(console: Console, text: str, first: str = "", rest: str = "    ") -> None:
+    """``text`` in lines that fit the console, the first after ``first``, the others indented by ``rest``."""
+    import textwrap
+
+    width = max(40, console.width)
+    for line in textwrap.wrap(text, width, initial_indent=first, subsequent_indent=rest, break_on_hyphens=False) \
+            or [first]:
+        console.print(line, highlight=False, soft_wrap=True, markup=False)
 
 
 def _num(v: float | None) -> str:

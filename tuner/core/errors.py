@@ -163,7 +163,12 @@ class ResultVersionError(UsageError):
 
 
 class RecordError(UsageError):
-    """A shared record (tuner.share) that cannot be used: malformed, too large, hostile or from a newer schema."""
+    """A shared record (tuner.share) that cannot be used: malformed, too large, hostile or from a newer schema.
+    ``reason``: a few words that name its kind, so a flood of refusals is counted by kind (tuner.share.refusals)."""
+
+    def __init__(self, message: str, reason: str = "unreadable") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class ShardError(RecordError):

@@ -34,7 +34,7 @@ class Listing:
     commit: str
     files: tuple[RemoteRecord, ...]
     cut: bool  # the folder holds more than was listed (bounded in entries or seconds, or a page never came)
-    stalled: bool = False  # a later page never came (the server was silent for client.STALL_S)
+    stalled: bool = False  # a later page never came (silent for client.STALL_S, or past a bounded read's end)
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,10 +155,10 @@ def list_files(repo_id: str, commit: str, folder: str, suffix: str, options: Hub
                     files.append(RemoteRecord(e.path, int(e.size)))
         except RemoteEntryNotFoundError:
             pass
-        except httpx2.TimeoutException:
-            if not files:
-                raise  # nothing listed: the server is not answering (hub_errors says so in one line)
-            cut = stalled = True  # a later page never came: keep the pages that did
+        except httpx2.TransportError as exc:
+            if not files or not (isinstance(exc, httpx2.TimeoutException) or client.overrun(exc)):
+                raise  # nothing listed, or the server broke off: hub_errors says so in one line
+            cut = stalled = True  # a later page never came (or came too late): keep the pages that did
     return Listing(commit, tuple(files), cut, stalled)
 
 
@@ -181,9 +181,9 @@ def read_range(repo_id: str, path_in_repo: str, commit: str, start: int, end: in
         return _fetch_range(url, build_hf_headers(token=options.token), start, end, timeout_s=client.STALL_S)
 
 
-class RangeFile:
-    """One file of a repo as a read-only, seekable binary file: every read is an HTTP range request, and the bytes
-    read are counted against ``budget_bytes`` (a reader that wants more is stopped with :class:`HubError`)."""
+class RangeReader:
+    """Byte ranges of one file at ``commit``, each one range request, counted against ``budget_bytes`` (a range
+    that would go over is not asked for: :class:`HubError`)."""
 
     def __init__(self, repo_id: str, path_in_repo: str, commit: str, size_bytes: int, budget_bytes: int,
                  options: HubOptions = DEFAULT_OPTIONS) -> None:
@@ -192,37 +192,15 @@ class RangeFile:
         self.options = options
         self.bytes_read = 0
         self.requests = 0
-        self.closed = False
-        self._pos = 0
 
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def writable(self) -> bool:
-        return False
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        base = {0: 0, 1: self._pos, 2: self.size}[whence]
-        self._pos = max(0, base + offset)
-        return self._pos
-
-    def read(self, n: int = -1) -> bytes:
-        end = self.size if n is None or n < 0 else min(self.size, self._pos + n)
-        if end <= self._pos:
+    def __call__(self, start: int, end: int) -> bytes:
+        """Bytes [start, end) of the file (``end`` clipped to its size)."""
+        end = min(end, self.size)
+        if end <= start:
             return b""
-        if self.bytes_read + (end - self._pos) > self.budget_bytes:
+        if self.bytes_read + (end - start) > self.budget_bytes:
             raise HubError(f"{self.path} would need more than {self.budget_bytes:,} bytes read")
-        data = read_range(self.repo_id, self.path, self.commit, self._pos, end, self.options)
+        data = read_range(self.repo_id, self.path, self.commit, start, end, self.options)
         self.bytes_read += len(data)
         self.requests += 1
-        self._pos += len(data)
         return data
-
-    def close(self) -> None:
-        self.closed = True

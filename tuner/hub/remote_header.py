@@ -110,8 +110,10 @@ def read_remote_header(
 
 
 def _fetch_range(url: str, headers: dict[str, str], start: int, end: int, timeout_s: float | None = None) -> bytes:
-    """Bytes [start, end) of the file; stops reading even if the server ignores Range. ``timeout_s``: how long any
-    one step of the exchange may stall (None: the shared client's, :data:`tuner.hub.client.STALL_S`)."""
+    """Bytes [start, end) of the file; stops reading at ``end`` even if the server ignores Range, and refuses a
+    whole-file answer to a range that starts later (the bytes before ``start`` would be read for nothing: a
+    multi-GiB file for a header). ``timeout_s``: how long any one step of the exchange may stall (None: the shared
+    client's, :data:`tuner.hub.client.STALL_S`)."""
     want = end - start
     got = bytearray()
     wait: dict[str, Any] = {"timeout": timeout_s} if timeout_s else {}
@@ -120,11 +122,9 @@ def _fetch_range(url: str, headers: dict[str, str], start: int, end: int, timeou
         if response.status_code >= 400:
             response.read()
             hf_raise_for_status(response)
-        skip = start if response.status_code == 200 else 0
+        if response.status_code == 200 and start > 0:
+            raise HubError(f"the server ignored Range: it answered {url} whole when asked for bytes {start:,} on")
         for chunk in response.iter_bytes():
-            if skip:
-                cut = min(skip, len(chunk))
-                chunk, skip = chunk[cut:], skip - cut
             got += chunk
             if len(got) >= want:
                 break

@@ -119,7 +119,12 @@ def hub_errors(repo_id: str, options: HubOptions) -> Iterator[None]:
     except errors.HfHubHTTPError as exc:
         status = exc.response.status_code if exc.response is not None else "?"
         raise HubError(f"Hugging Face answered HTTP {status} for {repo_id}: try again later") from None
-    except (httpx2.TransportError, errors.LocalEntryNotFoundError) as exc:
+    except httpx2.TransportError as exc:
+        why = client.overrun(exc)
+        if why is not None:  # a bounded request (a look-up's) went over its time or bytes
+            raise HubError(f"{repo_id}: {why}") from None
+        raise HubUnreachableError(options.base_url, type(exc).__name__) from None
+    except errors.LocalEntryNotFoundError as exc:
         raise HubUnreachableError(options.base_url, type(exc).__name__) from None
 
 

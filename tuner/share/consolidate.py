@@ -13,7 +13,8 @@ from tuner.hub.repos import DEFAULT_OPTIONS, HubOptions
 from tuner.share import pool, shards
 
 # The keeper reads the whole pool, not a look-up's share of it.
-KEEPER = pool.Bounds(files=10**6, listed=10**6, shard_rows=10**7, shard_bytes=16 * 2**30, seconds=6 * 3600.0)
+KEEPER = pool.Bounds(files=10**6, listed=10**6, shard_rows=10**7, shard_bytes=16 * 2**30, seconds=6 * 3600.0,
+                     kept_bytes=16 * 2**30, request_s=600.0, response_bytes=2**30)
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,7 +28,7 @@ class Consolidated:
 
 def consolidate(repo_id: str, options: HubOptions = DEFAULT_OPTIONS, *, dry_run: bool = False) -> Consolidated:
     got = pool.fetch(repo_id, options, bounds=KEEPER)
-    built = shards.build_shards(got.records)
+    built = shards.build_shards(got.records, got.accounts)  # who brought each record, as the Hub said
     old = hub.list_files(repo_id, got.commit, shards.FOLDER, ".parquet", options, max_entries=KEEPER.listed,
                          late=lambda: False)
     taken = tuple(f"{pool.FOLDER}/{rid}.json" for rid in got.from_files)

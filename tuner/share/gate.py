@@ -9,13 +9,18 @@ the user's terminal, clipboard and search. Read it whole.
 - **Lines**: every launch line is read by the flag layer's parser and must need nothing but what moe-tune renders:
   the program exactly ``llama-server``, no environment but the variables moe-tune sets, no flag moe-tune does not
   measure, the model (and a draft model) by a bare file name, the record's own model. What is kept, shown and
-  seeded is the flag layer's rendering of the parsed config, never the stranger's text, and every word of it is
-  letters, digits and ``._,:=+-`` (nothing a shell expands).
-- **Names**: a record's name is 16 hex digits; a sharer is 16 hex digits (version 1 records have none).
+  seeded is the flag layer's rendering of the parsed config, never the stranger's text: that rendering must read
+  back as the same config (what llama.cpp runs is what was shown), every number in it must be one llama.cpp
+  reads (a 32-bit whole number, finite) and not negative (``-cram -1``, no limit, is nobody's measurement), and
+  every word of it is letters, digits and ``._,:=+-`` (nothing a shell expands).
+- **Names**: a record's name is 16 hex digits; a sharer is 16 hex digits (version 1 records have none). A sharer
+  id labels a record and is never counted: agreement counts Hub accounts (:mod:`tuner.share.accounts`).
 
-Anything else is one :class:`RecordError` line naming the record, every stranger's character in it escaped
-(:func:`shown`). What a record's figures may claim for a model on a card (the roofline) needs the model, and is
-checked where the model is known (:mod:`tuner.share.physics`).
+Anything else is one :class:`RecordError` line naming the record, with a short ``reason`` a flood is counted by.
+Any text of a stranger's that reaches a terminal passes :func:`shown`: runs of spaces collapsed, and every character
+outside a narrow set (ASCII and a few typographic signs) written as its escape, so no padding, filler or stacked
+combining mark can place text where a line to run stands. What a record's figures may claim for a model on a card
+(the roofline) needs the model, and is checked where the model is known (:mod:`tuner.share.physics`).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from tuner.core.config import LaunchConfig
@@ -37,6 +42,7 @@ MAX_LINES = 32
 MAX_TEXT = 600  # characters of any one string (a launch line, a reason)
 MAX_NUMBER_CHARS = 32  # a JSON number's characters: more is no measurement
 MAX_RATIO = 100.0  # a verdict or speed-up beyond 100x (or below 1/100) is no measurement of one card
+MAX_CONCURRENCY = 256  # requests a workload serves at once: more is no measurement of one consumer card
 CPU_CARD = "cpu"  # the card of a result measured without a GPU
 
 RECORD_NAME = re.compile(r"[0-9a-f]{16}")
@@ -72,16 +78,24 @@ TOP = {"schema": "str", "version": "int", "tool": "str?", "sharer": "sharer?", "
        "printed": PRINTED, "speedup_vs_default": "num?", "speedup_vs_fit": "num?"}
 
 
+# What a stranger's text may show as itself: printable ASCII and the few signs moe-tune's own reasons use.
+# ``isprintable`` is not enough: U+3164 (a blank-looking letter) and combining marks are printable.
+_SAFE = re.compile(r"[ -~×–—…±≥≤→·]")
+_SPACES = re.compile(" {2,}")  # padding: a run of spaces can push text to the start of a terminal line
+
+
 def shown(text: object, limit: int = 160) -> str:
-    """A stranger's text as it may reach a terminal: every character that is not printable (ESC, newline, bidi
-    controls) written as its escape, cut to ``limit`` characters."""
-    s = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in str(text))
+    """A stranger's text as it may reach a terminal: every run of spaces one space, every character outside
+    :data:`_SAFE` (ESC, a newline, a tab, bidi controls, fillers, combining marks) written as its escape, cut to
+    ``limit`` characters."""
+    flat = _SPACES.sub(" ", str(text)).strip(" ")
+    s = "".join(c if _SAFE.fullmatch(c) else c.encode("unicode_escape").decode("ascii") for c in flat)
     return s if len(s) <= limit else s[:limit - 1] + "…"
 
 
-def refusal(name: object, why: str) -> RecordError:
-    """The one line that says a record (or a file, a shard row) was skipped, and why."""
-    return RecordError(shown(f"shared record {shown(name, 80)} skipped: {why}", 400))
+def refusal(name: object, why: str, reason: str) -> RecordError:
+    """The one line that says a record (or a file, a shard row) was skipped, and why; ``reason`` names its kind."""
+    return RecordError(shown(f"shared record {shown(name, 80)} skipped: {why}", 400), reason)
 
 
 class _Refused(ValueError):
@@ -97,7 +111,7 @@ def _pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
     return dict(items)
 
 
-def _number(kind: type) -> Any:
+def _json_number(kind: type) -> Any:
     def convert(text: str) -> Any:
         if len(text) > MAX_NUMBER_CHARS:
             raise _Refused(f"a number of {len(text):,} characters")
@@ -111,8 +125,8 @@ def _no_constant(text: str) -> Any:
 
 def _json(raw: bytes) -> Any:
     try:
-        return json.loads(raw.decode("utf-8"), object_pairs_hook=_pairs, parse_int=_number(int),
-                          parse_float=_number(float), parse_constant=_no_constant)
+        return json.loads(raw.decode("utf-8"), object_pairs_hook=_pairs, parse_int=_json_number(int),
+                          parse_float=_json_number(float), parse_constant=_no_constant)
     except _Refused:
         raise
     except (ValueError, RecursionError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors
@@ -156,6 +170,9 @@ def _sane(d: dict[str, Any]) -> None:
         raise ValueError("card.vram_total_bytes must be 0 for the cpu card and more for a GPU")
     if d["workload"]["concurrency"] < 1 or any(ln["slots"] < 1 for ln in d["lines"]):
         raise ValueError("a workload and a line serve at least one request at a time")
+    if d["workload"]["concurrency"] > MAX_CONCURRENCY:
+        raise ValueError(f"workload.concurrency {d['workload']['concurrency']:,} is more than the {MAX_CONCURRENCY} "
+                         "requests at once a look-up believes of one card")
     for v in d["verdicts"]:
         if not (1 / MAX_RATIO <= v["ratio"] <= MAX_RATIO and v["low"] <= v["ratio"] <= v["high"]):
             raise ValueError(f"verdict {shown(v['a'], 40)} vs {shown(v['b'], 40)}: ratio {v['ratio']:.3g} "
@@ -185,14 +202,25 @@ def read_line(text: str, model_file: str) -> tuple[str, LaunchConfig]:
                              ".gguf file name")
     if str(cfg.model) != model_file:
         raise ValueError(f"a line runs {shown(cfg.model, 80)}, not the record's model {model_file}")
+    negative = next((f.name for f in fields(cfg) if _number(getattr(cfg, f.name)) and not (
+        math.isfinite(getattr(cfg, f.name)) and getattr(cfg, f.name) >= 0)), None)
+    if negative is not None:
+        raise ValueError(f"a line sets {negative} to {getattr(cfg, negative)}: a shared line's numbers are 0 or more")
     try:
         rendered = flags.launch_line(cfg)
+        again = flags.parse_command(rendered).config
     except UsageError as exc:
-        raise ValueError(f"a line the flag layer cannot render ({exc})") from None
+        raise ValueError(f"a line the flag layer cannot render and read back ({exc})") from None
+    if again != cfg:  # what llama.cpp would run is not what was measured
+        raise ValueError("a line whose rendering reads back as another config")
     odd = next((w for w in rendered.split(" ") if _LINE_WORD.fullmatch(w) is None), None)
     if odd is not None:
         raise ValueError(f"a line renders the word {shown(odd, 60)!r}, which a shell would read")
     return rendered, cfg
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,28 +259,32 @@ class SharedRecord:
 def read_record(raw: bytes, record_id: str) -> SharedRecord:
     """``raw`` (a record file's bytes, or a shard row's) through the gate; one :class:`RecordError` line otherwise."""
     if RECORD_NAME.fullmatch(record_id) is None:
-        raise refusal(record_id, "a record's name is 16 hex digits")
+        raise refusal(record_id, "a record's name is 16 hex digits", "bad name")
     if len(raw) > MAX_RECORD_BYTES:
-        raise refusal(record_id, f"{len(raw):,} bytes, more than the {MAX_RECORD_BYTES:,} a record may hold")
+        raise refusal(record_id, f"{len(raw):,} bytes, more than the {MAX_RECORD_BYTES:,} a record may hold",
+                      "too large")
     try:
         data = _json(raw)
     except _Refused as exc:
-        raise refusal(record_id, str(exc)) from None
+        raise refusal(record_id, str(exc), "not JSON") from None
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-        raise refusal(record_id, f"not a {SCHEMA} record")
+        raise refusal(record_id, f"not a {SCHEMA} record", "not a record")
     version = data.get("version")
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-        raise refusal(record_id, "no schema version")
+        raise refusal(record_id, "no schema version", "not a record")
     if version > SCHEMA_VERSION:
         raise refusal(record_id, f"schema version {version} is newer than this moe-tune reads ({SCHEMA_VERSION}): "
-                                 "upgrade moe-tune (pip install -U moe-tune)")
+                                 "upgrade moe-tune (pip install -U moe-tune)", "newer schema")
+    stage = "bad field"
     try:
         clean = _check(data, TOP, "")
+        stage = "absurd figures"
         _sane(clean)
+        stage = "line refused"
         model_file = clean["model"]["file_name"]
         clean["printed"]["line"], config = read_line(clean["printed"]["line"], model_file)
         for ln in clean["lines"]:
             ln["line"] = read_line(ln["line"], model_file)[0]
     except ValueError as exc:
-        raise refusal(record_id, str(exc)) from None
+        raise refusal(record_id, str(exc), stage) from None
     return SharedRecord(record_id, clean, config)

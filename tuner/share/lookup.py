@@ -1,12 +1,13 @@
-"""`moe-tune lookup`: what others measured for a model on a card, as lines and how many *sharers* agree on each.
-Measures nothing.
+"""`moe-tune lookup`: what others measured for a model on a card, as lines and how many Hub *accounts* agree on
+each. Measures nothing.
 
-Reading the pool is :mod:`tuner.share.pool`'s; matching :mod:`tuner.share.match`'s; the roofline bound on figures
-:mod:`tuner.share.physics`' (a record that breaks it is refused in one line). Here the matched records become
-lines: grouped by engine commit and printed line, counted by distinct sharers (one installation's copies of a line
-count once; every version 1 record, which names no sharer, counts as one sharer together), with each sharer's
-median figures and the median of those. Lines two or more sharers agree on come first; a line only one sharer
-reports is shown after them, marked unconfirmed (docs/sharing.md).
+Reading the pool is :mod:`tuner.share.pool`'s (who uploaded each record: :mod:`tuner.share.accounts`); matching
+:mod:`tuner.share.match`'s; the roofline bound on figures :mod:`tuner.share.physics`' (a record that breaks it is
+refused, counted with the pool's refusals). Here the matched records become lines: grouped by engine commit and
+printed line, counted by distinct accounts (one account's copies of a line count once, whatever sharer ids its
+records claim; every record whose uploader the Hub did not say counts together as one *unverified* account), with
+each account's median figures and the median of those. Lines two or more accounts agree on come first; a line only
+one account reports is shown after them, marked unconfirmed (docs/sharing.md).
 """
 
 from __future__ import annotations
@@ -17,13 +18,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tuner.core.errors import TunerError
+from tuner.hub import client
 from tuner.hub.repos import DEFAULT_OPTIONS, HubOptions
-from tuner.share import physics
+from tuner.share import physics, pool
 from tuner.share.gate import refusal, shown
-from tuner.share.match import CardQuery, Matched, ModelQuery, matching
+from tuner.share.match import CardQuery, Matched, ModelQuery, matching, wanted
 from tuner.share.pool import Fetched, PoolQuery, fetch
+from tuner.share.refusals import Refusals
 
 MAX_SHOWN = 5  # distinct reasons and verdicts shown per line
+
+
+UNVERIFIED = "(unverified)"  # the one voice of every record whose uploader the Hub did not say
 
 
 @dataclass
@@ -32,9 +38,10 @@ class LineGroup:
 
     line: str
     label: str
-    sharers: dict[str, list[str]] = field(default_factory=dict)  # sharer → its record ids
-    gen_by_sharer: dict[str, list[float]] = field(default_factory=dict)
-    prompt_by_sharer: dict[str, list[float]] = field(default_factory=dict)
+    voices: dict[str, list[str]] = field(default_factory=dict)  # Hub account (or UNVERIFIED) → its record ids
+    sharer_ids: set[str] = field(default_factory=set)  # what the records call their sharers: labels, never counted
+    gen_by_voice: dict[str, list[float]] = field(default_factory=dict)
+    prompt_by_voice: dict[str, list[float]] = field(default_factory=dict)
     cards: set[str] = field(default_factory=set)
     quants: set[str] = field(default_factory=set)
     workloads: set[str] = field(default_factory=set)
@@ -42,34 +49,48 @@ class LineGroup:
     verdicts: list[str] = field(default_factory=list)
 
     @property
-    def n_sharers(self) -> int:
-        return len(self.sharers)
+    def n_accounts(self) -> int:
+        return len(self.voices)
 
     def add(self, m: Matched) -> None:
         r = m.record
-        self.sharers.setdefault(r.sharer, []).append(r.record_id)
+        voice = m.account or UNVERIFIED
+        self.voices.setdefault(voice, []).append(r.record_id)
+        self.sharer_ids.add(r.sharer)
         self.cards.add(f"{shown(r.card['name'], 60)} ({m.relation})")
         self.quants.add(shown(r.model.get("quant") or r.model["file_name"], 60))
         self.workloads.add(shown(r.data["workload"]["kind"], 40))
-        _add_once(self.why, shown(r.data["printed"]["why"], 600))
+        if len(self.why) < MAX_SHOWN:
+            _add_once(self.why, shown(r.data["printed"]["why"], 600))
         for v in r.data["verdicts"]:
-            _add_once(self.verdicts, shown(f"{v['a']} vs {v['b']}: {v['outcome']} ({v['ratio']:.2f}x, {v['low']:.2f}-"
-                                           f"{v['high']:.2f} over {v['rounds']} rounds)", 300))
+            if len(self.verdicts) < MAX_SHOWN:
+                _add_once(self.verdicts, shown(f"{v['a']} vs {v['b']}: {v['outcome']} ({v['ratio']:.2f}x, "
+                                               f"{v['low']:.2f}-{v['high']:.2f} over {v['rounds']} rounds)", 300))
         measured = r.line(r.data["printed"]["label"])
         if measured and measured["gen_tok_s"] is not None:
-            self.gen_by_sharer.setdefault(r.sharer, []).append(measured["gen_tok_s"])
+            self.gen_by_voice.setdefault(voice, []).append(measured["gen_tok_s"])
         if measured and measured["prompt_tok_s"] is not None:
-            self.prompt_by_sharer.setdefault(r.sharer, []).append(measured["prompt_tok_s"])
+            self.prompt_by_voice.setdefault(voice, []).append(measured["prompt_tok_s"])
 
     def to_dict(self) -> dict[str, Any]:
-        return {"line": self.line, "label": shown(self.label, 60), "sharers": self.n_sharers,
-                "single_sharer": self.n_sharers == 1,
-                "records": sum(len(ids) for ids in self.sharers.values()),
-                "record_ids": sorted(i for ids in self.sharers.values() for i in ids),
+        verified = sorted(v for v in self.voices if v != UNVERIFIED)
+        return {"line": self.line, "label": shown(self.label, 60), "accounts": self.n_accounts,
+                "account_names": verified, "unverified": UNVERIFIED in self.voices,
+                "single_account": self.n_accounts == 1,
+                "records": sum(len(ids) for ids in self.voices.values()),
+                "record_ids": sorted(i for ids in self.voices.values() for i in ids),
+                "sharer_ids": sorted(self.sharer_ids),
                 "cards": sorted(self.cards), "quants": sorted(self.quants), "workloads": sorted(self.workloads),
-                "median_gen_tok_s": _median_of_sharers(self.gen_by_sharer),
-                "median_prompt_tok_s": _median_of_sharers(self.prompt_by_sharer),
+                "median_gen_tok_s": _median_of_voices(self.gen_by_voice),
+                "median_prompt_tok_s": _median_of_voices(self.prompt_by_voice),
                 "why": self.why[:MAX_SHOWN], "verdicts": self.verdicts[:MAX_SHOWN]}
+
+
+def agreement(n_accounts: int, unverified: bool) -> str:
+    """How many accounts stand behind a line, in words: ``2 accounts agree``, ``1 account (unconfirmed)``."""
+    if n_accounts == 1:
+        return "1 unverified account (unconfirmed)" if unverified else "1 account (unconfirmed)"
+    return f"{n_accounts} accounts agree" + (" (1 of them unverified)" if unverified else "")
 
 
 def _add_once(items: list[str], text: str) -> None:
@@ -77,21 +98,21 @@ def _add_once(items: list[str], text: str) -> None:
         items.append(text)
 
 
-def _median_of_sharers(by_sharer: dict[str, list[float]]) -> float | None:
-    """Each sharer's median, then the median of those: one sharer's many copies move it as much as one."""
-    per = [statistics.median(v) for v in by_sharer.values() if v]
+def _median_of_voices(by_voice: dict[str, list[float]]) -> float | None:
+    """Each account's median, then the median of those: one account's many copies move it as much as one."""
+    per = [statistics.median(v) for v in by_voice.values() if v]
     return statistics.median(per) if per else None
 
 
 def group(matched: Sequence[Matched]) -> dict[str, list[LineGroup]]:
-    """Engine commit → its printed lines: those more sharers agree on first, then by line (a tie is not decided by
-    what a record claims)."""
+    """Engine commit → its printed lines: those more accounts agree on first, then by line (a tie is not decided
+    by what a record claims)."""
     out: dict[str, dict[str, LineGroup]] = {}
     for m in matched:
         printed = m.record.data["printed"]
         commit = shown(m.record.engine_commit, 60)
         out.setdefault(commit, {}).setdefault(printed["line"], LineGroup(printed["line"], printed["label"])).add(m)
-    return {commit: sorted(lines.values(), key=lambda g: (-g.n_sharers, g.line)) for commit, lines in out.items()}
+    return {commit: sorted(lines.values(), key=lambda g: (-g.n_accounts, g.line)) for commit, lines in out.items()}
 
 
 def model_bound(model: ModelQuery, options: HubOptions = DEFAULT_OPTIONS) -> physics.ModelBound:
@@ -121,26 +142,34 @@ def model_bound(model: ModelQuery, options: HubOptions = DEFAULT_OPTIONS) -> phy
 class Answer:
     fetched: Fetched
     matched: tuple[Matched, ...]  # those within physics
-    skipped: tuple[str, ...]  # the pool's lines, then the records whose figures break physics
+    refusals: Refusals  # the pool's, then the records whose figures break physics
     groups: dict[str, list[LineGroup]]
+
+    @property
+    def skipped(self) -> tuple[str, ...]:
+        return self.refusals.lines()
 
 
 def lookup(repo_id: str, model: ModelQuery, card: CardQuery, options: HubOptions = DEFAULT_OPTIONS,
            bound: physics.ModelBound | None = None) -> Answer:
-    """The records of ``repo_id`` for ``model`` on ``card`` or a sibling, within physics, as lines."""
-    got = fetch(repo_id, options, PoolQuery(card.vram_class_gib, model.keys, model.sha[1] if model.sha else None))
-    candidates = matching(got.records, model, card)
-    skipped = list(got.skipped)
-    kept: list[Matched] = []
-    if candidates:
-        bound = bound or model_bound(model, options)
-        for m in candidates:
-            why = physics.refused(m, bound)
-            if why is None:
-                kept.append(m)
-            else:
-                skipped.append(str(refusal(m.record.record_id, why)))
-        if bound.unknown is not None:
-            skipped.append(f"the model could not be read ({bound.unknown}): figures were bounded by each record's own "
-                           "size claim only")
-    return Answer(got, tuple(kept), tuple(skipped), group(kept))
+    """The records of ``repo_id`` for ``model`` on ``card`` or a sibling, within physics, as lines; within
+    :data:`tuner.share.pool.DEADLINE_S` whatever the server does (the model's header read included)."""
+    with client.bounded(pool.DEADLINE_S, request_s=pool.REQUEST_S, max_bytes=pool.MAX_RESPONSE_BYTES,
+                        what=f"the look-up's {pool.DEADLINE_S:.0f} s"):
+        got = fetch(repo_id, options, PoolQuery(card.vram_class_gib, model.keys, model.sha[1] if model.sha else None),
+                    keep=wanted(model, card))
+        candidates = matching(got.records, model, card, got.accounts)
+        refusals = got.refusals
+        kept: list[Matched] = []
+        if candidates:
+            bound = bound or model_bound(model, options)
+            for m in candidates:
+                why = physics.refused(m, bound)
+                if why is None:
+                    kept.append(m)
+                else:
+                    refusals.refuse(refusal(m.record.record_id, why, "above physics"))
+            if bound.unknown is not None:
+                refusals.note(f"the model could not be read ({bound.unknown}): figures were bounded by each record's "
+                              "own size claim only")
+    return Answer(got, tuple(kept), refusals, group(kept))

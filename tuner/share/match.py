@@ -8,7 +8,7 @@ sizes it. A card the catalog does not know is nobody's sibling. ``cpu`` names re
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -127,12 +127,19 @@ class Matched:
     record: SharedRecord
     relation: str  # same card | sibling
     bandwidth_bytes_s: float  # of the record's card (0: unknown)
+    account: str | None = None  # the Hub account that brought it into the pool (None: unverified)
 
 
-def matching(records: Sequence[SharedRecord], model: ModelQuery, card: CardQuery) -> list[Matched]:
+def wanted(model: ModelQuery, card: CardQuery) -> Callable[[SharedRecord], bool]:
+    """Whether a record speaks of ``model`` on ``card`` or a sibling (a pool drops the others as it reads)."""
+    return lambda r: model.matches(r.model) and card.relation(r.card) is not None
+
+
+def matching(records: Sequence[SharedRecord], model: ModelQuery, card: CardQuery,
+             accounts: Mapping[str, str | None] | None = None) -> list[Matched]:
     out = []
     for r in records:
         rel = card.relation(r.card)
         if rel is not None and model.matches(r.model):
-            out.append(Matched(r, *rel))
+            out.append(Matched(r, *rel, (accounts or {}).get(r.record_id)))
     return out

@@ -9,8 +9,13 @@ read whole, so a token reads at least that share of the file). Where neither hea
 the record's own size claim times :data:`SPARSEST_SHARE` is all there is, and the look-up says so.
 
 A GPU record's bound uses the catalog's bandwidth for its card (a card the catalog does not know is only ever the
-same card as this machine's); a CPU record's, :data:`tuner.share.match.HOST_CEILING_BYTES_S`. Speculative decoding
-may accept up to its draft length per step, so its lines get that many tokens per read.
+same card as this machine's); a CPU record's, :data:`tuner.share.match.HOST_CEILING_BYTES_S`.
+
+Nothing a record says raises its own ceiling. A line with speculative decoding may accept several tokens per read,
+and gets :data:`SPEC_TOKENS_PER_STEP`, a constant (the engine's longest default draft plus one), never its own
+``--spec-draft-n-max``. Per-request figures (``gen_tok_s``, ``loaded_gen_tok_s``) are bound by one stream's
+ceiling; the total over every slot (``end_to_end_gen_tok_s``) by the workload's concurrent requests times it
+(the workload's concurrency is itself bounded by the gate).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tuner.core.config import LaunchConfig
+from tuner.core.errors import UsageError
 from tuner.core.machine_spec import Hardware
 from tuner.core.model import ModelInfo
 from tuner.engine import flags
@@ -33,7 +39,8 @@ SPEC_TOKENS_PER_STEP = 65
 SPARSEST_SHARE = 1 / 64
 # Spec-sheet bandwidths are rounded and the roofline counts an MTP block a plain token does not read.
 MARGIN = 1.1
-FIGURES = ("gen_tok_s", "loaded_gen_tok_s", "end_to_end_gen_tok_s")
+PER_REQUEST = ("gen_tok_s", "loaded_gen_tok_s")  # one stream's tokens per second
+TOTAL = ("end_to_end_gen_tok_s",)  # every slot's together
 
 
 def bytes_per_token(model: ModelInfo) -> float:
@@ -83,13 +90,18 @@ def refused(m: Matched, bound: ModelBound) -> str | None:
     n_bytes, how = least
     if n_bytes <= 0:
         return None
+    streams = m.record.data["workload"]["concurrency"]
     for ln in m.record.data["lines"]:
-        cfg = flags.parse_command(ln["line"]).config  # the gate's own rendering: it parses
-        per_step = max(SPEC_TOKENS_PER_STEP, 1 + (cfg.spec_draft_n_max or 0)) if cfg.spec_types else 1
-        ceiling = MARGIN * per_step * m.bandwidth_bytes_s / n_bytes
-        for key in FIGURES:
-            if ln[key] is not None and ln[key] > ceiling:
-                return (f"{ln['label']} claims {key} {ln[key]:,.4g}, above the {ceiling:,.4g} tok/s "
-                        f"{shown(m.record.card['name'], 60)} can move ({m.bandwidth_bytes_s / 1e9:,.0f} GB/s over "
-                        f"{n_bytes / 2**20:,.1f} MiB a token: {how})")
+        try:
+            spec = bool(flags.parse_command(ln["line"]).config.spec_types)  # the gate's rendering: it reads back
+        except UsageError as exc:
+            return f"{shown(ln['label'], 40)}'s line does not read back ({shown(exc, 80)})"
+        stream = MARGIN * (SPEC_TOKENS_PER_STEP if spec else 1) * m.bandwidth_bytes_s / n_bytes
+        for keys, ceiling, what in ((PER_REQUEST, stream, "tok/s per request"),
+                                    (TOTAL, streams * stream, f"tok/s over {streams} concurrent request(s)")):
+            for key in keys:
+                if ln[key] is not None and ln[key] > ceiling:
+                    return (f"{shown(ln['label'], 40)} claims {key} {ln[key]:,.4g}, above the {ceiling:,.4g} {what} "
+                            f"{shown(m.record.card['name'], 60)} can move ({m.bandwidth_bytes_s / 1e9:,.0f} GB/s "
+                            f"over {n_bytes / 2**20:,.1f} MiB a token: {how})")
     return None

@@ -1,17 +1,21 @@
 """Reading a pool: the gated records of a dataset repo that may speak of one model on one card, read within bounds
-however the repo is stuffed. Fetching only; which records match, and what they agree on, is
-:mod:`tuner.share.match` and :mod:`tuner.share.lookup`'s.
+however the repo is stuffed, each with the Hub account that brought it. Fetching only; which records match, and
+what they agree on, is :mod:`tuner.share.match` and :mod:`tuner.share.lookup`'s.
 
 Two sources, both through the gate (:mod:`tuner.share.gate`):
 
 - ``shards/``: consolidated Parquet files (:mod:`tuner.share.shards`), only the card's VRAM class folder, only
-  the row groups that hold the model; at most :data:`MAX_SHARDS` files and :data:`MAX_SHARD_BYTES` read.
+  the row groups that hold the model; at most :data:`MAX_SHARDS` files and :data:`MAX_SHARD_BYTES` fetched, every
+  column chunk's pages checked before it is decoded.
 - ``records/``: one file per share, not yet consolidated. A file's name says nothing of its model, so the files
   are read in a random sample of at most :data:`MAX_FILES` (never in name order, which whoever names files
   would choose), a name that is not 16 hex digits or a file listed above the gate's size never fetched.
 
-Everything within :data:`DEADLINE_S` seconds. What is not read is said in one line; every record, name, shard or
-download that fails is one line, and the others are still read.
+What is kept is bounded too: a record the caller does not want (``keep``) is dropped as soon as it is read, and the
+records kept hold at most :data:`MAX_KEPT_BYTES` of text; at most :data:`MAX_SHARD_ROWS` rows are taken in.
+Everything within :data:`DEADLINE_S` seconds, each request within :data:`REQUEST_S` and :data:`MAX_RESPONSE_BYTES`
+(:func:`tuner.hub.client.bounded`), whatever the server does. What is not read is said in one line; refusals are
+counted (:mod:`tuner.share.refusals`); who uploaded each record is read from the Hub (:mod:`tuner.share.accounts`).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from __future__ import annotations
 import random
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -27,16 +31,21 @@ from tuner.core.errors import RecordError, TunerError
 from tuner.hub import client
 from tuner.hub import records as hub
 from tuner.hub.repos import DEFAULT_OPTIONS, HubOptions
+from tuner.share import accounts, shards
 from tuner.share.gate import MAX_RECORD_BYTES, SharedRecord, read_record, refusal, shown
+from tuner.share.refusals import Refusals
 
 FOLDER = "records"
 RECORD_PATH = re.compile(r"records/(?P<id>[0-9a-f]{16})\.json")
 MAX_LISTED = 20_000  # names listed from records/ (the Hub lists 1,000 a page)
 MAX_FILES = 1_000  # record files read by one look-up
 MAX_SHARDS = 64
-MAX_SHARD_BYTES = 256 * 2**20  # read from shards by one look-up, all shards together
-MAX_SHARD_ROWS = 20_000  # rows of one look-up's model taken from shards
+MAX_SHARD_BYTES = 256 * 2**20  # fetched from shards by one look-up, all shards together
+MAX_SHARD_ROWS = 20_000  # rows of one look-up's model taken in from shards
+MAX_KEPT_BYTES = 16 * 2**20  # record text kept by one look-up (as Python objects, about 3.5 times that)
 DEADLINE_S = 60.0
+REQUEST_S = 30.0  # one request, start to end
+MAX_RESPONSE_BYTES = 48 * 2**20  # one response (a shard's record column of one row group is the largest)
 WORKERS = 8
 
 
@@ -50,15 +59,35 @@ class PoolQuery:
 
 
 @dataclass(frozen=True, slots=True)
+class Bounds:
+    """How much one read of a pool may take (a look-up's; consolidating a pool takes more)."""
+
+    files: int = MAX_FILES
+    listed: int = MAX_LISTED
+    shard_rows: int = MAX_SHARD_ROWS
+    shard_bytes: int = MAX_SHARD_BYTES
+    seconds: float = DEADLINE_S
+    kept_bytes: int = MAX_KEPT_BYTES
+    request_s: float = REQUEST_S
+    response_bytes: int = MAX_RESPONSE_BYTES
+
+
+@dataclass(frozen=True, slots=True)
 class Fetched:
     repo_id: str
     commit: str
     records: tuple[SharedRecord, ...]
-    skipped: tuple[str, ...]  # one line per record, name, shard or download that failed, and what was not read
+    refusals: Refusals  # every record, name, shard or download that failed, counted; and what was not read
     bytes_read: int = 0
     files_read: int = 0
     shard_rows_read: int = 0
     from_files: tuple[str, ...] = ()  # ids of the records read from records/ files (not yet in a shard)
+    accounts: Mapping[str, str | None] = field(default_factory=dict)  # record id → uploader (None: unverified)
+
+    @property
+    def skipped(self) -> tuple[str, ...]:
+        """What to tell the user: notes, the first refusals, then one line of counts (a bounded number of lines)."""
+        return self.refusals.lines()
 
 
 @dataclass
@@ -68,117 +97,144 @@ class _Reading:
     options: HubOptions
     deadline: float
     bounds: Bounds
-    records: dict[str, SharedRecord]
-    skipped: list[str]
+    keep: Callable[[SharedRecord], bool]
+    clock: Callable[[], float]
+    records: dict[str, SharedRecord] = field(default_factory=dict)
+    sources: dict[str, accounts.Source] = field(default_factory=dict)
+    refusals: Refusals = field(default_factory=Refusals)
     bytes_read: int = 0
     files_read: int = 0
     shard_rows: int = 0
+    kept_bytes: int = 0
+    full: bool = False  # the kept records reached their bound
     from_files: list[str] = field(default_factory=list)
 
-    def gate(self, raw: bytes, record_id: str) -> bool:
+    def late(self) -> bool:
+        return self.clock() > self.deadline
+
+    def gate(self, raw: bytes, record_id: str, source: accounts.Source) -> bool:
         if record_id in self.records:
             return False  # the same record (content-addressed) consolidated and still in records/: read once
         try:
-            self.records[record_id] = read_record(raw, record_id)
+            record = read_record(raw, record_id)
         except RecordError as exc:
-            self.skipped.append(str(exc))
+            self.refusals.refuse(exc)
             return False
+        if not self.keep(record):
+            return False
+        if self.kept_bytes + len(raw) > self.bounds.kept_bytes:
+            if not self.full:
+                self.refusals.note(f"records past the first {self.bounds.kept_bytes / 2**20:,.0f} MiB kept for this "
+                                   "look-up were not read")
+            self.full = True
+            return False
+        self.kept_bytes += len(raw)
+        self.records[record_id] = record
+        self.sources[record_id] = source
         return True
-
-
-@dataclass(frozen=True, slots=True)
-class Bounds:
-    """How much one read of a pool may take (a look-up's; consolidating a pool takes more)."""
-
-    files: int = MAX_FILES
-    listed: int = MAX_LISTED
-    shard_rows: int = MAX_SHARD_ROWS
-    shard_bytes: int = MAX_SHARD_BYTES
-    seconds: float = DEADLINE_S
 
 
 def fetch(repo_id: str, options: HubOptions = DEFAULT_OPTIONS, query: PoolQuery = PoolQuery(), *,
           rng: random.Random | None = None, clock: Callable[[], float] = time.monotonic,
-          bounds: Bounds | None = None) -> Fetched:
-    """The gated records of ``repo_id`` that ``query`` may want; the rest named in ``skipped``."""
+          bounds: Bounds | None = None, keep: Callable[[SharedRecord], bool] = lambda r: True) -> Fetched:
+    """The gated records of ``repo_id`` that ``query`` may want and ``keep`` keeps, each with its uploader; the
+    rest counted in ``refusals``."""
     hub.check_repo_id(repo_id)
-    b = bounds or Bounds(MAX_FILES, MAX_LISTED, MAX_SHARD_ROWS, MAX_SHARD_BYTES, DEADLINE_S)  # read when called
-    reading = _Reading(repo_id, hub.repo_commit(repo_id, options), options, clock() + b.seconds, b, {}, [])
-    _from_shards(reading, query, clock)
-    _from_files(reading, rng or random.Random(), clock)
+    b = bounds or Bounds(MAX_FILES, MAX_LISTED, MAX_SHARD_ROWS, MAX_SHARD_BYTES, DEADLINE_S, MAX_KEPT_BYTES,
+                         REQUEST_S, MAX_RESPONSE_BYTES)  # read when called (a test may lower one)
+    with client.bounded(b.seconds, request_s=b.request_s, max_bytes=b.response_bytes,
+                        what=f"the look-up's {b.seconds:.0f} s"):
+        reading = _Reading(repo_id, hub.repo_commit(repo_id, options), options, clock() + b.seconds, b, keep, clock)
+        _from_shards(reading, query)
+        _from_files(reading, rng or random.Random())
+        who = _uploaders(reading)
     return Fetched(repo_id, reading.commit, tuple(sorted(reading.records.values(), key=lambda r: r.record_id)),
-                   tuple(reading.skipped), reading.bytes_read, reading.files_read, reading.shard_rows,
-                   tuple(sorted(reading.from_files)))
+                   reading.refusals, reading.bytes_read, reading.files_read, reading.shard_rows,
+                   tuple(sorted(reading.from_files)), who)
 
 
-def _from_shards(reading: _Reading, query: PoolQuery, clock: Callable[[], float]) -> None:
-    from tuner.share import shards
+def _uploaders(reading: _Reading) -> dict[str, str | None]:
+    got = accounts.resolve(reading.repo_id, reading.commit, reading.sources, reading.options, late=reading.late)
+    for note in got.notes:
+        reading.refusals.note(note)
+    return got.accounts
 
+
+def _listed_in_part(reading: _Reading, folder: str, listing: hub.Listing) -> None:
+    reading.refusals.note(f"{folder}/ was listed in part ({len(listing.files):,} files): the server sent no "
+                          f"further page in time (a page may wait {client.STALL_S:.0f} s, the look-up "
+                          f"{reading.bounds.seconds:.0f} s)")
+
+
+def _from_shards(reading: _Reading, query: PoolQuery) -> None:
     b = reading.bounds
     listing = hub.list_files(reading.repo_id, reading.commit, shards.FOLDER, ".parquet", reading.options,
-                             max_entries=b.listed, late=lambda: clock() > reading.deadline)
+                             max_entries=b.listed, late=reading.late)
     if listing.stalled:
-        reading.skipped.append(f"shards/ was listed in part ({len(listing.files):,} files): the server sent no "
-                               f"further page for {client.STALL_S:.0f} s")
+        _listed_in_part(reading, shards.FOLDER, listing)
     wanted = []
     for f in listing.files:
         m = shards.PATH.fullmatch(f.path)
         if m is None:
-            reading.skipped.append(f"shard {shown(f.path, 80)} skipped: a shard is shards/vram-<GiB>/<name>.parquet")
+            reading.refusals.add(f"shard {shown(f.path, 80)} skipped: a shard is shards/vram-<GiB>/<name>.parquet",
+                                 "bad name")
         elif query.vram_class_gib is None or int(m["gib"]) == query.vram_class_gib:
             wanted.append(f)
     if len(wanted) > MAX_SHARDS:
-        reading.skipped.append(f"{len(wanted) - MAX_SHARDS} of {len(wanted)} shards for this card were not read "
-                               f"(at most {MAX_SHARDS} a look-up)")
+        reading.refusals.note(f"{len(wanted) - MAX_SHARDS} of {len(wanted)} shards for this card were not read "
+                              f"(at most {MAX_SHARDS} a look-up)")
     spent = 0
     for f in wanted[:MAX_SHARDS]:
-        if clock() > reading.deadline:
-            reading.skipped.append(f"shard {shown(f.path, 80)} and those after it were not read: the look-up's "
-                                   f"{b.seconds:.0f} s were spent")
+        if reading.late() or reading.full or reading.shard_rows >= b.shard_rows:
+            reading.refusals.note(f"shard {shown(f.path, 80)} and those after it were not read: the look-up's "
+                                  + (f"{b.seconds:.0f} s were spent" if reading.late() else "bounds were reached"))
             break
-        source = hub.RangeFile(reading.repo_id, f.path, reading.commit, f.size_bytes, b.shard_bytes - spent,
-                               reading.options)
+        source = hub.RangeReader(reading.repo_id, f.path, reading.commit, f.size_bytes, b.shard_bytes - spent,
+                                 reading.options)
+
+        def take(row: shards.ShardRow, path: str = f.path) -> bool:
+            reading.shard_rows += 1
+            reading.gate(row.raw, row.record_id, accounts.Source(path, row.account, shard=True))
+            return reading.shard_rows < b.shard_rows and not reading.full
+
         try:
-            got = shards.read_rows(source, query.keys, query.sha_head, b.shard_rows - reading.shard_rows)
+            got = shards.read_rows(source, f.size_bytes, query.keys, query.sha_head, take, reading.late)
         except TunerError as exc:  # ShardError, and the Hub's errors
-            reading.skipped.append(f"shard {shown(f.path, 80)} skipped: {shown(exc, 200)}")
+            reading.refusals.add(f"shard {shown(f.path, 80)} skipped: {shown(exc, 200)}", "bad shard")
             continue
         finally:
             spent += source.bytes_read
             reading.bytes_read += source.bytes_read
-        reading.shard_rows += len(got.rows)
         if got.left:
-            reading.skipped.append(f"{got.left:,} rows of {shown(f.path, 80)} were not read (at most "
-                                   f"{b.shard_rows:,} rows a look-up)")
-        for rid, raw in got.rows:
-            reading.gate(raw, rid)
+            reading.refusals.note(f"{got.left:,} rows of {shown(f.path, 80)} were not read (at most "
+                                  f"{b.shard_rows:,} rows and {b.kept_bytes / 2**20:,.0f} MiB a look-up, within "
+                                  f"{b.seconds:.0f} s)")
 
 
-def _from_files(reading: _Reading, rng: random.Random, clock: Callable[[], float]) -> None:
+def _from_files(reading: _Reading, rng: random.Random) -> None:
     b = reading.bounds
     listing = hub.list_files(reading.repo_id, reading.commit, FOLDER, "", reading.options, max_entries=b.listed,
-                             late=lambda: clock() > reading.deadline)
+                             late=reading.late)
     if listing.stalled:
-        reading.skipped.append(f"records/ was listed in part ({len(listing.files):,} files): the server sent no "
-                               f"further page for {client.STALL_S:.0f} s")
+        _listed_in_part(reading, FOLDER, listing)
     elif listing.cut:
-        reading.skipped.append(f"records/ holds more than the {len(listing.files):,} files listed (at most "
-                               f"{b.listed:,}, within {b.seconds:.0f} s): the pool needs consolidating")
+        reading.refusals.note(f"records/ holds more than the {len(listing.files):,} files listed (at most "
+                              f"{b.listed:,}, within {b.seconds:.0f} s): the pool needs consolidating")
     todo = []
     for f in listing.files:
         m = RECORD_PATH.fullmatch(f.path)
         name = f.path.removeprefix(f"{FOLDER}/")
         if m is None:
-            reading.skipped.append(str(refusal(name, "a record file is records/<16 hex digits>.json")))
+            reading.refusals.refuse(refusal(name, "a record file is records/<16 hex digits>.json", "bad name"))
         elif f.size_bytes > MAX_RECORD_BYTES:  # never downloaded
-            reading.skipped.append(str(refusal(m["id"], f"{f.size_bytes:,} bytes, more than the "
-                                                        f"{MAX_RECORD_BYTES:,} a record may hold")))
+            reading.refusals.refuse(refusal(m["id"], f"{f.size_bytes:,} bytes, more than the {MAX_RECORD_BYTES:,} a "
+                                                     "record may hold", "too large"))
         elif m["id"] not in reading.records:
             todo.append(m["id"])
     rng.shuffle(todo)
     if len(todo) > b.files:
-        reading.skipped.append(f"{len(todo) - b.files:,} of {len(todo):,} record files were not read: a random "
-                               f"{b.files:,} were (the pool needs consolidating)")
+        reading.refusals.note(f"{len(todo) - b.files:,} of {len(todo):,} record files were not read: a random "
+                              f"{b.files:,} were (the pool needs consolidating)")
         todo = todo[:b.files]
 
     def download(rid: str) -> tuple[str, bytes | str]:
@@ -190,15 +246,19 @@ def _from_files(reading: _Reading, rng: random.Random, clock: Callable[[], float
 
     with ThreadPoolExecutor(WORKERS) as pool:
         for start in range(0, len(todo), WORKERS * 4):
-            if clock() > reading.deadline:
-                reading.skipped.append(f"{len(todo) - start:,} record files were not read: the look-up's "
-                                       f"{b.seconds:.0f} s were spent")
+            if reading.late() or reading.full:
+                reading.refusals.note(f"{len(todo) - start:,} record files were not read: the look-up's "
+                                      + (f"{b.seconds:.0f} s were spent" if reading.late() else "bounds were reached"))
                 break
-            for rid, got in pool.map(download, todo[start:start + WORKERS * 4]):
-                if isinstance(got, str):
-                    reading.skipped.append(str(refusal(rid, shown(got, 200))))
-                    continue
-                reading.files_read += 1
-                reading.bytes_read += len(got)
-                if reading.gate(got, rid):
-                    reading.from_files.append(rid)
+            for rid, got in pool.map(client.carried(download), todo[start:start + WORKERS * 4]):
+                _gate_file(reading, rid, got)
+
+
+def _gate_file(reading: _Reading, rid: str, got: bytes | str) -> None:
+    if isinstance(got, str):
+        reading.refusals.refuse(refusal(rid, shown(got, 200), "download failed"))
+        return
+    reading.files_read += 1
+    reading.bytes_read += len(got)
+    if reading.gate(got, rid, accounts.Source(f"{FOLDER}/{rid}.json")):
+        reading.from_files.append(rid)

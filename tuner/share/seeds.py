@@ -1,6 +1,8 @@
 """`auto-tune --seed-from REPO`: the lines others shared for this model file on this card, as search seeds
 (:class:`tuner.search.proposals.Proposal`). A seed is a hypothesis measured here like any other, so the pool
-proposes few: at most :data:`MAX_SEEDS` distinct lines, those more sharers agree on first.
+proposes few: at most :data:`MAX_SEEDS` distinct lines, those more Hub accounts agree on first (a record's own
+sharer id never counts: :mod:`tuner.share.accounts`). Each seed's label names its record whole, so no two seeds
+share one.
 
 Each record proposes its printed line; where it printed llama.cpp's own choice (the default or ``--fit``, already a
 seed), its best measured candidate instead, the hypothesis it measured but did not decide.
@@ -18,7 +20,7 @@ from tuner.hub.repos import DEFAULT_OPTIONS, HubOptions
 from tuner.machine.hardware import Hardware
 from tuner.search.proposals import Proposal
 from tuner.share.gate import SharedRecord, shown
-from tuner.share.lookup import lookup
+from tuner.share.lookup import UNVERIFIED, agreement, lookup
 from tuner.share.match import CardQuery, Matched, ModelQuery
 
 BASELINES = ("default", "fit")
@@ -30,7 +32,7 @@ class _Seed:
     line: str
     what: str  # "printed line" or "best candidate (it printed …)"
     first: Matched
-    sharers: set[str] = field(default_factory=set)
+    voices: set[str] = field(default_factory=set)
 
 
 def _best_candidate(r: SharedRecord) -> dict[str, Any] | None:
@@ -41,7 +43,7 @@ def _best_candidate(r: SharedRecord) -> dict[str, Any] | None:
 
 
 def proposals(matched: Sequence[Matched], repo_id: str) -> list[Proposal]:
-    """The records' lines as at most :data:`MAX_SEEDS` seeds: distinct lines, by how many sharers propose each."""
+    """The records' lines as at most :data:`MAX_SEEDS` seeds: distinct lines, by how many accounts propose each."""
     seeds: dict[str, _Seed] = {}
     for m in matched:
         r = m.record
@@ -51,16 +53,16 @@ def proposals(matched: Sequence[Matched], repo_id: str) -> list[Proposal]:
             if best is None:
                 continue
             line, what = best["line"], f"best candidate (it printed {shown(r.data['printed']['label'], 20)})"
-        seeds.setdefault(line, _Seed(line, what, m)).sharers.add(r.sharer)
-    ranked = sorted(seeds.values(), key=lambda s: (-len(s.sharers), s.line))[:MAX_SEEDS]
+        seeds.setdefault(line, _Seed(line, what, m)).voices.add(m.account or UNVERIFIED)
+    ranked = sorted(seeds.values(), key=lambda s: (-len(s.voices), s.line))[:MAX_SEEDS]
     out = []
     for s in ranked:
-        r, n = s.first.record, len(s.sharers)
+        r = s.first.record
         out.append(Proposal(
-            f"shared-{r.record_id[:8]}", parse_command(s.line).config,  # the gate's rendering: it parses
+            f"shared-{r.record_id}", parse_command(s.line).config,  # the gate's rendering: it reads back
             f"{s.what} of shared record {r.record_id} in {repo_id}: {shown(r.card['name'], 60)} "
             f"({s.first.relation}), engine {shown(r.engine_commit, 40)}, {shown(r.data['workload']['kind'], 20)} "
-            f"workload; {n} sharer{'s' if n != 1 else ''}{'' if n > 1 else ' (unconfirmed)'}",
+            f"workload; {agreement(len(s.voices), UNVERIFIED in s.voices)}",
             None if r.engine_commit == "unknown" else shown(r.engine_commit, 40), r.card.get("vram_budget_bytes")))
     return out
 

@@ -8,6 +8,7 @@ it (or refused before launch).
 
 from __future__ import annotations
 
+import math
 import shlex
 from collections.abc import Sequence
 from dataclasses import fields, replace
@@ -33,9 +34,21 @@ from tuner.engine.flags.spell import (  # noqa: F401 - render.SERVER and friends
 )
 from tuner.engine.kinds import IK_LLAMA, LLAMA_CPP
 
+# common/arg.cpp reads every integer flag with std::stoi (a 32-bit int: a longer number is out_of_range and
+# llama-server refuses to start) and ggml reads GGML_OP_OFFLOAD_MIN_BATCH with atoi (beyond an int: undefined).
+INT_MAX = 2**31 - 1
+_INT_SETTINGS = ("ctx", "parallel", "n_gpu_layers", "n_cpu_moe", "threads", "threads_batch", "batch", "ubatch",
+                 "cache_reuse", "ctx_checkpoints", "checkpoint_min_step", "cache_ram_mib", "fit_target_mib",
+                 "op_offload_min_batch", "spec_draft_n_max", "spec_draft_n_min")
+
 
 def validate(cfg: LaunchConfig) -> None:
     """Refuse what the engine would reject at context creation, before anything is launched."""
+    for name in _INT_SETTINGS:
+        value = getattr(cfg, name)
+        if value is not None and not -INT_MAX - 1 <= value <= INT_MAX:
+            raise UsageError(f"{name} {value} is beyond the 32-bit whole numbers llama.cpp reads "
+                             f"(at most {INT_MAX:,})")
     if cfg.cache_type_v.is_quantized and cfg.flash_attn is FlashAttn.OFF:
         raise UsageError(
             f"V cache type {cfg.cache_type_v.value} needs flash attention: use -fa on (or auto) or -ctv f16"
@@ -109,7 +122,7 @@ def _validate_spec(cfg: LaunchConfig) -> None:
         raise UsageError("synthetic acceptance needs a drafter: add --spec-type (e.g. ngram-mod or draft-mtp)")
     if cfg.spec_synth_len is not None and cfg.spec_synth_rates:
         raise UsageError("--spec-synth-len and --spec-synth-rates exclude each other: keep one")
-    if cfg.spec_synth_len is not None and cfg.spec_synth_len < 1.0:
+    if cfg.spec_synth_len is not None and not (math.isfinite(cfg.spec_synth_len) and cfg.spec_synth_len >= 1.0):
         raise UsageError(f"--spec-synth-len counts the target token too, so it is >= 1, got {cfg.spec_synth_len}")
     rates = cfg.spec_synth_rates or ()
     if any(not 0.0 <= r <= 1.0 for r in rates) or any(b > a for a, b in zip(rates, rates[1:])):
@@ -130,9 +143,18 @@ def _spec_flags(a: _Argv, cfg: LaunchConfig) -> None:
         a.add("draft_model", str(cfg.draft_model))
     for name in _SPEC_NUMBERS:
         if getattr(cfg, name) is not None:
-            a.add(name, format(getattr(cfg, name), "g"))
+            a.add(name, exact_number(getattr(cfg, name)))
     if cfg.spec_synth_rates:
-        a.add("spec_synth_rates", ",".join(format(r, "g") for r in cfg.spec_synth_rates))
+        a.add("spec_synth_rates", ",".join(exact_number(r) for r in cfg.spec_synth_rates))
+
+
+def exact_number(value: float) -> str:
+    """A number as llama.cpp reads back the same value: a whole number in digits (std::stoi stops at "e", so
+    ``1e+06`` would read as 1), a float in its shortest spelling that parses to it again."""
+    if isinstance(value, int):
+        return str(value)
+    short = format(value, "g")
+    return short if float(short) == value else repr(value)
 
 
 def _common(a: _Argv, cfg: LaunchConfig) -> None:
