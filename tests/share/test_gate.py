@@ -204,3 +204,23 @@ def test_every_refusal_names_its_kind():
         kinds[name] = exc.value.reason
     assert kinds == {"not JSON": "not JSON", "too large": "too large", "bad field": "bad field",
                      "newer schema": "newer schema"}
+
+
+def test_an_ik_record_s_lines_read_in_ik_s_dialect_and_show_its_engine():
+    """A record measured on ik_llama.cpp says so (engine.engine): its lines read as ik's, even a line with none of
+    ik's own flags, and a look-up names the engine; ik's levers in a llama.cpp record are refused."""
+    ik_line = "llama-server -m m-Q4_K_M.gguf -c 4096 -np 1 --run-time-repack"
+    d = good(line=ik_line)
+    d["engine"] |= {"engine": "ik_llama.cpp", "commit": "ik-llama-cpp-python-0.1.5", "backend": "cpu"}
+    d["lines"][1]["line"] = LINE  # the default launch: no flag of ik's own
+    rec = read_record(raw(d), RID)
+    assert rec.printed.engine == "ik_llama.cpp" and rec.printed.run_time_repack and not rec.printed.mmap
+    assert rec.data["printed"]["line"] == ik_line
+    assert rec.engine_label == "ik_llama.cpp ik-llama-cpp-python-0.1.5"
+    assert rec.line("candidate-1")["line"] == LINE
+    with pytest.raises(RecordError, match="is not something moe-tune measures"):
+        read_record(raw(good(line=ik_line)), RID)  # a llama.cpp record cannot carry -rtr
+    bad = good()
+    bad["engine"]["engine"] = "vllm"
+    with pytest.raises(RecordError, match="engine.engine must be llama.cpp or ik_llama.cpp"):
+        read_record(raw(bad), RID)

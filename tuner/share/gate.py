@@ -34,6 +34,7 @@ from typing import Any
 from tuner.core.config import LaunchConfig
 from tuner.core.errors import RecordError, UsageError
 from tuner.engine import flags
+from tuner.engine.kinds import KINDS, LLAMA_CPP, EngineKind, kind_by_name
 
 SCHEMA = "moe-tune/shared-result"
 SCHEMA_VERSION = 2  # 2: the sharer; lines held to the flag layer's rendering
@@ -55,6 +56,7 @@ _FORMATS = {
     "quant": re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,31}"),
     "sha": re.compile(r"[0-9a-f]{64}"),
     "sharer": SHARER,
+    "engine": re.compile("|".join(re.escape(k.name) for k in KINDS)),  # which kind ran it (tuner.engine.kinds)
 }
 _LINE_WORD = re.compile(r"[A-Za-z0-9._,:=+-]+")
 
@@ -62,7 +64,7 @@ _LINE_WORD = re.compile(r"[A-Za-z0-9._,:=+-]+")
 
 CARD = {"name": "str", "vram_total_bytes": "int", "vram_budget_bytes": "int?", "driver": "str?", "pcie_link": "str?"}
 HOST = {"ram_total_bytes": "int?", "physical_cores": "int?", "cpu_model": "str?"}
-ENGINE = {"version": "str?", "commit": "str?", "backend": "str?", "fa_quants": "str?"}
+ENGINE = {"version": "str?", "commit": "str?", "backend": "str?", "fa_quants": "str?", "engine": "engine?"}
 MODEL = {"hub_repo": "repo?", "hub_file": "hubfile?", "file_name": "file", "quant": "quant?", "size_bytes": "int",
          "head_sha256": "sha?", "tail_sha256": "sha?"}
 WORKLOAD = {"kind": "str", "prompt_tokens": "int", "gen_tokens": "int", "depth_tokens": "int?",
@@ -160,7 +162,8 @@ def _check(value: Any, kind: Any, where: str) -> Any:
 
 _KIND_WORDS = {"str": f"a string of at most {MAX_TEXT} printable characters", "int": "a whole number, 0 or more",
                "num": "a finite number, 0 or more", "bool": "true or false", "sha": "64 hex digits",
-               "sharer": "16 hex digits", "file": "a bare .gguf file name"}
+               "sharer": "16 hex digits", "file": "a bare .gguf file name",
+               "engine": " or ".join(k.name for k in KINDS)}
 
 
 def _sane(d: dict[str, Any]) -> None:
@@ -182,10 +185,12 @@ def _sane(d: dict[str, Any]) -> None:
             raise ValueError(f"{key} {d[key]:.3g} is outside 1/{MAX_RATIO:.0f}..{MAX_RATIO:.0f}")
 
 
-def read_line(text: str, model_file: str) -> tuple[str, LaunchConfig]:
-    """A stranger's launch line as the flag layer renders it again; ValueError where it needs anything else."""
+def read_line(text: str, model_file: str, kind: EngineKind = LLAMA_CPP) -> tuple[str, LaunchConfig]:
+    """A stranger's launch line as the flag layer renders it again, in the dialect of the engine the record says ran
+    it (``kind``: an ik_llama.cpp line reads as ik's, whatever flags it carries); ValueError where it needs anything
+    else."""
     try:
-        parsed = flags.parse_command(text)
+        parsed = flags.parse_command(text, kind)
     except UsageError as exc:
         raise ValueError(f"a line the flag layer refuses ({exc})") from None
     if parsed.program != flags.SERVER:
@@ -208,7 +213,7 @@ def read_line(text: str, model_file: str) -> tuple[str, LaunchConfig]:
         raise ValueError(f"a line sets {negative} to {getattr(cfg, negative)}: a shared line's numbers are 0 or more")
     try:
         rendered = flags.launch_line(cfg)
-        again = flags.parse_command(rendered).config
+        again = flags.parse_command(rendered, kind).config
     except UsageError as exc:
         raise ValueError(f"a line the flag layer cannot render and read back ({exc})") from None
     if again != cfg:  # what llama.cpp would run is not what was measured
@@ -246,6 +251,12 @@ class SharedRecord:
         return self.data["engine"]["commit"] or "unknown"
 
     @property
+    def engine_label(self) -> str:
+        """The engine as a look-up shows it: llama.cpp's by its commit (as before), another engine by name too."""
+        kind = kind_by_name(self.data["engine"].get("engine"))
+        return self.engine_commit if kind is LLAMA_CPP else f"{kind.name} {self.engine_commit}"
+
+    @property
     def model(self) -> dict[str, Any]:
         return dict(self.data["model"])
 
@@ -253,7 +264,7 @@ class SharedRecord:
         return next((ln for ln in self.data["lines"] if ln["label"] == label), None)
 
     def describe(self) -> str:
-        return f"{self.record_id} ({self.card['name']}, engine {self.engine_commit}, {self.data['workload']['kind']})"
+        return f"{self.record_id} ({self.card['name']}, engine {self.engine_label}, {self.data['workload']['kind']})"
 
 
 def read_record(raw: bytes, record_id: str) -> SharedRecord:
@@ -282,9 +293,10 @@ def read_record(raw: bytes, record_id: str) -> SharedRecord:
         _sane(clean)
         stage = "line refused"
         model_file = clean["model"]["file_name"]
-        clean["printed"]["line"], config = read_line(clean["printed"]["line"], model_file)
+        kind = kind_by_name(clean["engine"]["engine"])  # no such field: a record from before ik, llama.cpp's
+        clean["printed"]["line"], config = read_line(clean["printed"]["line"], model_file, kind)
         for ln in clean["lines"]:
-            ln["line"] = read_line(ln["line"], model_file)[0]
+            ln["line"] = read_line(ln["line"], model_file, kind)[0]
     except ValueError as exc:
         raise refusal(record_id, str(exc), stage) from None
     return SharedRecord(record_id, clean, config)

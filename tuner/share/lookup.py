@@ -110,7 +110,7 @@ def group(matched: Sequence[Matched]) -> dict[str, list[LineGroup]]:
     out: dict[str, dict[str, LineGroup]] = {}
     for m in matched:
         printed = m.record.data["printed"]
-        commit = shown(m.record.engine_commit, 60)
+        commit = shown(m.record.engine_label, 60)
         out.setdefault(commit, {}).setdefault(printed["line"], LineGroup(printed["line"], printed["label"])).add(m)
     return {commit: sorted(lines.values(), key=lambda g: (-g.n_accounts, g.line)) for commit, lines in out.items()}
 
