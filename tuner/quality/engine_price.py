@@ -45,11 +45,11 @@ class EnginePrice:
 
 def price(loc: build.EngineLocation, reference: build.EngineLocation, model: Path, *,
           ctx: int = kv_price.PRICE_CTX, chunks: int = kv_price.PRICE_CHUNKS, levers: dict[str, Any] | None = None,
-          on_step: Callable[[str], None] | None = None) -> EnginePrice:
+          on_step: Callable[[str], None] | None = None, use_cache: bool = True) -> EnginePrice:
     """The KL-divergence of ``loc``'s logits on ``model`` against ``reference``'s (both at f16 KV), with the
     engine's own ``levers`` as the line sets them (``-rtr`` runs other kernels: it is priced as run)."""
     q = perplexity.measure(loc, model, reference=model, ctx=ctx, chunks=chunks, on_step=on_step,
-                           base_loc=reference, levers=levers)
+                           base_loc=reference, levers=levers, use_cache=use_cache)
     return EnginePrice(build.capabilities(loc).identity.name, build.capabilities(reference).identity.name,
                        q.kld_mean or 0.0, q.kld_mean_error or 0.0, q.same_top_pct, q.ppl, q.reference_ppl, ctx,
                        chunks, q.from_cache, dict(levers or {}))
