@@ -11,6 +11,7 @@ import typer
 
 from tuner.cli.app import LlamaDir, app, err, friendly, out
 from tuner.core.errors import UsageError
+from tuner.engine import flags
 from tuner.engine import serve as served
 
 if TYPE_CHECKING:
@@ -193,7 +194,8 @@ def serve_cmd(
     with interrupt.sigterm_as_ctrl_c(), served.handed_to(kind, key, named) as (key_argv, handed):
         env = {**study_report.launch_env(found.result, rank=rank), **handed}
         try:
-            served.run_foreground([*argv, *key_argv, *(extra or [])], host=host, port=port,
+            served.run_foreground([*argv, *key_argv, *flags.file_log_argv(kind, found.file.parent / "logs"),
+                                   *(extra or [])], host=host, port=port,
                                   log_dir=found.file.parent / "logs", env=env, load_timeout_s=load_timeout,
                                   on_ready=ready)
         except KeyboardInterrupt:

@@ -75,6 +75,9 @@ class EngineKind:
     offloads_by_default: bool = True
     # Whether its server reads its API key from the environment (llama.cpp: LLAMA_API_KEY; ik: only from argv).
     reads_key_env: bool = True
+    # Whether its tools write a log file of their own unless told where (ik's common log: llama.log in the current
+    # folder, common/log.h), which moe-tune then points beside its own logs.
+    writes_file_log: bool = False
 
     @property
     def projects_memory(self) -> bool:
@@ -96,6 +99,7 @@ IK_LLAMA = EngineKind(
     bench_has_depth=False,
     offloads_by_default=False,
     reads_key_env=False,
+    writes_file_log=True,
 )
 KINDS = (LLAMA_CPP, IK_LLAMA)
 

@@ -27,9 +27,9 @@ from tuner.engine.caps import (
     parse_help_flags,
     parse_version,
 )
-from tuner.engine.flags import server_argv, trace_argv
+from tuner.engine.flags import file_log_argv, server_argv, trace_argv
 from tuner.engine.flags.quantize import help_argv
-from tuner.engine.kinds import IK_LLAMA, KINDS, kind_of_flags
+from tuner.engine.kinds import IK_LLAMA, KINDS, EngineKind, kind_of_flags
 from tuner.machine import paths
 from tuner.machine.fileio import atomic_write
 
@@ -74,13 +74,13 @@ def capabilities(loc: EngineLocation, use_cache: bool = True) -> Capabilities:
         )
         devices = parse_devices(dev.stdout + "\n" + dev.stderr_tail)
     else:  # ik_llama.cpp's server lists none: its start-up names the CUDA devices it found (ggml_cuda_init)
-        info = _startup_text(loc)
+        info = _startup_text(loc, kind)
         devices = parse_cuda_init(info)
     backend = backend_of(devices, loc.bin_dir)
     # Which K/V pairs run flash attention: a CUDA build of llama.cpp compiles a list (read from its system info);
     # ik_llama.cpp's CPU kernels take a fixed set, larger with GGML_IQK_FA_ALL_QUANTS (learnt from its log).
     if kind is IK_LLAMA:
-        fa = ik_fa_kernels(info or _startup_text(loc))
+        fa = ik_fa_kernels(info or _startup_text(loc, kind))
     elif backend == "cuda":
         fa = fa_kernels_from_system_info(system_info(loc), backend)
     else:
@@ -127,10 +127,11 @@ def _version(loc: EngineLocation, fix: str) -> tuple[str, str, str]:
     return "unknown", "unknown", "unknown"
 
 
-def _startup_text(loc: EngineLocation) -> str:
+def _startup_text(loc: EngineLocation, kind: EngineKind) -> str:
     """What llama-server prints before it looks for its model: the backends it found and the system info line."""
-    missing = LaunchConfig(model=loc.bin_dir / "moe-tune-probe-no-model.gguf")
-    res = runner.run_process(server_argv(loc.tool("llama-server"), missing) + trace_argv(),
+    missing = LaunchConfig(model=loc.bin_dir / "moe-tune-probe-no-model.gguf", engine=kind.name)
+    argv = server_argv(loc.tool("llama-server"), missing) + trace_argv(kind) + file_log_argv(kind, paths.logs_dir())
+    res = runner.run_process(argv,
                              timeout_s=60, what="llama-server start-up", check=False,
                              fix="rebuild with `moe-tune engine install --force`")
     return res.stdout + "\n" + res.stderr_tail

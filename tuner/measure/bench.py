@@ -390,7 +390,8 @@ def run_server_trial(
             "raise -c, use --kv-unified, or lower -p/-n"
         )
     check_fa_kernels(engine, [cfg])
-    argv = flags.server_argv(_tool(engine, "llama-server"), cfg, caps)
+    argv = flags.server_argv(_tool(engine, "llama-server"), cfg, caps) + \
+        flags.file_log_argv(dialect.kind_for(caps, cfg), log_dir)
     log_jsonl = flags.server_logs_jsonl(caps)
     sampler = Sampler(nvml)
     sampler.start()

@@ -25,6 +25,7 @@ from tuner.core.errors import TrialFailedError, TunerError
 from tuner.core.model import ModelInfo
 from tuner.engine import flags, runner
 from tuner.engine.caps import Capabilities, EngineLocation
+from tuner.engine.flags import dialect
 from tuner.machine import pressure
 from tuner.machine.sampler import NOT_MEASURED, PagingVerdict, Sampler, paging_verdict
 from tuner.measure import failures, gpu_use
@@ -201,7 +202,9 @@ def run_session_trial(engine: EngineLocation, cfg: LaunchConfig, session: Sessio
         binary = engine.tool("llama-server")
     except TunerError as exc:
         raise TrialFailedError("llama-server", failures.from_error(exc)) from None
-    argv = flags.server_argv(binary, cfg, caps) + (flags.trace_argv() if trace else [])
+    kind = dialect.kind_for(caps, cfg)
+    argv = flags.server_argv(binary, cfg, caps) + (flags.trace_argv(kind) if trace else []) + \
+        flags.file_log_argv(kind, log_dir)
     sampler = Sampler(nvml)  # the card, sampled as a server trial samples it (the line's own VRAM)
     sampler.start()
     try:

@@ -119,6 +119,13 @@ def _hash_parts(stamp: tuple[tuple[str, int, int], ...]) -> str:
     return digest.hexdigest()[:32]
 
 
+def _file_log(loc: build.EngineLocation) -> list[str]:
+    """Where an engine that writes a log file of its own (ik_llama.cpp) puts it: beside moe-tune's logs."""
+    from tuner.engine import build
+
+    return flags.file_log_argv(build.capabilities(loc).kind, paths.logs_dir())
+
+
 def _kind_name(loc: build.EngineLocation) -> str:
     """Which kind of engine ``loc`` is (its lines are spelled in that engine's dialect)."""
     from tuner.engine import build
@@ -311,7 +318,7 @@ def reference_logits(
         base_cfg = replace(base_cfg, cache_type_k=CacheType.F16, cache_type_v=CacheType.F16)
         with atomic_path(path) as tmp:
             argv = flags.perplexity_argv(loc.tool("llama-perplexity"), base_cfg, text_file=text_file, ctx=ctx,
-                                         chunks=chunks, kld_base=tmp)
+                                         chunks=chunks, kld_base=tmp) + _file_log(loc)
             figures = _run(argv, lambda out: kld.parse_perplexity(out, want_chunks=chunks), timeout_s)
             size = kld.check_logits_file(tmp, ctx=ctx, n_chunks=chunks, n_vocab=n_vocab)
         meta.write_text(json.dumps({"reference": str(reference), "ppl": figures.ppl, "ppl_error": figures.ppl_error,
@@ -405,7 +412,7 @@ def measure(
     if reference is None:
         if on_step:
             on_step(f"perplexity of {model.name} (no reference found: PPL only)")
-        argv = flags.perplexity_argv(binary, cfg, text_file=text_file, ctx=ctx, chunks=chunks)
+        argv = flags.perplexity_argv(binary, cfg, text_file=text_file, ctx=ctx, chunks=chunks) + _file_log(loc)
         ppl = _run(argv, lambda out: kld.parse_perplexity(out, want_chunks=chunks), timeout_s)
         result = replace(result, ppl=ppl.ppl, ppl_error=ppl.ppl_error, argv=tuple(argv))
     else:
@@ -423,7 +430,7 @@ def measure(
             if on_step:
                 on_step(f"KL-divergence of {model.name} at KV {kv[0]}/{kv[1]} against {reference.name}")
             argv = flags.perplexity_argv(binary, cfg, text_file=text_file, ctx=ctx, chunks=chunks,
-                                         kld_base=ref.path, kld=True)
+                                         kld_base=ref.path, kld=True) + _file_log(loc)
             fig = _run(argv, lambda out: kld.parse_kld(out, want_chunks=chunks, ctx=ctx), timeout_s)
             result = replace(result, ppl=fig.ppl, ppl_error=fig.ppl_error, kld_mean=fig.kld_mean,
                              kld_mean_error=fig.kld_mean_error, kld_p99=fig.kld_p99, same_top_pct=fig.same_top_pct,

@@ -32,7 +32,7 @@ from tuner.engine.flags.spell import (  # noqa: F401 - render.SERVER and friends
     SERVER,
     _Argv,
 )
-from tuner.engine.kinds import IK_LLAMA, LLAMA_CPP
+from tuner.engine.kinds import IK_LLAMA, LLAMA_CPP, EngineKind
 
 # common/arg.cpp reads every integer flag with std::stoi (a 32-bit int: a longer number is out_of_range and
 # llama-server refuses to start) and ggml reads GGML_OP_OFFLOAD_MIN_BATCH with atoi (beyond an int: undefined).
@@ -289,14 +289,22 @@ def listen_argv(host: str, port: int, *, log_jsonl: bool = False) -> list[str]:
     return address_argv(host, port) + (["--log-jsonl"] if log_jsonl else [])
 
 
+def file_log_argv(kind: EngineKind, folder: Path) -> list[str]:
+    """Where an engine that writes a log file of its own by default writes it: ik_llama.cpp's common log would be
+    ``llama.log`` in whatever folder it was started from (common/log.h ``log_handler1_impl``); ``--log-file NAME``
+    makes it ``NAME.log``, here beside moe-tune's own logs. Nothing for llama.cpp, whose log is its stderr."""
+    return ["--log-file", str(folder / "ik-common")] if kind.writes_file_log else []
+
+
 def api_key_file_argv(path: Path) -> list[str]:
     """The server's key file by path (ik_llama.cpp reads no key from its environment): the key stays in the file."""
     return ["--api-key-file", str(path)]
 
 
-def trace_argv() -> list[str]:
-    """llama-server at trace verbosity: it then logs each context checkpoint and the prompt cache's state."""
-    return ["-lv", "4"]
+def trace_argv(kind: EngineKind = LLAMA_CPP) -> list[str]:
+    """llama-server at trace verbosity: it then logs each context checkpoint and the prompt cache's state. ik's server
+    has no -lv (its --verbosity logs in another form, which nothing here reads): nothing for it."""
+    return ["-lv", "4"] if kind is LLAMA_CPP else []
 
 
 def server_logs_jsonl(caps: Capabilities | None) -> bool:
