@@ -94,3 +94,22 @@ def test_a_reference_over_the_budget_is_not_llama_cpps_choice_under_it():
     assert fin.reference is None and fin.winner is cand
     assert fin.decision.reason == ("llama.cpp's own choice broke the VRAM budget (default): candidate-1 is printed")
     assert Finish.from_dict(fin.to_dict()).vram_budget_bytes == BUDGET
+
+
+def test_an_arm_whose_vram_was_never_read_under_a_budget_is_not_taken_as_within_it():
+    """Issue 58: a missing VRAM figure is never "within budget". The fastest candidate's VRAM was not sampled (NVML
+    gave no reading): it is neither printed nor ranked; the next candidate, read within the budget, is."""
+    unread = _arm("candidate-1", [2.0, 2.02, 1.99, 2.01], None, "llama-server -m m.gguf -ub 2048")
+    kept = _arm("candidate-2", [1.2, 1.21, 1.19, 1.2], 4096 * MIB, "llama-server -m m.gguf -ub 512")
+    fit = _arm("fit", [1.0, 1.01, 0.99, 1.0], 5000 * MIB, "llama-server -m m.gguf -ncmoe 20")
+    fin = Finish((unread, kept), (fit,), vram_budget_bytes=BUDGET)
+    assert fin.vram_unknown(unread) and not fin.eligible(unread) and not fin.over_budget(unread)
+    assert fin.winner is not None and fin.winner.label == "candidate-2"
+    labels = [m.label for m in study_report.ranked(StudyResult(study="s", model="m.gguf", finish=fin))]
+    assert labels == ["candidate-2", "fit"]
+    alone = Finish((unread,), (fit,), vram_budget_bytes=BUDGET)
+    assert alone.winner is fit
+    assert alone.decision.reason == ("candidate-1 had its VRAM unsampled (not known to keep the VRAM budget): "
+                                     "llama.cpp's own choice (fit) is printed")
+    # Without a budget (no GPU) nothing is read and nothing is missing: the fastest is printed.
+    assert Finish((unread, kept), (fit,)).winner is unread

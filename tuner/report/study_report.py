@@ -45,7 +45,7 @@ def ranked(result: StudyResult) -> list[ServerMeasurement]:
     one (:attr:`tuner.search.finish.Finish.winner`, as its verdict measured it) first, then the others in the
     finish's own order, the score it selects by (:meth:`~tuner.search.finish.Finish.rank`, over the rounds every
     arm was measured in); those that miss --min-tok-s after them, failed ones last. An arm whose own VRAM broke
-    the budget is not a line to launch: it is left out.
+    the budget, or was never read under one, is not a line to launch: it is left out.
 
     The winner is matched by label, not identity: after confirmation rounds it is the confirmation's copy, and its
     selection copy must not come back as a runner-up. An arm that paged host RAM is left out too (a line that reads
@@ -53,7 +53,8 @@ def ranked(result: StudyResult) -> list[ServerMeasurement]:
     fin = result.finish
     winner = fin.winner
     rest = [m for m in (*fin.candidates, *fin.baselines)
-            if (winner is None or m.label != winner.label) and not fin.over_budget(m) and not m.paging]
+            if (winner is None or m.label != winner.label) and not fin.over_budget(m) and not fin.vram_unknown(m)
+            and not m.paging]
     rest.sort(key=lambda m: (not fin.eligible(m), fin.rank(m) is None, -(fin.rank(m) or 0.0)))
     return _distinct([winner, *rest] if winner is not None else rest, lambda m: m.launch_line)
 

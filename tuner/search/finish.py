@@ -240,9 +240,15 @@ class Finish:
         return (self.vram_budget_bytes is not None and m.vram_growth_bytes is not None
                 and m.vram_growth_bytes > self.vram_budget_bytes)
 
+    def vram_unknown(self, m: ServerMeasurement) -> bool:
+        """Measured under a VRAM budget with no reading of the arm's own VRAM (NVML gave no figure): whether it kept
+        the budget is not known, so it is never taken as kept (the session stage's rule, ArmSessions.vram_unknown)."""
+        return self.vram_budget_bytes is not None and m.gen_tok_s is not None and m.vram_growth_bytes is None
+
     def eligible(self, m: ServerMeasurement) -> bool:
-        """Measured, not paging host RAM, within the VRAM budget, and each user still gets at least --min-tok-s."""
-        if self.score(m) is None or m.paging or self.over_budget(m):
+        """Measured, not paging host RAM, known to be within the VRAM budget, and each user still gets at least
+        --min-tok-s."""
+        if self.score(m) is None or m.paging or self.over_budget(m) or self.vram_unknown(m):
             return False
         per_request = m.loaded_gen_tok_s if m.loaded_gen_tok_s is not None else m.gen_tok_s
         return self.min_tok_s is None or (per_request or 0.0) >= self.min_tok_s
@@ -322,10 +328,16 @@ class Finish:
                                             f"candidate was measured without paging: {ref.host_paging_evidence}")
             if ref is None:
                 return Decision(None, best, "nothing could be measured: see the failures")
+            if chosen is None:  # none eligible: why the fastest measured one is not
+                measured = [m for m in self.candidates if self.score(m) is not None]
+                chosen = best = max(measured, key=lambda m: self.rank(m) or 0.0) if measured else None
             why = ("no candidate could be measured" if chosen is None else
                    f"{chosen.label} paged host RAM ({best.host_paging_evidence})" if best is not None and best.paging
                    else f"{chosen.label} broke the VRAM budget" if best is not None and self.over_budget(best) else
-                   f"{chosen.label} failed its confirmation")
+                   f"{chosen.label} had its VRAM unsampled (not known to keep the VRAM budget)"
+                   if best is not None and self.vram_unknown(best) else
+                   f"{chosen.label} misses --min-tok-s per request" if best is not None and self.score(best) is not None
+                   else f"{chosen.label} failed its confirmation")
             return Decision(ref, best, f"{why}: {self.own}'s own choice ({ref.label}) is printed")
         if ref is None or not self.eligible(ref):
             broke = [m.label for m in map(self.judged, ("default", "fit")) if m is not None and self.over_budget(m)]
