@@ -122,7 +122,10 @@ def test_on_the_engine_a_decided_candidate_is_printed_and_a_busy_finish_keeps_th
     cands = [(0, replace(base, batch=512, ubatch=512)), (1, replace(base, batch=128, ubatch=128))]
     load = Workload(WorkloadKind.CUSTOM, 384, 4, rounds=1)
     rounds = finish.Rounds(min=3, max=4, select=1)
-    done = finish.finish(engine_loc, cands, [("default", slow)], load, log_dir=tmp_path / "quiet", rounds=rounds)
+    # Quiet: up to 6 fresh rounds while undecided (a CI run saw 21 % noise over 4 on a shared 2-core box); the rule
+    # under test is the same, only its patience differs.
+    done = finish.finish(engine_loc, cands, [("default", slow)], load, log_dir=tmp_path / "quiet",
+                         rounds=replace(rounds, max=6))
     assert [len(m.scores) for m in (*done.baselines, *done.candidates)] == [1, 1, 1]  # one selection round
     assert done.selected in ("candidate-1", "candidate-2")
     assert [m.label for m in done.confirmation] == ["default", done.selected]

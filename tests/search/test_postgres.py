@@ -99,7 +99,8 @@ def test_two_tuners_share_one_postgres_study_and_a_third_resumes_it(demo_models,
         runs = list(pool.map(lambda i: _tune(models[i], postgres_url, tmp_path / f"r{i}", TRIALS_EACH, i), (1, 2)))
     for run in runs:
         assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr
-        assert f"trials stored ({TRIALS_EACH} this run) in postgresql+psycopg2://" in run.stdout
+        # prose is wrapped to the terminal's width: read it as words
+        assert f"trials stored ({TRIALS_EACH} this run) in postgresql+psycopg2://" in " ".join(run.stdout.split())
         assert run.stdout.strip().splitlines()[-2:][0] == "launch line:"
         assert run.stdout.strip().splitlines()[-1].startswith("llama-server -m ")
 
