@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from tuner.core.config import LaunchConfig
 from tuner.search.verdict import MIN_ROUNDS
 
 # One arm's one round: its score (higher is better; None: the round failed) and what disturbed the machine
@@ -102,3 +103,19 @@ def two_phase(arms: Sequence[str], candidates: Sequence[str], measure: Callable[
     conf = interleave(confirm, measure, first=rounds.select + 1, at_least=rounds.min,
                       at_most=max(rounds.min, rounds.max), settled=settled)
     return Phases(sel, conf)
+
+
+def slot_arms(candidates: Sequence[tuple[int, LaunchConfig]], slots: Sequence[int]
+              ) -> list[tuple[str, LaunchConfig, int | None]]:
+    """Candidates as arms; with several slot counts the best candidate is measured at each (context per slot
+    kept), the others at the workload's own slot count."""
+    arms: list[tuple[str, LaunchConfig, int | None]] = []
+    for i, (num, cfg) in enumerate(candidates):
+        label = f"candidate-{i + 1}"
+        if i > 0 or len(slots) < 2:
+            arms.append((label, cfg, num))
+            continue
+        per_slot = (cfg.ctx or 0) // (cfg.parallel or 1)
+        for n in slots:
+            arms.append((f"{label} np{n}", replace(cfg, parallel=n, ctx=per_slot * n or None), num))
+    return arms

@@ -328,16 +328,17 @@ class Finish:
                                             f"candidate was measured without paging: {ref.host_paging_evidence}")
             if ref is None:
                 return Decision(None, best, "nothing could be measured: see the failures")
-            if chosen is None:  # none eligible: why the fastest measured one is not
+            lost = best  # why it is not printed: the chosen one, or else the fastest measured (none was eligible)
+            if chosen is None:
                 measured = [m for m in self.candidates if self.score(m) is not None]
-                chosen = best = max(measured, key=lambda m: self.rank(m) or 0.0) if measured else None
-            why = ("no candidate could be measured" if chosen is None else
-                   f"{chosen.label} paged host RAM ({best.host_paging_evidence})" if best is not None and best.paging
-                   else f"{chosen.label} broke the VRAM budget" if best is not None and self.over_budget(best) else
-                   f"{chosen.label} had its VRAM unsampled (not known to keep the VRAM budget)"
-                   if best is not None and self.vram_unknown(best) else
-                   f"{chosen.label} misses --min-tok-s per request" if best is not None and self.score(best) is not None
-                   else f"{chosen.label} failed its confirmation")
+                lost = max(measured, key=lambda m: self.rank(m) or 0.0) if measured else None
+            why = ("no candidate could be measured" if lost is None and chosen is None else
+                   f"{lost.label} paged host RAM ({lost.host_paging_evidence})" if lost is not None and lost.paging
+                   else f"{lost.label} broke the VRAM budget" if lost is not None and self.over_budget(lost) else
+                   f"{lost.label} had its VRAM unsampled (not known to keep the VRAM budget)"
+                   if lost is not None and self.vram_unknown(lost) else
+                   f"{lost.label} misses --min-tok-s per request" if lost is not None and self.score(lost) is not None
+                   else f"{(chosen or lost).label} failed its confirmation")  # type: ignore[union-attr]
             return Decision(ref, best, f"{why}: {self.own}'s own choice ({ref.label}) is printed")
         if ref is None or not self.eligible(ref):
             broke = [m.label for m in map(self.judged, ("default", "fit")) if m is not None and self.over_budget(m)]
@@ -418,22 +419,6 @@ Rounds = decide.Rounds
 DEFAULT_ROUNDS = Rounds()  # 2 selection rounds, then 3 confirmation rounds and a 4th while undecided
 
 
-def slot_arms(candidates: Sequence[tuple[int, LaunchConfig]], slots: Sequence[int]
-              ) -> list[tuple[str, LaunchConfig, int | None]]:
-    """Candidates as arms; with several slot counts the best candidate is measured at each (context per slot
-    kept), the others at the workload's own slot count."""
-    arms: list[tuple[str, LaunchConfig, int | None]] = []
-    for i, (num, cfg) in enumerate(candidates):
-        label = f"candidate-{i + 1}"
-        if i > 0 or len(slots) < 2:
-            arms.append((label, cfg, num))
-            continue
-        per_slot = (cfg.ctx or 0) // (cfg.parallel or 1)
-        for n in slots:
-            arms.append((f"{label} np{n}", replace(cfg, parallel=n, ctx=per_slot * n or None), num))
-    return arms
-
-
 def _ceiling(roofline_of: Callable[[LaunchConfig], Roofline | None] | None, cfg: LaunchConfig
              ) -> tuple[float | None, float | None]:
     """(generation, prompt) ceilings of ``cfg`` in tok/s, None where unknown."""
@@ -451,7 +436,7 @@ def finish(loc: EngineLocation, candidates: Sequence[tuple[int, LaunchConfig]],
     selection rounds over every arm when several candidates compete, then the baselines and the selected candidate
     in fresh confirmation rounds until its verdicts are decided or the rounds run out. An arm whose server fails to
     start in its first round is not measured again."""
-    arms = [(label, cfg, None) for label, cfg in baselines] + slot_arms(candidates, slots)
+    arms = [(label, cfg, None) for label, cfg in baselines] + decide.slot_arms(candidates, slots)
     by_label = {label: (cfg, num) for label, cfg, num in arms}
     runs: dict[str, dict[str, list[bench.ServerTrial | failures.Failure]]] = {SELECT: {}, CONFIRM: {}}
     noise: dict[str, dict[str, list[str | None]]] = {SELECT: {}, CONFIRM: {}}
