@@ -328,17 +328,16 @@ class Finish:
                                             f"candidate was measured without paging: {ref.host_paging_evidence}")
             if ref is None:
                 return Decision(None, best, "nothing could be measured: see the failures")
-            lost = best  # why it is not printed: the chosen one, or else the fastest measured (none was eligible)
-            if chosen is None:
-                measured = [m for m in self.candidates if self.score(m) is not None]
-                lost = max(measured, key=lambda m: self.rank(m) or 0.0) if measured else None
-            why = ("no candidate could be measured" if lost is None and chosen is None else
-                   f"{lost.label} paged host RAM ({lost.host_paging_evidence})" if lost is not None and lost.paging
-                   else f"{lost.label} broke the VRAM budget" if lost is not None and self.over_budget(lost) else
-                   f"{lost.label} had its VRAM unsampled (not known to keep the VRAM budget)"
-                   if lost is not None and self.vram_unknown(lost) else
-                   f"{lost.label} misses --min-tok-s per request" if lost is not None and self.score(lost) is not None
-                   else f"{(chosen or lost).label} failed its confirmation")  # type: ignore[union-attr]
+            measured = (m for m in self.candidates if self.score(m) is not None)  # none eligible: say why the fastest
+            lost = best if chosen is not None else max(measured, key=lambda m: self.rank(m) or 0.0, default=None)
+            if lost is None:
+                why = "no candidate could be measured" if chosen is None else f"{chosen.label} failed its confirmation"
+            else:
+                why = f"{lost.label} " + (
+                    f"paged host RAM ({lost.host_paging_evidence})" if lost.paging else
+                    "broke the VRAM budget" if self.over_budget(lost) else
+                    "had its VRAM unsampled (not known to keep the VRAM budget)" if self.vram_unknown(lost) else
+                    "misses --min-tok-s per request" if self.score(lost) is not None else "failed its confirmation")
             return Decision(ref, best, f"{why}: {self.own}'s own choice ({ref.label}) is printed")
         if ref is None or not self.eligible(ref):
             broke = [m.label for m in map(self.judged, ("default", "fit")) if m is not None and self.over_budget(m)]
