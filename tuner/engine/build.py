@@ -29,7 +29,7 @@ from tuner.core.errors import (
     ProcessFailedError,
     UsageError,
 )
-from tuner.engine import cuda_toolkit, cuda_wheels, runner, sdist
+from tuner.engine import cpu_isa, cuda_toolkit, cuda_wheels, runner, sdist
 from tuner.engine.caps import (  # noqa: F401 - the engine's public names: build.EngineLocation, build.parse_devices, ...
     FA_QUANTS_DEFAULT,
     FA_VEC_FLAG,
@@ -236,6 +236,7 @@ def cmake_flags(backend: Backend, kind: EngineKind = LLAMA_CPP) -> tuple[str, ..
         f"-DLLAMA_BUILD_COMMIT={PIN.commit}",
         "-DCMAKE_INSTALL_RPATH=$ORIGIN",
         "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON",
+        *cpu_isa.llama_cpp_flags(),  # this CPU's granted instruction sets, AMX never (tuner.engine.cpu_isa)
     ]
     if backend is Backend.CUDA:
         # Only the card that is here: the full default list of CUDA architectures takes hours on a small CPU.
@@ -257,7 +258,7 @@ def _ik_cmake_flags(backend: Backend) -> tuple[str, ...]:
     it is used. Shared libraries go beside the binaries (``$ORIGIN``): the install step gathers them from the tree."""
     flags = [
         "-DCMAKE_BUILD_TYPE=Release",
-        "-DGGML_NATIVE=ON",
+        f"-DGGML_NATIVE={'ON' if cpu_isa.native_allowed() else 'OFF'}",
         "-DLLAMA_BUILD_TESTS=OFF",
         "-DLLAMA_BUILD_EXAMPLES=ON",
         "-DLLAMA_BUILD_SERVER=ON",
@@ -275,6 +276,8 @@ def build_identity(backend: Backend, kind: EngineKind = LLAMA_CPP) -> tuple[str,
     """What makes two builds the same: the flags, and for CUDA the toolkit that compiles them (an installed
     13.0 and the wheels' 13.5 are two builds)."""
     flags = cmake_flags(backend, kind)
+    if kind is not LLAMA_CPP and cpu_isa.native_allowed():  # -march=native: made for this CPU alone
+        flags = (*flags, cpu_isa.identity())
     return (*flags, f"toolkit={cuda_toolkit.toolkit_id()}") if backend is Backend.CUDA else flags
 
 

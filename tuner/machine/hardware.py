@@ -332,6 +332,22 @@ def probe_host() -> HostInfo:
     )
 
 
+CPUINFO = Path("/proc/cpuinfo")
+
+
+def cpu_flags(cpuinfo: Path = CPUINFO) -> frozenset[str]:
+    """The instruction-set flags the kernel grants this process (``/proc/cpuinfo``'s first ``flags`` line). Not
+    CPUID's list: the kernel drops a feature whose register state it does not enable (XCR0), and a VM's CPUID may
+    list AMX that faults when used (seen on a Xeon VM of this project: SIGILL in ``tilezero``). Empty where the file
+    is missing or names no flags (not Linux, not x86)."""
+    with contextlib.suppress(OSError):
+        for line in cpuinfo.read_text(errors="replace").splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "flags":
+                return frozenset(value.split())
+    return frozenset()
+
+
 NVCC_DIRS = (Path("/usr/local/cuda/bin"), Path("/opt/cuda/bin"))  # where installers put the toolkit, off PATH
 NVCC_ENV_ROOTS = ("CUDA_HOME", "CUDA_PATH")
 
