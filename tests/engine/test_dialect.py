@@ -57,6 +57,27 @@ def test_loading_without_mmap_is_spelled_per_engine():
     assert flags.server_argv(Path("s"), LaunchConfig(model=MODEL, mmap=False))[-2:] == ["-lm", "none"]
 
 
+def test_a_lever_that_loads_without_mmap_makes_the_line_unmapped_wherever_it_is_read():
+    """-rtr loads ik's weights into its own buffers (its common.cpp sets ``use_mmap = false`` with it): the kind says
+    so (EngineKind.maps_model), and the server line, the bench run and a pasted line all follow it, whatever the
+    config's own mmap field says."""
+    rtr = ik(run_time_repack=True)  # mmap left at True: -rtr overrides it
+    assert not IK_LLAMA.maps_model(rtr) and IK_LLAMA.maps_model(ik()) and not IK_LLAMA.maps_model(ik(mmap=False))
+    assert LLAMA_CPP.maps_model(LaunchConfig(model=MODEL)) and not LLAMA_CPP.maps_model(LaunchConfig(model=MODEL,
+                                                                                                    mmap=False))
+    for cfg in (rtr, ik(run_time_repack=True, mmap=False)):
+        argv = flags.server_argv(Path("s"), cfg)
+        assert "--run-time-repack" in argv and "--no-mmap" not in argv, argv
+    # One bench run: both load the same way (unmapped), whatever their mmap fields say.
+    both = [rtr, ik(run_time_repack=True, mmap=False, cache_type_k=CacheType.Q8_0)]
+    argv = flags.bench_group_argv(Path("llama-bench"), both, n_prompt=8, n_gen=8, repetitions=1)
+    assert argv[argv.index("-rtr") + 1] == "1" and "-mmp" not in argv
+    # Read back: a pasted -rtr line is a line without mmap, and renders as pasted.
+    back = flags.parse_command(f"llama-server -m {MODEL} -rtr").config
+    assert back == ik(run_time_repack=True, mmap=False) and not IK_LLAMA.maps_model(back)
+    assert flags.launch_line(back) == f"llama-server -m {MODEL} --run-time-repack"
+
+
 def test_ik_bench_states_the_server_default_and_times_depth_its_own_way():
     cfgs = [ik(threads=2, cache_type_k=k, flash_attn=FlashAttn.ON, run_time_repack=True, mmap=False)
             for k in (CacheType.F16, CacheType.Q8_0)]

@@ -68,6 +68,21 @@ def test_configs_are_grouped_only_into_exact_cross_products():
     assert [[c.op_offload_min_batch for c in g] for g in bench.group_configs(by_env)] == [[None, None], [512, 512]]
 
 
+def test_each_of_an_engine_s_levers_is_a_llama_bench_run_of_its_own():
+    """ik's llama-bench reads one value of each lever per process: configs that differ in any lever the kind lists
+    (tuner.engine.kinds, the one list of them) are never one run."""
+    from tuner.engine.kinds import IK_LLAMA
+
+    base = LaunchConfig(model=Path("/m.gguf"), engine=IK_LLAMA.name, threads=2)
+    values = {"run_time_repack": True, "fused_moe": False, "merge_up_gate": True, "attn_max_batch": 256,
+              "graph_reuse": False, "smart_experts": (6, 0.5), "only_active_experts": False}
+    assert set(values) == set(IK_LLAMA.levers)
+    for lever, value in values.items():
+        other = replace(base, **{lever: value}, threads=4)  # threads alone would share one run (-t 2,4)
+        assert bench.group_configs([base, other]) == [[base], [other]], lever
+    assert bench.group_configs([base, replace(base, threads=4)]) == [[base, replace(base, threads=4)]]
+
+
 def test_rows_are_matched_back_to_their_config():
     def row(fa: str) -> BenchRow:
         return BenchRow(8, 0, 0, 1.0, 0.0, (1.0,), "x", (("flash_attn", fa), ("type_k", "f16"), ("type_v", "f16")))

@@ -73,11 +73,29 @@ class EngineKind:
     bench_has_depth: bool = True
     # Whether its server offloads layers to a GPU unless told how many (llama.cpp: what fits; ik: none).
     offloads_by_default: bool = True
+    # How its server places a line that leaves the placement open (no -ngl, no --n-cpu-moe): by fitting the card
+    # itself, leaving -fitt MiB of each device's free VRAM (llama.cpp: common.h ``fit_params = true``, common/fit.cpp
+    # ``common_params_fit_impl``), or not (ik_llama.cpp: its --fit is a switch, off unless given, common.cpp; left
+    # alone it keeps what ``offloads_by_default`` says). Only an engine that fits by default takes -fitt.
+    fits_by_default: bool = True
     # Whether its server reads its API key from the environment (llama.cpp: LLAMA_API_KEY; ik: only from argv).
     reads_key_env: bool = True
     # Whether its tools write a log file of their own unless told where (ik's common log: llama.log in the current
     # folder, common/log.h), which moe-tune then points beside its own logs.
     writes_file_log: bool = False
+    # Its levers that load the weights into the engine's own buffers, never a file mapping: ik's -rtr (its
+    # common.cpp sets ``use_mmap = false`` with ``repack_tensors``). A line with one on keeps its model resident.
+    unmapping_levers: tuple[str, ...] = ()
+
+    def maps_model(self, cfg: object) -> bool:
+        """Whether a line (a LaunchConfig) runs its model from a file mapping: mmap on, and none of this kind's
+        unmapping levers set. Every rendering, parsing and search rule about mmap asks this."""
+        return bool(getattr(cfg, "mmap", True)) and not self.unmaps(cfg)
+
+    def unmaps(self, cfg: object) -> bool:
+        """Whether one of this kind's levers set on ``cfg`` loads the model without a mapping on its own (so a line
+        with it needs no no-mmap flag of its own)."""
+        return any(getattr(cfg, lever, False) for lever in self.unmapping_levers)
 
     @property
     def projects_memory(self) -> bool:
@@ -98,8 +116,10 @@ IK_LLAMA = EngineKind(
     aliases=("ik_llama.cpp", "ik-llama.cpp", "ik_llama", "ikllama"),
     bench_has_depth=False,
     offloads_by_default=False,
+    fits_by_default=False,
     reads_key_env=False,
     writes_file_log=True,
+    unmapping_levers=("run_time_repack",),
 )
 KINDS = (LLAMA_CPP, IK_LLAMA)
 

@@ -21,6 +21,7 @@ from tuner.engine import breakdown, build, flags, runner
 from tuner.engine.breakdown import MemoryBreakdown
 from tuner.engine.build import Capabilities, EngineLocation
 from tuner.engine.flags import dialect
+from tuner.engine.kinds import KINDS
 from tuner.machine import pressure
 from tuner.machine.sampler import (
     NOT_MEASURED,
@@ -101,10 +102,10 @@ def rows_for(cfg: LaunchConfig, rows: Sequence[BenchRow]) -> tuple[BenchRow, ...
 
 
 # op_offload_min_batch is the engine's environment, read once per process: configs that differ in it never share one.
-# ik_llama.cpp's levers are one value per llama-bench process too (its examples/llama-bench: params.repack, fmoe, …).
+# An engine's own levers are one value per llama-bench process too (ik_llama.cpp's examples/llama-bench: params.repack,
+# fmoe, …): every kind's, as the kind lists them.
 _LOAD_FIELDS = ("model", "mmap", "repack", "no_host", "op_offload", "op_offload_min_batch", "device", "n_gpu_layers",
-                "n_cpu_moe", "engine", "run_time_repack", "fused_moe", "merge_up_gate", "attn_max_batch",
-                "graph_reuse", "smart_experts", "only_active_experts")
+                "n_cpu_moe", "engine", *dict.fromkeys(lever for kind in KINDS for lever in kind.levers))
 _SWEPT_FIELDS = ("cache_type_k", "cache_type_v", "flash_attn", "threads", "batch", "ubatch")
 
 

@@ -44,13 +44,13 @@ def bench_group_argv(
         raise UsageError("no configs to benchmark: pass at least one")
     for cfg in cfgs:
         validate(cfg)
-    if len({(c.model, c.mmap, c.repack, c.no_host, c.op_offload, c.op_offload_min_batch, c.device)
+    first = cfgs[0]
+    kind = dialect.kind_for(caps, first)
+    if len({(c.model, kind.maps_model(c), c.repack, c.no_host, c.op_offload, c.op_offload_min_batch, c.device)
             for c in cfgs}) != 1:
         raise UsageError("configs in one llama-bench run must share the model file, load mode, device and "
                          "op-offload threshold (the environment of the process)")
     depths = [depth] if isinstance(depth, int) else list(depth)
-    first = cfgs[0]
-    kind = dialect.kind_for(caps, first)
     for cfg in cfgs:
         dialect.check_levers(kind, cfg)
     if kind is IK_LLAMA:
@@ -71,7 +71,7 @@ def bench_group_argv(
         if "" in values:
             raise UsageError(f"configs in one llama-bench run must all set {name} or none of them")
         a.add(name, ",".join(values))
-    if not first.mmap:
+    if not kind.maps_model(first):
         a.add("load_mode", "none")
     if not first.repack:
         a.add("repack", "0")
@@ -127,7 +127,7 @@ def _ik_bench_argv(binary: Path, cfgs: Sequence[LaunchConfig], n_prompt: int, n_
     fa = list(dict.fromkeys(dialect.ik_bench_fa(c.flash_attn) or "1" for c in cfgs))
     if fa != ["1"]:
         a.add("flash_attn", ",".join(fa))
-    if not first.mmap and not first.run_time_repack:  # -rtr loads without mmap on its own
+    if not IK_LLAMA.maps_model(first) and not IK_LLAMA.unmaps(first):  # a lever that unmaps (-rtr) says it already
         a.add("mmap", "0")
     a.add_words(dialect.bench_lever_args(first))
     # Without -v ik's llama-bench logs nothing of the load: a model it cannot load (an architecture it lacks)

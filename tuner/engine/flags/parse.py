@@ -92,16 +92,16 @@ def parse_command(text: str, kind: EngineKind | None = None) -> ParsedCommand:
         if flag in _IGNORED_WITH_VALUE:
             ignored.append(f"{flag} {value()}")
             continue
-        if kind is IK_LLAMA and flag in _IK_BARE:
+        if flag in _IK_BARE and kind.has_lever(_IK_BARE[flag][0]):
             field, setting = _IK_BARE[flag]
             values[field] = setting
             continue
-        if kind is IK_LLAMA and flag in _IK_VALUED:
+        if flag in _IK_VALUED and kind.has_lever(_IK_VALUED[flag]):
             values[_IK_VALUED[flag]] = value()
             continue
         name = _ALIASES.get(flag)
         if flag in ("--fit", "-fit"):
-            if kind is IK_LLAMA:  # a switch there, off unless given: moe-tune measures lines without it
+            if not kind.fits_by_default:  # ik's is a switch, off unless given: moe-tune measures lines without it
                 raise UsageError("--fit in an ik_llama.cpp line is not measured by moe-tune: remove it and give "
                                  "the placement (-ngl, --n-cpu-moe)")
             values["fit"] = value()
@@ -124,10 +124,9 @@ def parse_command(text: str, kind: EngineKind | None = None) -> ParsedCommand:
     return ParsedCommand(_config_from(values, kind), tuple(ignored), tokens[0], tuple(assignments.items()))
 
 
-def _ik_levers(values: dict[str, object]) -> dict[str, object]:
-    """ik_llama.cpp's levers of a pasted line as LaunchConfig fields."""
-    out: dict[str, object] = {k: values[k] for k in ("run_time_repack", "fused_moe", "merge_up_gate", "graph_reuse",
-                                  "only_active_experts") if k in values}
+def _levers(values: dict[str, object], kind: EngineKind) -> dict[str, object]:
+    """The kind's own levers of a pasted line as LaunchConfig fields (ik_llama.cpp's: two of them take values)."""
+    out: dict[str, object] = {k: values[k] for k in kind.levers if k in values}
     try:
         if "attn_max_batch" in values:
             out["attn_max_batch"] = int(str(values["attn_max_batch"]))
@@ -137,8 +136,6 @@ def _ik_levers(values: dict[str, object]) -> dict[str, object]:
     except ValueError:
         raise UsageError("-amb takes a whole number and -ser MIN,THRESH (e.g. -ser 6,0.5): fix it in the pasted "
                          "command") from None
-    if out.get("run_time_repack"):
-        out["mmap"] = False  # -rtr loads without mmap (ik's common.cpp)
     return out
 
 
@@ -193,10 +190,10 @@ def _config_from(values: dict[str, object], kind: EngineKind = LLAMA_CPP) -> Lau
         kwargs["op_offload_min_batch"] = values["op_offload_min_batch"]
     if "device" in values:
         kwargs["device"] = str(values["device"])
-    kwargs.update(_spec_from(values))
-    if kind is not LLAMA_CPP:
-        kwargs.update(_ik_levers(values), engine=kind.name)
+    kwargs.update(_spec_from(values), **_levers(values, kind), engine=kind.name)
     cfg = LaunchConfig(**kwargs)  # type: ignore[arg-type]
+    if not kind.maps_model(cfg):  # a lever that loads without a mapping (ik's -rtr) is a line without mmap
+        cfg = replace(cfg, mmap=False)
     validate(cfg)
     return cfg
 

@@ -188,11 +188,11 @@ def _context_flags(a: _Argv, cfg: LaunchConfig) -> None:
         a.add("no_kv_unified")
     if cfg.swa_full:
         a.add("swa_full")
-    if a.kind is IK_LLAMA:
-        if not cfg.mmap and not cfg.run_time_repack:  # -rtr loads without mmap on its own (ik's common.cpp)
+    if not a.kind.maps_model(cfg) and not a.kind.unmaps(cfg):  # a lever that unmaps (ik's -rtr) says it already
+        if a.kind is IK_LLAMA:
             a.add("no_mmap")
-    elif not cfg.mmap:
-        a.add("load_mode", "none")  # read weights into anonymous memory instead of mapping the file
+        else:
+            a.add("load_mode", "none")  # read weights into anonymous memory instead of mapping the file
     if not cfg.repack:
         a.add("no_repack")
     if cfg.no_host:
