@@ -1,60 +1,175 @@
-"""Which engine's line is printed: another engine's only when fresh rounds decided it faster than every other line,
-llama.cpp's default among them; otherwise llama.cpp's own choice. And a line for an engine whose numerics differ from
-llama.cpp's by more than the quality floor is not judged at all."""
+"""Which line the engines' race prints (tuner.versus.engines.choose): one decided faster than llama.cpp's default in
+the race's rounds and decided slower than no other line; the fastest such, or the simpler where undecided between
+them; never a line decided slower than another, one that paged host RAM or broke the VRAM budget, or one refused by
+its price; llama.cpp's default where nothing wins; nothing, said, where nothing can run.
+
+The verdicts are the real ones (tuner.search.verdict over the rounds' scores below), not stubs: each table of scores is
+what the race would have measured, round by round."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from tuner.core.config import LaunchConfig
-from tuner.search.verdict import BETTER, UNDECIDED, Verdict
+import pytest
+
+from tuner.core.config import CacheType, FlashAttn, LaunchConfig
+from tuner.search.verdict import BETTER, UNDECIDED, WORSE
 from tuner.versus import judge
-from tuner.versus.engines import REFERENCE, EngineLine, choose
+from tuner.versus.engines import REFERENCE, EngineChoice, EngineLine, choose, settled
 
 M = Path("/m.gguf")
+LLAMA_TUNED, IK_DEFAULT, IK_TUNED = "llama.cpp tuned", "ik_llama.cpp default", "ik_llama.cpp tuned"
+CONFIGS = {
+    REFERENCE: LaunchConfig(model=M, ctx=4096, parallel=1),
+    LLAMA_TUNED: LaunchConfig(model=M, ctx=4096, parallel=1, threads=2, flash_attn=FlashAttn.OFF),
+    IK_DEFAULT: LaunchConfig(model=M, ctx=4096, parallel=1, engine="ik_llama.cpp"),
+    IK_TUNED: LaunchConfig(model=M, ctx=4096, parallel=1, engine="ik_llama.cpp", run_time_repack=True,
+                           cache_type_v=CacheType.Q8_0, flash_attn=FlashAttn.ON),
+}
+# Per-round scores (higher is faster): steady, clearly faster, equal-but-noisy.
+STEADY = (1.00, 1.02, 0.99, 1.01)
+FAST = (1.70, 1.75, 1.68, 1.73)
+FASTER = (2.10, 2.16, 2.05, 2.12)
+NOISY = (1.10, 1.60, 0.95, 1.45)
 
 
-def _line(label: str, engine: str, kld: float | None = None) -> EngineLine:
-    return EngineLine(label, engine, LaunchConfig(model=M, engine=engine), "s", Path("r"), Path("b"), kld=kld)
+def _lines(labels: list[str]) -> list[EngineLine]:
+    return [EngineLine(x, CONFIGS[x].engine, CONFIGS[x], "s", Path("r"), Path("b"), "default" if "default" in x
+                       else "tuned") for x in labels]
 
 
-LINES = [_line("llama.cpp tuned", "llama.cpp"), _line(REFERENCE, "llama.cpp"),
-         _line("ik_llama.cpp tuned", "ik_llama.cpp")]
+def _race(scores: dict[str, tuple[float | None, ...]], paged: tuple[str, ...] = (), vram: dict[str, int] | None = None,
+          budget: int | None = None, busy: dict[str, tuple[int, ...]] | None = None) -> judge.HeadToHead:
+    arms = []
+    for label, xs in scores.items():
+        rounds = tuple(judge.Round(s, noise="a browser took 0.6 cores" if i in (busy or {}).get(label, ()) else None,
+                                   host_paging="read 900 MiB back from disk" if label in paged else None,
+                                   vram_growth_bytes=(vram or {}).get(label)) for i, s in enumerate(xs))
+        arms.append(judge.Arm(label, "", rounds, None if any(s is not None for s in xs) else "it crashed"))
+    return judge.HeadToHead(tuple(arms), "end-to-end request time", (), None, budget)
 
 
-def _versus(selected: str, outcomes: dict[str, str]) -> judge.HeadToHead:
-    rounds = (judge.Round(1.0), judge.Round(1.0), judge.Round(1.0))
-    arms = tuple(judge.Arm(x.label, "", rounds) for x in LINES)
-    verdicts = tuple(Verdict(selected, b, 3, 1.2, 1.1, 1.3, 2.0, o) for b, o in outcomes.items())
-    return judge.HeadToHead(arms, "end-to-end request time", verdicts, selected)
+def test_the_race_s_verdicts_are_the_real_ones():
+    race = _race({REFERENCE: STEADY, IK_TUNED: FAST, IK_DEFAULT: NOISY})
+    assert race.pair(IK_TUNED, REFERENCE).outcome == BETTER
+    assert race.pair(IK_DEFAULT, REFERENCE).outcome == UNDECIDED
+    assert race.pair(REFERENCE, IK_TUNED).outcome == WORSE
 
 
-def test_another_engine_decided_faster_than_every_line_is_printed():
-    v = _versus("ik_llama.cpp tuned", {"llama.cpp tuned": BETTER, REFERENCE: BETTER})
-    printed, why = choose(LINES, v)
-    assert printed == "ik_llama.cpp tuned" and "decided faster than every other line" in why
+def test_a_decided_win_over_the_default_is_printed_though_undecided_against_another_line():
+    # The agent benchmark's case: ik tuned decided 1.75x llama.cpp's default, undecided against ik's own default
+    # (one busy round made that pair wide): the old rule threw the win away and printed llama.cpp's line.
+    labels = [REFERENCE, LLAMA_TUNED, IK_DEFAULT, IK_TUNED]
+    race = _race({REFERENCE: STEADY, LLAMA_TUNED: STEADY, IK_DEFAULT: NOISY, IK_TUNED: FAST})
+    printed, why, v = choose(_lines(labels), race)
+    assert printed == IK_TUNED
+    assert v is not None and v.outcome == BETTER and v.a == IK_TUNED and v.b == REFERENCE
+    assert why.startswith(f"{IK_TUNED} was decided faster than llama.cpp's default (1.7")
 
 
-def test_undecided_against_one_line_keeps_llama_cpp_s_own_choice():
-    v = _versus("ik_llama.cpp tuned", {"llama.cpp tuned": UNDECIDED, REFERENCE: BETTER})
-    printed, why = choose(LINES, v)
-    assert printed == "llama.cpp tuned"
-    assert "faster than llama.cpp default only" in why and "llama.cpp's own choice, llama.cpp tuned, is printed" in why
+def test_a_line_decided_slower_than_another_is_never_printed():
+    # ik default is decided faster than the default but slower than ik tuned; ik tuned is refused by its price.
+    labels = [REFERENCE, IK_DEFAULT, IK_TUNED]
+    race = _race({REFERENCE: STEADY, IK_DEFAULT: FAST, IK_TUNED: FASTER})
+    assert choose(_lines(labels), race)[0] == IK_TUNED
+    printed, why, _ = choose(_lines(labels), race, {IK_TUNED: "was refused by its price (mean KLD 0.05)"})
+    assert printed == IK_DEFAULT  # with the faster line gone, nothing it is slower than remains
+    # and llama.cpp's default, decided slower than ik's lines, is not printed while they can run
+    race2 = _race({REFERENCE: STEADY, LLAMA_TUNED: FAST, IK_TUNED: FASTER})
+    printed2, _, _ = choose(_lines([REFERENCE, LLAMA_TUNED, IK_TUNED]), race2)
+    assert printed2 == IK_TUNED
 
 
-def test_without_a_head_to_head_llama_cpp_s_own_choice_stays():
-    assert choose(LINES, None)[0] == "llama.cpp tuned"
-    assert choose([LINES[1], LINES[2]], None)[0] == REFERENCE
+def test_a_win_over_the_default_decided_slower_than_another_line_is_not_printed():
+    # llama.cpp tuned is decided faster than the default and decided slower than ik tuned, which is undecided against
+    # the default (busy rounds left the pair too few quiet rounds): neither the slower line nor the default, decided
+    # slower than it, is printed; ik tuned is, as the fastest line decided slower than no other.
+    six = (1.0, 1.01, 0.99, 1.0, 1.02, 0.98)
+    race = _race({REFERENCE: six, LLAMA_TUNED: tuple(1.7 * x for x in six[::-1]),
+                  IK_TUNED: tuple(2.1 * x for x in six)}, busy={REFERENCE: (0, 1), IK_TUNED: (2, 3, 4)})
+    assert race.pair(LLAMA_TUNED, REFERENCE).outcome == BETTER and race.pair(LLAMA_TUNED, IK_TUNED).outcome == WORSE
+    assert race.pair(IK_TUNED, REFERENCE).outcome == UNDECIDED
+    printed, why, _ = choose(_lines([REFERENCE, LLAMA_TUNED, IK_TUNED]), race)
+    assert printed == IK_TUNED
+    assert why == (f"llama.cpp's default was decided slower than {LLAMA_TUNED}: {IK_TUNED} is the fastest line "
+                   "decided slower than no other")
 
 
-def test_an_engine_over_the_quality_floor_is_not_judged(tmp_path, monkeypatch):
-    from tuner.versus import engines
+def test_a_line_that_paged_is_never_printed_and_the_default_stays():
+    labels = [REFERENCE, LLAMA_TUNED, IK_TUNED]
+    race = _race({REFERENCE: STEADY, LLAMA_TUNED: FAST, IK_TUNED: FASTER}, paged=(IK_TUNED, LLAMA_TUNED))
+    printed, why, _ = choose(_lines(labels), race)
+    assert printed == REFERENCE
+    assert "left out" in why and "ik_llama.cpp tuned read its model back from disk" in why
 
-    over = [_line(REFERENCE, "llama.cpp"), _line("ik_llama.cpp tuned", "ik_llama.cpp", kld=0.05)]
-    said: list[str] = []
-    monkeypatch.setattr(engines, "lines_of", lambda tunes: over)  # the lines, as two engines' tunes printed them
-    choice = engines.decide([], load=None, log_dir=tmp_path, max_kld=0.01, on_step=said.append)  # type: ignore
-    assert choice.versus is None and choice.printed == REFERENCE
-    assert choice.refused == ("ik_llama.cpp: its logits differ from llama.cpp's by a mean KLD of 0.05, above the "
-                              "quality floor 0.01 (--max-kld): its lines are not judged",)
-    assert said == list(choice.refused)
+
+def test_llama_cpp_s_default_stays_when_nothing_is_decided_faster():
+    race = _race({REFERENCE: STEADY, LLAMA_TUNED: NOISY, IK_TUNED: NOISY})
+    printed, why, v = choose(_lines([REFERENCE, LLAMA_TUNED, IK_TUNED]), race)
+    assert printed == REFERENCE and v is None
+    assert why.startswith("llama.cpp's default stays: no line was decided faster than it (the closest, ")
+    assert "undecided" in why
+
+
+def test_the_simpler_line_where_two_winners_are_undecided_between_them():
+    # Both decided faster than the default; the faster median (ik tuned) is undecided against the simpler ik
+    # default: the simpler line is printed. Decided between them, the faster one is.
+    labels = [REFERENCE, IK_DEFAULT, IK_TUNED]
+    close = (1.80, 1.66, 1.85, 1.70)  # a faster median than FAST's, undecided against it
+    race = _race({REFERENCE: STEADY, IK_DEFAULT: FAST, IK_TUNED: close})
+    assert race.arm(IK_TUNED).score > race.arm(IK_DEFAULT).score  # type: ignore[union-attr, operator]
+    assert race.pair(IK_TUNED, IK_DEFAULT).outcome == UNDECIDED
+    printed, _, _ = choose(_lines(labels), race)
+    assert printed == IK_DEFAULT
+    printed, _, _ = choose(_lines(labels), _race({REFERENCE: STEADY, IK_DEFAULT: FAST, IK_TUNED: FASTER}))
+    assert printed == IK_TUNED
+
+
+def test_nothing_runnable_prints_no_line_and_says_why():
+    # llama.cpp's own default pages and every other line fails: no crash, no line, each cause named.
+    labels = [REFERENCE, IK_TUNED]
+    race = _race({REFERENCE: STEADY, IK_TUNED: (None, None, None)}, paged=(REFERENCE,))
+    lines = _lines(labels)
+    printed, why, _ = choose(lines, race)
+    assert printed is None
+    assert why == ("no line can be run here: llama.cpp default read its model back from disk (read 900 MiB back from "
+                   "disk); ik_llama.cpp tuned failed (it crashed)")
+    choice = EngineChoice(tuple(lines), race, printed, why)
+    assert choice.line is None and choice.to_dict()["printed_engine"] is None
+
+
+def test_when_the_default_cannot_run_the_fastest_clean_line_is_printed_and_said():
+    labels = [REFERENCE, LLAMA_TUNED, IK_TUNED]
+    race = _race({REFERENCE: STEADY, LLAMA_TUNED: STEADY, IK_TUNED: FAST}, paged=(REFERENCE,))
+    printed, why, _ = choose(_lines(labels), race)
+    assert printed == IK_TUNED
+    assert why.startswith("llama.cpp's default read its model back from disk") and "fastest line decided slower " \
+        "than no other" in why
+
+
+def test_a_line_over_the_vram_budget_or_unread_is_never_printed():
+    labels = [REFERENCE, IK_TUNED]
+    gib = 2**30
+    over = _race({REFERENCE: STEADY, IK_TUNED: FASTER}, vram={REFERENCE: 5 * gib, IK_TUNED: 9 * gib}, budget=8 * gib)
+    printed, why, _ = choose(_lines(labels), over)
+    assert printed == REFERENCE and "over the 8,192 MiB budget" in why
+    unread = _race({REFERENCE: STEADY, IK_TUNED: FASTER}, vram={REFERENCE: 5 * gib}, budget=8 * gib)
+    printed, why, _ = choose(_lines(labels), unread)
+    assert printed == REFERENCE and "its VRAM was not read" in why
+    within = _race({REFERENCE: STEADY, IK_TUNED: FASTER}, vram={REFERENCE: 5 * gib, IK_TUNED: 7 * gib}, budget=8 * gib)
+    assert choose(_lines(labels), within)[0] == IK_TUNED
+
+
+def test_without_a_race_the_default_stays():
+    assert choose(_lines([REFERENCE, IK_TUNED]), None)[0] == REFERENCE
+    assert choose(_lines([IK_TUNED]), None)[0] is None
+
+
+@pytest.mark.parametrize(("scores", "done"), [
+    ({REFERENCE: STEADY, IK_TUNED: FAST, LLAMA_TUNED: STEADY[::-1]}, False),  # llama tuned vs default undecided
+    ({REFERENCE: STEADY, IK_TUNED: FAST, IK_DEFAULT: FASTER}, True),  # all decided, the winners between them too
+    ({REFERENCE: STEADY, IK_TUNED: FAST, IK_DEFAULT: (1.72, 1.69, 1.80, 1.66)}, False),  # winners undecided
+])
+def test_the_race_stops_once_nothing_more_rounds_could_change(scores, done):
+    lines = _lines(list(scores))
+    assert settled(lines)(_race(scores)) is done

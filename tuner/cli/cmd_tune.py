@@ -203,10 +203,11 @@ def auto_tune_cmd(
         if len(locs) > 1:
             from tuner.cli.engines_out import tune_engines
 
-            tune_engines(req, locs, hw, as_json, say, lambda where: _search(req, where, hw, budget, as_json, say),
-                         _summary)
+            tune_engines(req, locs, hw, as_json, say, lambda r, where: _search(r, where, hw, budget, as_json, say))
             return
         result = _search(req, loc, hw, budget, as_json, say)
+        if not build.capabilities(loc).kind.numerics_reference and not result.search.interrupted:
+            result = _priced(result, loc, req, say)
     study_report.write(result.result, result.result_dir)
     if result.search.interrupted:
         say(f"interrupted: {_kept(result.search.kept)}; run the same command again to resume study "
@@ -214,6 +215,7 @@ def auto_tune_cmd(
         raise typer.Exit(130)
     if as_json:
         out.print_json(json.dumps(result.result.to_dict() | {"result_dir": str(result.result_dir)}))
+        _refuse_priced(result)
         return
     _summary(result)
     if result.session is not None:
@@ -223,8 +225,40 @@ def auto_tune_cmd(
     kind = study_report.engine_of(result.result)
     if kind is not LLAMA_CPP:
         chosen += f" ({kind.name}: its own llama-server, by path)"
+    if result.result.engine_price:
+        say_fitted(out, f"engine price: {result.result.engine_price['note']}")
+    _refuse_priced(result)
     out.print(f"launch line{chosen}:", highlight=False, markup=False, soft_wrap=True)
     out.print(named, highlight=False, markup=False, soft_wrap=True)  # whole, on a line of its own, to copy
+
+
+def _priced(result: autotune.TuneResult, loc: build.EngineLocation, req: autotune.TuneRequest,
+            say: Callable[[str], None]) -> autotune.TuneResult:
+    """Another engine tuned alone: its printed line priced as it runs against llama.cpp's f16 logits, the price kept in
+    its result (:func:`tuner.versus.engine_run.price_single`)."""
+    from tuner.core.errors import TunerError
+    from tuner.search.result import write_result
+    from tuner.versus.engine_run import price_single
+
+    try:
+        got, note = price_single(result, loc, req, say)
+    except TunerError as exc:
+        got, note = None, f"could not be priced ({exc})"
+    refused = got is not None and req.max_kld is not None and got.kld_mean > req.max_kld
+    if refused and got is not None:
+        note = f"{note}: above --max-kld {req.max_kld:g}, so this line is not one to run"
+    block = (got.to_dict() if got else {}) | {"note": note, "refused": refused}
+    say(f"engine price: {note}")
+    priced = replace(result.result, engine_price=block)
+    write_result(priced, result.result_dir)
+    return replace(result, result=priced)
+
+
+def _refuse_priced(result: autotune.TuneResult) -> None:
+    block = result.result.engine_price or {}
+    if block.get("refused"):
+        raise UsageError(f"the printed line's logits stray from llama.cpp's ({block['note']}): tune with --engines "
+                         "llama.cpp, or pass --max-kld off to take this engine's numbers as they are")
 
 
 def _search(req: autotune.TuneRequest, loc: build.EngineLocation, hw: hardware.Hardware, budget: study.Budget,

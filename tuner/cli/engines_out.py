@@ -1,5 +1,6 @@
-"""`auto-tune` over several engines: each engine's search and finish as usual, then the engines' head to head, its
-table, its verdicts, and the printed line with its engine and binary."""
+"""`auto-tune` over several engines, rendered: the library's run (:func:`tuner.versus.engine_run.tune_engines`) with
+each search's progress bar, then the race's table, every line's verdict against llama.cpp's default, the printed line
+with its engine and why, and the line itself on its own line. `--engines ik` alone: its printed line's price."""
 
 from __future__ import annotations
 
@@ -12,82 +13,91 @@ from rich import box
 from rich.table import Table
 
 from tuner.cli.app import out, say_fitted
-from tuner.engine.kinds import LLAMA_CPP
+from tuner.core.errors import UsageError
 
 if TYPE_CHECKING:
     from tuner.engine.build import EngineLocation
     from tuner.machine.hardware import Hardware
     from tuner.search import autotune
-    from tuner.versus.engines import EngineChoice, EngineLine
+    from tuner.versus.engine_run import EnginesRun
+    from tuner.versus.engines import EngineChoice
 
 
 def tune_engines(req: autotune.TuneRequest, locs: list[EngineLocation], hw: Hardware, as_json: bool,
-                 say: Callable[[str], None], search: Callable[[EngineLocation], autotune.TuneResult],
-                 summary: Callable[[autotune.TuneResult], None]) -> None:
+                 say: Callable[[str], None],
+                 search: Callable[[autotune.TuneRequest, EngineLocation], autotune.TuneResult]) -> None:
     from tuner.report import study_report
-    from tuner.versus import engines
+    from tuner.versus import engine_run
 
-    def tune(loc: EngineLocation) -> autotune.TuneResult:
-        res = search(loc)
-        study_report.write(res.result, res.result_dir)
-        if not res.search.interrupted and not as_json:
-            summary(res)
+    def tune(r: autotune.TuneRequest, loc: EngineLocation) -> autotune.TuneResult:
+        res = search(r, loc)
+        if not res.search.interrupted:
+            best = res.candidates[0] if res.candidates else None
+            from tuner.engine import flags
+
+            say(f"search done: {res.search.trials_this_run} trials in {res.search.elapsed_s:,.0f} s; best candidate: "
+                + (flags.launch_line(best) if best is not None else "none beyond the default"))
         return res
 
-    del hw  # each engine's search probes what it needs; the machine was described once already
-    tunes, choice = engines.tune_engines(req, locs, tune=tune, on_step=say)
-    if choice is None:
-        last = tunes[-1].result
-        say(f"interrupted in {tunes[-1].kind.name}'s search: run the same command again to resume study "
-            f"{last.study_name} and the engines after it")
+    run = engine_run.tune_engines(req, locs, hw, tune=tune, on_step=say)
+    if run.choice is None:
+        last = run.tunes[-1]
+        study = last.result.study_name if last.result else "?"
+        say(f"interrupted in {last.kind.name}'s search: run the same command again to resume study {study} and the "
+            "engines after it")
         raise typer.Exit(130)
-    written = engines.record(tunes, choice)
-    for res in written:  # the chosen engine's last: the newest result of the model is the one to serve
-        study_report.write(res.result, res.result_dir)
+    for t in run.tunes:  # each engine's report.md beside its result.json (the chosen engine's written last)
+        if t.result is not None:
+            from tuner.search.result import load_result
+
+            study_report.write(load_result(t.result.result_dir), t.result.result_dir)
     if as_json:
-        out.print_json(json.dumps({"engines": choice.to_dict(),
-                                   "results": {t.kind.name: str(t.result.result_dir) for t in tunes}}))
-        return
-    _print(choice)
+        out.print_json(json.dumps(run.to_dict()))
+    else:
+        _print(run.choice, run)
+    if run.choice.printed is None:
+        raise UsageError(f"no line printed: {run.choice.reason}")
 
 
-def _print(choice: EngineChoice) -> None:
+def _print(choice: EngineChoice, run: EnginesRun) -> None:
+    from tuner.versus.engine_run import launch_of
+
     versus = choice.versus
-    table = Table(title="engines head to head" + (f" (by {versus.metric})" if versus else ""), box=box.SIMPLE_HEAD,
+    table = Table(title="engines race" + (f" (by {versus.metric})" if versus else ""), box=box.SIMPLE_HEAD,
                   padding=(0, 1), pad_edge=False, collapse_padding=True,
-                  caption="score: the workload's own (higher is better); KLD: the engine's logits against llama.cpp's")
-    for col in ("line", "gen tok/s", "pp tok/s", "TTFT s", "session s", "KLD"):
+                  caption="vs default: the ratio of scores to llama.cpp's default (higher is faster); KLD: the line's "
+                          "logits against llama.cpp's f16 ones, where priced")
+    for col in ("line", "gen tok/s", "pp tok/s", "TTFT s", "session s", "vs default", "KLD"):
         table.add_column(col, justify="left" if col == "line" else "right", no_wrap=col == "line")
-    arms = {a.label: a for a in versus.arms} if versus else {}
+    verdicts = {v.a: v for v in choice.verdicts()}
 
     def num(v: float | None, spec: str = ",.1f") -> str:
         return "" if v is None else format(v, spec)
 
-    for line in choice.lines:
-        arm = arms.get(line.label)
+    for x in choice.lines:
+        arm = versus.arm(x.label) if versus else None
         fig = arm.figures() if arm else {}
+        v = verdicts.get(x.label)
         cells = [num(fig.get("gen_tok_s")), num(fig.get("prompt_tok_s")), num(fig.get("ttft_s"), ".2f"),
-                 num(fig.get("session_s"), ".1f"), "" if line.kld is None else format(line.kld, ".2g")]
+                 num(fig.get("session_s"), ".1f"), f"{v.ratio:.2f}x" if v else "", "" if x.kld is None
+                 else format(x.kld, ".2g")]
         if arm is not None and arm.failure:
             cells[0] = "failed"
-        table.add_row(line.label, *cells)
+        elif arm is not None and arm.paging:
+            cells[0] += " (paged)"
+        table.add_row(x.label, *cells)
     out.print(table)
+    for v in choice.verdicts():
+        say_fitted(out, v.describe())
     for note in choice.refused:
         say_fitted(out, note)
-    if versus is not None:
-        for v in versus.verdicts:
-            say_fitted(out, v.describe())
-    say_fitted(out, f"printed: {choice.printed} ({choice.reason})")
+    stages = ", ".join(f"{k} {v / 60:,.1f} min" for k, v in run.stages_s.items())
+    say_fitted(out, f"time: {run.elapsed_s / 60:,.1f} min ({stages})")
     line = choice.line
-    how = "" if line.engine == LLAMA_CPP.name else ": its own llama-server, by path"
+    if line is None:
+        say_fitted(out, f"printed: none ({choice.reason})")
+        return
+    say_fitted(out, f"printed: {line.label} ({choice.reason})")
+    how = "" if launch_of(line).startswith("llama-server ") else ": its own llama-server, by path"
     out.print(f"launch line ({line.engine}{how}):", highlight=False, markup=False, soft_wrap=True)
-    out.print(_launch(line), highlight=False, markup=False, soft_wrap=True)  # whole, on a line of its own
-
-
-def _launch(line: EngineLine) -> str:
-    """llama.cpp's line as ``llama-server …`` (the user's own, as every single-engine result prints it); another
-    engine's by its binary's path (its server has the same name)."""
-    from tuner.engine import flags
-
-    binary = "llama-server" if line.engine == LLAMA_CPP.name else str(line.binary)
-    return flags.launch_line(line.config, binary)
+    out.print(launch_of(line), highlight=False, markup=False, soft_wrap=True)  # whole, on a line of its own

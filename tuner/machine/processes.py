@@ -154,7 +154,7 @@ class _View:
             {p.pid: p.anon_bytes for p in self.procs.values() if p.pid not in kernel and not p.exited},
             self.ours_cpu_s(), {p: self.procs[p].anon_bytes for p in self.ours if p in self.procs},
             {p: pressure.page_traffic(p) for p in self.ours}, pressure.run_wait_ns(self.ours),
-            {p.pid: pressure.page_traffic(p.pid) for p in self.others} if scoped else {}, scoped)
+            {p.pid: pressure.page_traffic(p.pid) for p in self.others if p.pid not in kernel}, scoped)
 
     @cached_property
     def ours(self) -> set[int]:

@@ -1,26 +1,35 @@
-"""What an engine costs in quality: the mean KL-divergence of its logits against llama.cpp's, the same model at the
-same f16 cache, over the bundled corpus. Another engine runs other kernels (ik_llama.cpp's IQK matrix products and
-flash attention, its fused MoE op), so its numbers differ; the figure says by how much, on the model being tuned,
-and is held to the same floor as a quantized KV cache (``--max-kld``: :mod:`tuner.quality.kv_price`).
+"""What a line costs in quality, priced as it runs: the mean KL-divergence of its logits against llama.cpp's own, the
+same model at f16 KV, over the bundled corpus. Another engine runs other kernels (ik_llama.cpp's IQK matrix products
+and flash attention, its fused MoE op, its repacked weights), and a quantized KV cache stores less: the figure says by
+how much, on the model being tuned, with the line's own KV types, flash attention, placement, ubatch and levers
+(:func:`tuner.quality.perplexity.as_run`), and it is held to the same floor as a quantized KV cache (``--max-kld``:
+:mod:`tuner.quality.kv_price`).
 
-Measured once per (engine build, model, corpus, context, chunks) and cached like every perplexity figure; the
-reference logits are llama.cpp's, written by :func:`tuner.quality.perplexity.reference_logits` and shared with the
-KV prices.
+One reference per model: llama.cpp's logits at f16 KV, written once by :func:`tuner.quality.perplexity.reference_logits`
+and shared with every KV price, whichever engine's line is priced against it. Each price is cached like every
+perplexity figure. A line that loads its weights into RAM (ik's ``-rtr`` repacks them; ``--load-mode none``) is not
+priced where the model does not fit the RAM free: that run would read it back from disk for minutes and say nothing
+the race did not.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from tuner.engine import build
+from tuner.core.config import LaunchConfig
+from tuner.core.errors import QualityError
+from tuner.engine import build, flags
+from tuner.engine.kinds import kind_by_name
 from tuner.quality import kv_price, perplexity
+
+MIB = 2**20
 
 
 @dataclass(frozen=True, slots=True)
-class EnginePrice:
+class LinePrice:
     engine: str  # the priced engine, as it names itself (EngineIdentity.name)
     reference: str  # the engine whose logits are the reference (llama.cpp)
     kld_mean: float
@@ -30,26 +39,57 @@ class EnginePrice:
     reference_ppl: float | None
     ctx: int
     chunks: int
+    priced_as: str = ""  # the line's settings as priced (its launch line's words after the model)
     from_cache: bool = False
-    levers: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     def describe(self) -> str:
         top = f", same top token {self.same_top_pct:.1f} %" if self.same_top_pct is not None else ""
-        with_levers = f" with {', '.join(f'{k}={v}' for k, v in self.levers.items())}" if self.levers else ""
-        return (f"{self.engine}{with_levers} against {self.reference}: mean KLD {self.kld_mean:.4g} ± "
-                f"{self.kld_mean_error:.2g} nats/token{top} ({self.chunks} chunks of {self.ctx} tokens, f16 KV)")
+        how = f" ({self.priced_as})" if self.priced_as else ""
+        return (f"{self.engine}{how} against {self.reference}'s f16 logits: mean KLD {self.kld_mean:.4g} ± "
+                f"{self.kld_mean_error:.2g} nats/token{top} ({self.chunks} chunks of {self.ctx} tokens)")
+
+
+def needs_price(line: LaunchConfig) -> bool:
+    """Whether a line computes other numbers than llama.cpp's bare launch: another engine, or a quantized KV cache."""
+    kind = kind_by_name(line.engine)
+    return not kind.numerics_reference or line.cache_type_k.is_quantized or line.cache_type_v.is_quantized
+
+
+def check_room(line: LaunchConfig, model: Path, available_bytes: int) -> None:
+    """Refuse, before any run, to price a line that loads its weights into RAM (no file mapping) on a machine whose
+    free RAM does not hold the model."""
+    kind = kind_by_name(line.engine)
+    size = model.stat().st_size
+    if not kind.maps_model(line) and size > available_bytes:
+        raise QualityError(f"not priced: this line loads all {size / 2**30:.1f} GiB of {model.name} into RAM "
+                           f"({' '.join(flags.launch_line(line).split()[3:]) or 'its flags'}) and "
+                           f"{available_bytes / 2**30:.1f} GiB is free: free RAM, or price it with --max-kld off")
+
+
+def price_line(line: LaunchConfig, loc: build.EngineLocation, reference: build.EngineLocation, *,
+               ctx: int = kv_price.PRICE_CTX, chunks: int = kv_price.PRICE_CHUNKS, available_bytes: int | None = None,
+               on_step: Callable[[str], None] | None = None, use_cache: bool = True) -> LinePrice:
+    """The KL-divergence of ``line`` as ``loc`` runs it against ``reference``'s bare launch at f16 KV (both on the
+    line's model). ``available_bytes``: the RAM free, checked first (:func:`check_room`)."""
+    if available_bytes is not None:
+        check_room(line, line.model, available_bytes)
+    q = perplexity.measure(loc, line.model, reference=line.model, ctx=ctx, chunks=chunks, on_step=on_step,
+                           base_loc=reference, line=line, use_cache=use_cache)
+    if q.kld_mean is None:
+        raise QualityError(f"no KL-divergence came out of pricing {line.model.name}: see the perplexity log")
+    words = " ".join(flags.launch_line(perplexity.as_run(line, line.model, line.engine, ctx)).split()[3:])
+    return LinePrice(build.capabilities(loc).identity.name, build.capabilities(reference).identity.name,
+                     q.kld_mean, q.kld_mean_error or 0.0, q.same_top_pct, q.ppl, q.reference_ppl, ctx, chunks, words,
+                     q.from_cache)
 
 
 def price(loc: build.EngineLocation, reference: build.EngineLocation, model: Path, *,
           ctx: int = kv_price.PRICE_CTX, chunks: int = kv_price.PRICE_CHUNKS, levers: dict[str, Any] | None = None,
-          on_step: Callable[[str], None] | None = None, use_cache: bool = True) -> EnginePrice:
-    """The KL-divergence of ``loc``'s logits on ``model`` against ``reference``'s (both at f16 KV), with the
-    engine's own ``levers`` as the line sets them (``-rtr`` runs other kernels: it is priced as run)."""
-    q = perplexity.measure(loc, model, reference=model, ctx=ctx, chunks=chunks, on_step=on_step,
-                           base_loc=reference, levers=levers, use_cache=use_cache)
-    return EnginePrice(build.capabilities(loc).identity.name, build.capabilities(reference).identity.name,
-                       q.kld_mean or 0.0, q.kld_mean_error or 0.0, q.same_top_pct, q.ppl, q.reference_ppl, ctx,
-                       chunks, q.from_cache, dict(levers or {}))
+          on_step: Callable[[str], None] | None = None, use_cache: bool = True) -> LinePrice:
+    """``loc``'s bare launch of ``model`` (f16 KV), with its own ``levers`` where given, priced against
+    ``reference``'s: the engine's numerics alone (:func:`price_line` prices a whole line)."""
+    line = LaunchConfig(model=model, engine=build.capabilities(loc).kind.name, **(levers or {}))
+    return price_line(line, loc, reference, ctx=ctx, chunks=chunks, on_step=on_step, use_cache=use_cache)

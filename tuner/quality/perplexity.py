@@ -345,6 +345,7 @@ def measure(
     on_step: Callable[[str], None] | None = None,
     base_loc: build.EngineLocation | None = None,
     levers: dict[str, Any] | None = None,
+    line: LaunchConfig | None = None,
 ) -> QualityResult:
     """Perplexity of ``model`` at these KV types and, with a reference, KL-divergence against it.
 
@@ -352,6 +353,9 @@ def measure(
     ``auto_reference``. The bundled corpus is the text unless ``text_file`` is given. ``base_loc``: the engine that
     writes the reference's logits, where it is not ``loc`` (an engine priced against llama.cpp's numerics);
     ``levers``: that engine's own settings the line runs with (ik_llama.cpp's -rtr, -muge: other kernels).
+    ``line``: a launch line priced as it runs (:func:`as_run`: its KV types, flash attention, placement, ubatch and
+    engine levers replace the arguments). The reference's logits are always the reference engine's bare launch at
+    f16 KV, never the priced line's settings (another engine's levers are not the reference engine's to read).
     """
     from tuner.models import gguf_reader
 
@@ -364,6 +368,9 @@ def measure(
     cfg = LaunchConfig(model=model, cache_type_k=cache_type_k, cache_type_v=cache_type_v, flash_attn=flash_attn,
                        threads=threads, engine=_kind_name(loc))
     cfg = replace(cfg, **(levers or {}))
+    if line is not None:
+        cfg = as_run(line, model, _kind_name(loc), ctx)
+        cache_type_k, cache_type_v, flash_attn = cfg.cache_type_k, cfg.cache_type_v, cfg.flash_attn
     flags.validate(cfg)
     base_loc = base_loc or loc
     if text_file is None:
@@ -396,7 +403,8 @@ def measure(
     base = engine_identity(base_loc) if base_loc != loc else None
     key = _key(model=model_id, ref=ref_id, text=text_sha, ctx=ctx, chunks=chunks, kv=kv, engine=commit,
                fa=flash_attn.value, **({"base": base} if base else {}),
-               **({"levers": sorted((levers or {}).items())} if levers else {}))
+               **({"levers": sorted((levers or {}).items())} if levers else {}),
+               **({"line": _run_words(cfg)} if line is not None else {}))
     cached_path = results_dir() / f"{key}.json"
     if use_cache and (hit := _load_result(cached_path)) is not None:
         return replace(hit, model=str(model), reference=str(reference) if reference else None,
@@ -416,9 +424,9 @@ def measure(
         ppl = _run(argv, lambda out: kld.parse_perplexity(out, want_chunks=chunks), timeout_s)
         result = replace(result, ppl=ppl.ppl, ppl_error=ppl.ppl_error, argv=tuple(argv))
     else:
+        bare = LaunchConfig(model=reference, threads=threads, device=cfg.device, engine=_kind_name(base_loc))
         ref = reference_logits(base_loc, reference, text_file=text_file, text_sha256=text_sha, ctx=ctx,
-                               chunks=chunks, disk_budget_bytes=disk_budget_bytes,
-                               cfg=replace(cfg, engine=_kind_name(base_loc)), timeout_s=timeout_s,
+                               chunks=chunks, disk_budget_bytes=disk_budget_bytes, cfg=bare, timeout_s=timeout_s,
                                on_step=on_step, reference_info=ref_info)
         result = replace(result, reference=str(reference), reference_ppl=ref.ppl, reference_logits=str(ref.path),
                          reference_logits_bytes=ref.size_bytes)
@@ -440,6 +448,30 @@ def measure(
     with file_lock(results_dir() / f"{key}.lock"):
         _store_result(cached_path, result)
     return result
+
+
+# What of a launch line changes the numbers its engine computes: the cache types and flash attention, where each
+# weight runs (the card's kernels or the CPU's), the ubatch (a kernel's choice can hang on the batch: ik_llama.cpp's
+# repacked Q4_1 product differs from 32 tokens on, docs/engines.md), the load mode and the engine's own levers.
+# Context, slots, prompt cache and thread counts change no figure.
+_AS_RUN = ("cache_type_k", "cache_type_v", "flash_attn", "n_gpu_layers", "n_cpu_moe", "device", "mmap", "repack",
+           "no_host", "op_offload", "threads")
+
+
+def as_run(line: LaunchConfig, model: Path, engine: str, ctx: int) -> LaunchConfig:
+    """The launch line's numerics for a perplexity run over ``ctx``-token chunks of ``model``: what :data:`_AS_RUN`
+    names, its ubatch (at most a chunk: llama-perplexity decodes a chunk at a time) and its engine's levers."""
+    from tuner.engine.kinds import kind_by_name
+
+    kind = kind_by_name(engine)
+    kept = {name: getattr(line, name) for name in (*_AS_RUN, *kind.levers)}
+    ubatch = min(line.ubatch, ctx) if line.ubatch else None
+    return replace(LaunchConfig(model=model, engine=engine), ubatch=ubatch, **kept)
+
+
+def _run_words(cfg: LaunchConfig) -> str:
+    """A priced line's settings as its launch line says them (the model's path aside): part of its cache key."""
+    return " ".join(flags.launch_line(replace(cfg, model=Path("m.gguf"))).split()[3:])
 
 
 def kv_quality(

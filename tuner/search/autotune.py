@@ -71,6 +71,10 @@ class TuneRequest:
     # Stop after the search with its best configs (``TuneResult.candidates``), for a caller that judges them
     # itself (the GPU check's interleaved comparison on live servers); no finish, no session stage.
     search_only: bool = False
+    # Price each KV pair when a trial first tries it (the single engine's search: the gate refuses a pair over
+    # --max-kld before it is measured). False: the search measures speed only and the caller prices the lines it
+    # would print (the engines' race: tuner.versus.engine_run), one price per printed pair, not one per pair tried.
+    price_kv_in_search: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +85,8 @@ class TuneResult:
     result: study_result.StudyResult
     search: study.SearchOutcome
     session: session_stage.SessionStage | None = None
-    # With ``search_only``: the search's best configs, best first, and the bare default line they are judged against.
+    # With ``search_only``: the search's best configs, best first, and the engine's own launch they are judged against
+    # (the bare default; under a VRAM budget that the bare launch would not keep, --fit's placement within it).
     candidates: tuple[LaunchConfig, ...] = ()
     default: LaunchConfig | None = None
 
@@ -233,7 +238,8 @@ def _auto_tune(req: TuneRequest, loc: build.EngineLocation, hw: Hardware, mem: E
         outcome = study.SearchOutcome(st.study_name, 0, False, 0.0)
     else:
         outcome = study.run_search(st, sp, info, hw, loc, budget=req.budget, measure=measure, objective=objective,
-                                   caps=caps, vram_margin_mib=req.vram_margin_mib, kld_of=kld_of,
+                                   caps=caps, vram_margin_mib=req.vram_margin_mib,
+                                   kld_of=kld_of if req.price_kv_in_search else None,
                                    on_progress=on_progress)
         if on_step and outcome.exhausted:
             on_step("every config of the search space is in the study: the search stopped early")
@@ -268,8 +274,9 @@ def _auto_tune(req: TuneRequest, loc: build.EngineLocation, hw: Hardware, mem: E
                             same=lambda cfg: effective_config(cfg, hw.physical_cores))
     if req.search_only:
         st.set_user_attr(FINISH_PENDING, False)
+        own = baselines[0][1] if baselines else default
         return TuneResult(name, storage, result_dir, study_result.result_from_study(st), outcome,
-                          candidates=tuple(cfg for _, cfg in top), default=finish.default_config(sp))
+                          candidates=tuple(cfg for _, cfg in top), default=own)
 
     roofs: dict[LaunchConfig, Roofline] = {}
 

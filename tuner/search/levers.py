@@ -69,7 +69,15 @@ def load_mode_axis(info: ModelInfo, hw: Hardware, device: str | None, moe: tuple
     never be paged out: the axis is offered only where it leaves the RAM margin at the most host experts the space
     tries (``most_host``, its largest ubatch), never where it would page, by the figures in force (the engine's own
     projection during a tune: :func:`tuner.measure.engine_memory.price`). Without a GPU, or with every expert on the
-    card, nothing is copied and mmap stays."""
+    card, nothing is copied and mmap stays.
+
+    On the CPU alone the axis is about residence: a mapped model is the page cache's, so whatever else takes RAM for a
+    while (another program, or another engine's line that loads its weights into its own buffers, as ik_llama.cpp's
+    ``-rtr`` does) evicts it, and the next tokens read it back from disk; ``--load-mode none`` reads it into the
+    engine's own buffers once (and, on a CPU build, holds the repacked tensors once rather than beside the mapping,
+    DESIGN §5). It is offered where that copy leaves the RAM margin, and said."""
+    if not (hw.has_gpu and device != "none"):
+        return _cpu_load_modes(info, hw, most_host)
     if not host_levers(hw, device, moe):
         return (LOAD_MODES[0],), ()
     pinned = replace(most_host, mmap=False, no_host=False)
@@ -83,3 +91,14 @@ def load_mode_axis(info: ModelInfo, hw: Hardware, device: str | None, moe: tuple
                         "mapped ones through the driver's staging buffer (slower by an amount only a measurement "
                         f"tells); the pinned copy leaves the {TIGHT_MARGIN_BYTES / 2**30:.0f} GiB RAM margin at "
                         f"--n-cpu-moe {pinned.n_cpu_moe}",)
+
+
+def _cpu_load_modes(info: ModelInfo, hw: Hardware, cfg: LaunchConfig) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    resident = replace(cfg, mmap=False, no_host=False)
+    est = price(info, resident, hw)
+    if not lock_fits(est, resident, hw):
+        return (LOAD_MODES[0],), (
+            f"--load-mode none not searched: a resident copy of the model ({est.host_need_bytes / 2**30:.1f} GiB) "
+            f"would leave under {TIGHT_MARGIN_BYTES / 2**30:.0f} GiB of {hw.ram_available_bytes / 2**30:.1f} GiB RAM",)
+    return LOAD_MODES, ("--load-mode none vs mmap searched: a resident copy is never read back from disk when other "
+                        "work takes the page cache, a mapped one costs no load time and shares the file's pages",)

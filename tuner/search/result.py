@@ -66,6 +66,9 @@ class StudyResult:
     # `auto-tune --engines`: every engine's line judged head to head (tuner.versus.engines.EngineChoice.to_dict),
     # with ``chosen``: whether this result's engine printed the line to run. None: one engine was tuned.
     engines: dict[str, Any] | None = None
+    # Another engine tuned alone (`--engines ik`): its printed line priced as it runs against llama.cpp's f16 logits
+    # (tuner.quality.engine_price.LinePrice.to_dict() with ``refused`` and ``note``); None: not priced.
+    engine_price: dict[str, Any] | None = None
 
     def seed_story(self) -> str | None:
         """Which seed the printed line (or, when llama.cpp's own choice is printed, the best candidate) came from,
@@ -106,6 +109,7 @@ class StudyResult:
             **({"seed_origins": self.seed_origins, "seed_story": self.seed_story()} if self.seed_origins else {}),
             **({"memory_figures": self.memory_figures} if self.memory_figures is not None else {}),
             **({"engines": self.engines} if self.engines is not None else {}),
+            **({"engine_price": self.engine_price} if self.engine_price is not None else {}),
         }
 
     @classmethod
@@ -120,6 +124,7 @@ class StudyResult:
             quality=QualitySummary.from_dict(d.get("quality") or {}), frontier=d.get("frontier"),
             session=d.get("session"), model_fingerprint=d.get("model_fingerprint"),
             seed_origins=d.get("seed_origins"), memory_figures=d.get("memory_figures"), engines=d.get("engines"),
+            engine_price=d.get("engine_price"),
         )
 
 
@@ -139,6 +144,7 @@ def result_from_study(st: Any) -> StudyResult:
         frontier=attrs.get("frontier"), session=attrs.get("session"),
         model_fingerprint=attrs.get("model_fingerprint"), seed_origins=attrs.get("seed_origins"),
         memory_figures=attrs.get("memory_figures"), engines=attrs.get("engines"),
+        engine_price=attrs.get("engine_price"),
     )
 
 

@@ -33,7 +33,7 @@ from tuner.core.config import CacheType, FlashAttn, LaunchConfig
 from tuner.core.errors import UsageError
 from tuner.core.model import ModelInfo
 from tuner.engine.caps import FaKernels
-from tuner.engine.kinds import LLAMA_CPP, EngineKind
+from tuner.engine.kinds import DEFAULT_KIND, EngineKind, kind_by_name
 from tuner.machine.hardware import Hardware
 from tuner.measure.engine_memory import in_force, price
 from tuner.plan.memory import (
@@ -106,7 +106,7 @@ class SearchSpace:
     op_offload: tuple[bool, ...] = (True,)
     no_host: tuple[bool, ...] = (False,)
     load_mode: tuple[str, ...] = ("mmap",)  # --load-mode: mmap, or none (pinned host experts): levers.load_mode_axis
-    engine: str = LLAMA_CPP.name  # whose search this is (tuner.engine.kinds); its configs carry it
+    engine: str = DEFAULT_KIND.name  # whose search this is (tuner.engine.kinds); its configs carry it
     # That engine's own levers (tuner.search.engine_axes): LaunchConfig field and values, its default first.
     engine_levers: Axes = ()
     # Every layer on the GPU stated with -ngl: an engine whose server offloads none unless told (ik_llama.cpp).
@@ -125,7 +125,7 @@ class SearchSpace:
             **({"op_offload": list(self.op_offload)} if len(self.op_offload) > 1 else {}),
             **({"no_host": list(self.no_host)} if len(self.no_host) > 1 else {}),
             **({"load_mode": list(self.load_mode)} if len(self.load_mode) > 1 else {}),
-            **({"engine": self.engine} if self.engine != LLAMA_CPP.name else {}),
+            **({"engine": self.engine} if kind_by_name(self.engine) is not DEFAULT_KIND else {}),
             **{name: list(values) for name, values in self.engine_levers},
         }
 
@@ -177,7 +177,7 @@ def fitting_boundary(info: ModelInfo, cfg: LaunchConfig, hw: Hardware,
 def build_space(model_path: Path, info: ModelInfo, hw: Hardware, *, ctx: int, parallel: int, prompt_tokens: int,
                 kv_pairs: Sequence[tuple[CacheType, CacheType]] = KV_PAIRS, search_n_cpu_moe: bool | None = None,
                 concurrency: int = 1, vram_margin_mib: float | None = None, device: str | None = None,
-                fa_kernels: FaKernels | None = None, kind: EngineKind = LLAMA_CPP) -> SearchSpace:
+                fa_kernels: FaKernels | None = None, kind: EngineKind = DEFAULT_KIND) -> SearchSpace:
     """The space for this model on this machine, serving ``parallel`` slots of ``ctx`` tokens in total.
 
     ``fa_kernels``: the engine's flash-attention vector kernels (:attr:`Capabilities.fa_kernels`); a K/V pair
@@ -219,12 +219,12 @@ def build_space(model_path: Path, info: ModelInfo, hw: Hardware, *, ctx: int, pa
     if offload and not info.n_expert:
         ngl, why = _gpu_layers(info, hw, model_path, ctx, parallel, pairs, ubatch, vram_margin_mib)
     caps, note = cache_ram.placement_caps(info, hw, _hungriest(model_path, pairs, ubatch, ctx, parallel), moe, ngl)
-    levers = host_levers(hw, device, moe if with_moe else None) if kind is LLAMA_CPP else False
+    levers = host_levers(hw, device, moe if with_moe else None) if kind.host_buffer_levers else False
     # The pinned copy is judged where it weighs most: the most host experts, their own prompt-cache cap.
     most_host = replace(ubatch_config(model_path, *pairs[0], ctx, parallel, ubatch[-1]),
                         cache_ram_mib=dict(caps).get(moe[1] if moe else None), n_cpu_moe=moe[1] if moe else None)
     load_modes, load_note = load_mode_axis(info, hw, device, moe if with_moe else None, most_host) \
-        if kind is LLAMA_CPP else (("mmap",), ())
+        if kind.reads_load_mode else (("mmap",), ())
     own, own_note = engine_axes(kind, info, hw, device, bool(with_moe and moe and moe[1] > 0))
     return SearchSpace(
         model=model_path, ctx=ctx, parallel=parallel, n_cpu_moe=moe, kv_pairs=pairs,
@@ -330,10 +330,10 @@ def make_config(space: SearchSpace, params: dict[str, Any]) -> LaunchConfig:
         threads=params.get("threads", space.threads[-1]), ubatch=ubatch, batch=batch_for(ubatch),
         device=space.device, cache_ram_mib=space.cache_ram_at(params.get("n_cpu_moe"), params.get("n_gpu_layers")),
         op_offload=params.get("op_offload", space.op_offload[0]), no_host=params.get("no_host", space.no_host[0]),
-        # --no-host leaves no pinned buffer to choose: the load mode is asked only without it. ik's -rtr reads
-        # the weights into its own buffers (no mmap: its common.cpp sets use_mmap false).
+        # --no-host leaves no pinned buffer to choose: the load mode is asked only without it. An engine's unmapping
+        # levers (ik's -rtr) read the weights into its own buffers (tuner.engine.kinds.EngineKind.unmapping_levers).
         mmap=(params.get("no_host", space.no_host[0]) or params.get("load_mode", space.load_mode[0]) == "mmap")
-        and not own.get("run_time_repack", False),
+        and not any(own.get(lever) for lever in kind_by_name(space.engine).unmapping_levers),
         engine=space.engine, **own,
     )
 

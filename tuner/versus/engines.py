@@ -1,46 +1,45 @@
-"""Which engine for this rig: each engine tuned with its own levers (auto-tune once per engine), then the line each
-printed and llama.cpp's own default judged head to head on the workload (:func:`tuner.versus.judge.head_to_head`:
-selection rounds choose, fresh rounds decide).
+"""Which engine for this rig: the lines that race, the rule that picks the printed one, and the records it leaves.
 
-llama.cpp is the reference: its default launch is always an arm, and another engine's line is printed only when fresh
-rounds decide it faster than every other arm, llama.cpp's default among them; otherwise llama.cpp's own choice (its
-auto-tune's printed line) stays. An engine is also a numeric change: where the engine's logits differ from
-llama.cpp's by more than the quality floor (``--max-kld``, the KL-divergence priced by
-:mod:`tuner.quality.engine_price`), its lines are not judged at all, and that is said.
+The race (:mod:`tuner.versus.engine_run` runs it): llama.cpp's default launch, what a user runs by hand, is the
+reference; beside it each engine's own default launch and the best candidate its search found. They meet in
+interleaved rounds on the workload (:func:`tuner.versus.judge.head_to_head`). No round selects: the searches chose
+the candidates on their own measurements, so every round of the race is fresh for every line.
+
+The rule (:func:`choose`): the printed line is one decided faster than llama.cpp's default and decided slower than no
+other line; among several such, the fastest median, or the simpler line where the rounds left the two undecided.
+A line that paged host RAM, broke the VRAM budget or was refused by its quality price is never printed, nor is a line
+the rounds decided slower than another. Where no line wins, llama.cpp's default stays; where that default itself
+cannot be run here (it paged, failed, broke the budget, or another line was decided faster than it), the fastest line
+decided slower than no other is printed, and said; where none is left, no line is printed, and why is said.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from tuner.core.config import LaunchConfig
-from tuner.core.errors import CpuFallbackError, TunerError
 from tuner.engine import build, flags
 from tuner.engine.kinds import LLAMA_CPP, EngineKind
-from tuner.measure.workload import Workload
 from tuner.search import autotune
 from tuner.search.trials import config_to_dict
-from tuner.search.verdict import BETTER
+from tuner.search.verdict import BETTER, WORSE, Verdict
 from tuner.versus import judge
-from tuner.versus.compare import printed
 
-StepFn = Callable[[str], None]
 REFERENCE = f"{LLAMA_CPP.name} default"
+DEFAULT, TUNED = "default", "tuned"
 
 
 @dataclass(frozen=True, slots=True)
 class EngineTune:
-    """One engine's auto-tune: where it ran and what it printed."""
+    """One engine's search: where it ran and what it found (``error``: why it found nothing on this model)."""
 
     kind: EngineKind
     loc: build.EngineLocation
-    result: autotune.TuneResult
-    # The engine's logits against llama.cpp's on this model (mean KLD, nats/token); None: the reference itself, or
-    # not priced (--max-kld off).
-    kld: float | None = None
+    result: autotune.TuneResult | None
+    error: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,163 +50,201 @@ class EngineLine:
     study: str
     result_dir: Path
     binary: Path
-    decision: str | None = None  # why that engine's auto-tune printed it
-    kld: float | None = None
+    role: str = TUNED  # "default": the engine's own launch; "tuned": its search's best candidate
+    # Its quality price, once taken (tuner.quality.engine_price.LinePrice.to_dict()); None: not priced.
+    price: dict[str, Any] | None = None
+
+    @property
+    def kld(self) -> float | None:
+        return None if self.price is None else self.price.get("kld_mean")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"label": self.label, "engine": self.engine, "config": config_to_dict(self.config),
+        return {"label": self.label, "engine": self.engine, "role": self.role, "config": config_to_dict(self.config),
                 "study": self.study, "result_dir": str(self.result_dir), "binary": str(self.binary),
-                "decision": self.decision, "engine_kld": self.kld,
-                "launch_line": flags.launch_line(self.config, str(self.binary))}
+                "price": self.price, "engine_kld": self.kld, "launch_line": flags.launch_line(self.config,
+                                                                                            str(self.binary))}
 
 
 @dataclass(frozen=True, slots=True)
 class EngineChoice:
     lines: tuple[EngineLine, ...]
     versus: judge.HeadToHead | None
-    printed: str  # the label of the line to run
-    reason: str
-    refused: tuple[str, ...] = ()  # engines left out by the quality floor, each with its figure
+    printed: str | None  # the label of the line to run; None: no line can be run here
+    reason: str  # one sentence: why the printed line won, or why llama.cpp's default stays, or why nothing is printed
+    refused: tuple[str, ...] = ()  # lines and engines left out, each with why
+    against_default: Verdict | None = None  # the printed line against llama.cpp's default, from the race's rounds
 
     @property
-    def line(self) -> EngineLine:
-        return next(x for x in self.lines if x.label == self.printed)
+    def line(self) -> EngineLine | None:
+        return next((x for x in self.lines if x.label == self.printed), None)
+
+    def verdicts(self) -> list[Verdict]:
+        """Every runnable line against llama.cpp's default (the race's own figures)."""
+        v = self.versus
+        if v is None or v.arm(REFERENCE) is None:
+            return []
+        return [v.pair(a.label, REFERENCE) for a in v.arms if a.label != REFERENCE and a.score is not None
+                and v.arm(REFERENCE).score is not None]  # type: ignore[union-attr]
 
     def to_dict(self) -> dict[str, Any]:
+        line = self.line
         return {"lines": [x.to_dict() for x in self.lines], "head_to_head": self.versus.to_dict() if self.versus
-                else None, "printed": self.printed, "printed_engine": self.line.engine, "reason": self.reason,
-                "refused": list(self.refused)}
+                else None, "printed": self.printed, "printed_engine": line.engine if line else None,
+                "reason": self.reason, "refused": list(self.refused),
+                "against_default": self.against_default.to_dict() if self.against_default else None,
+                "verdicts_against_default": [v.to_dict() for v in self.verdicts()]}
 
 
 def lines_of(tunes: Sequence[EngineTune]) -> list[EngineLine]:
-    """The arms: each engine's printed line, and llama.cpp's default launch where llama.cpp printed another."""
+    """The racing lines: each engine's default launch and its search's best candidate (once, where they are the same
+    line), llama.cpp's default first."""
     out: list[EngineLine] = []
     for t in tunes:
-        cfg, decision = printed(t.result)
+        res = t.result
+        if res is None or res.default is None:
+            continue
         binary = t.loc.tool("llama-server")
-        default = _default_of(t.result)
-        if cfg is None:
-            continue
-        same = default is not None and flags.launch_line(cfg) == flags.launch_line(default)
-        out.append(EngineLine(f"{t.kind.name} {'default' if same else 'tuned'}", t.kind.name, cfg,
-                              t.result.study_name, t.result.result_dir, binary, decision, t.kld))
-        if t.kind is LLAMA_CPP and default is not None and not same:
-            out.append(EngineLine(REFERENCE, t.kind.name, default, t.result.study_name, t.result.result_dir, binary,
-                                  "llama.cpp's own launch"))
-    return out
+        default_line = flags.launch_line(res.default)
+        out.append(EngineLine(f"{t.kind.name} {DEFAULT}", t.kind.name, res.default, res.study_name, res.result_dir,
+                              binary, DEFAULT))
+        best = next((c for c in res.candidates if flags.launch_line(c) != default_line), None)
+        if best is not None:
+            out.append(EngineLine(f"{t.kind.name} {TUNED}", t.kind.name, best, res.study_name, res.result_dir, binary,
+                                  TUNED))
+    return sorted(out, key=lambda x: x.label != REFERENCE)
 
 
-def _default_of(res: autotune.TuneResult) -> LaunchConfig | None:
-    """The bare launch the engine's finish measured as ``default`` (its baseline)."""
-    from tuner.search.study import config_from_dict
-
-    arm = next((m for m in res.result.finish.baselines if m.label == "default"), None)
-    return config_from_dict(arm.config) if arm is not None else None
+# ----------------------------------------------------------------------------------------------------- the rule
 
 
-def choose(lines: Sequence[EngineLine], versus: judge.HeadToHead | None) -> tuple[str, str]:
-    """The line to print and why: the selected line when fresh rounds decided it faster than every other arm;
-    otherwise llama.cpp's own choice."""
-    own = next((x for x in lines if x.engine == LLAMA_CPP.name and x.label != REFERENCE), None)
-    fallback = own.label if own is not None else REFERENCE
-    if versus is None or versus.best is None:
-        return fallback, "no head to head was measured: llama.cpp's own choice is printed"
-    best = versus.best.label
-    if versus.decided:
-        return best, f"{best} was decided faster than every other line in rounds that did not select it"
-    if best == fallback:
-        return fallback, f"{best} was selected and is llama.cpp's own choice ({versus.summary()})"
-    beaten = [v.b for v in versus.verdicts if v.outcome == BETTER]
-    why = f"{best} was selected, but not decided faster than every other line" + (
-        f" (faster than {', '.join(beaten)} only)" if beaten else "")
-    return fallback, f"{why}: llama.cpp's own choice, {fallback}, is printed"
+def _simplicity(line: EngineLine) -> int:
+    """How many words its launch line has beyond the bare launch: fewer is simpler."""
+    return len(flags.launch_line(line.config).split())
 
 
-def decide(tunes: Sequence[EngineTune], load: Workload, *, log_dir: Path, max_kld: float | None,
-           session: tuple[Path | None, int | None, int, int] | None = None, rounds: Any = judge.ROUNDS,
-           on_step: StepFn = lambda _: None) -> EngineChoice:
-    """Judge every engine's printed line and llama.cpp's default head to head; print the decided one."""
-    lines = lines_of(tunes)
-    refused = tuple(f"{x.engine}: its logits differ from llama.cpp's by a mean KLD of {x.kld:.4g}, above the "
-                    f"quality floor {max_kld:g} (--max-kld): its lines are not judged"
-                    for x in lines if x.kld is not None and max_kld is not None and x.kld > max_kld)
-    judged = [x for x in lines if not any(r.startswith(f"{x.engine}:") for r in refused)]
-    for note in refused:
-        on_step(note)
-    versus = None
-    if len(judged) >= 2:
-        where = {t.kind.name: t.loc for t in tunes}
-        engines = {x.label: (where[x.engine], build.capabilities(where[x.engine])) for x in judged}
-        on_step(f"engines head to head: {', '.join(x.label for x in judged)} in interleaved rounds")
-        first = judged[0]
-        versus = judge.head_to_head(engines[first.label][0], [(x.label, x.config) for x in judged], load,
-                                    log_dir=log_dir, rounds=rounds, session=session, on_step=on_step,
-                                    engines=engines)
-    shown, reason = choose(judged or lines, versus)
-    return EngineChoice(tuple(lines), versus, shown, reason, refused)
+def _why_not(arm: judge.Arm | None, budget: int | None) -> str:
+    if arm is None:
+        return "was not measured"
+    if arm.paging:
+        return f"read its model back from disk ({arm.paging})"
+    if arm.score is None:
+        return f"failed ({arm.failure})" if arm.failure else "was not measured"
+    return f"did not keep the VRAM budget: it {arm.budget_words(budget)}"
 
 
-def levers_of(kind: EngineKind, cfg: LaunchConfig) -> dict[str, Any]:
-    """The kind's own levers a line sets away from their defaults (what its engine price runs with)."""
-    default = LaunchConfig(model=cfg.model)
-    return {name: getattr(cfg, name) for name in kind.levers if getattr(cfg, name) != getattr(default, name)}
+def _fastest(pool: Sequence[EngineLine], v: judge.HeadToHead) -> EngineLine:
+    """The fastest median of ``pool``, or a simpler line of it that the rounds did not decide slower than that one."""
+    def score(x: EngineLine) -> float:
+        arm = v.arm(x.label)
+        return (arm.score or 0.0) if arm is not None else 0.0
+
+    ranked = sorted(pool, key=score, reverse=True)
+    best = ranked[0]
+    simpler = [x for x in ranked[1:] if _simplicity(x) < _simplicity(best)
+               and v.pair(best.label, x.label).outcome != BETTER]
+    return min(simpler, key=lambda x: (_simplicity(x), -score(x))) if simpler else best
 
 
-def session_of(req: autotune.TuneRequest) -> tuple[Path | None, int | None, int, int] | None:
-    """The agent session the engines replay (as their own session stages did), or None for single requests."""
-    s = req.session
-    if s is None:
-        return None
-    return s.session_file, s.depth_tokens, s.gen_tokens, s.agents
+def choose(lines: Sequence[EngineLine], versus: judge.HeadToHead | None, refused: Mapping[str, str] | None = None
+           ) -> tuple[str | None, str, Verdict | None]:
+    """The line to print, one sentence on why, and its verdict against llama.cpp's default (module docstring).
+    ``refused``: lines left out by their price, label → why."""
+    refused = refused or {}
+    if versus is None:
+        ref = next((x for x in lines if x.label == REFERENCE and x.label not in refused), None)
+        return (REFERENCE, "no race was run: llama.cpp's default stays", None) if ref else \
+            (None, "no race was run and llama.cpp's default was not measured: no line to print", None)
+    budget = versus.vram_budget_bytes
+    runnable = {a.label for a in versus.runnable()}
+    ok = [x for x in lines if x.label in runnable and x.label not in refused]
+    by = {x.label: x for x in ok}
+    clean = [x for x in ok if not any(versus.pair(x.label, y.label).outcome == WORSE for y in ok if y is not x)]
+    ref_ok = REFERENCE in by
+
+    def against(x: EngineLine) -> Verdict | None:
+        return versus.pair(x.label, REFERENCE) if ref_ok and x.label != REFERENCE else None
+
+    winners = [x for x in clean if x.label != REFERENCE and (w := against(x)) is not None and w.outcome == BETTER]
+    if winners:
+        won = _fastest(winners, versus)
+        v = against(won)
+        assert v is not None
+        others = "" if len(ok) <= 2 else " and slower than no other line"
+        return won.label, (f"{won.label} was decided faster than llama.cpp's default ({v.ratio:.2f}x, 99 % "
+                           f"{v.low:.2f}-{v.high:.2f}x over {v.rounds} rounds){others}"), v
+    if ref_ok and by[REFERENCE] in clean:
+        rivals = [(x, against(x)) for x in ok if x.label != REFERENCE]
+        if not rivals:
+            return REFERENCE, "llama.cpp's default stays: no other line could be run here to race it" + \
+                _left_out(lines, versus, refused), None
+        x, v = max(rivals, key=lambda p: p[1].ratio if p[1] else 0.0)
+        assert v is not None
+        if v.outcome == BETTER:  # decided faster than the default, but slower than another line
+            slower = next(y.label for y in ok if versus.pair(x.label, y.label).outcome == WORSE)
+            why = f"{x.label} was decided faster than it ({v.ratio:.2f}x) but slower than {slower}"
+        else:
+            word = "undecided" if v.outcome != WORSE else "decided slower"
+            why = (f"no line was decided faster than it (the closest, {x.label}: {v.ratio:.2f}x, 99 % "
+                   f"{v.low:.2f}-{v.high:.2f}x, {word})")
+        return REFERENCE, f"llama.cpp's default stays: {why}" + _left_out(lines, versus, refused), None
+    if clean:
+        won = _fastest(clean, versus)
+        ref_arm = versus.arm(REFERENCE)
+        if ref_ok:
+            faster = next(y.label for y in ok if versus.pair(REFERENCE, y.label).outcome == WORSE)
+            why_ref = f"was decided slower than {faster}"
+        elif REFERENCE in refused:
+            why_ref = refused[REFERENCE]
+        else:
+            why_ref = _why_not(ref_arm, budget)
+        v = against(won)
+        return won.label, (f"llama.cpp's default {why_ref}: {won.label} is the fastest line decided slower than "
+                           "no other"), v
+    gone = [f"{x.label} {refused.get(x.label) or _why_not(versus.arm(x.label), budget)}" for x in lines
+            if x.label not in runnable or x.label in refused]
+    return None, "no line can be run here: " + ("; ".join(gone) or "the rounds ranked none above the others"), None
 
 
-def tune_engines(req: autotune.TuneRequest, locs: Sequence[build.EngineLocation], *,
-                 tune: Callable[[build.EngineLocation], autotune.TuneResult],
-                 on_step: StepFn = lambda _: None) -> tuple[list[EngineTune], EngineChoice | None]:
-    """Each engine tuned (``tune``: auto-tune on that engine), each non-reference engine priced against llama.cpp's
-    numerics, then the head to head; None for the choice when a tune was interrupted (the rest is not run)."""
-    from tuner.quality import engine_price
+def _left_out(lines: Sequence[EngineLine], versus: judge.HeadToHead, refused: Mapping[str, str]) -> str:
+    """The lines that could not race for the print, in a clause (empty when none)."""
+    runnable = {a.label for a in versus.runnable()}
+    gone = [f"{x.label} {refused.get(x.label) or _why_not(versus.arm(x.label), versus.vram_budget_bytes)}"
+            for x in lines if x.label not in runnable or x.label in refused]
+    return f"; left out: {'; '.join(gone)}" if gone else ""
 
-    tunes: list[EngineTune] = []
-    left_out: list[str] = []
-    reference = next((loc for loc in locs if build.capabilities(loc).kind is LLAMA_CPP), None)
-    for i, loc in enumerate(locs):
-        caps = build.capabilities(loc)
-        on_step(f"engine {i + 1} of {len(locs)}: {caps.identity.describe()} at {loc.bin_dir}")
-        try:
-            res = tune(loc)
-        except TunerError as exc:
-            if caps.kind is LLAMA_CPP or isinstance(exc, CpuFallbackError):
-                raise  # the reference engine, or the machine itself: nothing to judge without it
-            why = str(exc)
-            on_step(f"{caps.kind.name} is left out: {why}")
-            left_out.append(f"{caps.kind.name}: not judged, it measured nothing on this model ({why})")
-            continue
-        if res.search.interrupted:
-            return tunes + [EngineTune(caps.kind, loc, res)], None
-        kld = None
-        cfg, _ = printed(res)
-        if caps.kind is not LLAMA_CPP and reference is not None and req.max_kld is not None and cfg is not None:
-            got = engine_price.price(loc, reference, req.model, ctx=req.kld_ctx, chunks=req.kld_chunks,
-                                     levers=levers_of(caps.kind, cfg), on_step=on_step)
-            on_step(f"engine price: {got.describe()}")
-            kld = got.kld_mean
-        tunes.append(EngineTune(caps.kind, loc, res, kld))
-    log_dir = tunes[0].result.result_dir / "engines"
-    choice = decide(tunes, req.workload, log_dir=log_dir, max_kld=req.max_kld, session=session_of(req),
-                    rounds=judge.ROUNDS, on_step=on_step)
-    return tunes, replace(choice, refused=(*choice.refused, *left_out))
+
+def settled(lines: Sequence[EngineLine]) -> Any:
+    """When the race may stop (asked after each round from the third): every runnable line decided against llama.cpp's
+    default, and the lines decided faster than it decided among themselves; nothing more rounds could change."""
+    def done(versus: judge.HeadToHead) -> bool:
+        runnable = {a.label for a in versus.runnable()}
+        ok = [x.label for x in lines if x.label in runnable]
+        if REFERENCE not in ok:
+            return False
+        verdicts = {x: versus.pair(x, REFERENCE) for x in ok if x != REFERENCE}
+        if any(v.outcome not in (BETTER, WORSE) for v in verdicts.values()):
+            return False
+        faster = [x for x, v in verdicts.items() if v.outcome == BETTER]
+        return all(versus.pair(a, b).outcome in (BETTER, WORSE) for i, a in enumerate(faster) for b in faster[i + 1:])
+
+    return done
+
+
+# -------------------------------------------------------------------------------------------------- the record
 
 
 def record(tunes: Sequence[EngineTune], choice: EngineChoice) -> list[autotune.TuneResult]:
-    """Each engine's result.json with the head to head in it (``engines``, ``chosen`` where that engine printed the
-    line), the chosen one written last: the newest result of the model is the one to serve."""
+    """Each engine's result.json with the race in it (``engines``, ``chosen`` where that engine printed the line), the
+    chosen one written last: the newest result of the model is the one to serve."""
     from tuner.search.result import write_result
 
     block = choice.to_dict()
+    printed = choice.line
     out = []
-    for t in sorted(tunes, key=lambda t: t.kind.name == choice.line.engine):
-        chosen = t.kind.name == choice.line.engine
+    done = [t for t in tunes if t.result is not None]
+    for t in sorted(done, key=lambda t: printed is not None and t.kind.name == printed.engine):
+        assert t.result is not None
+        chosen = printed is not None and t.kind.name == printed.engine
         result = replace(t.result.result, engines={**block, "chosen": chosen})
         write_result(result, t.result.result_dir)
         out.append(replace(t.result, result=result))

@@ -30,7 +30,7 @@ from tuner.measure import bench, session_run
 from tuner.measure import session as session_mod
 from tuner.measure.workload import Workload
 from tuner.search import decide
-from tuner.search.finish import round_score, server_load
+from tuner.search.finish import round_score, server_load, vram_growth_bytes
 from tuner.search.verdict import BETTER, UNDECIDED, WORSE, Verdict, compare_quiet
 from tuner.search.watched_round import watched_round
 
@@ -47,6 +47,9 @@ class Round:
     session_s: float | None = None  # agent workload: the whole session
     host_paging: str | None = None  # the round read the model back from disk while generating: the evidence
     paging_verdict: str = "not measured"  # the round's host-paging verdict (tuner.machine.sampler.PagingKind)
+    # How far the card's use grew over the sampler's first look, taken before the server started: the line's own
+    # VRAM (None: no GPU sampled).
+    vram_growth_bytes: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +77,26 @@ class Arm:
         return next((r.host_paging for r in (*self.selection, *self.rounds) if r.host_paging), None)
 
     @property
+    def vram_growth_bytes(self) -> int | None:
+        """The most its rounds grew the card's use (None: no measured round sampled the card)."""
+        seen = [r.vram_growth_bytes for r in (*self.selection, *self.rounds) if r.vram_growth_bytes is not None]
+        return max(seen) if seen else None
+
+    def budget_words(self, budget_bytes: int | None) -> str | None:
+        """Why this line does not keep a VRAM budget (None: it does, or no budget was set): it grew the card's use past
+        the budget, or a round that measured it did not read the card, so keeping the budget is not known (the
+        finish's rule, :meth:`tuner.search.finish.Finish.vram_unknown`)."""
+        if budget_bytes is None:
+            return None
+        grew = self.vram_growth_bytes
+        if grew is not None and grew > budget_bytes:
+            return f"used {grew / 2**20:,.0f} MiB of VRAM, over the {budget_bytes / 2**20:,.0f} MiB budget"
+        measured = [r for r in (*self.selection, *self.rounds) if r.score is not None]
+        if measured and any(r.vram_growth_bytes is None for r in measured):
+            return "its VRAM was not read (not known to keep the VRAM budget)"
+        return None
+
+    @property
     def score(self) -> float | None:
         """The quiet median of the confirmation rounds (of the selection rounds when it had none)."""
         return decide.quiet_median([(r.score, r.noise) for r in (self.rounds or self.selection)])
@@ -98,11 +121,26 @@ class HeadToHead:
     metric: str
     verdicts: tuple[Verdict, ...] = field(default_factory=tuple)  # the best against every other model
     selected: str | None = None  # the model the selection rounds chose (None: no selection)
+    vram_budget_bytes: int | None = None  # the budget every line was held to (None: none)
 
     @property
     def best(self) -> Arm | None:
-        """The selected model; without selection rounds, the best median; never one that paged host RAM."""
-        return _best(self.arms, self.selected)
+        """The selected model; without selection rounds, the best median; never one that paged host RAM or did not
+        keep the VRAM budget."""
+        return _best(self.arms, self.selected, self.vram_budget_bytes)
+
+    def arm(self, label: str) -> Arm | None:
+        return next((a for a in self.arms if a.label == label), None)
+
+    def runnable(self) -> list[Arm]:
+        """The lines a comparison may print: measured, never paging host RAM, within the VRAM budget."""
+        return _runnable(self.arms, self.vram_budget_bytes)
+
+    def pair(self, a: str, b: str) -> Verdict:
+        """``a`` against ``b`` on their confirmation rounds (the quiet ones where any was busy)."""
+        x, y = self.arm(a), self.arm(b)
+        assert x is not None and y is not None, (a, b)
+        return compare_quiet(a, b, x.scores, y.scores, x.quiet_scores(), y.quiet_scores())
 
     @property
     def decided(self) -> bool:
@@ -139,7 +177,8 @@ class HeadToHead:
     def to_dict(self) -> dict[str, Any]:
         return {"metric": self.metric, "arms": [a.to_dict() for a in self.arms],
                 "verdicts": [v.to_dict() for v in self.verdicts], "best": self.best.label if self.best else None,
-                "selected": self.selected, "decided": self.decided, "summary": self.summary()}
+                "selected": self.selected, "decided": self.decided, "summary": self.summary(),
+                "vram_budget_bytes": self.vram_budget_bytes}
 
 
 # The finish's rule: 2 selection rounds over every model, then the selected model and every other in 3 fresh
@@ -148,23 +187,24 @@ ROUNDS = decide.Rounds()
 SELECT, CONFIRM = "selection", "confirmation"
 
 
-def _runnable(arms: Sequence[Arm]) -> list[Arm]:
-    """The measured models that never paged host RAM: the only ones a comparison may crown."""
-    return [a for a in arms if a.score is not None and not a.paging]
+def _runnable(arms: Sequence[Arm], budget_bytes: int | None = None) -> list[Arm]:
+    """The measured models that never paged host RAM and kept the VRAM budget: the only ones a comparison may crown."""
+    return [a for a in arms if a.score is not None and not a.paging and a.budget_words(budget_bytes) is None]
 
 
-def _best(arms: Sequence[Arm], selected: str | None) -> Arm | None:
-    ok = _runnable(arms)
+def _best(arms: Sequence[Arm], selected: str | None, budget_bytes: int | None = None) -> Arm | None:
+    ok = _runnable(arms, budget_bytes)
     if selected is not None:
         return next((a for a in ok if a.label == selected), None)
     return max(ok, key=lambda a: a.score or 0.0) if ok else None
 
 
-def verdicts_of(arms: Sequence[Arm], selected: str | None = None) -> tuple[Verdict, ...]:
-    """The best (``selected``, else the best median) against every other measured model that did not page host RAM,
-    on their confirmation rounds."""
-    ok = _runnable(arms)
-    best = _best(arms, selected)
+def verdicts_of(arms: Sequence[Arm], selected: str | None = None, budget_bytes: int | None = None
+                ) -> tuple[Verdict, ...]:
+    """The best (``selected``, else the best median) against every other measured model that did not page host RAM
+    and kept the VRAM budget, on their confirmation rounds."""
+    ok = _runnable(arms, budget_bytes)
+    best = _best(arms, selected, budget_bytes)
     if len(ok) < 2 or best is None:
         return ()
     return tuple(compare_quiet(best.label, a.label, best.scores, a.scores, best.quiet_scores(), a.quiet_scores())
@@ -183,12 +223,17 @@ def head_to_head(loc: EngineLocation, lines: Sequence[tuple[str, LaunchConfig]],
                  caps: Capabilities | None = None, rounds: decide.Rounds = ROUNDS,
                  session: tuple[Path | None, int | None, int, int] | None = None,
                  on_step: Callable[[str], None] | None = None,
-                 engines: Mapping[str, tuple[EngineLocation, Capabilities | None]] | None = None) -> HeadToHead:
+                 engines: Mapping[str, tuple[EngineLocation, Capabilities | None]] | None = None,
+                 vram_budget_bytes: int | None = None,
+                 settled_by: Callable[[HeadToHead], bool] | None = None) -> HeadToHead:
     """Every model's tuned line once per round, the order rotating: ``rounds.select`` selection rounds choose the
     best median, then ``rounds.min`` fresh rounds and more (up to ``rounds.max``) judge it against every other
     until decided. ``session`` (file, depth, gen tokens, agents): replay an agent session instead of single
     requests. ``engines``: the engine each line runs on, by label, where the lines are not all ``loc``'s (the
-    engines' head-to-head: :mod:`tuner.versus.engines`)."""
+    engines' head-to-head: :mod:`tuner.versus.engines`). ``vram_budget_bytes``: a line that grows the card's use past
+    it, or whose VRAM a round did not read, is never crowned. ``settled_by``: when the rounds may stop (asked after
+    each confirmation round from ``rounds.min`` on, with the rounds so far); default: the best decided against every
+    other."""
     configs = dict(lines)
     labels = [label for label, _ in lines]
     n_select = rounds.select if len(labels) >= 2 else 0
@@ -227,13 +272,20 @@ def head_to_head(loc: EngineLocation, lines: Sequence[tuple[str, LaunchConfig]],
         return measured
 
     def settled(_: dict[str, list[decide.Obs]]) -> bool:
-        return all(v.outcome != UNDECIDED for v in verdicts_of(arms(), chosen[0] if chosen else None))
+        so_far = arms()
+        if settled_by is not None:
+            sel = chosen[0] if chosen else None
+            return settled_by(HeadToHead(tuple(so_far), metric_of(load, session is not None),
+                                         verdicts_of(so_far, sel, vram_budget_bytes), sel, vram_budget_bytes))
+        return all(v.outcome != UNDECIDED for v in verdicts_of(so_far, chosen[0] if chosen else None,
+                                                                vram_budget_bytes))
 
     decide.two_phase(labels, labels, measure, replace(rounds, select=n_select), to_confirm=to_confirm,
                      settled=settled)
     done = arms()
     selected = chosen[0] if chosen else None
-    return HeadToHead(tuple(done), metric_of(load, session is not None), verdicts_of(done, selected), selected)
+    return HeadToHead(tuple(done), metric_of(load, session is not None), verdicts_of(done, selected, vram_budget_bytes),
+                      selected, vram_budget_bytes)
 
 
 def _trial(loc: EngineLocation, cfg: LaunchConfig, sent: Workload, makers: list[Any] | None,
@@ -252,8 +304,9 @@ def _round(trial: bench.ServerTrial | session_run.SessionTrial, load: Workload) 
     if isinstance(trial, session_run.SessionTrial):
         res = trial.result
         return Round(res.score(), ttft_s=res.median_ttft_s, session_s=res.session_s, host_paging=evidence,
-                     paging_verdict=kind)
+                     paging_verdict=kind, vram_growth_bytes=trial.vram_growth_bytes)
     first = trial.levels[0]
+    grew = vram_growth_bytes(trial.memory.vram_peak_bytes, trial.memory.vram_baseline_bytes)
     return Round(round_score(trial.levels, load), gen_tok_s=first.per_request_gen_tok_s,
                  prompt_tok_s=first.per_request_prompt_tok_s, ttft_s=first.ttft_s, host_paging=evidence,
-                 paging_verdict=kind)
+                 paging_verdict=kind, vram_growth_bytes=grew)
