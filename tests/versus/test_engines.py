@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import time
 import urllib.error
 from pathlib import Path
 
@@ -20,42 +21,55 @@ from tuner.engine.kinds import IK_LLAMA, LLAMA_CPP
 from tuner.report import study_report
 from tuner.search.result import load_result
 
-QUICK = ("--workload", "chat", "-p", "48", "-n", "16", "--min-ctx", "1024", "--trials", "3", "--max-kld", "off",
-         "--allow-busy")
+QUICK = ("--workload", "chat", "-p", "48", "-n", "16", "--min-ctx", "1024", "--trials", "3", "--allow-busy")
 
 
 @pytest.fixture(scope="module")
-def two_engines(demo_models, ik_loc, tmp_path_factory) -> tuple[subprocess.CompletedProcess[str], Path]:
+def two_engines(engine_loc, ik_loc, tmp_path_factory) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """ik first, on a model no run has priced (issue 61: llama.cpp's reference run once got ik's -rtr and the whole run
+    ended in an error after both tunes), with the default quality floor: the printed line is priced as it runs."""
+    from tuner.models import demo
+
     out = tmp_path_factory.mktemp("engines")
-    model = demo_models[("qwen3moe", "Q4_K_M")]
-    res = run_cli("auto-tune", str(model), *QUICK, "--engines", "llama.cpp,ik", "--results-dir", str(out),
+    (model,) = [f.path for f in demo.make_demo_models(quants=["Q4_K_M"], out=out / "model", engine=engine_loc,
+                                                       seed=int(time.time()) % 100_000) if f.quant == "Q4_K_M"]
+    res = run_cli("auto-tune", str(model), *QUICK, "--engines", "ik,llama.cpp", "--results-dir", str(out),
                   timeout=1800)
     return res, out
 
 
-def test_each_engine_is_tuned_and_the_printed_line_names_its_engine(two_engines, ik_loc):
+def test_each_engine_is_searched_and_raced_and_the_printed_line_names_its_engine(two_engines, ik_loc):
     res, out = two_engines
     assert res.returncode == 0, res.stderr[-3000:]
-    assert "engine 1 of 2: llama.cpp 0c1e57098" in res.stderr
-    assert "engine 2 of 2: ik_llama.cpp ik-llama-cpp-python-0.1.5" in res.stderr
+    assert "plan: search ik_llama.cpp, llama.cpp (3 trials each); race up to 4 lines" in res.stderr
+    assert "engine 1 of 2: ik_llama.cpp ik-llama-cpp-python-0.1.5" in res.stderr
+    assert "engine 2 of 2: llama.cpp 0c1e57098" in res.stderr
     assert "ik_llama.cpp's own levers searched: run_time_repack, fused_moe, merge_up_gate" in res.stderr
+    assert "race: llama.cpp default, " in res.stderr
     results = [load_result(p) for p in out.glob("*/result.json")]
-    engines = sorted(r.engines["lines"][0]["engine"] for r in results if r.engines)
-    assert len(results) == 2 and engines == [LLAMA_CPP.name, LLAMA_CPP.name]  # each holds the same head to head
+    assert len(results) == 2 and all(r.engines for r in results)  # each holds the same race
     chosen = [r for r in results if r.engines and r.engines["chosen"]]
     assert len(chosen) == 1
     block = chosen[0].engines
     printed = next(x for x in block["lines"] if x["label"] == block["printed"])
     assert block["printed_engine"] == printed["engine"] == chosen[0].engine["engine"]
     assert {x["engine"] for x in block["lines"]} == {LLAMA_CPP.name, IK_LLAMA.name}
-    # the verdict against llama.cpp's default (or its own choice) is printed, then the line with engine and binary
-    assert "engines head to head" in res.stdout and f"printed: {block['printed']}" in res.stdout
+    assert block["lines"][0]["label"] == "llama.cpp default"  # the reference races first
+    # every line that raced has its verdict against llama.cpp's default, from the race's own rounds
+    raced = {a["label"] for a in block["head_to_head"]["arms"] if a["score"] is not None} - {"llama.cpp default"}
+    assert {v["a"] for v in block["verdicts_against_default"]} == raced
+    # the printed line, where it computes other numbers than llama.cpp's bare launch, was priced as it runs
+    config = printed["config"]
+    if printed["engine"] != LLAMA_CPP.name or config.get("cache_type_v", "f16") != "f16":
+        assert printed["price"]["kld_mean"] >= 0.0 and printed["price"]["reference"].startswith("llama.cpp")
+        assert "priced" in res.stderr or "pricing" in res.stderr
+    assert f"printed: {block['printed']}" in res.stdout and "vs default" in res.stdout
     how = "" if printed["engine"] == LLAMA_CPP.name else ": its own llama-server, by path"
     *_, said, line = res.stdout.strip().splitlines()
     assert said == f"launch line ({printed['engine']}{how}):"
     runs = "llama-server " if printed["engine"] == LLAMA_CPP.name else f"{ik_loc.bin_dir}/llama-server "
     assert line.startswith(runs)
-    # launch-line of the chosen result prints the same line, its first pick the head to head's
+    # launch-line of the chosen result prints the same line, its first pick the race's
     chosen_file = next(p for p in out.glob("*/result.json") if load_result(p).engines["chosen"])
     shown = run_cli("launch-line", str(chosen_file))
     assert shown.returncode == 0 and shown.stdout.strip() == line
@@ -67,11 +81,21 @@ def ik_result(demo_models, ik_loc, tmp_path_factory) -> Path:
     res = run_cli("auto-tune", str(demo_models[("qwen3moe", "Q4_K_M")]), *QUICK, "--engines", "ik",
                   "--results-dir", str(out), timeout=1200)
     assert res.returncode == 0, res.stderr[-3000:]
+    # ik alone is priced against llama.cpp (installed here): its printed line, as it runs
+    assert "engine price: ik_llama.cpp" in res.stdout and "against llama.cpp" in res.stdout
     *_, said, line = res.stdout.strip().splitlines()
     assert said == f"launch line ({IK_LLAMA.name}: its own llama-server, by path):"
     assert line.startswith(f"{ik_loc.bin_dir}/llama-server -m ")
     (result,) = out.glob("*/result.json")
     return result
+
+
+def test_ik_alone_is_priced_against_llama_cpp_as_its_line_runs(ik_result):
+    price = load_result(ik_result).engine_price
+    assert price is not None and price["refused"] is False, price
+    assert price["engine"].startswith(IK_LLAMA.name) and price["reference"].startswith(LLAMA_CPP.name)
+    assert 0.0 <= price["kld_mean"] < 0.01 and price["argv"][0].endswith("/llama-perplexity")
+    assert price["note"].startswith("ik_llama.cpp") and "against llama.cpp" in price["note"]
 
 
 def test_serve_of_an_ik_result_runs_ik_s_server_behind_its_key(ik_result, ik_loc, tmp_path):

@@ -237,11 +237,14 @@ def _priced(result: autotune.TuneResult, loc: build.EngineLocation, req: autotun
     """Another engine tuned alone: its printed line priced as it runs against llama.cpp's f16 logits, the price kept in
     its result (:func:`tuner.versus.engine_run.price_single`)."""
     from tuner.core.errors import TunerError
+    from tuner.report import study_report
     from tuner.search.result import write_result
+    from tuner.search.study import config_from_dict
     from tuner.versus.engine_run import price_single
 
+    picks = study_report.picks(result.result)
     try:
-        got, note = price_single(result, loc, req, say)
+        got, note = price_single(config_from_dict(picks[0].config) if picks else None, loc, req, say)
     except TunerError as exc:
         got, note = None, f"could not be priced ({exc})"
     refused = got is not None and req.max_kld is not None and got.kld_mean > req.max_kld

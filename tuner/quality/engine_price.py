@@ -41,6 +41,7 @@ class LinePrice:
     chunks: int
     priced_as: str = ""  # the line's settings as priced (its launch line's words after the model)
     from_cache: bool = False
+    argv: tuple[str, ...] = ()  # the llama-perplexity command that priced it (the reference's logits are llama.cpp's)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -83,7 +84,7 @@ def price_line(line: LaunchConfig, loc: build.EngineLocation, reference: build.E
     words = " ".join(flags.launch_line(perplexity.as_run(line, line.model, line.engine, ctx)).split()[3:])
     return LinePrice(build.capabilities(loc).identity.name, build.capabilities(reference).identity.name,
                      q.kld_mean, q.kld_mean_error or 0.0, q.same_top_pct, q.ppl, q.reference_ppl, ctx, chunks, words,
-                     q.from_cache)
+                     q.from_cache, tuple(q.argv))
 
 
 def price(loc: build.EngineLocation, reference: build.EngineLocation, model: Path, *,

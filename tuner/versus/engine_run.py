@@ -25,10 +25,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import psutil
-
+from tuner.core.config import LaunchConfig
 from tuner.core.errors import CpuFallbackError, TunerError
 from tuner.engine import build, flags
+from tuner.machine import hardware
 from tuner.machine.hardware import Hardware
 from tuner.quality import engine_price
 from tuner.search import autotune, decide
@@ -169,9 +169,9 @@ def price_and_choose(lines: Sequence[EngineLine], versus: judge.HeadToHead | Non
             continue
         on_step(f"pricing {line.label} as it runs, before it is printed")
         try:
+            free = hardware.probe_host().ram_available_bytes
             got = engine_price.price_line(line.config, locs[line.engine], reference, ctx=req.kld_ctx,
-                                          chunks=req.kld_chunks, available_bytes=psutil.virtual_memory().available,
-                                          on_step=on_step)
+                                          chunks=req.kld_chunks, available_bytes=free, on_step=on_step)
         except TunerError as exc:
             refused[line.label] = f"could not be priced ({exc})"
             on_step(f"{line.label} leaves the race: {refused[line.label]}")
@@ -190,17 +190,12 @@ def price_and_choose(lines: Sequence[EngineLine], versus: judge.HeadToHead | Non
     return EngineChoice(priced, versus, label, reason, notes, against)
 
 
-def price_single(res: autotune.TuneResult, loc: build.EngineLocation, req: autotune.TuneRequest,
+def price_single(line: LaunchConfig | None, loc: build.EngineLocation, req: autotune.TuneRequest,
                  on_step: StepFn = lambda _: None) -> tuple[engine_price.LinePrice | None, str]:
     """``--engines ik`` alone: the line its auto-tune printed, priced as it runs against llama.cpp's f16 logits where
     llama.cpp is installed; the price (None: not priced) and what to say of it."""
-    from tuner.report import study_report
-    from tuner.search.study import config_from_dict
-
-    picks = study_report.picks(res.result)
-    if not picks or req.max_kld is None:
+    if line is None or req.max_kld is None:
         return None, "unpriced: --max-kld off" if req.max_kld is None else "no line to price"
-    line = config_from_dict(picks[0].config)
     if not engine_price.needs_price(line):
         return None, "no price needed"
     try:
@@ -210,7 +205,7 @@ def price_single(res: autotune.TuneResult, loc: build.EngineLocation, req: autot
                       "install` builds it)")
     on_step(f"pricing the printed line as it runs against {build.capabilities(reference).identity.describe()}")
     got = engine_price.price_line(line, loc, reference, ctx=req.kld_ctx, chunks=req.kld_chunks,
-                                  available_bytes=psutil.virtual_memory().available, on_step=on_step)
+                                  available_bytes=hardware.probe_host().ram_available_bytes, on_step=on_step)
     return got, got.describe()
 
 
