@@ -218,8 +218,10 @@ def test_an_ik_record_s_lines_read_in_ik_s_dialect_and_show_its_engine():
     assert rec.data["printed"]["line"] == ik_line
     assert rec.engine_label == "ik_llama.cpp ik-llama-cpp-python-0.1.5"
     assert rec.line("candidate-1")["line"] == LINE
-    with pytest.raises(RecordError, match="is not something moe-tune measures"):
+    with pytest.raises(RecordError, match="a line for llama.cpp sets --run-time-repack, which only ik_llama.cpp "
+                       "reads") as refused:
         read_record(raw(good(line=ik_line)), RID)  # a llama.cpp record cannot carry -rtr
+    assert refused.value.reason == "other engine's flag"
     bad = good()
     bad["engine"]["engine"] = "vllm"
     with pytest.raises(RecordError, match="engine.engine must be llama.cpp or ik_llama.cpp"):

@@ -147,8 +147,13 @@ def test_lookup_and_seed_from_over_a_hostile_pool(model, tmp_path):
     assert "warning: shared record \\x1b[2J\\x1b]0;owned\\x07.json skipped: a record file is" in res.stderr
     assert "warning: shared record x\\nwarning: forged.json skipped" in res.stderr
     assert "70,000 bytes, more than the 65,536" in res.stderr
-    assert warnings[-1].startswith(f"warning: {refused:,} shared records skipped in all (")
-    assert sum(as_json["refused"].values()) == refused and as_json["refused"]["above physics"] == 2
+    # Alice's record on a card the catalog does not know is read and passed over: counted, never a line.
+    assert warnings[-1].startswith(f"warning: {refused + 1:,} shared records skipped in all (")
+    assert sum(as_json["refused"].values()) == refused + 1 and as_json["refused"]["above physics"] == 2
+    assert as_json["refused"]["for another model or card"] == 1
+    # Every record read is kept or counted: 635 files read (of 640 listed, 4 names and 1 size never fetched).
+    assert as_json["records_read"] == 635 == as_json["records_kept"] + sum(as_json["refused"].values()) - 5
+    assert as_json["records_kept"] == 3 + 1 + 50  # alice's copies, bob's, eve's fifty
     assert as_json["refused"]["line refused"] == 6 and as_json["refused"]["bad name"] == 4
     # The valid line first, its accounts counted once; the one-account line after it; each the flag layer's
     # rendering, alone on its line.
@@ -336,20 +341,26 @@ def test_a_hub_name_is_bound_by_its_quants_header_read_with_range_requests(model
     first = json.loads(exact.stdout)
     [group] = first["by_engine_commit"]["0c1e570"]
     assert group["record_ids"] == ["0000000000000001"]
-    [absurd] = first["skipped"]
+    # The other quant's and the other repo's records are read and passed over: counted, never a line.
+    absurd, counts = first["skipped"]
     assert absurd.startswith("shared record 0000000000000002 skipped: default claims gen_tok_s 1e+09")
     assert absurd.endswith("a token: the roofline of its header)")
+    assert counts == "4 shared records skipped in all (3 for another model or card, 1 above physics); the first 1 " \
+                     "are above"
+    assert first["records_read"] == 5 == first["records_kept"] + sum(first["refused"].values())
     assert header_ranges and all(r and r.startswith("bytes=") for r in header_ranges)  # the header, not the file
     # Every quant of the repo: another quant is bound by its listed size; a quant the repo lacks is refused.
-    assert sorted(json.loads(every.stdout)["skipped"]) == [
+    assert sorted(json.loads(every.stdout)["skipped"][:2]) == [
         "shared record 0000000000000002 skipped: default claims gen_tok_s 1e+09, above the " + absurd.split(
             "above the ", 1)[1],
         "shared record 0000000000000003 skipped: quant Q4_K_M is not in the model's repo"]
-    # A model that cannot be read: said, and the records' own size claim is all that bounds them.
+    # A model that cannot be read: nothing bounds what its records claim (never their own size claim), so their
+    # lines are offered without a figure, and the look-up says why.
     gone = json.loads(unknown.stdout)
-    assert [g["record_ids"] for g in gone["by_engine_commit"]["0c1e570"]] == [["0000000000000004"]]
-    [note, refused] = gone["skipped"]  # what was not known first, then the records refused
-    assert refused.startswith("shared record 0000000000000005 skipped: default claims gen_tok_s 1e+09")
-    assert refused.endswith("1/64 of its claimed size (the model could not be read))")
+    [offered] = gone["by_engine_commit"]["0c1e570"]
+    assert offered["record_ids"] == ["0000000000000004", "0000000000000005"]
+    assert offered["median_gen_tok_s"] is None and offered["median_prompt_tok_s"] is None
+    note, counts = gone["skipped"]  # what was not known first, then the records passed over
     assert note.startswith("the model could not be read (") and note.endswith(
-        "figures were bounded by each record's own size claim only")
+        "nothing bounds what 2 record(s) claim, so none of their figures is shown")
+    assert counts == "3 shared records skipped in all (3 for another model or card)"

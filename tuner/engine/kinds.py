@@ -68,6 +68,9 @@ class EngineKind:
     marks: tuple[str, ...] = ()
     # LaunchConfig fields only this kind reads (its own levers: search axes where they apply).
     levers: tuple[str, ...] = ()
+    # Those of its levers moe-tune's search measures (tuner.search.engine_axes makes them axes); the others stay at
+    # their defaults in every line it measures, and a shared line that sets one is refused (tuner.share.gate).
+    measured_levers: tuple[str, ...] = ()
     aliases: tuple[str, ...] = ()
     # Whether its llama-bench takes a depth (-d): ik's times a prompt at depth as the difference of two prompts.
     bench_has_depth: bool = True
@@ -105,6 +108,10 @@ class EngineKind:
     def has_lever(self, name: str) -> bool:
         return name in self.levers
 
+    def measures(self, lever: str) -> bool:
+        """Whether moe-tune's search measures this lever of the kind's (a lever it never sets is no measured line's)."""
+        return lever in self.measured_levers
+
 
 LLAMA_CPP = EngineKind("llama.cpp", "llama.cpp", PIN, "vendor/llama.cpp", LLAMA_TOOLS,
                        aliases=("llama", "llamacpp", "mainline"))
@@ -113,6 +120,9 @@ IK_LLAMA = EngineKind(
     marks=("-rtr", "--run-time-repack", "-ser", "--smart-expert-reduction", "-amb", "--attention-max-batch"),
     levers=("run_time_repack", "fused_moe", "merge_up_gate", "attn_max_batch", "graph_reuse", "smart_experts",
             "only_active_experts"),
+    # -amb bounds attention's batch only without flash attention, -gr off only costs, -ser drops experts (it changes
+    # outputs): none is searched (tuner.search.engine_axes).
+    measured_levers=("run_time_repack", "fused_moe", "merge_up_gate", "only_active_experts"),
     aliases=("ik_llama.cpp", "ik-llama.cpp", "ik_llama", "ikllama"),
     bench_has_depth=False,
     offloads_by_default=False,

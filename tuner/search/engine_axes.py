@@ -3,9 +3,11 @@ repacking (``-rtr``), its fused MoE op (on by default), experts' up and gate mer
 GPU and experts in RAM, copying only the experts a batch routes to (on by default).
 
 Each axis is a LaunchConfig field and its values, the engine's default first (a seed that does not name it keeps
-the default). Levers left out are said, with why: ``-amb`` bounds attention's batch only without flash attention
-(ik's common.h) and the search runs it on; ``-gr`` off rebuilds the graph every token, which only costs; ``-ser``
-drops experts and so changes outputs: it is a quality trade, not a speed setting, and is not searched yet.
+the default); the kind says which of its levers are measured (``EngineKind.measured_levers``: the pool's gate
+refuses a shared line that sets any other, :mod:`tuner.share.gate`). Levers left out are said, with why: ``-amb``
+bounds attention's batch only without flash attention (ik's common.h) and the search runs it on; ``-gr`` off
+rebuilds the graph every token, which only costs; ``-ser`` drops experts and so changes outputs: it is a quality
+trade, not a speed setting, and is not searched yet.
 """
 
 from __future__ import annotations
@@ -27,15 +29,15 @@ def engine_axes(kind: EngineKind, info: ModelInfo, hw: Hardware, device: str | N
                 ) -> tuple[Axes, tuple[str, ...]]:
     """The kind's own axes for this model and machine, and a note on the levers it leaves out."""
     axes: list[tuple[str, tuple[Any, ...]]] = []
-    if kind.has_lever("run_time_repack"):
+    if kind.measures("run_time_repack"):
         axes.append(("run_time_repack", (False, True)))
     if info.n_expert:
-        if kind.has_lever("fused_moe"):
+        if kind.measures("fused_moe"):
             axes.append(("fused_moe", (True, False)))
-        if kind.has_lever("merge_up_gate"):
+        if kind.measures("merge_up_gate"):
             axes.append(("merge_up_gate", (False, True)))
         on_gpu = hw.has_gpu and device != "none"
-        if on_gpu and host_experts and kind.has_lever("only_active_experts"):
+        if on_gpu and host_experts and kind.measures("only_active_experts"):
             axes.append(("only_active_experts", (True, False)))
     if not axes:
         return (), ()

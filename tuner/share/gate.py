@@ -8,7 +8,11 @@ the user's terminal, clipboard and search. Read it whole.
   holds its ratio. Fields the schema does not name are dropped.
 - **Lines**: every launch line is read by the flag layer's parser and must need nothing but what moe-tune renders:
   the program exactly ``llama-server``, no environment but the variables moe-tune sets, no flag moe-tune does not
-  measure, the model (and a draft model) by a bare file name, the record's own model. What is kept, shown and
+  measure, the model (and a draft model) by a bare file name, the record's own model. Per engine, the record's
+  (:mod:`tuner.engine.kinds`): of its own levers only those its search measures (``EngineKind.measured_levers``;
+  ik_llama.cpp's ``-ser`` drops experts and ``-amb`` is never searched: a line setting one is refused as
+  ``unmeasured lever``), and nothing only another engine reads (llama.cpp's ``--no-repack`` on an ik_llama.cpp
+  line, ik's ``-rtr`` on a llama.cpp one: ``other engine's flag``). What is kept, shown and
   seeded is the flag layer's rendering of the parsed config, never the stranger's text: that rendering must read
   back as the same config (what llama.cpp runs is what was shown), every number in it must be one llama.cpp
   reads (a 32-bit whole number, finite) and not negative (``-cram -1``, no limit, is nobody's measurement), and
@@ -28,12 +32,13 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from typing import Any
 
 from tuner.core.config import LaunchConfig
-from tuner.core.errors import RecordError, UsageError
+from tuner.core.errors import RecordError, UnsupportedFlagError, UsageError
 from tuner.engine import flags
+from tuner.engine.flags import dialect
 from tuner.engine.kinds import KINDS, LLAMA_CPP, EngineKind, kind_by_name
 
 SCHEMA = "moe-tune/shared-result"
@@ -104,6 +109,23 @@ class _Refused(ValueError):
     """A reason, raised inside the JSON reader's hooks."""
 
 
+class _LineRefused(ValueError):
+    """A line refused for a reason counted apart from the flag layer's (``reason``: the refusal's kind)."""
+
+    def __init__(self, why: str, reason: str) -> None:
+        super().__init__(why)
+        self.reason = reason
+
+
+UNMEASURED = "unmeasured lever"
+OTHER_ENGINE = "other engine's flag"
+_DEFAULTS = {f.name: f.default for f in fields(LaunchConfig) if f.default is not MISSING}
+
+
+def _set(cfg: LaunchConfig, lever: str) -> bool:
+    return bool(getattr(cfg, lever) != _DEFAULTS[lever])
+
+
 def _pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
     seen: set[str] = set()
     for key, _ in items:
@@ -171,6 +193,8 @@ def _sane(d: dict[str, Any]) -> None:
     cpu = d["card"]["name"] == CPU_CARD
     if cpu != (d["card"]["vram_total_bytes"] == 0):
         raise ValueError("card.vram_total_bytes must be 0 for the cpu card and more for a GPU")
+    if d["model"]["size_bytes"] == 0:
+        raise ValueError("model.size_bytes is 0: a model file holds at least its header")
     if d["workload"]["concurrency"] < 1 or any(ln["slots"] < 1 for ln in d["lines"]):
         raise ValueError("a workload and a line serve at least one request at a time")
     if d["workload"]["concurrency"] > MAX_CONCURRENCY:
@@ -192,7 +216,7 @@ def read_line(text: str, model_file: str, kind: EngineKind = LLAMA_CPP) -> tuple
     try:
         parsed = flags.parse_command(text, kind)
     except UsageError as exc:
-        raise ValueError(f"a line the flag layer refuses ({exc})") from None
+        raise _foreign_lever(text, kind) or ValueError(f"a line the flag layer refuses ({exc})") from None
     if parsed.program != flags.SERVER:
         raise ValueError(f"a line runs {shown(parsed.program, 60)!r}, not {flags.SERVER}")
     foreign = [k for k, _ in parsed.env if k not in flags.CONFIG_ENV]
@@ -211,6 +235,7 @@ def read_line(text: str, model_file: str, kind: EngineKind = LLAMA_CPP) -> tuple
         math.isfinite(getattr(cfg, f.name)) and getattr(cfg, f.name) >= 0)), None)
     if negative is not None:
         raise ValueError(f"a line sets {negative} to {getattr(cfg, negative)}: a shared line's numbers are 0 or more")
+    _measured_levers_only(cfg, kind)
     try:
         rendered = flags.launch_line(cfg)
         again = flags.parse_command(rendered, kind).config
@@ -222,6 +247,36 @@ def read_line(text: str, model_file: str, kind: EngineKind = LLAMA_CPP) -> tuple
     if odd is not None:
         raise ValueError(f"a line renders the word {shown(odd, 60)!r}, which a shell would read")
     return rendered, cfg
+
+
+def _measured_levers_only(cfg: LaunchConfig, kind: EngineKind) -> None:
+    """Refuse a line that sets one of ``kind``'s levers its search never measures, or a setting ``kind`` does not
+    read (another engine's): its figures say nothing of that lever, and its engine may not start with it."""
+    unmeasured = [name for name in kind.levers if not kind.measures(name) and _set(cfg, name)]
+    if unmeasured:
+        words = " and ".join(shown(dialect.lever_words(cfg, name), 40) for name in unmeasured)
+        raise _LineRefused(f"a line sets {words}, which moe-tune never measures on {kind.name} (not searched, not "
+                           "priced): its figures say nothing of it", UNMEASURED)
+    try:
+        dialect.check_levers(kind, cfg)
+    except UnsupportedFlagError as exc:  # its first clause names the setting and whose it is; the rest, the fix
+        raise _LineRefused(f"a line for {kind.name}: {str(exc).split('; ')[0]}", OTHER_ENGINE) from None
+
+
+def _foreign_lever(text: str, kind: EngineKind) -> _LineRefused | None:
+    """Where ``kind``'s parser refused a line: the refusal when the line sets a lever only another kind reads."""
+    for other in KINDS:
+        if other is kind:
+            continue
+        try:
+            cfg = flags.parse_command(text, other).config
+        except UsageError:
+            continue
+        levers = [name for name in other.levers if _set(cfg, name)]
+        if levers:
+            words = " and ".join(shown(dialect.lever_words(cfg, name), 40) for name in levers)
+            return _LineRefused(f"a line for {kind.name} sets {words}, which only {other.name} reads", OTHER_ENGINE)
+    return None
 
 
 def _number(value: object) -> bool:
@@ -298,5 +353,5 @@ def read_record(raw: bytes, record_id: str) -> SharedRecord:
         for ln in clean["lines"]:
             ln["line"] = read_line(ln["line"], model_file, kind)[0]
     except ValueError as exc:
-        raise refusal(record_id, str(exc), stage) from None
+        raise refusal(record_id, str(exc), getattr(exc, "reason", stage)) from None
     return SharedRecord(record_id, clean, config)

@@ -3,7 +3,8 @@ each. Measures nothing.
 
 Reading the pool is :mod:`tuner.share.pool`'s (who uploaded each record: :mod:`tuner.share.accounts`); matching
 :mod:`tuner.share.match`'s; the roofline bound on figures :mod:`tuner.share.physics`' (a record that breaks it is
-refused, counted with the pool's refusals). Here the matched records become lines: grouped by engine commit and
+refused, counted with the pool's refusals; a record nothing bounds shows no figure). Here the matched records become
+lines: grouped by engine commit and
 printed line, counted by distinct accounts (one account's copies of a line count once, whatever sharer ids its
 records claim; every record whose uploader the Hub did not say counts together as one *unverified* account), with
 each account's median figures and the median of those. Lines two or more accounts agree on come first; a line only
@@ -13,8 +14,8 @@ one account reports is shown after them, marked unconfirmed (docs/sharing.md).
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tuner.core.errors import TunerError
@@ -52,7 +53,8 @@ class LineGroup:
     def n_accounts(self) -> int:
         return len(self.voices)
 
-    def add(self, m: Matched) -> None:
+    def add(self, m: Matched, figures: bool = True) -> None:
+        """``m`` among those who print this line; its speeds only where physics bounds them (``figures``)."""
         r = m.record
         voice = m.account or UNVERIFIED
         self.voices.setdefault(voice, []).append(r.record_id)
@@ -66,7 +68,7 @@ class LineGroup:
             if len(self.verdicts) < MAX_SHOWN:
                 _add_once(self.verdicts, shown(f"{v['a']} vs {v['b']}: {v['outcome']} ({v['ratio']:.2f}x, "
                                                f"{v['low']:.2f}-{v['high']:.2f} over {v['rounds']} rounds)", 300))
-        measured = r.line(r.data["printed"]["label"])
+        measured = r.line(r.data["printed"]["label"]) if figures else None
         if measured and measured["gen_tok_s"] is not None:
             self.gen_by_voice.setdefault(voice, []).append(measured["gen_tok_s"])
         if measured and measured["prompt_tok_s"] is not None:
@@ -104,14 +106,16 @@ def _median_of_voices(by_voice: dict[str, list[float]]) -> float | None:
     return statistics.median(per) if per else None
 
 
-def group(matched: Sequence[Matched]) -> dict[str, list[LineGroup]]:
+def group(matched: Sequence[Matched], unbounded: Collection[str] = ()) -> dict[str, list[LineGroup]]:
     """Engine commit → its printed lines: those more accounts agree on first, then by line (a tie is not decided
-    by what a record claims)."""
+    by what a record claims). The records named in ``unbounded`` (ids: nothing bounds their figures) count as
+    voices and show no figure."""
     out: dict[str, dict[str, LineGroup]] = {}
     for m in matched:
         printed = m.record.data["printed"]
         commit = shown(m.record.engine_label, 60)
-        out.setdefault(commit, {}).setdefault(printed["line"], LineGroup(printed["line"], printed["label"])).add(m)
+        out.setdefault(commit, {}).setdefault(printed["line"], LineGroup(printed["line"], printed["label"])).add(
+            m, figures=m.record.record_id not in unbounded)
     return {commit: sorted(lines.values(), key=lambda g: (-g.n_accounts, g.line)) for commit, lines in out.items()}
 
 
@@ -140,14 +144,20 @@ def model_bound(model: ModelQuery, options: HubOptions = DEFAULT_OPTIONS) -> phy
 
 @dataclass(frozen=True, slots=True)
 class Answer:
-    fetched: Fetched
+    fetched: Fetched  # what the pool read; its records those kept (within physics), its refusals every other
     matched: tuple[Matched, ...]  # those within physics
     refusals: Refusals  # the pool's, then the records whose figures break physics
     groups: dict[str, list[LineGroup]]
+    unbounded: frozenset[str] = frozenset()  # ids of the records kept whose figures nothing bounds (none shown)
 
     @property
     def skipped(self) -> tuple[str, ...]:
         return self.refusals.lines()
+
+    @property
+    def records_read(self) -> int:
+        """Every record the look-up took up: each one kept or counted under a refusal's reason."""
+        return self.fetched.records_read
 
 
 def lookup(repo_id: str, model: ModelQuery, card: CardQuery, options: HubOptions = DEFAULT_OPTIONS,
@@ -161,15 +171,20 @@ def lookup(repo_id: str, model: ModelQuery, card: CardQuery, options: HubOptions
         candidates = matching(got.records, model, card, got.accounts)
         refusals = got.refusals
         kept: list[Matched] = []
+        unbounded: dict[str, str] = {}  # record id → why nothing bounds its figures
         if candidates:
             bound = bound or model_bound(model, options)
             for m in candidates:
                 why = physics.refused(m, bound)
-                if why is None:
-                    kept.append(m)
-                else:
+                if why is not None:
                     refusals.refuse(refusal(m.record.record_id, why, "above physics"))
-            if bound.unknown is not None:
-                refusals.note(f"the model could not be read ({bound.unknown}): figures were bounded by each record's "
-                              "own size claim only")
-    return Answer(got, tuple(kept), refusals, group(kept))
+                    continue
+                kept.append(m)
+                loose = physics.unbounded(m, bound)
+                if loose is not None:
+                    unbounded[m.record.record_id] = loose
+            for why in dict.fromkeys(unbounded.values()):
+                n = sum(1 for w in unbounded.values() if w == why)
+                refusals.note(f"{why}: nothing bounds what {n:,} record(s) claim, so none of their figures is shown")
+    fetched = replace(got, records=tuple(m.record for m in kept))
+    return Answer(fetched, tuple(kept), refusals, group(kept, unbounded), frozenset(unbounded))

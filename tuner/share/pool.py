@@ -12,7 +12,8 @@ Two sources, both through the gate (:mod:`tuner.share.gate`):
   would choose), a name that is not 16 hex digits or a file listed above the gate's size never fetched.
 
 What is kept is bounded too: a record the caller does not want (``keep``) is dropped as soon as it is read, and the
-records kept hold at most :data:`MAX_KEPT_BYTES` of text; at most :data:`MAX_SHARD_ROWS` rows are taken in.
+records kept hold at most :data:`MAX_KEPT_BYTES` of text; at most :data:`MAX_SHARD_ROWS` rows are taken in. Every
+record read is kept or counted: refused by the gate, or passed over (:data:`OTHER`, :data:`TWICE`, :data:`PAST`).
 Everything within :data:`DEADLINE_S` seconds, each request within :data:`REQUEST_S` and :data:`MAX_RESPONSE_BYTES`
 (:func:`tuner.hub.client.bounded`), whatever the server does. What is not read is said in one line; refusals are
 counted (:mod:`tuner.share.refusals`); who uploaded each record is read from the Hub (:mod:`tuner.share.accounts`).
@@ -47,6 +48,10 @@ DEADLINE_S = 60.0
 REQUEST_S = 30.0  # one request, start to end
 MAX_RESPONSE_BYTES = 48 * 2**20  # one response (a shard's record column of one row group is the largest)
 WORKERS = 8
+# Why a record read is passed over without fault (counted, never a line of its own: tuner.share.refusals).
+OTHER = "for another model or card"
+TWICE = "read twice"
+PAST = "past the look-up's bound"
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +94,12 @@ class Fetched:
         """What to tell the user: notes, the first refusals, then one line of counts (a bounded number of lines)."""
         return self.refusals.lines()
 
+    @property
+    def records_read(self) -> int:
+        """Records read (files downloaded and shard rows taken): each kept, or counted among the refusals, so this
+        is ``len(records) + refusals.count - refusals.unread``."""
+        return self.files_read + self.shard_rows_read
+
 
 @dataclass
 class _Reading:
@@ -113,20 +124,24 @@ class _Reading:
         return self.clock() > self.deadline
 
     def gate(self, raw: bytes, record_id: str, source: accounts.Source) -> bool:
-        if record_id in self.records:
-            return False  # the same record (content-addressed) consolidated and still in records/: read once
+        """Keep the record read as ``raw``, or count why not."""
+        if record_id in self.records:  # a shard's row twice (a records/ file already kept is never fetched)
+            self.refusals.pass_over(TWICE)
+            return False
         try:
             record = read_record(raw, record_id)
         except RecordError as exc:
             self.refusals.refuse(exc)
             return False
         if not self.keep(record):
+            self.refusals.pass_over(OTHER)
             return False
         if self.kept_bytes + len(raw) > self.bounds.kept_bytes:
             if not self.full:
                 self.refusals.note(f"records past the first {self.bounds.kept_bytes / 2**20:,.0f} MiB kept for this "
-                                   "look-up were not read")
+                                   "look-up were read and not kept")
             self.full = True
+            self.refusals.pass_over(PAST)
             return False
         self.kept_bytes += len(raw)
         self.records[record_id] = record
@@ -177,7 +192,7 @@ def _from_shards(reading: _Reading, query: PoolQuery) -> None:
         m = shards.PATH.fullmatch(f.path)
         if m is None:
             reading.refusals.add(f"shard {shown(f.path, 80)} skipped: a shard is shards/vram-<GiB>/<name>.parquet",
-                                 "bad name")
+                                 "bad name", read=False)
         elif query.vram_class_gib is None or int(m["gib"]) == query.vram_class_gib:
             wanted.append(f)
     if len(wanted) > MAX_SHARDS:
@@ -200,7 +215,7 @@ def _from_shards(reading: _Reading, query: PoolQuery) -> None:
         try:
             got = shards.read_rows(source, f.size_bytes, query.keys, query.sha_head, take, reading.late)
         except TunerError as exc:  # ShardError, and the Hub's errors
-            reading.refusals.add(f"shard {shown(f.path, 80)} skipped: {shown(exc, 200)}", "bad shard")
+            reading.refusals.add(f"shard {shown(f.path, 80)} skipped: {shown(exc, 200)}", "bad shard", read=False)
             continue
         finally:
             spent += source.bytes_read
@@ -225,10 +240,11 @@ def _from_files(reading: _Reading, rng: random.Random) -> None:
         m = RECORD_PATH.fullmatch(f.path)
         name = f.path.removeprefix(f"{FOLDER}/")
         if m is None:
-            reading.refusals.refuse(refusal(name, "a record file is records/<16 hex digits>.json", "bad name"))
+            reading.refusals.refuse(refusal(name, "a record file is records/<16 hex digits>.json", "bad name"),
+                                    read=False)
         elif f.size_bytes > MAX_RECORD_BYTES:  # never downloaded
             reading.refusals.refuse(refusal(m["id"], f"{f.size_bytes:,} bytes, more than the {MAX_RECORD_BYTES:,} a "
-                                                     "record may hold", "too large"))
+                                                     "record may hold", "too large"), read=False)
         elif m["id"] not in reading.records:
             todo.append(m["id"])
     rng.shuffle(todo)
@@ -256,7 +272,7 @@ def _from_files(reading: _Reading, rng: random.Random) -> None:
 
 def _gate_file(reading: _Reading, rid: str, got: bytes | str) -> None:
     if isinstance(got, str):
-        reading.refusals.refuse(refusal(rid, shown(got, 200), "download failed"))
+        reading.refusals.refuse(refusal(rid, shown(got, 200), "download failed"), read=False)
         return
     reading.files_read += 1
     reading.bytes_read += len(got)

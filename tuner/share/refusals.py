@@ -2,9 +2,12 @@
 
 A pool may hold any number of records, names or rows that fail the gate (one shard of 200,000 junk rows printed
 20,012 warning lines before). Each refusal is counted by its kind (the :class:`~tuner.core.errors.RecordError`'s
-``reason``); the first :data:`FIRST` are kept as lines, then one line gives the count by kind. Notes on what was not
-read at all (files past the sample, a listing cut short) are few by construction and always kept, up to
-:data:`MAX_NOTES`.
+``reason``); the first :data:`FIRST` are kept as lines, then one line gives the count by kind. A record read and
+passed over without fault (another model's, a copy read twice) is counted by its reason too, never as a line of its
+own: every record read is kept or counted here. Refusals of what was never read (a file's name, its listed size, a
+download, a whole shard) are counted apart as well (``unread``), so that records read = kept + :attr:`count` -
+``unread``. Notes on what was not read at all (files past the sample, a listing cut short) are few by construction
+and always kept, up to :data:`MAX_NOTES`.
 """
 
 from __future__ import annotations
@@ -23,18 +26,24 @@ class Refusals:
     first: list[str] = field(default_factory=list)
     by_reason: Counter[str] = field(default_factory=Counter)
     notes: list[str] = field(default_factory=list)
+    unread: int = 0  # refusals of what was never read as a record (a name, a size, a download, a shard)
 
     @property
     def count(self) -> int:
         return sum(self.by_reason.values())
 
-    def refuse(self, error: RecordError) -> None:
-        self.add(str(error), error.reason)
+    def refuse(self, error: RecordError, *, read: bool = True) -> None:
+        self.add(str(error), error.reason, read=read)
 
-    def add(self, line: str, reason: str) -> None:
+    def add(self, line: str, reason: str, *, read: bool = True) -> None:
         self.by_reason[reason] += 1
+        self.unread += not read
         if len(self.first) < FIRST:
             self.first.append(line)
+
+    def pass_over(self, reason: str) -> None:
+        """A record read and not kept, through no fault of its own: counted by ``reason``, no line."""
+        self.by_reason[reason] += 1
 
     def note(self, line: str) -> None:
         if len(self.notes) < MAX_NOTES:
@@ -46,7 +55,8 @@ class Refusals:
             return None
         kinds = ", ".join(f"{n:,} {reason}" for reason, n in sorted(self.by_reason.items(), key=lambda kv: (-kv[1],
                                                                                                           kv[0])))
-        return f"{self.count:,} shared records skipped in all ({kinds}); the first {len(self.first)} are above"
+        above = f"; the first {len(self.first)} are above" if self.first else ""
+        return f"{self.count:,} shared records skipped in all ({kinds}){above}"
 
     def lines(self) -> tuple[str, ...]:
         """The notes, the first refusals, then the summary: at most MAX_NOTES + FIRST + 1 lines."""

@@ -75,6 +75,6 @@ def seeds_from(repo_id: str, model: Path, hw: Hardware, options: HubOptions = DE
     if on_step:
         for line in answer.skipped:
             on_step(line)
-        on_step(f"--seed-from {repo_id}: {len(answer.matched)} of {len(answer.fetched.records)} shared records are "
+        on_step(f"--seed-from {repo_id}: {len(answer.matched)} of {answer.records_read:,} shared records read are "
                 f"for this model on this card or a sibling; {len(seeds)} distinct line(s) proposed as seeds")
     return seeds
