@@ -144,8 +144,9 @@ def test_the_load_mode_is_an_axis_where_a_gpu_copies_host_experts_and_ram_holds_
 
 
 def test_the_load_mode_is_no_axis_where_the_pinned_copy_would_page_or_nothing_is_copied(shape, info):
-    """Never where the pinned copy would leave under the 2 GiB margin (it cannot be paged out: the mapped default
-    stays, said), on a CPU-only machine, with --device none, or where the card holds every expert."""
+    """With a GPU: never where the pinned copy would leave under the 2 GiB margin (it cannot be paged out: the mapped
+    default stays, said), or where the card holds every expert. On the CPU alone the axis is residence (issue 61): a
+    resident copy is offered where it leaves the margin, and said either way."""
     roomy = space.build_space(shape, info, _fake_gpu_machine(64), ctx=32768, parallel=1, prompt_tokens=4096)
     # RAM that holds the mapped experts at the space's most host experts, but leaves the pinned copy 1 GiB (with
     # llama-server's prompt cache capped to nothing, as a line short of RAM would set it).
@@ -160,12 +161,20 @@ def test_the_load_mode_is_no_axis_where_the_pinned_copy_would_page_or_nothing_is
     mapped = replace(space.make_config(tight, {"n_cpu_moe": tight.n_cpu_moe[1]}), cache_ram_mib=0)
     assert space.check(info, mapped, tight_hw).feasible  # the mapped default holds there
     big = find_card("RTX 5090").hardware(64 * GIB, 64 * GIB, 89.6e9, 8, 0)
-    for sp in (space.build_space(shape, info, CPU_ONLY, ctx=8192, parallel=1, prompt_tokens=4096),
-               space.build_space(shape, info, _fake_gpu_machine(64), ctx=32768, parallel=1, prompt_tokens=4096,
-                                 device="none"),
-               space.build_space(shape, info, big, ctx=8192, parallel=1, prompt_tokens=512)):
-        assert sp.load_mode == ("mmap",) and all(c.mmap for c in space.iter_configs(sp))
-        assert not any("--load-mode" in n for n in sp.left_out)
+    on_card = space.build_space(shape, info, big, ctx=8192, parallel=1, prompt_tokens=512)
+    assert on_card.load_mode == ("mmap",) and all(c.mmap for c in space.iter_configs(on_card))
+    assert not any("--load-mode" in n for n in on_card.left_out)
+    # The CPU alone, 12 GiB free for a 21 GiB model: no resident copy, said; 64 GiB (--device none): searched, said.
+    cpu_tight = space.build_space(shape, info, CPU_ONLY, ctx=8192, parallel=1, prompt_tokens=4096)
+    assert cpu_tight.load_mode == ("mmap",) and all(c.mmap for c in space.iter_configs(cpu_tight))
+    assert any(n.startswith("--load-mode none not searched: a resident copy of the model (")
+               for n in cpu_tight.left_out)
+    cpu_roomy = space.build_space(shape, info, _fake_gpu_machine(64), ctx=32768, parallel=1, prompt_tokens=4096,
+                                  device="none")
+    assert cpu_roomy.load_mode == ("mmap", "none")
+    assert {c.mmap for c in space.iter_configs(cpu_roomy)} == {True, False}
+    assert any(n.startswith("--load-mode none vs mmap searched: a resident copy is never read back") for n in
+               cpu_roomy.left_out)
 
 
 def test_the_load_mode_check_and_fits_placement_follow_a_builds_own_host_need(engine_loc, tmp_path, monkeypatch):

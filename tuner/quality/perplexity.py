@@ -15,19 +15,18 @@ import hashlib
 import json
 import os
 import re
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from tuner.core.config import CacheType, FlashAttn, LaunchConfig
-from tuner.core.errors import DiskSpaceError, OutputCutError, QualityError, TextTooShortError, UsageError
+from tuner.core.errors import DiskSpaceError, QualityError, TextTooShortError, UsageError
 from tuner.engine import flags
 from tuner.machine import paths
 from tuner.machine.fileio import atomic_path, atomic_write, file_lock
-from tuner.quality import corpus, kld
+from tuner.quality import corpus, kld, ppl_run
 
 if TYPE_CHECKING:  # these load when a model is read or measured, not when a command names a default
     from tuner.engine import build
@@ -248,63 +247,6 @@ def _make_room(need_bytes: int, budget_bytes: int, keep: Path) -> None:
 # ------------------------------------------------------------------------------------------ measuring
 
 
-RUN_ATTEMPTS = 3
-T = TypeVar("T")
-
-
-HEARTBEAT_S = 60.0  # a run that prints nothing it can be followed by (writing reference logits) says it lives
-_CHUNK_ROW = re.compile(r"^\s*(\d+)\s+\d")  # a KL-divergence run's per-chunk row: "   3    18.2041 ± …"
-
-
-def _run(argv: list[str], parse: Callable[[str], T], timeout_s: float,
-         on_step: Callable[[str], None] | None = None, chunks: int | None = None) -> T:
-    """Run llama-perplexity and parse its figures; again when its last lines were lost at exit (see
-    :class:`~tuner.core.errors.OutputCutError`): the figures are deterministic, so a second run gives the same.
-    ``on_step`` hears each chunk a KL-divergence run finishes and, every :data:`HEARTBEAT_S`, that a run still goes."""
-    from tuner.engine import runner
-
-    def chunk_done(line: str) -> None:
-        row = _CHUNK_ROW.match(line)
-        if row and on_step:
-            on_step(f"  chunk {row.group(1)} of {chunks or '?'} priced")
-
-    for attempt in range(1, RUN_ATTEMPTS + 1):
-        with _heartbeat(on_step, chunks):
-            res = runner.run_process(
-                argv, timeout_s=timeout_s, what="llama-perplexity",
-                fix="check the model file and flags (MOE_TUNE_DEBUG=1 shows the full error)",
-                on_stdout=chunk_done if on_step else None,
-            )
-        try:
-            return parse(res.stdout + "\n" + res.stderr_tail)
-        except OutputCutError:
-            if attempt == RUN_ATTEMPTS:
-                raise
-    raise AssertionError("unreachable")
-
-
-@contextlib.contextmanager
-def _heartbeat(on_step: Callable[[str], None] | None, chunks: int | None) -> Iterator[None]:
-    """Say every :data:`HEARTBEAT_S` that llama-perplexity is still at work, until the block ends."""
-    if on_step is None:
-        yield
-        return
-    done = threading.Event()
-    start = time.monotonic()
-
-    def beat() -> None:
-        while not done.wait(HEARTBEAT_S):
-            on_step(f"  llama-perplexity at work for {time.monotonic() - start:,.0f} s ({chunks or '?'} chunks)")
-
-    t = threading.Thread(target=beat, daemon=True)
-    t.start()
-    try:
-        yield
-    finally:
-        done.set()
-        t.join(timeout=1)
-
-
 def _logits_path(loc: build.EngineLocation, reference: Path, text_sha256: str, ctx: int, chunks: int) -> Path:
     key = _key(ref=model_identity(reference), text=text_sha256, ctx=ctx, chunks=chunks, engine=engine_identity(loc))
     return logits_dir() / f"{key}.logits"
@@ -355,7 +297,8 @@ def reference_logits(
         with atomic_path(path) as tmp:
             argv = flags.perplexity_argv(loc.tool("llama-perplexity"), base_cfg, text_file=text_file, ctx=ctx,
                                          chunks=chunks, kld_base=tmp) + _file_log(loc)
-            figures = _run(argv, lambda out: kld.parse_perplexity(out, want_chunks=chunks), timeout_s, on_step, chunks)
+            figures = ppl_run.run(argv, lambda out: kld.parse_perplexity(out, want_chunks=chunks), timeout_s,
+                                  on_step, chunks)
             size = kld.check_logits_file(tmp, ctx=ctx, n_chunks=chunks, n_vocab=n_vocab)
         meta.write_text(json.dumps({"reference": str(reference), "ppl": figures.ppl, "ppl_error": figures.ppl_error,
                                     "ctx": ctx, "chunks": chunks, "text_sha256": text_sha256}))
@@ -457,7 +400,7 @@ def measure(
         if on_step:
             on_step(f"perplexity of {model.name} (no reference found: PPL only)")
         argv = flags.perplexity_argv(binary, cfg, text_file=text_file, ctx=ctx, chunks=chunks) + _file_log(loc)
-        ppl = _run(argv, lambda out: kld.parse_perplexity(out, want_chunks=chunks), timeout_s)
+        ppl = ppl_run.run(argv, lambda out: kld.parse_perplexity(out, want_chunks=chunks), timeout_s)
         result = replace(result, ppl=ppl.ppl, ppl_error=ppl.ppl_error, argv=tuple(argv))
     else:
         bare = LaunchConfig(model=reference, threads=threads, device=cfg.device, engine=_kind_name(base_loc))
@@ -475,7 +418,8 @@ def measure(
                 on_step(f"KL-divergence of {model.name} at KV {kv[0]}/{kv[1]} against {reference.name}")
             argv = flags.perplexity_argv(binary, cfg, text_file=text_file, ctx=ctx, chunks=chunks,
                                          kld_base=ref.path, kld=True) + _file_log(loc)
-            fig = _run(argv, lambda out: kld.parse_kld(out, want_chunks=chunks, ctx=ctx), timeout_s, on_step, chunks)
+            fig = ppl_run.run(argv, lambda out: kld.parse_kld(out, want_chunks=chunks, ctx=ctx), timeout_s,
+                              on_step, chunks)
             result = replace(result, ppl=fig.ppl, ppl_error=fig.ppl_error, kld_mean=fig.kld_mean,
                              kld_mean_error=fig.kld_mean_error, kld_p99=fig.kld_p99, same_top_pct=fig.same_top_pct,
                              same_top_pct_error=fig.same_top_pct_error, argv=tuple(argv),

@@ -31,7 +31,7 @@ from tuner.engine import build, flags
 from tuner.machine import hardware
 from tuner.machine.hardware import Hardware
 from tuner.quality import engine_price
-from tuner.search import autotune, decide
+from tuner.search import autotune, decide, study
 from tuner.versus import judge
 from tuner.versus.engines import (
     EngineChoice,
@@ -48,6 +48,9 @@ TuneFn = Callable[[autotune.TuneRequest, build.EngineLocation], autotune.TuneRes
 # Fresh rounds only: 3 at least (a verdict needs them), up to 5 while a line is undecided against the default.
 RACE_ROUNDS = decide.Rounds(min=3, max=5, select=0)
 CANDIDATES = 2  # each search's best configs kept (the race takes the best; the next is in the result)
+# llama-bench repetitions per search trial: the search only ranks candidates for the race, which decides; two give a
+# spread to judge a trial's noise by, and cost a third less than a single engine's three.
+SEARCH_REPETITIONS = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +100,9 @@ def tune_engines(req: autotune.TuneRequest, locs: Sequence[build.EngineLocation]
     plan = plan_words(req, locs, rounds)
     on_step(plan)
     run_one = tune or (lambda r, loc: autotune.auto_tune(r, loc, hw, on_step=on_step))
-    search_req = replace(req, search_only=True, price_kv_in_search=False, top_candidates=CANDIDATES, session=None)
+    measure = req.measure or study.Measure.for_workload(req.workload)
+    search_req = replace(req, search_only=True, price_kv_in_search=False, top_candidates=CANDIDATES, session=None,
+                         measure=replace(measure, repetitions=min(measure.repetitions, SEARCH_REPETITIONS)))
     tunes: list[EngineTune] = []
     for i, loc in enumerate(locs):
         caps = build.capabilities(loc)
