@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 from tuner.core.config import CacheType, FlashAttn, LaunchConfig
 from tuner.core.machine_spec import Hardware
@@ -192,18 +193,40 @@ def _end(holds: Callable[[tuple[int, int]], bool], replay: Over, decided: Over |
     return guess if decided is None else _settle(lambda n: holds(decided(n)), guess, last)
 
 
-def placed_by_fit(model: ModelInfo, cfg: LaunchConfig, hw: Hardware, price: Price | None = None) -> LaunchConfig:
-    """``cfg`` as llama.cpp's ``--fit`` (on by default) places it where the line leaves the placement open (no
-    ``--n-cpu-moe``, no ``-ngl``): the card keeps everything it can within the 1 GiB margin of the VRAM free at
-    start (not of a ``--vram-budget``: fit does not know it), the rest of the experts (layers, for a dense model) go
-    to the host. Priced as written, such a line reads as every weight on the card: lease 2's default lines read 2 %
-    of that ceiling. For a bound, one step fewer than the fewest that fit whole: fit may keep the up and gate
-    matrices of one more layer on the card (common/fit.cpp, LAYER_FRACTION_UP/GATE).
+class DefaultPlacement(Protocol):
+    """How an engine places a line that leaves the placement open (:class:`tuner.engine.kinds.EngineKind` answers;
+    this pure module asks it as given)."""
+
+    @property
+    def fits_by_default(self) -> bool: ...
+
+    @property
+    def offloads_by_default(self) -> bool: ...
+
+
+def placed_by_fit(model: ModelInfo, cfg: LaunchConfig, hw: Hardware, price: Price | None = None,
+                  engine: DefaultPlacement | None = None) -> LaunchConfig:
+    """``cfg`` as its engine places it where the line leaves the placement open. llama.cpp (``engine`` None, or one
+    that fits by default) places a line with no ``--n-cpu-moe`` and no ``-ngl`` by its ``--fit`` (on by default):
+    the card keeps everything it can within the 1 GiB margin of the VRAM free at start (not of a ``--vram-budget``:
+    fit does not know it), the rest of the experts (layers, for a dense model) go to the host. Priced as written,
+    such a line reads as every weight on the card: lease 2's default lines read 2 % of that ceiling. For a bound, one
+    step fewer than the fewest that fit whole: fit may keep the up and gate matrices of one more layer on the card
+    (common/fit.cpp, LAYER_FRACTION_UP/GATE).
 
     Fit sizes the devices alone (``common_params_fit_impl`` fits each device to its own free memory and never asks
     the host's), so host RAM moves nothing here; the card's need is ``price``'s where one is given (the engine's own
-    projection), the replay making the first guess."""
-    if not hw.has_gpu or cfg.device == "none" or cfg.n_cpu_moe is not None or cfg.n_gpu_layers is not None:
+    projection), the replay making the first guess.
+
+    An engine with no fit of its own places a line with no ``-ngl`` at its default layer count whatever
+    ``--n-cpu-moe`` says: every layer on the host where it does not offload by default (ik_llama.cpp,
+    ``llama_model_default_params``: ``n_gpu_layers`` 0), every layer on the card where it does."""
+    if not hw.has_gpu or cfg.device == "none":
+        return cfg
+    if engine is not None and not engine.fits_by_default:
+        keeps = cfg.n_gpu_layers is not None or engine.offloads_by_default
+        return cfg if keeps else replace(cfg, n_gpu_layers=0)
+    if cfg.n_cpu_moe is not None or cfg.n_gpu_layers is not None:
         return cfg
     axis = offload_of(model)
     replay, decided = _overs_by(model, cfg, replace(hw, vram_budget_override_bytes=None), FIT_MARGIN_BYTES, price)

@@ -16,7 +16,6 @@ from typing import Any
 
 from tuner.core.config import LaunchConfig
 from tuner.core.stats import cv_pct
-from tuner.engine import flags
 from tuner.engine.build import Capabilities, EngineLocation
 from tuner.machine.sampler import PagingKind
 from tuner.measure import bench, failures
@@ -35,7 +34,7 @@ from tuner.search.known_good import (  # noqa: F401 - re-exported: callers know 
     seed_configs,
 )
 from tuner.search.verdict import BETTER, UNDECIDED, WORSE, Verdict, compare, compare_quiet
-from tuner.search.watched_round import watched_round
+from tuner.search.watched_round import shown_line, watched_round
 
 
 def vram_growth_bytes(peak_bytes: int | None, baseline_bytes: int | None) -> int | None:
@@ -135,7 +134,7 @@ def summarize(label: str, cfg: LaunchConfig, runs: Sequence[bench.ServerTrial | 
     """An arm's rounds as one measurement: medians over rounds, the per-round scores kept for the verdict."""
     from tuner.search.study import config_to_dict
 
-    line = flags.launch_line(cfg)
+    line = shown_line(cfg)
     ok = [t for t in runs if isinstance(t, bench.ServerTrial)]
     quality: dict[str, Any] = {"kld_mean": kld.kld_mean, "same_top_pct": kld.same_top_pct} if kld else {}
     quality["interference"] = list(noise)
@@ -444,7 +443,7 @@ def finish(loc: EngineLocation, candidates: Sequence[tuple[int, LaunchConfig]],
     def measure(label: str, r: int, phase: str) -> decide.Obs:
         cfg = by_label[label][0]
         if on_step:
-            on_step(f"round {r} ({phase}): llama-server {label} ({flags.launch_line(cfg)})")
+            on_step(f"round {r} ({phase}): llama-server {label} ({shown_line(cfg)})")
         got = watched_round(cfg, label, f"round {r}", lambda: bench.run_server_trial(
             loc, cfg, replace(sent, concurrency=cfg.parallel or 1), log_dir=log_dir, caps=caps,
             roofline_tok_s=_ceiling(roofline_of, cfg)[0], vram_budget_bytes=vram_budget_bytes), on_step)

@@ -5,6 +5,8 @@ budget made explicit (``fit``, from ``llama-fit-params``), and the memory model'
 Both of llama.cpp's arms keep both budgets (:func:`own_choice`): each carries the ``--cache-ram`` its placement
 leaves room for (:mod:`tuner.search.cache_ram`), and the bare launch, which ``--fit`` fills to all the free VRAM,
 carries ``-fitt`` from the VRAM budget wherever that budget holds free VRAM back (the session stage measures it).
+An engine that does not fit the card by itself (ik_llama.cpp: ``EngineKind.fits_by_default``) has no ``-fitt`` and
+no ``fit`` arm: its bare launch is its own placement under any budget, measured like every arm.
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ from tuner.core.errors import TunerError
 from tuner.core.model import ModelInfo
 from tuner.engine import flags, runner
 from tuner.engine.build import EngineLocation
+from tuner.engine.kinds import kind_by_name
 from tuner.machine import hardware
 from tuner.machine.hardware import Hardware
+from tuner.plan.placement import placed_by_fit
 from tuner.search import cache_ram, engine_axes, space
 
 FIT_MARGIN_MIB = 1024  # llama.cpp's default -fitt
@@ -61,20 +65,28 @@ def default_config(sp: space.SearchSpace) -> LaunchConfig:
 def bounded_default(sp: space.SearchSpace, hw: Hardware, vram_margin_mib: float | None = None) -> LaunchConfig:
     """The bare launch told what to leave free: ``-fitt`` from the budget where it holds back free VRAM or asks a
     wider margin than --fit's own (common/fit.cpp fits each device until its projected free memory is at least the
-    target), so --fit fills the budget, not the card; else the bare launch itself."""
+    target), so --fit fills the budget, not the card; else the bare launch itself. An engine that does not fit by
+    default (ik_llama.cpp, whose dialect refuses -fitt) always gets its bare launch: it fills nothing by itself."""
     target = fit_target_mib(hw, vram_margin_mib)
     bare = default_config(sp)
-    return replace(bare, fit_target_mib=target) if hw.has_gpu and target > FIT_MARGIN_MIB else bare
+    fits = kind_by_name(sp.engine).fits_by_default
+    return replace(bare, fit_target_mib=target) if fits and hw.has_gpu and target > FIT_MARGIN_MIB else bare
 
 
 def own_choice(sp: space.SearchSpace, info: ModelInfo, hw: Hardware, fit: LaunchConfig | None,
                vram_margin_mib: float | None = None) -> tuple[LaunchConfig, LaunchConfig | None]:
     """llama.cpp's own launch within the budget (:func:`bounded_default`) and --fit's placement, each with the
     --cache-ram its placement needs: the bare launch priced where --fit puts it (without llama-fit-params, at the
-    most host weights the space tries)."""
+    most host weights the space tries; an engine that does not fit by default, where it places the line itself)."""
     bare = bounded_default(sp, hw, vram_margin_mib)
-    at = fit if fit is not None else replace(bare, n_cpu_moe=sp.n_cpu_moe[1] if sp.n_cpu_moe else None,
-                                             n_gpu_layers=sp.n_gpu_layers[0] if sp.n_gpu_layers else None)
+    kind = kind_by_name(sp.engine)
+    if fit is not None:
+        at = fit
+    elif kind.fits_by_default:
+        at = replace(bare, n_cpu_moe=sp.n_cpu_moe[1] if sp.n_cpu_moe else None,
+                     n_gpu_layers=sp.n_gpu_layers[0] if sp.n_gpu_layers else None)
+    else:
+        at = placed_by_fit(info, bare, hw, engine=kind)
     return cache_ram.with_cap(info, bare, hw, at), cache_ram.with_cap(info, fit, hw) if fit is not None else None
 
 
@@ -88,9 +100,13 @@ def baseline_configs(sp: space.SearchSpace, hw: Hardware, fit: LaunchConfig | No
     ``common_params_fit_impl``: the margin is per device, the free memory is what the device reports). Under a
     budget that holds back free VRAM or a wider margin (``fit_target_mib`` above the default), it would fill the VRAM
     the user kept out, so it is not an arm: llama.cpp's choice under that budget is ``fit``, and ``fit`` is the
-    reference (:attr:`Finish.reference`). ``default``: the bare launch as measured (:func:`own_choice`)."""
+    reference (:attr:`Finish.reference`). ``default``: the bare launch as measured (:func:`own_choice`).
+
+    An engine that does not fit the card by itself (ik_llama.cpp: nothing on the GPU unless -ngl) fills none of the
+    VRAM the budget keeps out: its bare launch is its own choice under any budget, an arm like the others (one whose
+    own VRAM breaks the budget is never printed, and the finish says so)."""
     default = default or default_config(sp)
-    within = fit_target_mib(hw, vram_margin_mib) <= FIT_MARGIN_MIB
+    within = not kind_by_name(sp.engine).fits_by_default or fit_target_mib(hw, vram_margin_mib) <= FIT_MARGIN_MIB
     arms = [("default", default)] if within else []
     if fit is not None and (fit != default or not within):
         arms.append(("fit", fit))

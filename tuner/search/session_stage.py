@@ -11,9 +11,10 @@ measured again beside the base and the defaults in fresh rounds. Arms the memory
 cache, more checkpoints) are never launched.
 
 Both budgets hold here as in the finish: ``default`` is llama.cpp's bare launch told to leave what the VRAM budget
-holds back (``-fitt``, :func:`tuner.search.known_good.bounded_default`) with the ``--cache-ram`` its placement needs,
-and an arm whose own VRAM broke the budget in a round (sampled as the finish samples it), or that paged host RAM, is
-never printed nor ranked. Nor is one measured under a budget without its VRAM sampled in every round it ran: unknown
+holds back (``-fitt``, :func:`tuner.search.known_good.bounded_default`) with the ``--cache-ram`` its placement needs
+(an engine that does not fit the card by itself, ik_llama.cpp, runs its bare launch: its own placement), and an
+arm whose own VRAM broke the budget in a round (sampled as the finish samples it), or that paged host RAM, is never
+printed nor ranked. Nor is one measured under a budget without its VRAM sampled in every round it ran: unknown
 is its own verdict (:attr:`ArmSessions.vram_unknown`), never read as within the budget.
 """
 
@@ -27,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.core.config import LaunchConfig
-from tuner.core.errors import UsageError
+from tuner.core.errors import UnsupportedFlagError, UsageError
 from tuner.core.machine_spec import Hardware
 from tuner.engine import flags
 from tuner.engine.build import Capabilities, EngineLocation
@@ -39,7 +40,7 @@ from tuner.models.gguf_reader import ModelInfo
 from tuner.search import decide, levers, space
 from tuner.search.trials import config_to_dict
 from tuner.search.verdict import BETTER, WORSE, Verdict, compare_quiet
-from tuner.search.watched_round import watched_round
+from tuner.search.watched_round import shown_line, watched_round
 
 DEFAULT_ROUNDS = 3
 MIN_ROUNDS = 2  # with the one more an undecided verdict gets, the 3 a verdict needs (verdict.MIN_ROUNDS)
@@ -134,7 +135,7 @@ class ArmSessions:
         return None if i is None else self.results[i]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"label": self.label, "launch_line": flags.launch_line(self.config),
+        return {"label": self.label, "launch_line": shown_line(self.config),
                 "config": config_to_dict(self.config),
                 "median_session_s": self.median_session_s, "failure": self.failure,
                 "rounds": [None if r is None else r.to_dict() for r in self.results],
@@ -186,6 +187,11 @@ def stage_arms(default: LaunchConfig, tuned: LaunchConfig, info: ModelInfo, hw: 
     notes: dict[str, str] = {}
     for arm in space.reuse_arms(info, lambda s: flags.server_accepts(caps, s), tuned.parallel or 1):
         cfg = arm.apply(tuned)
+        try:  # a setting the line's engine does not read (ik: --cache-reuse) is no arm of its
+            flags.launch_line(cfg)
+        except UnsupportedFlagError as exc:
+            notes[arm.label] = f"not launched: {exc}"
+            continue
         if not space.reuse_fits(info, cfg, hw, vram_margin_mib):
             notes[arm.label] = "not launched: the memory model says it does not fit"
             continue
