@@ -42,8 +42,8 @@ def test_each_engine_is_searched_and_raced_and_the_printed_line_names_its_engine
     res, out = two_engines
     assert res.returncode == 0, res.stderr[-3000:]
     assert "plan: search ik_llama.cpp, llama.cpp (3 trials each); race up to 4 lines" in res.stderr
-    assert "engine 1 of 2: ik_llama.cpp ik-llama-cpp-python-0.1.5" in res.stderr
-    assert "engine 2 of 2: llama.cpp 0c1e57098" in res.stderr
+    assert "engine 1 of 2: ik_llama.cpp ik-llama-cpp-python-0.1.5 (cpu, the pinned build), its search" in res.stderr
+    assert "engine 2 of 2: llama.cpp 0c1e57098 (cpu, the pinned build), its search" in res.stderr
     assert "ik_llama.cpp's own levers searched: run_time_repack, fused_moe, merge_up_gate" in res.stderr
     assert "race: llama.cpp default, " in res.stderr
     results = [load_result(p) for p in out.glob("*/result.json")]

@@ -64,9 +64,7 @@ def _print(choice: EngineChoice, run: EnginesRun) -> None:
 
     versus = choice.versus
     table = Table(title="engines race" + (f" (by {versus.metric})" if versus else ""), box=box.SIMPLE_HEAD,
-                  padding=(0, 1), pad_edge=False, collapse_padding=True,
-                  caption="vs default: the ratio of scores to llama.cpp's default (higher is faster); KLD: the line's "
-                          "logits against llama.cpp's f16 ones, where priced")
+                  padding=(0, 1), pad_edge=False, collapse_padding=True)
     for col in ("line", "gen tok/s", "pp tok/s", "TTFT s", "session s", "vs default", "KLD"):
         table.add_column(col, justify="left" if col == "line" else "right", no_wrap=col == "line")
     verdicts = {v.a: v for v in choice.verdicts()}
@@ -87,6 +85,8 @@ def _print(choice: EngineChoice, run: EnginesRun) -> None:
             cells[0] += " (paged)"
         table.add_row(x.label, *cells)
     out.print(table)
+    say_fitted(out, "vs default: the median ratio of its score to llama.cpp's default, round by round (higher is "
+                    "faster); KLD: its logits against llama.cpp's f16 ones, where priced")
     for v in choice.verdicts():
         say_fitted(out, v.describe())
     for note in choice.refused:

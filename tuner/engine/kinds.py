@@ -89,6 +89,14 @@ class EngineKind:
     # Its levers that load the weights into the engine's own buffers, never a file mapping: ik's -rtr (its
     # common.cpp sets ``use_mmap = false`` with ``repack_tensors``). A line with one on keeps its model resident.
     unmapping_levers: tuple[str, ...] = ()
+    # Whether its logits are the reference every other engine's are priced against (llama.cpp's, the pin's).
+    numerics_reference: bool = False
+    # Whether its server reads ``--load-mode none|mmap|…`` (llama.cpp; ik_llama.cpp reads --no-mmap, and its -rtr
+    # loads without a mapping on its own): the search's load-mode axis.
+    reads_load_mode: bool = False
+    # Whether it reads llama.cpp's prompt-side levers for host experts beside a GPU: ``--no-op-offload`` and
+    # ``--no-host`` (tuner.search.levers); ik_llama.cpp's own (-no-ooae) is one of its levers.
+    host_buffer_levers: bool = False
 
     def maps_model(self, cfg: object) -> bool:
         """Whether a line (a LaunchConfig) runs its model from a file mapping: mmap on, and none of this kind's
@@ -114,7 +122,8 @@ class EngineKind:
 
 
 LLAMA_CPP = EngineKind("llama.cpp", "llama.cpp", PIN, "vendor/llama.cpp", LLAMA_TOOLS,
-                       aliases=("llama", "llamacpp", "mainline"))
+                       aliases=("llama", "llamacpp", "mainline"), numerics_reference=True,
+                       reads_load_mode=True, host_buffer_levers=True)
 IK_LLAMA = EngineKind(
     "ik_llama.cpp", "ik", IK_PIN, "vendor/ik_llama.cpp", IK_TOOLS,
     marks=("-rtr", "--run-time-repack", "-ser", "--smart-expert-reduction", "-amb", "--attention-max-batch"),
@@ -132,6 +141,7 @@ IK_LLAMA = EngineKind(
     unmapping_levers=("run_time_repack",),
 )
 KINDS = (LLAMA_CPP, IK_LLAMA)
+DEFAULT_KIND = LLAMA_CPP  # the engine a line, a space or a result runs on when it names none
 
 
 def kind_named(name: str) -> EngineKind:
@@ -155,7 +165,7 @@ def kinds_named(names: str | Sequence[str]) -> tuple[EngineKind, ...]:
 def kind_by_name(name: str | None) -> EngineKind:
     """The kind a config or a result names (``LaunchConfig.engine``, an ``engine`` block); llama.cpp when absent (a
     result written before a second engine existed)."""
-    return kind_named(name) if name else LLAMA_CPP
+    return kind_named(name) if name else DEFAULT_KIND
 
 
 def kind_of_flags(flags: Mapping[str, Sequence[str]]) -> EngineKind:

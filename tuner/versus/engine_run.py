@@ -106,7 +106,7 @@ def tune_engines(req: autotune.TuneRequest, locs: Sequence[build.EngineLocation]
     tunes: list[EngineTune] = []
     for i, loc in enumerate(locs):
         caps = build.capabilities(loc)
-        on_step(f"engine {i + 1} of {len(locs)}: {caps.identity.describe()} at {loc.bin_dir}: its search")
+        on_step(f"engine {i + 1} of {len(locs)}: {caps.identity.describe()}, its search ({loc.bin_dir})")
         t0 = time.monotonic()
         try:
             res = run_one(search_req, loc)

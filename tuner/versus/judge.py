@@ -247,7 +247,8 @@ def head_to_head(loc: EngineLocation, lines: Sequence[tuple[str, LaunchConfig]],
         cfg = configs[label]
         phase = SELECT if r <= n_select else CONFIRM
         if on_step:
-            on_step(f"round {r} ({phase}): {label} ({flags.launch_line(cfg)})")
+            which = f"round {r} ({phase})" if n_select else f"round {r} of {rounds.min}-{max(rounds.min, rounds.max)}"
+            on_step(f"{which}: {label} ({flags.launch_line(cfg)})")
         where, its_caps = (engines or {}).get(label, (loc, caps))
         w = watched_round(cfg, label, f"round {r}",
                           lambda: _trial(where, cfg, sent, makers, session, log_dir / f"round{r}", its_caps), on_step)
