@@ -114,7 +114,7 @@ def bench_config(loc: EngineLocation, cfg: LaunchConfig, load: Workload, *, dept
     info = inspect_model(cfg.model)
     # A line that leaves placement to --fit, placed as the engine's own projection says fit would place it.
     price = engine_memory.in_force() or engine_memory.EngineMemory(loc, caps.identity)
-    roof = roofline.roofline(info, placed_by_fit(info, cfg, hw, price), hw, depth_tokens=depth)
+    roof = roofline.roofline(info, placed_by_fit(info, cfg, hw, price, engine=caps.kind), hw, depth_tokens=depth)
     trial = None
     if server and load.kind is WorkloadKind.AGENT and session is not None:
         many = len(session) if isinstance(session, (list, tuple)) else 1

@@ -284,7 +284,7 @@ def _auto_tune(req: TuneRequest, loc: build.EngineLocation, hw: Hardware, mem: E
         # A line that leaves placement to llama.cpp's --fit is priced as fit places it, not as every weight on the card,
         # by the engine's own projection of the card's need.
         if cfg not in roofs:
-            roofs[cfg] = roofline(info, placed_by_fit(info, cfg, hw, engine_memory.in_force()), hw)
+            roofs[cfg] = roofline(info, placed_by_fit(info, cfg, hw, engine_memory.in_force(), engine=caps.kind), hw)
         return roofs[cfg]
 
     done = finish.finish(loc, [(rec.number, cfg) for rec, cfg in top], baselines, req.workload,

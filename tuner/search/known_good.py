@@ -146,6 +146,11 @@ def seed_configs(sp: space.SearchSpace, info: ModelInfo, hw: Hardware, fit: Laun
     if promising:  # the engine's own levers where they were measured to pay (tuner.search.engine_axes)
         base = guess or seeds[0][1]
         seeds.append(("engine-levers", space.make_config(sp, {**space.params_of(sp, base), **promising})))
+    if "none" in sp.load_mode and not (hw.has_gpu and sp.device != "none"):
+        # On the CPU alone a resident copy is what keeps a model off the disk when other work takes the page cache
+        # (tuner.search.levers); another engine's line that loads its weights into RAM (ik's -rtr) races this one.
+        base = guess or seeds[0][1]
+        seeds.append(("resident", space.make_config(sp, {**space.params_of(sp, base), "load_mode": "none"})))
     out: list[tuple[str, LaunchConfig]] = []
     for label, cfg in seeds:
         if all(cfg != c for _, c in out):
