@@ -34,6 +34,7 @@ processes, with the children they reaped, instead of read machine-wide).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import threading
@@ -41,6 +42,7 @@ import time
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
+from pathlib import Path
 
 import psutil
 
@@ -403,6 +405,28 @@ def _grown(base: dict[int, int], now: dict[int, tuple[str, int]]) -> list[str]:
     return out
 
 
+BOOKS_LOG_ENV = "MOE_TUNE_BOOKS_LOG"  # a file: each look's page-ins, whose they were, and its verdict (diagnosis)
+
+
+def _log_books(path: Path, a: books.Look, b: books.Look, elapsed_s: float, ledger: books.Books) -> None:
+    """One JSON line per look: the machine's page-ins beside ours and each other process's, the memory stall and what
+    the books made of it (MOE_TUNE_BOOKS_LOG; how issue 61's "others page in" on a quiet machine was traced)."""
+    mib = pressure.PAGE_BYTES / 2**20
+    theirs = {pid: n[0] - a.others_traffic[pid][0] for pid, n in b.others_traffic.items()
+              if pid in a.others_traffic and n[0] > a.others_traffic[pid][0]}
+    ours = sum(max(0, n[0] - a.ours_traffic.get(pid, (0, 0))[0]) for pid, n in b.ours_traffic.items())
+    gone = [pid for pid in a.ours_traffic if pid not in b.ours_traffic]
+    row = {"t": round(time.time(), 2), "window_s": round(elapsed_s, 3),
+           "machine_page_ins_mib": round((pressure.machine_page_ins(b.vm) - pressure.machine_page_ins(a.vm)) * mib, 1),
+           "ours_mib": round(ours * mib, 1), "ours_gone": gone,
+           "others_mib": {f"{b.others[pid].name if pid in b.others else '?'}:{pid}": round(n * mib, 1)
+                          for pid, n in theirs.items()},
+           "memory_stall_pct": round((b.psi["memory"][0] - a.psi["memory"][0]) / 1e4 / elapsed_s, 1)
+           if a.psi and b.psi else None, "memory_verdict": ledger.memory}
+    with contextlib.suppress(OSError), path.open("a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
 def observe(own: Collection[int] | Callable[[], Collection[int]] = (), interval_s: float = 0.5, nvml: object = None,
             wait: Callable[[float], object] = time.sleep, *, gpu: bool = True, threads: int | None = None,
             vram_base: dict[int, int] | None = None) -> Interference:
@@ -428,6 +452,8 @@ def observe(own: Collection[int] | Callable[[], Collection[int]] = (), interval_
     elapsed = time.monotonic() - t0
     others = second.others
     ledger = books.account(first.look, second.look, elapsed)
+    if os.environ.get(BOOKS_LOG_ENV):
+        _log_books(Path(os.environ[BOOKS_LOG_ENV]), first.look, second.look, elapsed, ledger)
     used = ledger.used
     limit = cpu_limit_cores(threads)
     # An engine is a rival while it works, not while it idles (its CPU time is exact, whatever else runs).
