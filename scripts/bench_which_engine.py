@@ -63,9 +63,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("model", type=Path)
     ap.add_argument("--out", type=Path, required=True, help="the JSON to write (its .log beside it)")
-    ap.add_argument("args", nargs=argparse.REMAINDER, help="after --: auto-tune's own options")
-    a = ap.parse_args()
-    extra = [x for x in a.args if x != "--"]
+    argv = sys.argv[1:]
+    cut = argv.index("--") if "--" in argv else len(argv)
+    a = ap.parse_args(argv[:cut])
+    extra = argv[cut + 1:]  # after --: auto-tune's own options
     a.out.parent.mkdir(parents=True, exist_ok=True)
     results = a.out.with_suffix("")  # the run's own results folder, beside the JSON
     argv = [str(ROOT / ".venv" / "bin" / "moe-tune"), "auto-tune", str(a.model), "--json", "--results-dir",

@@ -157,8 +157,9 @@ def auto_tune_cmd(
     shown: set[str] = set()  # launch lines the steps already showed whole
 
     def say(msg: str) -> None:
-        if not as_json:
-            say_fitted(err, msg, shown)
+        # Steps go to stderr whatever the output: with --json the JSON alone is on stdout, and a run of an hour is
+        # followed by its steps all the same.
+        say_fitted(err, msg, shown)
 
     load = workload.preset(workload_kind, n_prompt, n_gen, depth_tokens=depth)
     sessions = _sessions(workload_kind, session_file, depth, n_gen, session_rounds, parallel or 1, say)
