@@ -13,6 +13,7 @@ import pytest
 from tuner.core.config import LaunchConfig
 from tuner.measure.workload import Workload, WorkloadKind
 from tuner.search import finish, verdict
+from tuner.search.verdict import BETTER, UNDECIDED, Verdict
 
 
 def test_t_quantiles_and_the_interval():
@@ -111,3 +112,17 @@ def test_a_noisy_arm_is_measured_again_and_left_undecided(engine_loc, demo_model
         assert "busy machine left out" in v.describe() or "every round was measured on a busy machine" in v.describe()
     else:
         assert v.noise_pct > 5 and "noise" in v.describe()
+
+
+def test_an_undecided_pair_is_hopeless_when_the_rounds_left_cannot_narrow_its_interval_past_one():
+    from tuner.search.verdict import decidable
+
+    # A 1.105x median ratio (log 0.1 at the interval's centre) over 4 rounds at 10 % round-to-round noise. After n
+    # rounds the 99 % half-width is t995(n-1) * 0.1 / sqrt(n): at 10 rounds 3.250 * 0.1 / 3.162 = 0.1028 (still holds
+    # 1), at 11 rounds 3.169 * 0.1 / 3.317 = 0.0955 (excludes it). Figures from Student's t table.
+    half4 = 5.841 * 0.1 / 2
+    v = Verdict("a", "b", 4, 1.105, math.exp(0.1 - half4), math.exp(0.1 + half4), 10.0, UNDECIDED)
+    assert not decidable(v, 6)
+    assert decidable(v, 7)
+    assert not decidable(replace(v, outcome=BETTER), 7)  # decided already: nothing to spend rounds on
+    assert decidable(replace(v, rounds=1, noise_pct=math.nan), 1)  # too few rounds to know the noise

@@ -165,11 +165,14 @@ def test_without_a_race_the_default_stays():
     assert choose(_lines([IK_TUNED]), None)[0] is None
 
 
-@pytest.mark.parametrize(("scores", "done"), [
-    ({REFERENCE: STEADY, IK_TUNED: FAST, LLAMA_TUNED: STEADY[::-1]}, False),  # llama tuned vs default undecided
-    ({REFERENCE: STEADY, IK_TUNED: FAST, IK_DEFAULT: FASTER}, True),  # all decided, the winners between them too
-    ({REFERENCE: STEADY, IK_TUNED: FAST, IK_DEFAULT: (1.72, 1.69, 1.80, 1.66)}, False),  # winners undecided
+@pytest.mark.parametrize(("scores", "max_rounds", "done"), [
+    # llama.cpp tuned is undecided against the printed ik line and as noisy as it is, one round more would not decide
+    # it: hopeless within 5 rounds; with 20 it could be decided, so the race goes on
+    ({REFERENCE: STEADY, IK_TUNED: FAST, LLAMA_TUNED: NOISY}, 5, True),
+    ({REFERENCE: STEADY, IK_TUNED: FAST, LLAMA_TUNED: NOISY}, 20, False),
+    ({REFERENCE: STEADY, IK_TUNED: FAST, IK_DEFAULT: FASTER}, 5, True),  # every line decided against the answer
+    ({REFERENCE: STEADY, LLAMA_TUNED: STEADY[::-1], IK_TUNED: FAST}, 20, True),  # decided slower than ik: no rival
 ])
-def test_the_race_stops_once_nothing_more_rounds_could_change(scores, done):
+def test_the_race_stops_once_more_rounds_could_not_change_the_printed_line(scores, max_rounds, done):
     lines = _lines(list(scores))
-    assert settled(lines)(_race(scores)) is done
+    assert settled(lines, max_rounds)(_race(scores)) is done

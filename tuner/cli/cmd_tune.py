@@ -136,7 +136,6 @@ def auto_tune_cmd(
     """
     from tuner.cli.cmd_frontier import run as run_frontier
     from tuner.engine import build, tokenizer
-    from tuner.engine.kinds import LLAMA_CPP
     from tuner.machine import hardware
     from tuner.measure import session
     from tuner.models import demo
@@ -180,7 +179,7 @@ def auto_tune_cmd(
     loc = locs[0]
     if len(locs) > 1 and (frontier or speculate or draft or prompts):
         raise UsageError("--frontier and --speculation tune one engine: add --engines llama.cpp (or ik)")
-    if (frontier or speculate or draft or prompts) and build.capabilities(loc).kind is not LLAMA_CPP:
+    if (frontier or speculate or draft or prompts) and "frontier" not in build.capabilities(loc).kind.stages:
         raise UsageError(f"--frontier and --speculation are measured on llama.cpp only, not "
                          f"{build.capabilities(loc).kind.name}: add --engines llama.cpp")
     if sessions is not None and sessions.session_file is None and path is not None and tokenizer.available(loc):
@@ -224,7 +223,7 @@ def auto_tune_cmd(
     chosen = " (chosen by agent session time)" if study_report.deciding_session(result.result) else ""
     named = study_report.launch_line(result.result)
     kind = study_report.engine_of(result.result)
-    if kind is not LLAMA_CPP:
+    if not kind.server_on_path:
         chosen += f" ({kind.name}: its own llama-server, by path)"
     if result.result.engine_price:
         say_fitted(out, f"engine price: {result.result.engine_price['note']}")

@@ -97,6 +97,11 @@ class EngineKind:
     # Whether it reads llama.cpp's prompt-side levers for host experts beside a GPU: ``--no-op-offload`` and
     # ``--no-host`` (tuner.search.levers); ik_llama.cpp's own (-no-ooae) is one of its levers.
     host_buffer_levers: bool = False
+    # Whether users run its server as plain ``llama-server`` (on PATH, in its container images, behind its router): a
+    # printed line names it so; another engine's line names its server by the path of the build that was measured.
+    server_on_path: bool = False
+    # The stages beyond the single winner measured with it (auto-tune --frontier, --speculation).
+    stages: tuple[str, ...] = ()
 
     def maps_model(self, cfg: object) -> bool:
         """Whether a line (a LaunchConfig) runs its model from a file mapping: mmap on, and none of this kind's
@@ -123,7 +128,8 @@ class EngineKind:
 
 LLAMA_CPP = EngineKind("llama.cpp", "llama.cpp", PIN, "vendor/llama.cpp", LLAMA_TOOLS,
                        aliases=("llama", "llamacpp", "mainline"), numerics_reference=True,
-                       reads_load_mode=True, host_buffer_levers=True)
+                       reads_load_mode=True, host_buffer_levers=True, server_on_path=True,
+                       stages=("frontier", "speculation"))
 IK_LLAMA = EngineKind(
     "ik_llama.cpp", "ik", IK_PIN, "vendor/ik_llama.cpp", IK_TOOLS,
     marks=("-rtr", "--run-time-repack", "-ser", "--smart-expert-reduction", "-amb", "--attention-max-batch"),

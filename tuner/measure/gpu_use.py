@@ -24,6 +24,7 @@ from tuner.core.config import LaunchConfig
 from tuner.core.errors import CpuFallbackError
 from tuner.core.machine_spec import Hardware
 from tuner.engine import breakdown, build, runner
+from tuner.engine.kinds import kind_by_name
 from tuner.machine import hardware
 
 CPU_DEVICE = "none"  # --device none: the CPU on purpose
@@ -117,9 +118,12 @@ def check_bench(gpu_info: str | None, stderr_tail: str, cfg: LaunchConfig | None
 
 
 def check_server(log: str, cfg: LaunchConfig) -> None:
-    """Stop when llama-server placed no buffer on a GPU while one is expected (``-ngl 0`` asks for that)."""
+    """Stop when llama-server placed no buffer on a GPU while one is expected (``-ngl 0`` asks for that, and so does
+    an engine's bare launch where it offloads nothing unless told: ik_llama.cpp's, ``offloads_by_default``)."""
     exp = _current
     if exp.gpu_name is None or cfg.device == CPU_DEVICE or cfg.n_gpu_layers == 0:
+        return
+    if cfg.n_gpu_layers is None and not kind_by_name(cfg.engine).offloads_by_default:
         return
     if placed_on_gpu(log):
         return

@@ -21,7 +21,7 @@ from tuner.core.config import LaunchConfig
 from tuner.core.errors import UsageError
 from tuner.engine import flags
 from tuner.engine import serve as served
-from tuner.engine.kinds import LLAMA_CPP, kind_by_name
+from tuner.engine.kinds import kind_by_name
 
 FORMATS = ("shell", "llama-swap", "systemd", "compose", "preset", "json")
 # Formats that run llama.cpp itself, whatever engine measured the line: the official image, the router's presets.
@@ -63,7 +63,7 @@ def line_env(environ: Mapping[str, str]) -> dict[str, str]:
 def render(line: Line, fmt: str, *, host: str | None = None, port: int | None = None,
            binary: str = "llama-server", env: Mapping[str, str] | None = None) -> Rendered:
     kind = kind_by_name(line.config.engine)
-    if fmt in LLAMA_CPP_ONLY and kind is not LLAMA_CPP:
+    if fmt in LLAMA_CPP_ONLY and not kind.server_on_path:
         raise UsageError(f"--format {fmt} runs llama.cpp's own {LLAMA_CPP_ONLY[fmt]}, not {kind.name}, whose line this "
                          f"is: use --format shell, systemd or llama-swap (they run {kind.name}'s llama-server by its "
                          "path)")

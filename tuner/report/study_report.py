@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 from tuner.core.errors import TunerError, UsageError
 from tuner.engine import build, flags
 from tuner.engine.identity import EngineIdentity, replay_note
-from tuner.engine.kinds import LLAMA_CPP, EngineKind, kind_by_name
+from tuner.engine.kinds import EngineKind, kind_by_name
 from tuner.machine.fileio import atomic_write
 from tuner.report import deploy
 from tuner.search import dedup
@@ -155,7 +155,7 @@ def binary_for(result: StudyResult, rank: int = 1, llama_cpp_dir: Path | None = 
     another engine, whose server has the same name, the absolute path of that engine's build here (the one the
     result was measured with when it is still there), so the line runs the engine that was measured."""
     kind = engine_of(result, rank)
-    if kind is LLAMA_CPP:
+    if kind.server_on_path:
         return "llama-server"
     measured = Path(str((result.engine or {}).get("bin_dir", ""))) / "llama-server"
     try:

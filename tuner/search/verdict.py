@@ -118,3 +118,17 @@ def compare(a: str, b: str, a_scores: Sequence[float | None], b_scores: Sequence
         outcome = UNDECIDED
     noise = 100 * sd if n > 1 else math.nan
     return Verdict(a, b, n, statistics.median(ratios), low, high, noise, outcome)
+
+
+def decidable(v: Verdict, more_rounds: int) -> bool:
+    """Could ``more_rounds`` more rounds decide an undecided pair, were they as noisy as its rounds so far? The
+    interval's half-width shrinks with the rounds' count (Student's t and the square root); where even that narrower
+    interval would still hold 1, more rounds are spent for nothing: the pair is hopeless within the budget. Too few
+    rounds to know the noise: decidable."""
+    if v.outcome != UNDECIDED or more_rounds <= 0:
+        return False
+    if v.rounds < 2 or not math.isfinite(v.noise_pct) or v.low <= 0 or not math.isfinite(v.high):
+        return True
+    center = (math.log(v.low) + math.log(v.high)) / 2
+    n = v.rounds + more_rounds
+    return abs(center) > t995(n - 1) * (v.noise_pct / 100) / math.sqrt(n)

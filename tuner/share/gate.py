@@ -39,7 +39,7 @@ from tuner.core.config import LaunchConfig
 from tuner.core.errors import RecordError, UnsupportedFlagError, UsageError
 from tuner.engine import flags
 from tuner.engine.flags import dialect
-from tuner.engine.kinds import KINDS, LLAMA_CPP, EngineKind, kind_by_name
+from tuner.engine.kinds import DEFAULT_KIND, KINDS, EngineKind, kind_by_name
 
 SCHEMA = "moe-tune/shared-result"
 SCHEMA_VERSION = 2  # 2: the sharer; lines held to the flag layer's rendering
@@ -209,7 +209,7 @@ def _sane(d: dict[str, Any]) -> None:
             raise ValueError(f"{key} {d[key]:.3g} is outside 1/{MAX_RATIO:.0f}..{MAX_RATIO:.0f}")
 
 
-def read_line(text: str, model_file: str, kind: EngineKind = LLAMA_CPP) -> tuple[str, LaunchConfig]:
+def read_line(text: str, model_file: str, kind: EngineKind = DEFAULT_KIND) -> tuple[str, LaunchConfig]:
     """A stranger's launch line as the flag layer renders it again, in the dialect of the engine the record says ran
     it (``kind``: an ik_llama.cpp line reads as ik's, whatever flags it carries); ValueError where it needs anything
     else."""
@@ -309,7 +309,7 @@ class SharedRecord:
     def engine_label(self) -> str:
         """The engine as a look-up shows it: llama.cpp's by its commit (as before), another engine by name too."""
         kind = kind_by_name(self.data["engine"].get("engine"))
-        return self.engine_commit if kind is LLAMA_CPP else f"{kind.name} {self.engine_commit}"
+        return self.engine_commit if kind is DEFAULT_KIND else f"{kind.name} {self.engine_commit}"
 
     @property
     def model(self) -> dict[str, Any]:

@@ -131,7 +131,7 @@ def tune_engines(req: autotune.TuneRequest, locs: Sequence[build.EngineLocation]
             where[lines[0].engine][0], [(x.label, x.config) for x in lines], req.workload,
             log_dir=_log_dir(tunes), rounds=rounds, session=session_of(req), on_step=on_step,
             engines={x.label: where[x.engine] for x in lines}, vram_budget_bytes=hw.vram_budget_bytes or None,
-            settled_by=settled(lines))
+            settled_by=settled(lines, max(rounds.min, rounds.max)))
     stages["race"] = time.monotonic() - t0
     t0 = time.monotonic()
     choice = price_and_choose(lines, versus, req, tunes, on_step)
@@ -225,5 +225,5 @@ def launch_of(line: EngineLine) -> str:
     its binary's path (its server has the same name)."""
     from tuner.engine.kinds import kind_by_name
 
-    binary = "llama-server" if kind_by_name(line.engine).numerics_reference else str(line.binary)
+    binary = "llama-server" if kind_by_name(line.engine).server_on_path else str(line.binary)
     return flags.launch_line(line.config, binary)

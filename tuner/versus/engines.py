@@ -15,20 +15,20 @@ decided slower than no other is printed, and said; where none is left, no line i
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from tuner.core.config import LaunchConfig
 from tuner.engine import build, flags
-from tuner.engine.kinds import LLAMA_CPP, EngineKind
+from tuner.engine.kinds import DEFAULT_KIND, EngineKind
 from tuner.search import autotune
 from tuner.search.trials import config_to_dict
-from tuner.search.verdict import BETTER, WORSE, Verdict
+from tuner.search.verdict import BETTER, WORSE, Verdict, decidable
 from tuner.versus import judge
 
-REFERENCE = f"{LLAMA_CPP.name} default"
+REFERENCE = f"{DEFAULT_KIND.name} default"  # llama.cpp's bare launch: the reference every line races
 DEFAULT, TUNED = "default", "tuned"
 
 
@@ -213,19 +213,26 @@ def _left_out(lines: Sequence[EngineLine], versus: judge.HeadToHead, refused: Ma
     return f"; left out: {'; '.join(gone)}" if gone else ""
 
 
-def settled(lines: Sequence[EngineLine]) -> Any:
-    """When the race may stop (asked after each round from the third): every runnable line decided against llama.cpp's
-    default, and the lines decided faster than it decided among themselves; nothing more rounds could change."""
+def settled(lines: Sequence[EngineLine], max_rounds: int) -> Callable[[judge.HeadToHead], bool]:
+    """When the race may stop (asked after each round from the third): nothing more rounds, up to ``max_rounds``, could
+    change the printed line. Every line that could still displace it (one not decided slower than llama.cpp's default
+    or than another line) is decided against it, or hopeless: undecided, and as noisy as it has been, still undecided
+    after the rounds left (:func:`tuner.search.verdict.decidable`)."""
     def done(versus: judge.HeadToHead) -> bool:
-        runnable = {a.label for a in versus.runnable()}
-        ok = [x.label for x in lines if x.label in runnable]
-        if REFERENCE not in ok:
-            return False
-        verdicts = {x: versus.pair(x, REFERENCE) for x in ok if x != REFERENCE}
-        if any(v.outcome not in (BETTER, WORSE) for v in verdicts.values()):
-            return False
-        faster = [x for x, v in verdicts.items() if v.outcome == BETTER]
-        return all(versus.pair(a, b).outcome in (BETTER, WORSE) for i, a in enumerate(faster) for b in faster[i + 1:])
+        answer, _, _ = choose(lines, versus)
+        ok = {a.label for a in versus.runnable()}
+        if answer is None:
+            return not ok  # nothing runs: more rounds change nothing
+        left = max_rounds - max((len(a.rounds) for a in versus.arms), default=0)
+        rivals = [x.label for x in lines if x.label in ok and x.label != answer]
+        for y in rivals:
+            if REFERENCE in ok and y != REFERENCE and versus.pair(y, REFERENCE).outcome == WORSE:
+                continue  # decided slower than the default: it cannot be printed
+            if any(versus.pair(y, z).outcome == WORSE for z in rivals + [answer] if z != y):
+                continue  # decided slower than another line
+            if decidable(versus.pair(answer, y), left):
+                return False
+        return True
 
     return done
 

@@ -62,7 +62,7 @@ _IK_FA = {FlashAttn.ON: "1", FlashAttn.OFF: "0"}
 
 # Settings of the shared LaunchConfig each kind cannot read, with the flag a user would know them by.
 _LLAMA_ONLY = {"repack": "--no-repack", "no_host": "--no-host", "op_offload": "--no-op-offload",
-               "fit_target_mib": "-fitt"}
+               "fit_target_mib": "-fitt", "kv_unified": "--kv-unified", "swa_full": "--swa-full"}
 
 
 def kind_for(caps: Capabilities | None, cfg: LaunchConfig) -> EngineKind:

@@ -189,7 +189,7 @@ def _context_flags(a: _Argv, cfg: LaunchConfig) -> None:
     if cfg.swa_full:
         a.add("swa_full")
     if not a.kind.maps_model(cfg) and not a.kind.unmaps(cfg):  # a lever that unmaps (ik's -rtr) says it already
-        if a.kind is IK_LLAMA:
+        if not a.kind.reads_load_mode:
             a.add("no_mmap")
         else:
             a.add("load_mode", "none")  # read weights into anonymous memory instead of mapping the file
@@ -237,7 +237,7 @@ def _fit_flags(a: _Argv, cfg: LaunchConfig) -> None:
     tells fit what to leave free (common/arg.cpp: one value is every device's margin; common/fit.cpp
     ``common_params_fit_impl`` fits until each device's projected free memory is at least that). ik_llama.cpp's
     ``--fit`` is off unless given (its common/common.cpp): its lines never need one."""
-    if a.kind is not LLAMA_CPP:
+    if not a.kind.fits_by_default:
         return
     if fit_would_move(cfg):
         a.add("fit", "off")
