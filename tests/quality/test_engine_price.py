@@ -6,6 +6,7 @@ that loads its weights into RAM is refused before any run where the model does n
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -72,3 +73,17 @@ def test_an_ik_line_is_priced_as_it_runs_against_llama_cpp_s_bare_reference(engi
     assert any(s.startswith("writing reference logits") for s in said), said  # written now, by llama.cpp
     assert got.reference.startswith("llama.cpp") and got.engine.startswith("ik_llama.cpp")
     assert 0.0 <= got.kld_mean < 1.0 and got.chunks == 2 and "-ctk q8_0" in got.priced_as
+
+
+@pytest.mark.fast
+def test_a_price_against_a_model_that_predicts_no_text_says_nothing_and_refuses_nothing():
+    # The Qwen3-30B-A3B shape with direct (untrained) weights: its own perplexity on the corpus was 230,547 over a
+    # 151,936-token vocabulary; llama.cpp against itself with only --no-repack read a KLD of 0.53 there, ik's lines
+    # 0.59-0.62 (results/benchmarks/which-engine-cpu.md). Trained SmolLM2-135M: 18.8 over 49,152.
+    why = engine_price.says_nothing(230_547.1, 151_936)
+    assert why is not None and why.startswith("the model predicts no text (its perplexity on the corpus, 230,547, ")
+    assert engine_price.says_nothing(18.8, 49_152) is None and engine_price.says_nothing(None, 10) is None
+    untrained = engine_price.LinePrice("ik_llama.cpp", "llama.cpp", 0.59, 0.002, 0.1, 2e5, 230_547.1, 512, 8,
+                                       says_nothing=why)
+    trained = replace(untrained, reference_ppl=18.8, says_nothing=None)
+    assert not untrained.refused_by(0.01) and trained.refused_by(0.01) and not trained.refused_by(None)

@@ -8,8 +8,10 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import sys
 import time
 import urllib.error
+from dataclasses import replace
 from pathlib import Path
 
 import psutil
@@ -17,6 +19,8 @@ import pytest
 
 from tests.cli.test_serve import gone, model_ids, post, ready, start
 from tests.conftest import run_cli
+from tests.fakes import FakeNVML
+from tuner.engine import build
 from tuner.engine.kinds import IK_LLAMA, LLAMA_CPP
 from tuner.report import study_report
 from tuner.search.result import load_result
@@ -136,3 +140,65 @@ def test_compose_and_presets_refuse_an_ik_line_with_the_formats_that_carry_it(ik
         "ExecStart=" in unit.stdout
     data = json.loads(run_cli("launch-line", str(ik_result), "--format", "json").stdout)
     assert data["config"]["engine"] == IK_LLAMA.name and data["argv"][0].endswith("/llama-server")
+
+
+class FakeCardServingBoth(FakeNVML):
+    """A FAKE driver (the NVML boundary) whose card's used VRAM counts, for each llama-server this test runs, what its
+    engine holds: ``held`` maps each engine's server binary to MiB (the CPU builds here hold none)."""
+
+    def __init__(self, cards: list[tuple[str, int, int]], held: dict[str, int]) -> None:
+        super().__init__(cards)
+        self.held = held
+
+    def _contexts(self) -> list[tuple[int, int]]:
+        found = []
+        for child in psutil.Process().children(recursive=True):
+            try:
+                if child.exe() in self.held:
+                    found.append((child.pid, self.held[child.exe()] * 2**20))
+            except psutil.Error:  # gone between the listing and the look
+                continue
+        return found
+
+    def nvmlDeviceGetMemoryInfo(self, handle: int):  # noqa: N802 - mirrors pynvml
+        mem = super().nvmlDeviceGetMemoryInfo(handle)
+        held = sum(used for _, used in self._contexts())
+        return type(mem)(total=mem.total, free=mem.free - held, used=mem.used + held)
+
+
+@pytest.mark.parametrize(("ik_mib", "ik_runs"), [(400, True), (7000, False)])
+def test_the_engines_race_holds_the_vram_budget(engine_loc, ik_loc, demo_models, monkeypatch, tmp_path, ik_mib,
+                                                ik_runs):
+    """Issue 62: the engines' rounds hold a --vram-budget as the finish does. On a fake 24 GiB card (6,000 MiB
+    budget) each line's VRAM is read round by round; ik's server holding 7,000 MiB breaks the budget and is never
+    printed, the reason says so; at 400 MiB it keeps it."""
+    from tuner.core.config import LaunchConfig
+    from tuner.measure import workload
+    from tuner.search import decide
+    from tuner.versus import engines, judge
+
+    card = FakeCardServingBoth([("NVIDIA GeForce RTX 4090", 24 * 2**30, 4 * 2**30)],
+                               {str(engine_loc.tool("llama-server").resolve()): 400,
+                                str(ik_loc.tool("llama-server").resolve()): ik_mib})
+    monkeypatch.setitem(sys.modules, "pynvml", card)
+    model = demo_models[("qwen3moe", "Q4_K_M")]
+    base = LaunchConfig(model=model, ctx=1024, parallel=1)
+    lines = [engines.EngineLine(engines.REFERENCE, LLAMA_CPP.name, base, "s", tmp_path, engine_loc.tool("llama-server"),
+                                "default"),
+             engines.EngineLine("ik_llama.cpp default", IK_LLAMA.name, replace(base, engine=IK_LLAMA.name), "s",
+                                tmp_path, ik_loc.tool("llama-server"), "default")]
+    where = {LLAMA_CPP.name: (engine_loc, build.capabilities(engine_loc)),
+             IK_LLAMA.name: (ik_loc, build.capabilities(ik_loc))}
+    budget = 6000 * 2**20
+    race = judge.head_to_head(engine_loc, [(x.label, x.config) for x in lines], workload.preset(
+        workload.WorkloadKind.CHAT, 32, 4), log_dir=tmp_path / "race", rounds=decide.Rounds(min=1, max=1, select=0),
+        engines={x.label: where[x.engine] for x in lines}, vram_budget_bytes=budget)
+    ik = race.arm("ik_llama.cpp default")
+    assert ik is not None and ik.vram_growth_bytes == ik_mib * 2**20, ik
+    assert race.arm(engines.REFERENCE).vram_growth_bytes == 400 * 2**20  # type: ignore[union-attr]
+    assert (ik.budget_words(budget) is None) is ik_runs
+    printed, why, _ = engines.choose(lines, race)
+    assert printed == engines.REFERENCE  # one round decides nothing: the default stays either way
+    if not ik_runs:
+        assert "ik_llama.cpp default did not keep the VRAM budget: it used 7,000 MiB of VRAM, over the 6,000 MiB " \
+               "budget" in why

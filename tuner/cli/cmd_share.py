@@ -89,9 +89,10 @@ def lookup_cmd(
     if as_json:
         out.print_json(json.dumps({
             "repo": repo, "commit": got.commit, "model": model, "card": card_q.name,
-            "vram_class_gib": card_q.vram_class_gib, "records_read": got.files_read + got.shard_rows_read,
+            "vram_class_gib": card_q.vram_class_gib, "records_read": answer.records_read,
             "records_kept": len(got.records), "bytes_read": got.bytes_read, "skipped": list(answer.skipped),
-            "refused": dict(answer.refusals.by_reason),
+            # records read = kept + refused - refused_unread (a file refused before it was read is no record read)
+            "refused": dict(answer.refusals.by_reason), "refused_unread": answer.refusals.unread,
             "by_engine_commit": {c: [g.to_dict() for g in lines] for c, lines in answer.groups.items()}}))
         return
     for line in answer.skipped:

@@ -247,7 +247,7 @@ def _priced(result: autotune.TuneResult, loc: build.EngineLocation, req: autotun
         got, note = price_single(config_from_dict(picks[0].config) if picks else None, loc, req, say)
     except TunerError as exc:
         got, note = None, f"could not be priced ({exc})"
-    refused = got is not None and req.max_kld is not None and got.kld_mean > req.max_kld
+    refused = got is not None and got.refused_by(req.max_kld)
     if refused and got is not None:
         note = f"{note}: above --max-kld {req.max_kld:g}, so this line is not one to run"
     block = (got.to_dict() if got else {}) | {"note": note, "refused": refused}

@@ -23,6 +23,7 @@ from tuner.core.config import LaunchConfig
 from tuner.core.errors import QualityError
 from tuner.engine import build, flags
 from tuner.engine.kinds import kind_by_name
+from tuner.models import gguf_reader
 from tuner.quality import kv_price, perplexity
 
 MIB = 2**20
@@ -42,6 +43,8 @@ class LinePrice:
     priced_as: str = ""  # the line's settings as priced (its launch line's words after the model)
     from_cache: bool = False
     argv: tuple[str, ...] = ()  # the llama-perplexity command that priced it (the reference's logits are llama.cpp's)
+    # Why the figure says nothing of quality (None: it does): the reference predicts no text (:func:`says_nothing`).
+    says_nothing: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -49,8 +52,28 @@ class LinePrice:
     def describe(self) -> str:
         top = f", same top token {self.same_top_pct:.1f} %" if self.same_top_pct is not None else ""
         how = f" ({self.priced_as})" if self.priced_as else ""
+        said = f"; it says nothing of quality: {self.says_nothing}" if self.says_nothing else ""
         return (f"{self.engine}{how} against {self.reference}'s f16 logits: mean KLD {self.kld_mean:.4g} ± "
-                f"{self.kld_mean_error:.2g} nats/token{top} ({self.chunks} chunks of {self.ctx} tokens)")
+                f"{self.kld_mean_error:.2g} nats/token{top} ({self.chunks} chunks of {self.ctx} tokens){said}")
+
+    def refused_by(self, max_kld: float | None) -> bool:
+        """Whether this price refuses its line under the floor (a price that says nothing refuses nothing)."""
+        return max_kld is not None and self.says_nothing is None and self.kld_mean > max_kld
+
+
+def says_nothing(reference_ppl: float | None, n_vocab: int) -> str | None:
+    """Why a KL-divergence against this reference measures no quality, or None. A reference whose perplexity on the
+    corpus is at least its vocabulary's size predicts the text no better than a uniform guess: its weights model no
+    language (valid but untrained, as the shape models this project measures speed on), and a deep stack of them
+    amplifies any rounding: on the Qwen3-30B-A3B Q4_K_M shape with direct weights (reference PPL 230,547 over 151,936
+    tokens), llama.cpp against itself with only ``--no-repack`` (another Q4_K kernel, the same arithmetic) read a mean
+    KLD of 0.53 and the same top token 0.3 % of the time (results/benchmarks/which-engine-cpu.md). A trained model's
+    perplexity is a small fraction of its vocabulary (SmolLM2-135M: 18.8 over 49,152)."""
+    if reference_ppl is None or reference_ppl < n_vocab:
+        return None
+    return (f"the model predicts no text (its perplexity on the corpus, {reference_ppl:,.0f}, is no better than a "
+            f"uniform guess over its {n_vocab:,}-token vocabulary): a KL-divergence on it measures rounding, not "
+            "quality")
 
 
 def needs_price(line: LaunchConfig) -> bool:
@@ -82,9 +105,10 @@ def price_line(line: LaunchConfig, loc: build.EngineLocation, reference: build.E
     if q.kld_mean is None:
         raise QualityError(f"no KL-divergence came out of pricing {line.model.name}: see the perplexity log")
     words = " ".join(flags.launch_line(perplexity.as_run(line, line.model, line.engine, ctx)).split()[3:])
+    n_vocab = gguf_reader.inspect_model(line.model).n_vocab
     return LinePrice(build.capabilities(loc).identity.name, build.capabilities(reference).identity.name,
                      q.kld_mean, q.kld_mean_error or 0.0, q.same_top_pct, q.ppl, q.reference_ppl, ctx, chunks, words,
-                     q.from_cache, tuple(q.argv))
+                     q.from_cache, tuple(q.argv), says_nothing(q.reference_ppl, n_vocab))
 
 
 def price(loc: build.EngineLocation, reference: build.EngineLocation, model: Path, *,

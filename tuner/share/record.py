@@ -58,8 +58,12 @@ def model_identity(path: Path, fingerprint: dict[str, Any] | None) -> dict[str, 
             break
     fp = fingerprint or {}
     size = fp.get("size")
+    if size is None and not path.is_file():
+        # A record of a model of 0 bytes is refused by every look-up (tuner.share.gate): none is shared.
+        raise UsageError(f"{path} is gone and this result predates model fingerprints, so its size is unknown: "
+                         "restore the file, or tune it again and share that result")
     if size is None:
-        size = path.stat().st_size if path.is_file() else 0
+        size = path.stat().st_size
     return {"hub_repo": hub_repo, "hub_file": hub_file, "file_name": path.name, "quant": quant_name(path.name),
             "size_bytes": int(size), "head_sha256": fp.get("head_sha256"), "tail_sha256": fp.get("tail_sha256")}
 

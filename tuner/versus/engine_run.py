@@ -183,7 +183,7 @@ def price_and_choose(lines: Sequence[EngineLine], versus: judge.HeadToHead | Non
             continue
         prices[line.label] = got.to_dict()
         on_step(f"price: {got.describe()}")
-        if got.kld_mean > req.max_kld:
+        if got.refused_by(req.max_kld):
             refused[line.label] = (f"was refused by its price (mean KLD {got.kld_mean:.4g} against llama.cpp's f16 "
                                    f"logits, above --max-kld {req.max_kld:g})")
             on_step(f"{line.label} {refused[line.label]}")
@@ -191,6 +191,8 @@ def price_and_choose(lines: Sequence[EngineLine], versus: judge.HeadToHead | Non
     shown = next((x for x in priced if x.label == label), None)
     if shown is not None and req.max_kld is None and engine_price.needs_price(shown.config):
         reason += " (unpriced: --max-kld off)"
+    elif shown is not None and shown.price and shown.price.get("says_nothing"):
+        reason += f" (unpriced: {shown.price['says_nothing']})"
     notes = tuple(f"{x}: {why}" for x, why in refused.items())
     return EngineChoice(priced, versus, label, reason, notes, against)
 
