@@ -176,3 +176,37 @@ def test_without_a_race_the_default_stays():
 def test_the_race_stops_once_more_rounds_could_not_change_the_printed_line(scores, max_rounds, done):
     lines = _lines(list(scores))
     assert settled(lines, max_rounds)(_race(scores)) is done
+
+
+def test_a_line_decided_slower_than_another_or_that_paged_is_out_of_the_running_the_default_never():
+    from tuner.versus.engines import out_of_running
+
+    race = _race({REFERENCE: STEADY, LLAMA_TUNED: STEADY[::-1], IK_DEFAULT: FAST, IK_TUNED: NOISY},
+                 paged=(IK_TUNED,))
+    # llama.cpp tuned is decided slower than ik's default, ik tuned paged; the default, slower too, stays measured
+    assert out_of_running(_lines(list(CONFIGS)))(race) == {LLAMA_TUNED, IK_TUNED}
+
+
+def test_the_race_measures_no_more_rounds_of_a_line_out_of_the_running(engine_loc, demo_models, tmp_path):
+    """On the engine: the line the rounds put out after round 1 is not started again (its server log count says so)."""
+    from tuner.measure import workload
+    from tuner.search import decide
+
+    model = demo_models[("qwen3moe", "Q4_K_M")]
+    a, b = LaunchConfig(model=model, ctx=512, parallel=1), LaunchConfig(model=model, ctx=512, parallel=1, threads=1)
+    said: list[str] = []
+    race = judge.head_to_head(engine_loc, [("a", a), ("b", b)], workload.preset(workload.WorkloadKind.CHAT, 16, 2),
+                              log_dir=tmp_path, rounds=decide.Rounds(min=3, max=3, select=0), on_step=said.append,
+                              out_by=lambda h: {"b"} if len(h.arm("b").rounds) >= 1 else set())  # type: ignore
+    assert len(race.arm("a").rounds) == 3 and len(race.arm("b").rounds) == 1  # type: ignore[union-attr]
+    assert "b is out of the running: not measured again" in said
+
+
+@pytest.mark.parametrize(("trials", "time_s", "n", "want"), [
+    (10, None, 2, (5, None)), (10, None, 3, (4, None)), (None, 1200.0, 2, (None, 600.0)), (6, 600.0, 2, (4, 300.0))])
+def test_the_default_budget_is_shared_between_the_engines(trials, time_s, n, want):
+    from tuner.search.study import Budget
+    from tuner.versus.engine_run import split_budget
+
+    got = split_budget(Budget(trials=trials, time_s=time_s), n)
+    assert (got.trials, got.time_s) == want

@@ -176,6 +176,10 @@ def auto_tune_cmd(
     if req.device == "none" and vram_budget is not None:
         raise UsageError("--vram-budget plans the card and --device none leaves it out: drop one of them")
     locs = build.engines_for(engines, llama_cpp_dir)
+    if len(locs) > 1 and trials is None:
+        from tuner.versus import engine_run
+
+        req = replace(req, budget=engine_run.split_budget(req.budget, len(locs)))
     loc = locs[0]
     if len(locs) > 1 and (frontier or speculate or draft or prompts):
         raise UsageError("--frontier and --speculation tune one engine: add --engines llama.cpp (or ik)")

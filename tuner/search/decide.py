@@ -17,7 +17,7 @@ measures (``measure``), says what to confirm (``to_confirm``) and when the verdi
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from tuner.core.config import LaunchConfig
@@ -69,17 +69,20 @@ def best(tables: Mapping[str, Sequence[Obs]], labels: Sequence[str],
 
 def interleave(labels: Sequence[str], measure: Callable[[str, int], Obs], *, first: int, at_least: int,
                at_most: int, settled: Callable[[dict[str, list[Obs]]], bool] = lambda _: False,
-               on_round: Callable[[int], None] | None = None) -> dict[str, list[Obs]]:
+               on_round: Callable[[int], None] | None = None,
+               out_of_it: Callable[[], Collection[str]] | None = None) -> dict[str, list[Obs]]:
     """Every arm once per round, the order rotating each round (so slow drift and bursts hit every arm alike), for
     ``at_least`` rounds and then up to ``at_most`` until ``settled``. ``first`` numbers the rounds (1-based, for the
-    messages of ``measure``). An arm whose first round failed is not measured again."""
+    messages of ``measure``). An arm whose first round failed is not measured again, nor one ``out_of_it`` names
+    (asked before each round: arms the rounds so far put out of the running)."""
     table: dict[str, list[Obs]] = {x: [] for x in labels}
     arms = list(labels)
     for r in range(at_most):
         if on_round:
             on_round(first + r)
+        out = set(out_of_it()) if out_of_it is not None and r > 0 else set()
         for label in arms[r % len(arms):] + arms[:r % len(arms)]:
-            if r > 0 and not any(s is not None for s, _ in table[label]):
+            if (r > 0 and not any(s is not None for s, _ in table[label])) or label in out:
                 continue
             table[label].append(measure(label, first + r))
         if r + 1 >= at_least and settled(table):
@@ -89,12 +92,13 @@ def interleave(labels: Sequence[str], measure: Callable[[str, int], Obs], *, fir
 
 def two_phase(arms: Sequence[str], candidates: Sequence[str], measure: Callable[[str, int], Obs], rounds: Rounds, *,
               to_confirm: Callable[[dict[str, list[Obs]]], list[str]],
-              settled: Callable[[dict[str, list[Obs]]], bool]) -> Phases:
+              settled: Callable[[dict[str, list[Obs]]], bool],
+              out_of_it: Callable[[], Collection[str]] | None = None) -> Phases:
     """Selection over ``arms`` when two or more ``candidates`` compete, then confirmation of ``to_confirm(selection)``
-    in fresh rounds; with fewer candidates, confirmation rounds over every arm."""
+    in fresh rounds; with fewer candidates, confirmation rounds over every arm (less those ``out_of_it`` names)."""
     if len(candidates) < 2 or rounds.select < 1:
         conf = interleave(arms, measure, first=1, at_least=rounds.min, at_most=max(rounds.min, rounds.max),
-                          settled=settled)
+                          settled=settled, out_of_it=out_of_it)
         return Phases({}, conf)
     sel = interleave(arms, measure, first=1, at_least=rounds.select, at_most=rounds.select)
     confirm = [x for x in to_confirm(sel) if x in sel]

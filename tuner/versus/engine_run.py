@@ -39,6 +39,7 @@ from tuner.versus.engines import (
     EngineTune,
     choose,
     lines_of,
+    out_of_running,
     record,
     settled,
 )
@@ -47,6 +48,10 @@ StepFn = Callable[[str], None]
 TuneFn = Callable[[autotune.TuneRequest, build.EngineLocation], autotune.TuneResult]
 # Fresh rounds only: 3 at least (a verdict needs them), up to 5 while a line is undecided against the default.
 RACE_ROUNDS = decide.Rounds(min=3, max=5, select=0)
+# Chunks of the corpus a race's price reads (the reference's logits and the line's): the price refuses what differs
+# grossly (an engine's bug read 0.6-18 nats a token, a 4-bit cache 0.05 against the 0.01 floor); 2,048 tokens give
+# its mean to a few thousandths, at half the 8 chunks' time (a 17 GiB model reads ~20 prompt tokens a second here).
+RACE_PRICE_CHUNKS = 4
 CANDIDATES = 2  # each search's best configs kept (the race takes the best; the next is in the result)
 # llama-bench repetitions per search trial: the search only ranks candidates for the race, which decides; two give a
 # spread to judge a trial's noise by, and cost a third less than a single engine's three.
@@ -74,16 +79,30 @@ class EnginesRun:
                                            "error": t.error} for t in self.tunes}}
 
 
+# Each engine's search takes at least this many trials when the default budget is split between engines: the seeds
+# (the default, the memory model's guess, the engine's own promising levers) and one sampled config.
+MIN_TRIALS_EACH = 4
+
+
+def split_budget(budget: study.Budget, n_engines: int) -> study.Budget:
+    """The run's default budget shared by ``n_engines`` searches (``--trials`` given: that many each): a run across
+    engines answers in about the time one engine's auto-tune would, the race and its prices on top."""
+    trials = None if budget.trials is None else max(MIN_TRIALS_EACH, budget.trials // n_engines)
+    time_s = None if budget.time_s is None else budget.time_s / n_engines
+    return study.Budget(trials=trials, time_s=time_s)
+
+
 def plan_words(req: autotune.TuneRequest, locs: Sequence[build.EngineLocation], rounds: decide.Rounds = RACE_ROUNDS
                ) -> str:
     """What the run will spend, and where, said on start."""
     names = [build.capabilities(loc).kind.name for loc in locs]
-    trials = req.budget.trials
-    per = f"{trials} trials each" if trials is not None else "until --time-limit"
+    trials, time_s = req.budget.trials, req.budget.time_s
+    per = ", ".join(x for x in (f"{trials} trials" if trials is not None else "",
+                                f"{time_s / 60:.0f} min" if time_s is not None else "") if x) + " each"
     arms = 2 * len(locs)
     what = "whole agent sessions" if req.session is not None else "one request each"
     price = ("then the line to print priced as it runs against llama.cpp's f16 logits (one reference per model; "
-             f"{req.kld_chunks} chunks of {req.kld_ctx} tokens a price)") if req.max_kld is not None else \
+             f"{price_chunks(req)} chunks of {req.kld_ctx} tokens a price)") if req.max_kld is not None else \
         "no quality price (--max-kld off)"
     return (f"plan: search {', '.join(names)} ({per}); race up to {arms} lines (each engine's default and best "
             f"candidate) in {rounds.min}-{rounds.max} fresh rounds of {what}, up to {arms * rounds.max} server "
@@ -131,7 +150,7 @@ def tune_engines(req: autotune.TuneRequest, locs: Sequence[build.EngineLocation]
             where[lines[0].engine][0], [(x.label, x.config) for x in lines], req.workload,
             log_dir=_log_dir(tunes), rounds=rounds, session=session_of(req), on_step=on_step,
             engines={x.label: where[x.engine] for x in lines}, vram_budget_bytes=hw.vram_budget_bytes or None,
-            settled_by=settled(lines, max(rounds.min, rounds.max)))
+            settled_by=settled(lines, max(rounds.min, rounds.max)), out_by=out_of_running(lines))
     stages["race"] = time.monotonic() - t0
     t0 = time.monotonic()
     choice = price_and_choose(lines, versus, req, tunes, on_step)
@@ -146,6 +165,10 @@ def tune_engines(req: autotune.TuneRequest, locs: Sequence[build.EngineLocation]
 def _log_dir(tunes: Sequence[EngineTune]) -> Path:
     first = next(t.result for t in tunes if t.result is not None)
     return first.result_dir / "engines"
+
+
+def price_chunks(req: autotune.TuneRequest) -> int:
+    return min(req.kld_chunks, RACE_PRICE_CHUNKS)
 
 
 def session_of(req: autotune.TuneRequest) -> tuple[Any, int | None, int, int] | None:
@@ -176,7 +199,7 @@ def price_and_choose(lines: Sequence[EngineLine], versus: judge.HeadToHead | Non
         try:
             free = hardware.probe_host().ram_available_bytes
             got = engine_price.price_line(line.config, locs[line.engine], reference, ctx=req.kld_ctx,
-                                          chunks=req.kld_chunks, available_bytes=free, on_step=on_step)
+                                          chunks=price_chunks(req), available_bytes=free, on_step=on_step)
         except TunerError as exc:
             refused[line.label] = f"could not be priced ({exc})"
             on_step(f"{line.label} leaves the race: {refused[line.label]}")

@@ -237,6 +237,21 @@ def settled(lines: Sequence[EngineLine], max_rounds: int) -> Callable[[judge.Hea
     return done
 
 
+def out_of_running(lines: Sequence[EngineLine]) -> Callable[[judge.HeadToHead], set[str]]:
+    """The lines the race's rounds so far put out of the running, not measured again: one decided slower than another
+    line that runs here, or one that cannot run here (it paged host RAM, broke the VRAM budget); the rule prints
+    neither, whatever more rounds say. llama.cpp's default is never out: every verdict is against it."""
+    def out(versus: judge.HeadToHead) -> set[str]:
+        ok = {a.label for a in versus.runnable()}
+        measured = {a.label for a in versus.arms if a.score is not None}
+        gone = {x.label for x in lines if x.label in measured and x.label not in ok}
+        gone |= {x.label for x in lines if x.label in ok and any(
+            versus.pair(x.label, y).outcome == WORSE for y in ok if y != x.label)}
+        return gone - {REFERENCE}
+
+    return out
+
+
 # -------------------------------------------------------------------------------------------------- the record
 
 

@@ -17,7 +17,7 @@ round is busy, :mod:`tuner.search.watched_round`), not the model's.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -225,7 +225,8 @@ def head_to_head(loc: EngineLocation, lines: Sequence[tuple[str, LaunchConfig]],
                  on_step: Callable[[str], None] | None = None,
                  engines: Mapping[str, tuple[EngineLocation, Capabilities | None]] | None = None,
                  vram_budget_bytes: int | None = None,
-                 settled_by: Callable[[HeadToHead], bool] | None = None) -> HeadToHead:
+                 settled_by: Callable[[HeadToHead], bool] | None = None,
+                 out_by: Callable[[HeadToHead], Collection[str]] | None = None) -> HeadToHead:
     """Every model's tuned line once per round, the order rotating: ``rounds.select`` selection rounds choose the
     best median, then ``rounds.min`` fresh rounds and more (up to ``rounds.max``) judge it against every other
     until decided. ``session`` (file, depth, gen tokens, agents): replay an agent session instead of single
@@ -233,7 +234,8 @@ def head_to_head(loc: EngineLocation, lines: Sequence[tuple[str, LaunchConfig]],
     engines' head-to-head: :mod:`tuner.versus.engines`). ``vram_budget_bytes``: a line that grows the card's use past
     it, or whose VRAM a round did not read, is never crowned. ``settled_by``: when the rounds may stop (asked after
     each confirmation round from ``rounds.min`` on, with the rounds so far); default: the best decided against every
-    other."""
+    other. ``out_by``: the lines the rounds so far put out of the running (asked before each round after the first):
+    they are not measured again."""
     configs = dict(lines)
     labels = [label for label, _ in lines]
     n_select = rounds.select if len(labels) >= 2 else 0
@@ -281,8 +283,19 @@ def head_to_head(loc: EngineLocation, lines: Sequence[tuple[str, LaunchConfig]],
         return all(v.outcome != UNDECIDED for v in verdicts_of(so_far, chosen[0] if chosen else None,
                                                                 vram_budget_bytes))
 
+    def out_of_it() -> Collection[str]:
+        if out_by is None:
+            return ()
+        gone = out_by(HeadToHead(tuple(arms()), metric_of(load, session is not None), (), None, vram_budget_bytes))
+        for label in sorted(set(gone) - said_out):
+            if on_step:
+                on_step(f"{label} is out of the running: not measured again")
+            said_out.add(label)
+        return gone
+
+    said_out: set[str] = set()
     decide.two_phase(labels, labels, measure, replace(rounds, select=n_select), to_confirm=to_confirm,
-                     settled=settled)
+                     settled=settled, out_of_it=out_of_it)
     done = arms()
     selected = chosen[0] if chosen else None
     return HeadToHead(tuple(done), metric_of(load, session is not None), verdicts_of(done, selected, vram_budget_bytes),
