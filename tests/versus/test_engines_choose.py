@@ -89,9 +89,10 @@ def test_a_win_over_the_default_decided_slower_than_another_line_is_not_printed(
                   IK_TUNED: tuple(2.1 * x for x in six)}, busy={REFERENCE: (0, 1), IK_TUNED: (2, 3, 4)})
     assert race.pair(LLAMA_TUNED, REFERENCE).outcome == BETTER and race.pair(LLAMA_TUNED, IK_TUNED).outcome == WORSE
     assert race.pair(IK_TUNED, REFERENCE).outcome == UNDECIDED
-    printed, why, _ = choose(_lines([REFERENCE, LLAMA_TUNED, IK_TUNED]), race)
-    assert printed == IK_TUNED
-    assert why == (f"llama.cpp's default was decided slower than {LLAMA_TUNED}: {IK_TUNED} is the fastest line "
+    printed, why, v = choose(_lines([REFERENCE, LLAMA_TUNED, IK_TUNED]), race)
+    assert printed == IK_TUNED and v is not None and v.outcome == UNDECIDED
+    assert why == (f"llama.cpp's default was decided slower than {LLAMA_TUNED}: {IK_TUNED} ({v.ratio:.2f}x "
+                   f"llama.cpp's default in the rounds both ran, 99 % {v.low:.2f}-{v.high:.2f}x) is the fastest line "
                    "decided slower than no other")
 
 
@@ -132,8 +133,8 @@ def test_nothing_runnable_prints_no_line_and_says_why():
     lines = _lines(labels)
     printed, why, _ = choose(lines, race)
     assert printed is None
-    assert why == ("no line can be run here: llama.cpp default read its model back from disk (read 900 MiB back from "
-                   "disk); ik_llama.cpp tuned failed (it crashed)")
+    assert why == ("no line can be run here: llama.cpp default read its model back from disk while generating in 4 of "
+                   "4 rounds (it does not fit this machine's RAM as it is); ik_llama.cpp tuned failed (it crashed)")
     choice = EngineChoice(tuple(lines), race, printed, why)
     assert choice.line is None and choice.to_dict()["printed_engine"] is None
 
@@ -141,10 +142,13 @@ def test_nothing_runnable_prints_no_line_and_says_why():
 def test_when_the_default_cannot_run_the_fastest_clean_line_is_printed_and_said():
     labels = [REFERENCE, LLAMA_TUNED, IK_TUNED]
     race = _race({REFERENCE: STEADY, LLAMA_TUNED: STEADY, IK_TUNED: FAST}, paged=(REFERENCE,))
-    printed, why, _ = choose(_lines(labels), race)
-    assert printed == IK_TUNED
-    assert why.startswith("llama.cpp's default read its model back from disk") and "fastest line decided slower " \
-        "than no other" in why
+    printed, why, v = choose(_lines(labels), race)
+    assert printed == IK_TUNED and v is not None and v.outcome == BETTER  # its verdict against the default, kept
+    assert why.startswith("llama.cpp's default read its model back from disk while generating in 4 of 4 rounds")
+    # per-round ratios to the default: 1.70/1.00, 1.75/1.02, 1.68/0.99, 1.73/1.01; the middle two 1.700 and 1.713
+    assert v.ratio == pytest.approx((1.70 / 1.00 + 1.73 / 1.01) / 2, abs=1e-9)
+    assert why.endswith(f"{IK_TUNED} ({v.ratio:.2f}x llama.cpp's default in the rounds both ran, 99 % "
+                        f"{v.low:.2f}-{v.high:.2f}x) is the fastest line decided slower than no other")
 
 
 def test_a_line_over_the_vram_budget_or_unread_is_never_printed():

@@ -126,7 +126,10 @@ def _why_not(arm: judge.Arm | None, budget: int | None) -> str:
     if arm is None:
         return "was not measured"
     if arm.paging:
-        return f"read its model back from disk ({arm.paging})"
+        every = (*arm.selection, *arm.rounds)
+        paged = sum(1 for r in every if r.host_paging)
+        return (f"read its model back from disk while generating in {paged} of {len(every)} rounds (it does not fit "
+                "this machine's RAM as it is)")
     if arm.score is None:
         return f"failed ({arm.failure})" if arm.failure else "was not measured"
     return f"did not keep the VRAM budget: it {arm.budget_words(budget)}"
@@ -198,8 +201,12 @@ def choose(lines: Sequence[EngineLine], versus: judge.HeadToHead | None, refused
         else:
             why_ref = _why_not(ref_arm, budget)
         v = against(won)
-        return won.label, (f"llama.cpp's default {why_ref}: {won.label} is the fastest line decided slower than "
-                           "no other"), v
+        measured = ref_arm is not None and ref_arm.score is not None and won.label != REFERENCE
+        raw = v or (versus.pair(won.label, REFERENCE) if measured else None)
+        vs = f" ({raw.ratio:.2f}x llama.cpp's default in the rounds both ran, 99 % {raw.low:.2f}-{raw.high:.2f}x)" \
+            if raw is not None and raw.rounds else ""
+        return won.label, (f"llama.cpp's default {why_ref}: {won.label}{vs} is the fastest line decided slower than "
+                           "no other"), raw
     gone = [f"{x.label} {refused.get(x.label) or _why_not(versus.arm(x.label), budget)}" for x in lines
             if x.label not in runnable or x.label in refused]
     return None, "no line can be run here: " + ("; ".join(gone) or "the rounds ranked none above the others"), None
