@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import harness
 from tuner.engine import build, cpu_isa
 from tuner.engine.kinds import KINDS
 
@@ -59,6 +60,7 @@ def summary(run: dict[str, Any]) -> list[str]:
     return lines
 
 
+@harness.bench("bench_which_engine", children_claim=True)  # auto-tune takes the machine lock itself
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("model", type=Path)
@@ -76,7 +78,8 @@ def main() -> int:
     load_start = os.getloadavg()
     t0 = time.time()
     with a.out.with_suffix(".log").open("w") as log:
-        done = subprocess.run(argv, stdout=subprocess.PIPE, stderr=log, text=True, check=False)
+        done, noise = harness.watched(lambda: subprocess.run(argv, stdout=subprocess.PIPE, stderr=log, text=True,
+                                                             check=False))
     wall = time.time() - t0
     load_end = os.getloadavg()
     try:
@@ -84,7 +87,8 @@ def main() -> int:
     except json.JSONDecodeError:
         run = {"stdout": done.stdout[-4000:]}
     record = {"command": shown, "returncode": done.returncode, "wall_s": round(wall, 1),
-              "load": {"start_1min": load_start[0], "end_1min": load_end[0], "cores": os.cpu_count()},
+              "load": {"start_1min": load_start[0], "end_1min": load_end[0], "cores": os.cpu_count(),
+                       "watch": noise or "quiet"},
               "machine": {"cpu_flags_granted": sorted(cpu_isa.granted())},
               "engines_built": engines_here(), "run": run, "summary": summary(run) if "engines" in run else None,
               "measured_at": time.strftime("%Y-%m-%d %H:%M")}
