@@ -75,7 +75,10 @@ def load_mode_axis(info: ModelInfo, hw: Hardware, device: str | None, moe: tuple
     while (another program, or another engine's line that loads its weights into its own buffers, as ik_llama.cpp's
     ``-rtr`` does) evicts it, and the next tokens read it back from disk; ``--load-mode none`` reads it into the
     engine's own buffers once (and, on a CPU build, holds the repacked tensors once rather than beside the mapping,
-    DESIGN §5). It is offered where that copy leaves the RAM margin, and said."""
+    DESIGN §5). It is offered where that copy leaves the RAM margin but the mapped file and a resident copy together
+    do not (RAM is tight: on 24 GiB the 17.3 GiB Qwen3-30B-A3B default read its model back from disk in 1 of 3 race
+    rounds beside resident lines, results/benchmarks/which-engine-cpu.md), and said; where both fit, no resident
+    line evicts the mapping and the axis would only double the space: mmap stays, as without a tight RAM."""
     if not (hw.has_gpu and device != "none"):
         return _cpu_load_modes(info, hw, most_host)
     if not host_levers(hw, device, moe):
@@ -100,5 +103,9 @@ def _cpu_load_modes(info: ModelInfo, hw: Hardware, cfg: LaunchConfig) -> tuple[t
         return (LOAD_MODES[0],), (
             f"--load-mode none not searched: a resident copy of the model ({est.host_need_bytes / 2**30:.1f} GiB) "
             f"would leave under {TIGHT_MARGIN_BYTES / 2**30:.0f} GiB of {hw.ram_available_bytes / 2**30:.1f} GiB RAM",)
+    both = info.file_bytes + est.host_need_bytes + TIGHT_MARGIN_BYTES
+    if both <= hw.ram_available_bytes:  # the mapped file and a resident copy fit together: nothing to say
+        return (LOAD_MODES[0],), ()
     return LOAD_MODES, ("--load-mode none vs mmap searched: a resident copy is never read back from disk when other "
-                        "work takes the page cache, a mapped one costs no load time and shares the file's pages",)
+                        "work takes the page cache (a resident line, ik's -rtr or this one, and the mapped file do not "
+                        "fit RAM together), a mapped one costs no load time and shares the file's pages",)
