@@ -29,6 +29,9 @@ def test_auto_tune_ends_with_a_launch_line_that_reproduces_its_speed(demo_models
             "1024", "--trials", "3", "--results-dir", str(tmp_path)]
     first = run_cli(*args, timeout=300)
     assert first.returncode == 0, first.stderr
+    # Not a terminal: a line per finished trial with the time left, instead of a bar that shows nothing in a log.
+    assert [x.split(":")[0] for x in first.stderr.splitlines() if x.startswith("trial ")] == [
+        "trial 1/3", "trial 2/3", "trial 3/3"], first.stderr
     *_, said, last = first.stdout.strip().splitlines()
     assert said == "launch line:" and last.startswith("llama-server -m ") and "-c 1024 -np 1" in last
     [result_file] = tmp_path.glob("*/result.json")

@@ -50,6 +50,9 @@ def test_each_engine_is_searched_and_raced_and_the_printed_line_names_its_engine
     assert "engine 2 of 2: llama.cpp 0c1e57098 (cpu, the pinned build), its search" in res.stderr
     assert "ik_llama.cpp's own levers searched: run_time_repack, fused_moe, merge_up_gate" in res.stderr
     assert "race: llama.cpp default, " in res.stderr
+    # Each search says each trial as it ends (the Qwen3-30B shape's searches once ran ten minutes silent).
+    trials = [x.split(":")[0] for x in res.stderr.splitlines() if x.startswith("trial ")]
+    assert trials == ["trial 1/3", "trial 2/3", "trial 3/3"] * 2, res.stderr[-3000:]
     results = [load_result(p) for p in out.glob("*/result.json")]
     assert len(results) == 2 and all(r.engines for r in results)  # each holds the same race
     chosen = [r for r in results if r.engines and r.engines["chosen"]]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -207,9 +208,9 @@ def auto_tune_cmd(
         if len(locs) > 1:
             from tuner.cli.engines_out import tune_engines
 
-            tune_engines(req, locs, hw, as_json, say, lambda r, where: _search(r, where, hw, budget, as_json, say))
+            tune_engines(req, locs, hw, as_json, say, lambda r, where: _search(r, where, hw, as_json, say))
             return
-        result = _search(req, loc, hw, budget, as_json, say)
+        result = _search(req, loc, hw, as_json, say)
         if not build.capabilities(loc).kind.numerics_reference and not result.search.interrupted:
             result = _priced(result, loc, req, say)
     study_report.write(result.result, result.result_dir)
@@ -268,20 +269,26 @@ def _refuse_priced(result: autotune.TuneResult) -> None:
                          "llama.cpp, or pass --max-kld off to take this engine's numbers as they are")
 
 
-def _search(req: autotune.TuneRequest, loc: build.EngineLocation, hw: hardware.Hardware, budget: study.Budget,
-            as_json: bool, say: Callable[[str], None]) -> autotune.TuneResult:
+def _search(req: autotune.TuneRequest, loc: build.EngineLocation, hw: hardware.Hardware, as_json: bool,
+            say: Callable[[str], None]) -> autotune.TuneResult:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from tuner.cli.cmd_frontier import trial_line
     from tuner.search import autotune
 
-
+    # A terminal gets the bar; a log, a pipe or --json a line per finished trial with the time left (a trial on a
+    # 17 GiB model takes minutes: the two-engine chat run once showed nothing for ten of them).
+    live = err.is_terminal and not as_json
+    start = time.monotonic()
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=err, disable=as_json, transient=False) as bar:
-        task = bar.add_task("search", total=budget.trials)
+                  console=err, disable=not live, transient=False) as bar:
+        task = bar.add_task("search", total=req.budget.trials)  # this engine's share where several are searched
 
         def on_progress(p: study.Progress) -> None:
             best = "n/a" if p.best_request_s is None else f"{p.best_request_s:,.2f} s/request"
             bar.update(task, completed=p.done, description=f"search (best {best}; last: {p.last.status})")
+            if not live:
+                say(trial_line(p, time.monotonic() - start, req.budget.time_s))
 
         return autotune.auto_tune(req, loc, hw, on_progress=on_progress, on_step=say)
 
