@@ -25,8 +25,10 @@ from pathlib import Path
 from typing import Any
 
 import harness
+
 from tuner.engine import build, cpu_isa
 from tuner.engine.kinds import KINDS
+from tuner.machine import processes
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -78,8 +80,11 @@ def main() -> int:
     load_start = os.getloadavg()
     t0 = time.time()
     with a.out.with_suffix(".log").open("w") as log:
+        # MOE_TUNE_OWNER: this script waits on the command, so its own watch's polling is the run's, not a rival's
+        # (tuner.machine.processes.waiting_owner).
+        env = {**os.environ, processes.OWNER_ENV: processes.owner_marker()}
         done, noise = harness.watched(lambda: subprocess.run(argv, stdout=subprocess.PIPE, stderr=log, text=True,
-                                                             check=False))
+                                                             check=False, env=env))
     wall = time.time() - t0
     load_end = os.getloadavg()
     try:

@@ -79,6 +79,18 @@ def _owner_gone(marker: str) -> bool:
         return False
 
 
+def waiting_owner() -> int | None:
+    """The process that started this one and waits on it, where it says so: a parent that set ``MOE_TUNE_OWNER`` to
+    its own marker (:func:`owner_marker`) in this process's environment, as a benchmark harness running a moe-tune
+    command does. Its CPU and page-ins are this run's (the harness's own watch polling /proc beside the command once
+    made 4 of an agent race's rounds "busy"); its other children are not. None where no such parent is alive."""
+    marker = os.environ.get(OWNER_ENV, "")
+    pid_text = marker.partition(":")[0]
+    if not pid_text.isdigit() or int(pid_text) != os.getppid() or _owner_gone(marker):
+        return None
+    return int(pid_text)
+
+
 def is_engine(name: str) -> bool:
     """A llama.cpp program that runs a model (llama-server, llama-bench, ...), not a proxy in front of them."""
     return name.startswith(LLAMA_PREFIX) and name not in PROXIES
@@ -160,8 +172,10 @@ class _View:
 
     @cached_property
     def ours(self) -> set[int]:
-        """This process, the runner's children and their descendants."""
-        return {self.me} | self.own | {p for p in self.procs if set(_ancestors(p, self.procs)) & self.own}
+        """This process, the runner's children and their descendants, and a parent waiting on it that said so."""
+        owner = waiting_owner()
+        return ({self.me} | self.own | {p for p in self.procs if set(_ancestors(p, self.procs)) & self.own}
+                | ({owner} if owner is not None else set()))
 
     def ours_cpu_s(self) -> float:
         return sum(self.procs[p].cpu_s for p in self.ours if p in self.procs)

@@ -135,8 +135,9 @@ def _why_not(arm: judge.Arm | None, budget: int | None) -> str:
     return f"did not keep the VRAM budget: it {arm.budget_words(budget)}"
 
 
-def _fastest(pool: Sequence[EngineLine], v: judge.HeadToHead) -> EngineLine:
-    """The fastest median of ``pool``, or a simpler line of it that the rounds did not decide slower than that one."""
+def _fastest(pool: Sequence[EngineLine], v: judge.HeadToHead) -> tuple[EngineLine, str]:
+    """The fastest median of ``pool``, or a simpler line of it that the rounds did not decide slower than that one;
+    with how it was picked, in words ("the fastest …", or why a simpler line than the fastest)."""
     def score(x: EngineLine) -> float:
         arm = v.arm(x.label)
         return (arm.score or 0.0) if arm is not None else 0.0
@@ -145,7 +146,12 @@ def _fastest(pool: Sequence[EngineLine], v: judge.HeadToHead) -> EngineLine:
     best = ranked[0]
     simpler = [x for x in ranked[1:] if _simplicity(x) < _simplicity(best)
                and v.pair(best.label, x.label).outcome != BETTER]
-    return min(simpler, key=lambda x: (_simplicity(x), -score(x))) if simpler else best
+    if not simpler:
+        return best, "the fastest"
+    won = min(simpler, key=lambda x: (_simplicity(x), -score(x)))
+    p = v.pair(best.label, won.label)
+    return won, (f"the simpler line where the rounds left it undecided against the faster median of {best.label} "
+                 f"({p.ratio:.2f}x it, 99 % {p.low:.2f}-{p.high:.2f}x over {p.rounds} rounds both ran clean)")
 
 
 def choose(lines: Sequence[EngineLine], versus: judge.HeadToHead | None, refused: Mapping[str, str] | None = None
@@ -169,12 +175,13 @@ def choose(lines: Sequence[EngineLine], versus: judge.HeadToHead | None, refused
 
     winners = [x for x in clean if x.label != REFERENCE and (w := against(x)) is not None and w.outcome == BETTER]
     if winners:
-        won = _fastest(winners, versus)
+        won, how = _fastest(winners, versus)
         v = against(won)
         assert v is not None
         others = "" if len(ok) <= 2 else " and slower than no other line"
+        simpler = "" if how == "the fastest" else f"; of the lines that were, it is {how}"
         return won.label, (f"{won.label} was decided faster than llama.cpp's default ({v.ratio:.2f}x, 99 % "
-                           f"{v.low:.2f}-{v.high:.2f}x over {v.rounds} rounds){others}"), v
+                           f"{v.low:.2f}-{v.high:.2f}x over {v.rounds} rounds){others}{simpler}"), v
     if ref_ok and by[REFERENCE] in clean:
         rivals = [(x, against(x)) for x in ok if x.label != REFERENCE]
         if not rivals:
@@ -191,7 +198,7 @@ def choose(lines: Sequence[EngineLine], versus: judge.HeadToHead | None, refused
                    f"{v.low:.2f}-{v.high:.2f}x, {word})")
         return REFERENCE, f"llama.cpp's default stays: {why}" + _left_out(lines, versus, refused), None
     if clean:
-        won = _fastest(clean, versus)
+        won, how = _fastest(clean, versus)
         ref_arm = versus.arm(REFERENCE)
         if ref_ok:
             faster = next(y.label for y in ok if versus.pair(REFERENCE, y.label).outcome == WORSE)
@@ -205,8 +212,10 @@ def choose(lines: Sequence[EngineLine], versus: judge.HeadToHead | None, refused
         raw = v or (versus.pair(won.label, REFERENCE) if measured else None)
         vs = f" ({raw.ratio:.2f}x llama.cpp's default in the rounds both ran, 99 % {raw.low:.2f}-{raw.high:.2f}x)" \
             if raw is not None and raw.rounds else ""
-        return won.label, (f"llama.cpp's default {why_ref}: {won.label}{vs} is the fastest line decided slower than "
-                           "no other"), raw
+        return won.label, (f"llama.cpp's default {why_ref}: {won.label}{vs} is {how} line decided slower than no "
+                           "other" if how == "the fastest" else
+                           f"llama.cpp's default {why_ref}: of the lines decided slower than no other, {won.label}{vs} "
+                           f"is {how}"), raw
     gone = [f"{x.label} {refused.get(x.label) or _why_not(versus.arm(x.label), budget)}" for x in lines
             if x.label not in runnable or x.label in refused]
     return None, "no line can be run here: " + ("; ".join(gone) or "the rounds ranked none above the others"), None
