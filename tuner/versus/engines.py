@@ -135,9 +135,9 @@ def _why_not(arm: judge.Arm | None, budget: int | None) -> str:
     return f"did not keep the VRAM budget: it {arm.budget_words(budget)}"
 
 
-def _fastest(pool: Sequence[EngineLine], v: judge.HeadToHead) -> tuple[EngineLine, str]:
+def _fastest(pool: Sequence[EngineLine], v: judge.HeadToHead) -> tuple[EngineLine, str | None]:
     """The fastest median of ``pool``, or a simpler line of it that the rounds did not decide slower than that one;
-    with how it was picked, in words ("the fastest …", or why a simpler line than the fastest)."""
+    with why, in words, where the simpler line was taken (None: the fastest was)."""
     def score(x: EngineLine) -> float:
         arm = v.arm(x.label)
         return (arm.score or 0.0) if arm is not None else 0.0
@@ -147,7 +147,7 @@ def _fastest(pool: Sequence[EngineLine], v: judge.HeadToHead) -> tuple[EngineLin
     simpler = [x for x in ranked[1:] if _simplicity(x) < _simplicity(best)
                and v.pair(best.label, x.label).outcome != BETTER]
     if not simpler:
-        return best, "the fastest"
+        return best, None
     won = min(simpler, key=lambda x: (_simplicity(x), -score(x)))
     p = v.pair(best.label, won.label)
     return won, (f"the simpler line where the rounds left it undecided against the faster median of {best.label} "
@@ -175,13 +175,13 @@ def choose(lines: Sequence[EngineLine], versus: judge.HeadToHead | None, refused
 
     winners = [x for x in clean if x.label != REFERENCE and (w := against(x)) is not None and w.outcome == BETTER]
     if winners:
-        won, how = _fastest(winners, versus)
+        won, simpler = _fastest(winners, versus)
         v = against(won)
         assert v is not None
         others = "" if len(ok) <= 2 else " and slower than no other line"
-        simpler = "" if how == "the fastest" else f"; of the lines that were, it is {how}"
         return won.label, (f"{won.label} was decided faster than llama.cpp's default ({v.ratio:.2f}x, 99 % "
-                           f"{v.low:.2f}-{v.high:.2f}x over {v.rounds} rounds){others}{simpler}"), v
+                           f"{v.low:.2f}-{v.high:.2f}x over {v.rounds} rounds){others}"
+                           + (f"; of the lines that were, it is {simpler}" if simpler else "")), v
     if ref_ok and by[REFERENCE] in clean:
         rivals = [(x, against(x)) for x in ok if x.label != REFERENCE]
         if not rivals:
@@ -198,7 +198,7 @@ def choose(lines: Sequence[EngineLine], versus: judge.HeadToHead | None, refused
                    f"{v.low:.2f}-{v.high:.2f}x, {word})")
         return REFERENCE, f"llama.cpp's default stays: {why}" + _left_out(lines, versus, refused), None
     if clean:
-        won, how = _fastest(clean, versus)
+        won, simpler = _fastest(clean, versus)
         ref_arm = versus.arm(REFERENCE)
         if ref_ok:
             faster = next(y.label for y in ok if versus.pair(REFERENCE, y.label).outcome == WORSE)
@@ -212,10 +212,9 @@ def choose(lines: Sequence[EngineLine], versus: judge.HeadToHead | None, refused
         raw = v or (versus.pair(won.label, REFERENCE) if measured else None)
         vs = f" ({raw.ratio:.2f}x llama.cpp's default in the rounds both ran, 99 % {raw.low:.2f}-{raw.high:.2f}x)" \
             if raw is not None and raw.rounds else ""
-        return won.label, (f"llama.cpp's default {why_ref}: {won.label}{vs} is {how} line decided slower than no "
-                           "other" if how == "the fastest" else
-                           f"llama.cpp's default {why_ref}: of the lines decided slower than no other, {won.label}{vs} "
-                           f"is {how}"), raw
+        pick = (f"of the lines decided slower than no other, {won.label}{vs} is {simpler}" if simpler else
+                f"{won.label}{vs} is the fastest line decided slower than no other")
+        return won.label, f"llama.cpp's default {why_ref}: {pick}", raw
     gone = [f"{x.label} {refused.get(x.label) or _why_not(versus.arm(x.label), budget)}" for x in lines
             if x.label not in runnable or x.label in refused]
     return None, "no line can be run here: " + ("; ".join(gone) or "the rounds ranked none above the others"), None
