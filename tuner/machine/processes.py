@@ -49,9 +49,9 @@ import psutil
 from tuner.core.errors import NvmlUnavailableError
 from tuner.machine import books, cpu_time, hardware, pressure
 from tuner.machine.books import NOTABLE_CORES, cpu_limit_cores  # noqa: F401 - re-exported: callers know them here
+from tuner.machine.owner import OWNER_ENV, owner_gone, owner_marker, waiting_owner  # noqa: F401 - re-exported
 
 SCOPE_ENV = "MOE_TUNE_MACHINE_SCOPE"
-OWNER_ENV = "MOE_TUNE_OWNER"
 LLAMA_PREFIX = "llama-"  # llama-server, llama-bench, llama-perplexity, llama-cli, ...
 PROXIES = frozenset({"llama-swap"})  # in front of llama.cpp servers: it starts them and forwards, it runs no model
 # An engine using this much CPU while we look is serving or computing (an idle llama-server uses none): named as
@@ -59,36 +59,6 @@ PROXIES = frozenset({"llama-swap"})  # in front of llama.cpp servers: it starts 
 LLAMA_WORK_CORES = 0.1
 GPU_BUSY_PCT = 10  # SM share (or device utilization not ours) that is work, not a desktop's redraws
 VRAM_GROWTH_BYTES = 64 * 2**20  # another process's VRAM growing by this much while we look
-
-
-def owner_marker() -> str:
-    """The value of ``MOE_TUNE_OWNER`` for children of this process: its pid and start time (pids are reused)."""
-    me = psutil.Process()
-    return f"{me.pid}:{me.create_time():.2f}"
-
-
-def _owner_gone(marker: str) -> bool:
-    pid_text, _, started = marker.partition(":")
-    if not pid_text.isdigit():
-        return False
-    try:
-        return f"{psutil.Process(int(pid_text)).create_time():.2f}" != started
-    except psutil.NoSuchProcess:
-        return True
-    except psutil.Error:
-        return False
-
-
-def waiting_owner() -> int | None:
-    """The process that started this one and waits on it, where it says so: a parent that set ``MOE_TUNE_OWNER`` to
-    its own marker (:func:`owner_marker`) in this process's environment, as a benchmark harness running a moe-tune
-    command does. Its CPU and page-ins are this run's (the harness's own watch polling /proc beside the command once
-    made 4 of an agent race's rounds "busy"); its other children are not. None where no such parent is alive."""
-    marker = os.environ.get(OWNER_ENV, "")
-    pid_text = marker.partition(":")[0]
-    if not pid_text.isdigit() or int(pid_text) != os.getppid() or _owner_gone(marker):
-        return None
-    return int(pid_text)
 
 
 def is_engine(name: str) -> bool:
@@ -193,7 +163,7 @@ def _llama(pid: int, name: str, cpu_cores: float = 0.0) -> LlamaProcess:
         proc = psutil.Process(pid)
         exe = proc.exe()
         marker = proc.environ().get(OWNER_ENV, "")  # another user's process: not readable, and not ours
-    return LlamaProcess(pid, name, exe, bool(marker) and _owner_gone(marker), cpu_cores)
+    return LlamaProcess(pid, name, exe, bool(marker) and owner_gone(marker), cpu_cores)
 
 
 def other_llama_processes(own: Collection[int] = ()) -> list[LlamaProcess]:
