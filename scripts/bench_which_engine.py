@@ -81,7 +81,7 @@ def main() -> int:
     t0 = time.time()
     with a.out.with_suffix(".log").open("w") as log:
         # MOE_TUNE_OWNER: this script waits on the command, so its own watch's polling is the run's, not a rival's
-        # (tuner.machine.processes.waiting_owner).
+        # (tuner.machine.owner.waiting_owner).
         env = {**os.environ, processes.OWNER_ENV: processes.owner_marker()}
         done, noise = harness.watched(lambda: subprocess.run(argv, stdout=subprocess.PIPE, stderr=log, text=True,
                                                              check=False, env=env))
