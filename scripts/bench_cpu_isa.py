@@ -5,7 +5,7 @@ interleaved llama-bench rounds on one model, under the machine lock and the watc
 time is its stamp's.
 
     .venv/bin/python scripts/bench_cpu_isa.py ~/.cache/moe-tune/models/shapes/qwen3-30b-a3b-Q4_K_M-direct.gguf \\
-        --rounds 3 -p 256 -n 32
+        --rounds 3 -p 256 -n 32 --about "the Qwen3-30B-A3B Q4_K_M shape, valid untrained weights"
 
 The portable build is made here when it is missing (about as long as the other: its time is printed).
 """
@@ -51,6 +51,7 @@ def main() -> int:
     ap.add_argument("-p", "--n-prompt", type=int, default=256)
     ap.add_argument("-n", "--n-gen", type=int, default=32)
     ap.add_argument("-t", "--threads", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--about", default="", help="what the model is (its weights: zero, valid or trained), for the page")
     a = ap.parse_args()
     log = harness.Log()
     native = build.locate_engine(kind=LLAMA_CPP)
@@ -100,7 +101,9 @@ def main() -> int:
                 f"{', '.join(f'{x:.2f}' for x in tg)}")
     log(f"load: {harness.held().describe()}")
     log.write(OUT, "llama.cpp built for this CPU vs portable, beside ik_llama.cpp",
-              f"Model: {a.model.name}. Each round runs every line once, the order rotating.")
+              f"Model: {a.model.name}{f' ({a.about})' if a.about else ''}. Device: this machine's CPU alone "
+              f"({os.cpu_count()} cores, no GPU offload), prompts and generation from an empty cache (depth 0). Each "
+              "round runs every line once, the order rotating.")
     return 0
 
 
