@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -48,13 +49,37 @@ def test_figures_resolve_to_sources_and_are_consistent(models):
 
 
 def test_field_report_figures_cite_existing_files(models):
-    cited = {src for m in models for src in m.sources.values() if "/field-reports/" in src}
+    cited = {src for m in models for src in m.sources.values() if src.startswith("field report ")}
     assert cited, "the catalog should carry the field reports' per-quant tables"
     for description in cited:
-        name = description.split("/field-reports/")[1].split(":")[0]
+        name = description.removeprefix("field report ").split()[0]
         assert name.endswith(".txt")
         if FIELD_REPORTS.is_dir():
             assert (FIELD_REPORTS / name).is_file(), name
+
+
+# An absolute path: a slash that starts a token (not a URL's, not "tok/s"), then at least two path parts; or a home.
+ABSOLUTE_PATH = re.compile(r"(?<![\w:/.~-])(/[\w.-]+){2,}|(?<![\w])~/")
+
+
+def _strings(value: object) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in _strings(v)]
+    if isinstance(value, list):
+        return [s for v in value for s in _strings(v)]
+    return []
+
+
+def test_the_catalog_cites_no_path_of_one_machine():
+    """Issue 67: sources are cited by repo-relative paths or public addresses; a path of one machine (a developer's
+    /work/shared/...) means nothing to a reader of the repository."""
+    found = [(f.name, m.group(0)) for f in [*families.family_files(), families.family_files()[0].parent / "cards.json"]
+             for s in _strings(json.loads(f.read_text())) for m in ABSOLUTE_PATH.finditer(s)]
+    assert found == []
+    assert ABSOLUTE_PATH.search("/work/shared/field-reports/002.txt: a benchmark")  # the check sees such a path
+    assert not ABSOLUTE_PATH.search("https://github.com/x/y 120 tok/s K/V q8_0/q4_0 and/or")
 
 
 def test_qwen35_table_from_the_3090_report():
@@ -93,7 +118,7 @@ def test_checked_models_cite_a_published_source_for_every_shape_figure(name):
         assert fig.value is not None, (name, key)
         source = model.sources[fig.source]
         assert not any(w in source for w in UNVERIFIED_WORDS), (name, key, source)
-        assert any(w in source for w in ("http", "llama.cpp source at the pinned commit", "/field-reports/")), (
+        assert any(w in source for w in ("http", "llama.cpp source at the pinned commit", "field report ")), (
             name, key, source)
 
 
