@@ -1,11 +1,14 @@
-"""Fakes at the hardware boundary only: NVML for machines without an NVIDIA GPU, and a host whose memory holds
-still (psutil's readings of RAM, what holds it, and the RAM bandwidth measured)."""
+"""Fakes at the hardware boundary only: NVML for machines without an NVIDIA GPU, a host whose memory holds still
+(psutil's readings of RAM, what holds it, and the RAM bandwidth measured), and another CPU's /proc/cpuinfo."""
 
 from __future__ import annotations
 
+import platform
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 
 @dataclass
@@ -221,3 +224,47 @@ def small_card(info, base, host_layers: int, ram_gib: int = 64):  # type: ignore
                       for n in (host_layers, host_layers - 1))
     vram = need + (one_more - need) // 2  # half a layer's experts of slack: the next config down does not fit
     return _replace(card, vram_total_bytes=vram, vram_free_bytes=vram)
+
+
+# /proc/cpuinfo's feature lines as Linux writes them, for the CPU-flag boundary: an x86-64 CPU with AVX2 and no
+# AVX-512 (a Haswell-class desktop), this project's machine (AMD EPYC, Zen 4: AVX-512 with VNNI, BF16, VBMI), and an
+# ARM server core (Neoverse V1: SVE) beside one without SVE (Neoverse N1).
+AVX2_CPU_FLAGS = (
+    "fpu vme de pse tsc msr pae mce cx8 apic sep mtrr pge mca cmov pat pse36 clflush mmx fxsr sse sse2 ht syscall nx "
+    "pdpe1gb rdtscp lm constant_tsc rep_good nopl xtopology cpuid pni pclmulqdq ssse3 fma cx16 pcid sse4_1 sse4_2 "
+    "x2apic movbe popcnt aes xsave avx f16c rdrand hypervisor lahf_lm abm invpcid_single fsgsbase bmi1 avx2 smep "
+    "bmi2 erms invpcid xsaveopt arat md_clear")
+ZEN4_CPU_FLAGS = (
+    "fpu vme de pse tsc msr pae mce cx8 apic sep mtrr pge mca cmov pat pse36 clflush mmx fxsr sse sse2 ht syscall nx "
+    "mmxext fxsr_opt pdpe1gb rdtscp lm constant_tsc rep_good nopl xtopology nonstop_tsc cpuid extd_apicid "
+    "tsc_known_freq pni pclmulqdq ssse3 fma cx16 pcid sse4_1 sse4_2 x2apic movbe popcnt tsc_deadline_timer aes xsave "
+    "avx f16c rdrand hypervisor lahf_lm cmp_legacy cr8_legacy abm sse4a misalignsse 3dnowprefetch osvw topoext "
+    "vmmcall fsgsbase tsc_adjust bmi1 avx2 smep bmi2 erms invpcid avx512f avx512dq rdseed adx smap avx512ifma "
+    "clflushopt clwb avx512cd sha_ni avx512bw avx512vl xsaveopt xsavec xgetbv1 xsaves avx512_bf16 clzero xsaveerptr "
+    "arat avx512vbmi umip avx512_vbmi2 gfni vaes vpclmulqdq avx512_vnni avx512_bitalg avx512_vpopcntdq rdpid fsrm")
+NEOVERSE_V1_FEATURES = (
+    "fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm jscvt fcma lrcpc dcpop sha3 sm3 "
+    "sm4 asimddp sha512 sve asimdfhm dit uscat ilrcpc flagm ssbs paca pacg dcpodp svei8mm svebf16 i8mm bf16 dgh rng")
+NEOVERSE_N1_FEATURES = (
+    "fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm lrcpc dcpop asimddp ssbs")
+
+
+class FakeCpuInfo:
+    """A FAKE ``/proc/cpuinfo`` (named as one; the CPU-flag boundary only): a file holding one processor's ``flags``
+    line (x86) or ``Features`` line (ARM), put where :func:`tuner.machine.hardware.cpu_flags` reads, and the machine
+    architecture ``platform.machine()`` reports. ``line=None``: no such file at all (a system without /proc)."""
+
+    def __init__(self, folder: Path, line: str | None, machine: str = "x86_64") -> None:
+        self.path = folder / "cpuinfo"
+        self.machine = machine
+        if line is not None:
+            folder.mkdir(parents=True, exist_ok=True)
+            key = "flags" if machine in ("x86_64", "amd64") else "Features"
+            self.path.write_text(f"processor\t: 0\nvendor_id\t: FakeCpu\n{key}\t\t: {line}\n\n")
+
+    def install(self, monkeypatch: Any) -> FakeCpuInfo:
+        from tuner.machine import hardware
+
+        monkeypatch.setattr(hardware, "CPUINFO", self.path)
+        monkeypatch.setattr(platform, "machine", lambda: self.machine)
+        return self

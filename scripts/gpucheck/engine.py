@@ -1,12 +1,15 @@
-"""The pinned engine on the GPU machine of `scripts/gpu_check`: a CUDA build for the card's own architecture,
-timed into the state, and packed small enough to come back from the lease and travel with the next one.
+"""The pinned engines on the GPU machine of `scripts/gpu_check`: CUDA builds (llama.cpp's, and ik_llama.cpp's for
+the race) for the card's own architecture, timed into the state, and packed small enough to come back from the
+lease and travel with the next one.
 
 The build uses the product's own flags (:func:`tuner.engine.build.cmake_flags`: the flash-attention vector
-kernels of every K/V pair the search tries, ``CMAKE_CUDA_ARCHITECTURES`` from ``nvidia-smi``'s compute
-capability) plus the machine's toolkit (:func:`tuner.engine.cuda_toolkit.cmake_flags`: nvcc, and cuBLAS from the
-toolkit or from NVIDIA's wheel installed beside PyTorch, since nothing can be fetched there). Only the tools the
-check runs are built. A build cut by a command's time limit resumes in the next command (ninja keeps its steps);
-the compile time of every command is added up, so the state holds the machine's whole build time.
+kernels of every K/V pair the search tries, ``CMAKE_CUDA_ARCHITECTURES`` from the card's compute capability) plus
+the machine's toolkit (:func:`tuner.engine.cuda_toolkit.cmake_flags`: nvcc, and cuBLAS from the toolkit or from
+NVIDIA's wheel installed beside PyTorch, since nothing can be fetched there), built portable for the CPU
+(``MOE_TUNE_CPU_ISA=avx2``, :mod:`tuner.engine.cpu_isa`): a build made here or on one lease's machine runs on the
+next one's CPU, whatever it is, so its identity names no CPU. Only the tools the check runs are built. A build cut
+by a command's time limit resumes in the next command (ninja keeps its steps); the compile time of every command is
+added up, so the state holds the machine's whole build time.
 
 Built, the tools and libraries (not the toolkit's runtime, which the next machine has) are packed as
 ``engine.tar.xz`` in parts of at most 15 MiB, when the whole is at most 45 MiB: they come back from ``$OUT``
@@ -27,9 +30,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tuner.engine import build, cuda_toolkit, runner
+from tuner.engine import build, cpu_isa, cuda_toolkit, runner
+from tuner.engine.kinds import IK_LLAMA, LLAMA_CPP, EngineKind
 
 CHECK_TOOLS = ("llama-server", "llama-bench", "llama-fit-params")  # what (a)-(c) run
+IK_CHECK_TOOLS = ("llama-server", "llama-bench")  # what the race runs of ik_llama.cpp (no llama-fit-params there)
+# Where each engine's pack sits in its carry folder (llama.cpp's in .gpu-pack, ik's in its own, carried by the
+# lease's second command: each device call carries at most 64 MiB).
+PACK_DIRS = {LLAMA_CPP.name: "engine", IK_LLAMA.name: "engine-ik"}
+LEASE_ISA = cpu_isa.PORTABLE  # a lease's engines travel between machines: no host ISA in their code or key
 ARCHIVE = "engine.tar.xz"
 META = "engine.json"
 PART_BYTES = 15 * 2**20  # a file back from $OUT is at most 16 MiB
@@ -37,24 +46,31 @@ BACK_LIMIT_BYTES = 45 * 2**20  # three parts: with the table and its JSON, well 
 _NINJA = re.compile(r"^\[(\d+)/(\d+)\]")
 
 
-def identity(arch: str) -> dict[str, Any]:
-    """What makes a build reusable on another machine: the pin, the product's flags, the card's architecture."""
+def tools_of(kind: EngineKind) -> tuple[str, ...]:
+    return IK_CHECK_TOOLS if kind is IK_LLAMA else CHECK_TOOLS
+
+
+def identity(arch: str, kind: EngineKind = LLAMA_CPP) -> dict[str, Any]:
+    """What makes a build reusable on another machine: the engine and its pin, the product's flags built portable
+    for the CPU (the same on any x86-64 CPU), the card's architecture."""
     os.environ["MOE_TUNE_CUDA_ARCHS"] = arch  # read by build.cmake_flags
-    return {"pin": build.PIN.commit, "arch": arch, "cmake_flags": list(build.build_identity(build.Backend.CUDA))}
+    out = {"pin": kind.pin.commit, "arch": arch,
+           "cmake_flags": list(build.build_identity(build.Backend.CUDA, kind, isa=LEASE_ISA))}
+    return out if kind is LLAMA_CPP else {"engine": kind.name, **out}
 
 
-def configure_argv(src: Path, bdir: Path, arch: str) -> tuple[list[str], list[Path]]:
+def configure_argv(src: Path, bdir: Path, arch: str, kind: EngineKind = LLAMA_CPP) -> tuple[list[str], list[Path]]:
     """The configure command and the runtime libraries the binaries need beside them."""
     flags, runtime = cuda_toolkit.configure_parts(arch)
-    return (["cmake", "-S", str(src), "-B", str(bdir), "-G", "Ninja", *build.cmake_flags(build.Backend.CUDA), *flags],
-            runtime)
+    return (["cmake", "-S", str(src), "-B", str(bdir), "-G", "Ninja",
+             *build.cmake_flags(build.Backend.CUDA, kind, isa=LEASE_ISA), *flags], runtime)
 
 
 def compile_engine(src: Path, bdir: Path, arch: str, *, timeout_s: float, log: Callable[[str], None],
-                   times: dict[str, Any]) -> Path:
+                   times: dict[str, Any], kind: EngineKind = LLAMA_CPP) -> Path:
     """Configure (once) and compile the check's tools; ``times`` (the state's record) gets each command's
     seconds added, so a build cut by a time limit and resumed keeps its whole time. Returns the bin folder."""
-    argv, runtime = configure_argv(src, bdir, arch)
+    argv, runtime = configure_argv(src, bdir, arch, kind)
     start = time.monotonic()
     if not (bdir / "build.ninja").is_file():
         runner.run_process(argv, timeout_s=min(600, timeout_s), what="cmake configure", fix="see the build log",
@@ -71,7 +87,7 @@ def compile_engine(src: Path, bdir: Path, arch: str, *, timeout_s: float, log: C
 
     t0 = time.monotonic()
     try:
-        runner.run_process(["cmake", "--build", str(bdir), "-j", str(jobs), "--target", *CHECK_TOOLS],
+        runner.run_process(["cmake", "--build", str(bdir), "-j", str(jobs), "--target", *tools_of(kind)],
                            timeout_s=max(30.0, timeout_s - (t0 - start)), what="cmake build", on_line=line,
                            fix="run the same command again: the build continues")
     finally:  # cut by the time limit or done: the seconds count either way
@@ -100,7 +116,7 @@ RUNTIME_PREFIXES = ("libcudart", "libcublas")
 def _packed(bin_dir: Path) -> list[Path]:
     return sorted(p for p in bin_dir.iterdir()
                   if p.is_file() and not p.is_symlink() and (p.name in CHECK_TOOLS or ".so" in p.name)
-                  and not p.name.startswith(RUNTIME_PREFIXES))
+                  and not p.name.startswith(RUNTIME_PREFIXES))  # ik's tools are a subset of CHECK_TOOLS
 
 
 def pack(bin_dir: Path, dest: Path, meta: dict[str, Any], *, limit_bytes: int = BACK_LIMIT_BYTES,

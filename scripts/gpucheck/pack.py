@@ -27,6 +27,7 @@ from typing import Any
 
 from tuner.core.errors import UsageError
 from tuner.engine import build, runner
+from tuner.engine.kinds import LLAMA_CPP, EngineKind
 from tuner.machine import paths
 from tuner.machine.fileio import sha256_file
 
@@ -212,24 +213,29 @@ def describe(res: PackResult) -> str:
     return out.getvalue()
 
 
-def pack_engine(folder: Path, arch: str, bin_dir: Path | None = None) -> dict[str, Any]:
-    """The CUDA engine built here (``moe-tune engine install --backend cuda`` with ``MOE_TUNE_CUDA_ARCHS=arch``)
-    into ``folder/engine``, as a lease brings one back: the lease restores it in seconds instead of building
-    (lease 1: 263 s of its 900). Found among the managed builds by its identity (pin, flags, architecture, toolkit)
-    unless ``bin_dir`` names it; the toolkit's runtime and cuBLAS stay behind (the GPU machine has its own)."""
+def pack_engine(folder: Path, arch: str, bin_dir: Path | None = None,
+                kind: EngineKind = LLAMA_CPP) -> dict[str, Any]:
+    """The CUDA engine built here (``MOE_TUNE_CPU_ISA=avx2 MOE_TUNE_CUDA_ARCHS=arch moe-tune engine install --backend
+    cuda``, with ``--engine ik`` for ik_llama.cpp's) into ``folder/engine`` (``folder/engine-ik``), as a lease brings
+    one back: the lease restores it in seconds instead of building (lease 1: 263 s of its 900). Found among the
+    managed builds by its identity (pin, flags built portable for the CPU, architecture, toolkit) unless ``bin_dir``
+    names it; the toolkit's runtime and cuBLAS stay behind (the GPU machine has its own)."""
     from gpucheck import engine as gpu_engine
 
-    want = gpu_engine.identity(arch)
+    want = gpu_engine.identity(arch, kind)
     if bin_dir is None:
-        for candidate in build.managed_builds():
+        for candidate in build.managed_builds(kind):
             stamp = build.build_info(candidate)
             if stamp.get("identity") == want["cmake_flags"]:
                 bin_dir = candidate
                 break
     if bin_dir is None:
-        raise UsageError(f"no CUDA engine for arch {arch} built here with this toolkit: run MOE_TUNE_CUDA_ARCHS={arch} "
-                         "moe-tune engine install --backend cuda first (about 27 min on 2 cores)")
+        engine = "" if kind is LLAMA_CPP else f" --engine {kind.key}"
+        raise UsageError(f"no CUDA engine{engine and ' of ' + kind.name} for arch {arch} built here with this "
+                         f"toolkit, portable for the CPU: run MOE_TUNE_CPU_ISA={gpu_engine.LEASE_ISA} "
+                         f"MOE_TUNE_CUDA_ARCHS={arch} moe-tune engine install --backend cuda{engine} first (about 27 "
+                         "min on 2 cores for llama.cpp's)")
     stamp = build.build_info(bin_dir)
     meta = {**want, "build": {"build_s": stamp.get("build_s"), "built_at": stamp.get("built_at"),
                               "where": "built before the lease (moe-tune engine install)"}}
-    return gpu_engine.pack(bin_dir, folder / "engine", meta)
+    return gpu_engine.pack(bin_dir, folder / gpu_engine.PACK_DIRS[kind.name], meta)

@@ -178,6 +178,32 @@ def test_lease_plan_keeps_the_order_and_stops_at_the_first_step_that_does_not_fi
         "weights); NOT (c)" in text
 
 
+def test_the_lease_packs_identity_is_the_same_under_an_avx2_cpu_and_this_zen4(tmp_path, monkeypatch):
+    """Issue 67: the packed CUDA engines (llama.cpp's and ik_llama.cpp's) are keyed and built portable for the CPU:
+    the identity a lease's machine computes under its own CPU's flags is the one computed here, whatever CPU either
+    has, and names no host ISA. Another CPU is simulated at the boundary cpu_isa reads: a FAKE /proc/cpuinfo."""
+    from gpucheck import engine as gpu_engine
+
+    from tests.fakes import AVX2_CPU_FLAGS, ZEN4_CPU_FLAGS, FakeCpuInfo
+    from tuner.engine import build, cpu_isa
+    from tuner.engine.kinds import IK_LLAMA
+
+    monkeypatch.setenv("MOE_TUNE_CUDA_ARCHS", "90")
+    monkeypatch.delenv(cpu_isa.ISA_ENV, raising=False)  # this machine's default: builds for its own CPU
+    seen = {}
+    for name, flags in (("avx2", AVX2_CPU_FLAGS), ("zen4", ZEN4_CPU_FLAGS)):
+        FakeCpuInfo(tmp_path / name, flags).install(monkeypatch)
+        seen[name] = {"lease": (gpu_engine.identity("90"), gpu_engine.identity("90", IK_LLAMA)),
+                      "here": (build.build_identity(build.Backend.CUDA), build.build_identity(build.Backend.CUDA,
+                                                                                              IK_LLAMA))}
+    assert seen["avx2"]["lease"] == seen["zen4"]["lease"]
+    assert seen["avx2"]["here"] != seen["zen4"]["here"]  # the fake CPU reached cpu_isa: a native build differs
+    for ident in seen["zen4"]["lease"]:
+        assert not [f for f in ident["cmake_flags"] if "AVX512" in f or "ARCH_FLAGS" in f or "cpu_isa=" in f]
+        assert "-DGGML_NATIVE=OFF" in ident["cmake_flags"] and "-DCMAKE_CUDA_ARCHITECTURES=90" in ident["cmake_flags"]
+    assert seen["zen4"]["lease"][1]["engine"] == "ik_llama.cpp" and "engine" not in seen["zen4"]["lease"][0]
+
+
 def test_an_engine_comes_back_in_parts_and_is_restored_only_for_the_same_build(tmp_path, monkeypatch):
     from gpucheck import engine as gpu_engine
 

@@ -221,11 +221,12 @@ def resolve_backend(requested: Backend) -> Backend:
     return backend_choice(requested)[0]
 
 
-def cmake_flags(backend: Backend, kind: EngineKind = LLAMA_CPP) -> tuple[str, ...]:
+def cmake_flags(backend: Backend, kind: EngineKind = LLAMA_CPP, isa: str | None = None) -> tuple[str, ...]:
     """The flags that make a build what it is (its cache key). The CUDA build adds, at configure time, where
-    this machine's toolkit and cuBLAS are (:func:`tuner.engine.cuda_toolkit.cmake_flags`)."""
+    this machine's toolkit and cuBLAS are (:func:`tuner.engine.cuda_toolkit.cmake_flags`). ``isa``: ``avx2`` for a
+    build that travels (:mod:`tuner.engine.cpu_isa`), else ``MOE_TUNE_CPU_ISA``'s choice."""
     if kind is IK_LLAMA:
-        return _ik_cmake_flags(backend)
+        return _ik_cmake_flags(backend, isa)
     flags = [
         "-DCMAKE_BUILD_TYPE=Release",
         "-DGGML_NATIVE=OFF",
@@ -236,7 +237,7 @@ def cmake_flags(backend: Backend, kind: EngineKind = LLAMA_CPP) -> tuple[str, ..
         f"-DLLAMA_BUILD_COMMIT={PIN.commit}",
         "-DCMAKE_INSTALL_RPATH=$ORIGIN",
         "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON",
-        *cpu_isa.llama_cpp_flags(),  # this CPU's granted instruction sets, AMX never (tuner.engine.cpu_isa)
+        *cpu_isa.llama_cpp_flags(isa),  # this CPU's granted instruction sets, AMX never (tuner.engine.cpu_isa)
     ]
     if backend is Backend.CUDA:
         # Only the card that is here: the full default list of CUDA architectures takes hours on a small CPU.
@@ -252,13 +253,14 @@ def cmake_flags(backend: Backend, kind: EngineKind = LLAMA_CPP) -> tuple[str, ..
 IK_FA_ALL_QUANTS = True
 
 
-def _ik_cmake_flags(backend: Backend) -> tuple[str, ...]:
-    """ik_llama.cpp's tree: its examples folder holds llama-bench and the server (both off unless asked for); a
-    native build, as the fork's speed comes from the host's own SIMD (AVX2, AVX512, VNNI) and the build runs where
-    it is used. Shared libraries go beside the binaries (``$ORIGIN``): the install step gathers them from the tree."""
+def _ik_cmake_flags(backend: Backend, isa: str | None = None) -> tuple[str, ...]:
+    """ik_llama.cpp's tree: its examples folder holds llama-bench and the server (both off unless asked for); built
+    for this CPU's granted instruction sets (:func:`tuner.engine.cpu_isa.ik_flags`), as the fork's speed comes from
+    the host's own SIMD (AVX2, AVX512, VNNI) and the build runs where it is used. Shared libraries go beside the
+    binaries (``$ORIGIN``): the install step gathers them from the tree."""
     flags = [
         "-DCMAKE_BUILD_TYPE=Release",
-        f"-DGGML_NATIVE={'ON' if cpu_isa.native_allowed() else 'OFF'}",
+        *cpu_isa.ik_flags(isa),
         "-DLLAMA_BUILD_TESTS=OFF",
         "-DLLAMA_BUILD_EXAMPLES=ON",
         "-DLLAMA_BUILD_SERVER=ON",
@@ -272,11 +274,12 @@ def _ik_cmake_flags(backend: Backend) -> tuple[str, ...]:
     return tuple(flags)
 
 
-def build_identity(backend: Backend, kind: EngineKind = LLAMA_CPP) -> tuple[str, ...]:
-    """What makes two builds the same: the flags, and for CUDA the toolkit that compiles them (an installed
-    13.0 and the wheels' 13.5 are two builds)."""
-    flags = cmake_flags(backend, kind)
-    if kind is not LLAMA_CPP and cpu_isa.native_allowed():  # -march=native: made for this CPU alone
+def build_identity(backend: Backend, kind: EngineKind = LLAMA_CPP, isa: str | None = None) -> tuple[str, ...]:
+    """What makes two builds the same: the flags, the CPU a build for this CPU alone was made for (ik's, on every
+    architecture; llama.cpp's flags name it on x86 and it is portable elsewhere), and for CUDA the toolkit that
+    compiles them (an installed 13.0 and the wheels' 13.5 are two builds)."""
+    flags = cmake_flags(backend, kind, isa)
+    if kind is not LLAMA_CPP and cpu_isa.made_for_this_cpu(isa):
         flags = (*flags, cpu_isa.identity())
     return (*flags, f"toolkit={cuda_toolkit.toolkit_id()}") if backend is Backend.CUDA else flags
 

@@ -335,15 +335,15 @@ def probe_host() -> HostInfo:
 CPUINFO = Path("/proc/cpuinfo")
 
 
-def cpu_flags(cpuinfo: Path = CPUINFO) -> frozenset[str]:
-    """The instruction-set flags the kernel grants this process (``/proc/cpuinfo``'s first ``flags`` line). Not
-    CPUID's list: the kernel drops a feature whose register state it does not enable (XCR0), and a VM's CPUID may
-    list AMX that faults when used (seen on a Xeon VM of this project: SIGILL in ``tilezero``). Empty where the file
-    is missing or names no flags (not Linux, not x86)."""
+def cpu_flags(cpuinfo: Path | None = None) -> frozenset[str]:
+    """The instruction-set flags the kernel grants this process (``/proc/cpuinfo``'s first ``flags`` line on x86,
+    ``Features`` on ARM: the kernel's HWCAP names). Not CPUID's list: the kernel drops a feature whose register state
+    it does not enable (XCR0), and a VM's CPUID may list AMX that faults when used (seen on a Xeon VM of this
+    project: SIGILL in ``tilezero``). Empty where the file is missing or names no flags (not Linux)."""
     with contextlib.suppress(OSError):
-        for line in cpuinfo.read_text(errors="replace").splitlines():
+        for line in (cpuinfo or CPUINFO).read_text(errors="replace").splitlines():
             key, _, value = line.partition(":")
-            if key.strip() == "flags":
+            if key.strip() in ("flags", "Features"):
                 return frozenset(value.split())
     return frozenset()
 
