@@ -6,6 +6,7 @@ Every message names the fix. The CLI prints ``str(error)`` on one line and exits
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Generic, Protocol, TypeVar
@@ -65,6 +66,25 @@ class DiskSpaceError(EngineError, OSError):
         )
 
 
+# A process killed by SIGILL ran an instruction this CPU lacks or the kernel withholds: its build was made for
+# another CPU (-march=native read elsewhere, AVX-512 or AMX code). 128 + 4 is how a shell wrapper reports it.
+ILLEGAL_INSTRUCTION_CODES = (-int(signal.SIGILL), 128 + int(signal.SIGILL))
+WRONG_CPU_FIX = ("rebuild it here with `moe-tune engine install --force` (ik_llama.cpp's: add --engine ik), or set "
+                 "MOE_TUNE_CPU_ISA=avx2 for a portable build; a build of your own (LLAMA_CPP_DIR, PATH): build it on "
+                 "this machine")
+
+
+def illegal_instruction(returncode: int | None) -> bool:
+    """Whether an exit status says the process died of an illegal instruction (SIGILL)."""
+    return returncode in ILLEGAL_INSTRUCTION_CODES
+
+
+def wrong_cpu_reason(argv: Sequence[str]) -> str:
+    """The cause of a SIGILL in the user's words: which binary, built for another CPU."""
+    binary = Path(str(argv[0])) if argv else Path("the engine")
+    return f"{binary.name} in {binary.parent} was built for another CPU (it died of an illegal instruction, SIGILL)"
+
+
 class ProcessFailedError(EngineError):
     """A llama.cpp process ended badly. Carries what is needed to reproduce it."""
 
@@ -73,6 +93,9 @@ class ProcessFailedError(EngineError):
         self.argv = list(argv)
         self.returncode = returncode
         self.stderr_tail = stderr_tail
+        if illegal_instruction(returncode):  # whatever the caller's fix: the build cannot run on this CPU at all
+            super().__init__(f"{what} failed: {wrong_cpu_reason(self.argv)}: {WRONG_CPU_FIX}")
+            return
         last = _last_meaningful_line(stderr_tail)
         code = "timed out" if returncode is None else f"exit {returncode}"
         super().__init__(f"{what} failed ({code}): {last}; {fix}")

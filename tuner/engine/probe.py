@@ -13,7 +13,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from tuner.core.config import LaunchConfig
-from tuner.core.errors import EngineError
+from tuner.core.errors import WRONG_CPU_FIX, EngineError, illegal_instruction
 from tuner.engine import runner
 from tuner.engine.caps import (
     Capabilities,
@@ -72,6 +72,7 @@ def capabilities(loc: EngineLocation, use_cache: bool = True) -> Capabilities:
         dev = runner.run_process(
             [str(server), "--list-devices"], timeout_s=60, what="llama-server --list-devices", fix=fix, check=False
         )
+        _refuse_unloadable(dev.returncode, dev.stdout + "\n" + dev.stderr_tail, loc)  # the CPU backend's first run
         devices = parse_devices(dev.stdout + "\n" + dev.stderr_tail)
     else:  # ik_llama.cpp's server lists none: its start-up names the CUDA devices it found (ggml_cuda_init)
         info = _startup_text(loc, kind)
@@ -96,6 +97,9 @@ _MISSING_LIBRARY = re.compile(r"error while loading shared libraries: (\S+?):")
 def _refuse_unloadable(returncode: int, text: str, loc: EngineLocation) -> None:
     """A binary the loader cannot start says nothing of itself: name the library it lacks, and for a CUDA build
     linked to the driver (``libcuda.so.1``, VMM) on a machine without one, that it was built for a GPU machine."""
+    if illegal_instruction(returncode):  # the first run of a build (managed or the user's): it cannot run on this CPU
+        raise EngineError(f"the engine at {loc.bin_dir} was built for another CPU (its tools die of an illegal "
+                          f"instruction, SIGILL): {WRONG_CPU_FIX}")
     missing = _MISSING_LIBRARY.search(text)
     if returncode == 0 or missing is None:
         return

@@ -13,6 +13,7 @@ from enum import Enum
 from typing import Any
 
 from tuner.core.errors import (
+    WRONG_CPU_FIX,
     EngineError,
     EngineNotFoundError,
     ProcessFailedError,
@@ -22,6 +23,8 @@ from tuner.core.errors import (
     TunerError,
     UsageError,
     _last_meaningful_line,
+    illegal_instruction,
+    wrong_cpu_reason,
 )
 
 
@@ -32,6 +35,7 @@ class FailureKind(str, Enum):
     TIMED_OUT = "timed_out"
     ENGINE_MISSING = "engine_missing"
     UNSUPPORTED_MODEL = "unsupported_model"  # the engine does not know the model's architecture
+    WRONG_CPU = "wrong_cpu"  # the build died of an illegal instruction: it was made for another CPU
 
 
 # Allocation failures as llama.cpp/ggml print them (CUDA, Vulkan, CPU, KV cache, compute buffers).
@@ -55,6 +59,7 @@ _FIX = {
     FailureKind.ENGINE_MISSING: "run `moe-tune engine install` or set LLAMA_CPP_DIR",
     FailureKind.UNSUPPORTED_MODEL: "run this model with an engine that knows its architecture (llama.cpp), or a "
                                    "newer build of this one",
+    FailureKind.WRONG_CPU: WRONG_CPU_FIX,
 }
 # The loader's own words (llama-model-loader / llama.cpp's llm_arch_from_string): "error loading model architecture:
 # unknown model architecture: 'olmoe'" (ik_llama.cpp 0.1.5 on OLMoE).
@@ -100,6 +105,8 @@ def classify_exit(argv: tuple[str, ...] | list[str], returncode: int | None, std
     sig = _signal_name(returncode)
     if timed_out:
         return Failure(FailureKind.TIMED_OUT, "it did not finish in time", argv, returncode, sig, stderr_tail)
+    if illegal_instruction(returncode):  # no config of this build runs here: said as such, never as a crash
+        return Failure(FailureKind.WRONG_CPU, wrong_cpu_reason(argv), argv, returncode, sig or "SIGILL", stderr_tail)
     oom = _matching_line(_OOM, stderr_tail)
     if oom:
         return Failure(FailureKind.OUT_OF_MEMORY, oom, argv, returncode, sig, stderr_tail)
