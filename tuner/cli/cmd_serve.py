@@ -120,13 +120,17 @@ def serve_cmd(
         "--alias", metavar="NAME", help="The model's name to clients (/v1/models, replies); default: the model "
         "file's name without .gguf.", show_default=False)] = None,
     rank: Annotated[int, typer.Option(
-        "--rank", help="1 = the result's line, 2 = the next distinct line by the finish's score, ...")] = 1,
+        "--rank", help="1 = the line the run printed (a race's, from either engine's folder), 2 = the next one "
+        "handed out (as launch-line --rank counts), ...")] = 1,
     results_dir: Annotated[Path, typer.Option("--results-dir", help="Where auto-tune wrote its results.")]
     = Path("results"),
     force: Annotated[bool, typer.Option(
         "--force", help="Start even when the line no longer holds (engine, card, VRAM or model changed).")] = False,
     load_timeout: Annotated[float, typer.Option("--load-timeout", help="Seconds the model may take to load.")]
     = 600.0,
+    dry_run: Annotated[bool, typer.Option(
+        "--dry-run", help="Check the line and print the llama-server command serve would start (before its address, "
+        "key and log flags); start nothing.")] = False,
     llama_cpp_dir: LlamaDir = None,
 ) -> None:
     """Start llama-server with the measured line of a tuned result and keep it in the foreground: the line is
@@ -143,9 +147,11 @@ def serve_cmd(
     The key never goes on a command line (every local user reads those, so
     --api-key is refused): it comes from the file (yours alone: mode 600) or
     from LLAMA_API_KEY, and llama-server gets it by environment.
+    After a race across engines, either engine's folder serves the line the
+    race printed, on its engine's server.
     """
     from tuner.engine import build
-    from tuner.report import line_check, study_report
+    from tuner.report import handover, line_check
     from tuner.search import interrupt
 
     if api_key_in_argv is not None:
@@ -153,15 +159,13 @@ def serve_cmd(
     if target is not None and target.startswith("-"):  # `serve -- FLAGS` with no target
         extra, target = [target, *(extra or [])], None
     found = _found(target, results_dir)
-    pick = study_report.picks(found.result)
-    if not 1 <= rank <= len(pick):
-        raise UsageError(f"--rank {rank} is out of range: this result has {len(pick)} measured configs")
-    chosen = pick[rank - 1]
-    kind = study_report.engine_of(found.result, rank)
+    chosen = handover.of(found.result).at(rank)
+    measured = line_check.measured_by(chosen, found)
+    kind = chosen.kind
     loc = build.locate_engine(llama_cpp_dir, kind)
-    argv = study_report.launch_argv(found.result, rank=rank, binary=str(loc.tool("llama-server")))
-    checked = line_check.check(found, chosen.config, chosen.label, line_check.probe_now(loc))
-    _say(f"{chosen.label} of {found.file}, on {build.capabilities(loc).identity.describe()} at {loc.bin_dir}")
+    argv = handover.argv(chosen, binary=str(loc.tool("llama-server")))
+    checked = line_check.check(measured, chosen.config, chosen.label, line_check.probe_now(loc))
+    _say(f"{chosen.label} of {measured.file}, on {build.capabilities(loc).identity.describe()} at {loc.bin_dir}")
     if checked.changes:
         changed = "; ".join(checked.changes)
         if not force:
@@ -174,6 +178,10 @@ def serve_cmd(
         _say(f"not checked: {what}")
     if extra:
         _passed_through(extra, argv)
+    if dry_run:
+        out.print(shlex.join([*(f"{k}={v}" for k, v in handover.env(chosen).items()), *argv]), highlight=False,
+                  soft_wrap=True, markup=False)
+        return
     served.check_host(host)
     key = served.api_key(os.environ, api_key_file)
     if key is None and not served.is_loopback(host):
@@ -192,11 +200,11 @@ def serve_cmd(
         out.print(f"OpenAI-compatible base URL: {s.base_url}", highlight=False, soft_wrap=True)
 
     with interrupt.sigterm_as_ctrl_c(), served.handed_to(kind, key, named) as (key_argv, handed):
-        env = {**study_report.launch_env(found.result, rank=rank), **handed}
+        env = {**handover.env(chosen), **handed}
         try:
-            served.run_foreground([*argv, *key_argv, *flags.file_log_argv(kind, found.file.parent / "logs"),
+            served.run_foreground([*argv, *key_argv, *flags.file_log_argv(kind, measured.file.parent / "logs"),
                                    *(extra or [])], host=host, port=port,
-                                  log_dir=found.file.parent / "logs", env=env, load_timeout_s=load_timeout,
+                                  log_dir=measured.file.parent / "logs", env=env, load_timeout_s=load_timeout,
                                   on_ready=ready)
         except KeyboardInterrupt:
             interrupt.handled()  # stopping is what Ctrl-C asks of serve: the run ends well

@@ -34,7 +34,9 @@ def share_cmd(
     workload, every measured line with its verdicts, the printed line and why, this installation's random sharer
     id) sent to a dataset repo: committed to a repo you own, opened as a pull request on anyone else's (the
     pool's owner merges it). No paths, host name, user or serial numbers, and the model's Hub repo only when it
-    is public: see docs/sharing.md. Uses your Hugging Face token (`hf auth login` or HF_TOKEN).
+    is public: see docs/sharing.md. After a race across engines, either engine's folder shares the line the race
+    printed, the engine that ran it and its verdict against llama.cpp's default; a line its quality price refused
+    is never shared. Uses your Hugging Face token (`hf auth login` or HF_TOKEN).
 
     \b
     Examples:

@@ -1,21 +1,26 @@
 """What the MCP tools answer, as JSON-safe dicts built from the library calls the commands make: ``plan`` from
 :func:`tuner.plan.placement.make_plan` as ``moe-tune plan --json`` writes it (:mod:`tuner.report.plan_doc`), ``quants``
 from the Hub listing and one quant's header (``moe-tune quants --json``), ``results`` from the results on disk and
-the check ``serve`` makes before it starts, ``launch_line`` from :func:`tuner.report.study_report.launch_line`.
-Nothing here measures, starts a server or downloads model data.
+the check ``serve`` makes before it starts, ``launch_line`` as ``moe-tune launch-line`` renders it: both hand out what
+:func:`tuner.report.handover.of` hands out (after a race across engines, the line the race printed, from either
+engine's folder; never a line its price refused). Nothing here measures, starts a server or downloads model data.
 """
 
 from __future__ import annotations
 
 import datetime
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from tuner.catalog import cards, families
 from tuner.core.errors import EngineNotFoundError, TunerError, UnknownQuantError, UsageError
 from tuner.engine import build
+from tuner.engine.kinds import EngineKind
 from tuner.plan.placement import fit_verdict, scaled
-from tuner.report import line_check, plan_doc, study_report
+from tuner.report import handover, line_check, plan_doc
+from tuner.search.result import load_result
+from tuner.search.verdict import Verdict
 
 
 def plan(model: str, card: str | None = None, context: int | None = None, ram_gib: float | None = None,
@@ -74,30 +79,44 @@ def _when(seconds: float) -> str:
     return datetime.datetime.fromtimestamp(seconds).isoformat(timespec="seconds")
 
 
-def _line_entry(f: line_check.Found, now: line_check.Now | None, why_unchecked: str) -> dict[str, Any]:
-    picks = study_report.picks(f.result)
-    if not picks:
-        return {"line": None, "why": "no config was measured to launch"}
-    entry: dict[str, Any] = {"label": picks[0].label, "line": study_report.launch_line(f.result),
-                             "figures": picks[0].figures, "why": f.decision(), "verdicts": f.verdicts()}
-    if now is None:
-        return entry | {"still_holds": {"holds": None, "not_checked": [why_unchecked]}}
-    c = line_check.check(f, picks[0].config, picks[0].label, now)
+def _line_entry(f: line_check.Found, now: Callable[[EngineKind], line_check.Now | str],
+                llama_cpp_dir: Path | None) -> dict[str, Any]:
+    hand = handover.of(f.result)
+    pick = hand.printed
+    if pick is None:
+        return {"line": None, "why": hand.why_none, "never_handed_out": list(hand.withheld)}
+    race = hand.race
+    measured = line_check.measured_by(pick, f)
+    verdicts = ([Verdict.from_dict(pick.figures["against_llama_cpp_default"]).describe()]
+                if race is not None and pick.figures.get("against_llama_cpp_default") else
+                [] if race is not None else f.verdicts())
+    entry: dict[str, Any] = {"label": pick.label, "engine": pick.kind.name, "measured_in": str(measured.file),
+                             "line": handover.render(pick, llama_cpp_dir=llama_cpp_dir), "figures": pick.figures,
+                             "why": race.reason if race is not None else f.decision(), "verdicts": verdicts,
+                             "never_handed_out": list(hand.withheld)}
+    here = now(pick.kind)
+    if isinstance(here, str):
+        return entry | {"still_holds": {"holds": None, "not_checked": [here]}}
+    c = line_check.check(measured, pick.config, pick.label, here)
     return entry | {"still_holds": {"holds": c.holds, "changes": list(c.changes), "notes": list(c.notes),
                                     "not_checked": list(c.unchecked)}}
 
 
 def results(results_dir: Path, llama_cpp_dir: Path | None = None) -> dict[str, Any]:
-    """The tuned results in ``results_dir``, newest first: each one's line, why it was chosen, its verdicts, and
-    whether it still holds here (the check ``moe-tune serve`` makes before it starts)."""
+    """The tuned results in ``results_dir``, newest first: each one's line (after a race across engines, the line the
+    race printed, whichever engine's folder), why it was chosen, its verdicts, and whether it still holds here (the
+    check ``moe-tune serve`` makes before it starts, on the line's own engine)."""
     found = line_check.find_results(results_dir)
-    now: line_check.Now | None = None
-    why_unchecked = ""
-    if found:
-        try:
-            now = line_check.probe_now(build.locate_engine(llama_cpp_dir))
-        except EngineNotFoundError as exc:
-            why_unchecked = str(exc)
+    probed: dict[str, line_check.Now | str] = {}
+
+    def now(kind: EngineKind) -> line_check.Now | str:
+        if kind.name not in probed:
+            try:
+                probed[kind.name] = line_check.probe_now(build.locate_engine(llama_cpp_dir, kind))
+            except EngineNotFoundError as exc:
+                probed[kind.name] = str(exc)
+        return probed[kind.name]
+
     listed = []
     for f in found:
         entry: dict[str, Any] = {"result": str(f.file), "study": f.result.study, "model": f.result.model,
@@ -105,7 +124,7 @@ def results(results_dir: Path, llama_cpp_dir: Path | None = None) -> dict[str, A
                                  "machine": (f.result.hardware or {}).get("describe"),
                                  "workload": f.result.workload}
         try:
-            listed.append(entry | _line_entry(f, now, why_unchecked))
+            listed.append(entry | _line_entry(f, now, llama_cpp_dir))
         except (TunerError, OSError) as exc:  # one result's trouble is its own entry, not the whole answer's
             listed.append(entry | {"line": None, "error": str(exc)})
     return {"results_dir": str(results_dir.absolute()), "results": listed}
@@ -113,6 +132,7 @@ def results(results_dir: Path, llama_cpp_dir: Path | None = None) -> dict[str, A
 
 def launch_line(result: str, fmt: str = "shell", rank: int = 1, host: str | None = None, port: int | None = None,
                 llama_cpp_dir: Path | None = None) -> str:
-    """The measured line of a result as ``fmt``; what a format cannot carry is written into it."""
-    return study_report.launch_line(study_report.load_result(Path(result)), rank=rank, fmt=fmt, host=host, port=port,
-                                    llama_cpp_dir=llama_cpp_dir)
+    """The ``rank``-th line a result hands out as ``fmt``, as ``moe-tune launch-line`` prints it; what a format cannot
+    carry is written into it."""
+    return handover.render(handover.of(load_result(Path(result))).at(rank), fmt, host=host, port=port,
+                           llama_cpp_dir=llama_cpp_dir)

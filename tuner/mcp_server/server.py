@@ -84,13 +84,15 @@ def build_server(results_dir: Path = Path("results"), llama_cpp_dir: Path | None
     @_tool_errors
     def launch_line(
         result: Annotated[str, Field(description="A result.json (or its folder), as `results` lists them")],
-        format: Annotated[str, Field(description="shell, llama-swap, systemd, compose or json")] = "shell",
-        rank: Annotated[int, Field(description="1 = the result's line, 2 = the runner-up, ...")] = 1,
+        format: Annotated[str, Field(description="shell, llama-swap, systemd, compose, preset or json")] = "shell",
+        rank: Annotated[int, Field(description="1 = the line the run printed (after a race across engines, the "
+                                   "race's, from either engine's result), 2 = the next one handed out, ...")] = 1,
         host: Annotated[str | None, Field(description="Address the server listens on")] = None,
         port: Annotated[int | None, Field(description="Port the server listens on")] = None,
     ) -> str:
-        """A result's measured llama-server line in a deployment format; what a format cannot carry is written
-        into it."""
+        """A result's measured llama-server line in a deployment format, as `moe-tune launch-line` prints it; what a
+        format cannot carry is written into it. A line its quality price refused is never given: the error says
+        why."""
         return answers.launch_line(result, format, rank, host, port, llama_cpp_dir)
 
     return server

@@ -22,7 +22,7 @@ from tuner.engine import build
 from tuner.engine.identity import EngineIdentity, same_commit
 from tuner.machine import hardware
 from tuner.models import fingerprint
-from tuner.search.finish import ServerMeasurement
+from tuner.report.handover import Pick
 from tuner.search.result import RESULT_FILE, StudyResult, load_result
 from tuner.search.verdict import Verdict
 
@@ -53,6 +53,20 @@ def found_at(path: Path) -> Found:
     file = path / RESULT_FILE if path.is_dir() else path
     result = load_result(file)
     return Found(file, result, file.stat().st_mtime)
+
+
+def measured_by(pick: Pick, found: Found) -> Found:
+    """The result whose engine measured ``pick`` (after a race across engines, the other engine's folder where the line
+    is that engine's): its engine record, card and model are what the line is checked against."""
+    res = pick.result
+    if res is None or res.study == found.result.study:
+        if res is None and pick.kind.name != EngineIdentity.from_dict(found.result.engine).engine:
+            raise UsageError(f"{pick.label} was measured in {pick.kind.name}'s folder ({pick.figures.get('result')}), "
+                             f"which cannot be read beside {found.file.parent}: pass that folder, or run auto-tune "
+                             "again")
+        return found
+    file = res.source or found.file
+    return Found(file, res, file.stat().st_mtime)
 
 
 def find_results(results_dir: Path) -> list[Found]:
@@ -99,6 +113,25 @@ def probe_now(loc: build.EngineLocation, nvml: Any = None) -> Now:
     probe = hardware.probe_gpus(nvml)
     gpu = probe.gpus[0] if probe.gpus else None
     return Now(caps.commit, caps.backend, gpu.name if gpu else "", gpu.free_bytes if gpu else 0, caps.kind.name)
+
+
+@dataclass(frozen=True, slots=True)
+class Measured:
+    """What a line's own measurement says of its VRAM (a finish's arm, or a race's)."""
+
+    vram_growth_bytes: int | None  # how far the line grew the card's use (None: not read)
+    vram_peak_bytes: int | None = None  # the card's whole use during the trial, other programs' included
+
+
+def _raced(res: StudyResult, label: str) -> list[Measured]:
+    """The race's rounds of ``label`` (a run across engines), as one measurement: the most they grew the card's use."""
+    arm = next((a for a in ((res.engines or {}).get("head_to_head") or {}).get("arms", []) if a["label"] == label),
+               None)
+    if arm is None:
+        return []
+    grew = [r["vram_growth_bytes"] for r in (*arm.get("selection", []), *arm.get("rounds", []))
+            if r.get("vram_growth_bytes") is not None]
+    return [Measured(max(grew) if grew else None)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,7 +213,7 @@ def _engine_changes(engine: dict[str, Any] | None, now: Now) -> tuple[list[str],
     return [], []
 
 
-def _vram_changes(hw: dict[str, Any] | None, own: ServerMeasurement | None, now: Now, on_cpu: bool
+def _vram_changes(hw: dict[str, Any] | None, own: Measured | None, now: Now, on_cpu: bool
                   ) -> tuple[list[str], list[str], list[str]]:
     """The card and its free VRAM against the budget the line was tuned for and the VRAM the line itself took:
     changes, notes and what could not be checked.
@@ -227,9 +260,11 @@ def check(found: Found, config: dict[str, Any], label: str, now: Now) -> LineChe
         "the model file's contents (this result records no fingerprint: a file replaced without a newer "
         "modification time would pass; a new auto-tune records one)"]
     engine_changes, engine_unchecked = _engine_changes(res.engine, now)
-    arms = [m for m in (*res.finish.candidates, *res.finish.baselines, *res.finish.confirmation) if m.label == label]
-    measured = max(arms, key=lambda m: (m.vram_growth_bytes is not None, m.vram_growth_bytes or 0,
-                                        m.vram_peak_bytes or 0), default=None)
+    arms = [Measured(m.vram_growth_bytes, m.vram_peak_bytes) for m in (*res.finish.candidates, *res.finish.baselines,
+                                                                       *res.finish.confirmation) if m.label == label]
+    measured = max(arms + _raced(res, label), key=lambda m: (m.vram_growth_bytes is not None,
+                                                             m.vram_growth_bytes or 0, m.vram_peak_bytes or 0),
+                   default=None)
     if not res.hardware:
         unchecked.append("the card and its free VRAM (the result records no hardware)")
     vram_changes, vram_notes, vram_unchecked = _vram_changes(res.hardware, measured, now,

@@ -1,196 +1,66 @@
 """A study's result for people: report.md, PNG plots (only those that carry information), and the launch line of
 the measured winner (or the N-th), rendered by the same renderer that measured it. The result itself (result.json,
-typed and versioned) is :mod:`tuner.search.result`'s.
+typed and versioned) is :mod:`tuner.search.result`'s; which line a run hands out, at which rank, is
+:mod:`tuner.report.handover`'s.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-from tuner.core.errors import TunerError, UsageError
-from tuner.engine import build, flags
+from tuner.core.errors import UsageError
 from tuner.engine.identity import EngineIdentity, replay_note
-from tuner.engine.kinds import EngineKind, kind_by_name
+from tuner.engine.kinds import EngineKind
 from tuner.machine.fileio import atomic_write
-from tuner.report import deploy
+from tuner.report import deploy, handover
+from tuner.report.handover import Pick, deciding_session, ranked, session_paged  # noqa: F401 - re-exported
 from tuner.search import dedup
-from tuner.search.finish import Finish, ServerMeasurement
+from tuner.search.finish import Finish
 from tuner.search.result import StudyResult, load_result, write_result  # noqa: F401 - load_result re-exported
-from tuner.search.trials import TrialRecord, config_from_dict, non_dominated
+from tuner.search.trials import TrialRecord, non_dominated
 from tuner.search.verdict import Verdict
 
 # How the baselines read in the report ("fit": llama.cpp's own --fit placement).
 BASELINE_NAMES = {"fit": "llama.cpp fit"}
-T = TypeVar("T")
-
-
-def _distinct(arms: list[T], line_of: Callable[[T], str]) -> list[T]:
-    """``arms`` without the later ones that run the same line as an earlier one (one line to launch)."""
-    seen: set[str] = set()
-    kept = []
-    for arm in arms:
-        key = line_of(arm)
-        if key not in seen:
-            seen.add(key)
-            kept.append(arm)
-    return kept
-
-
-def ranked(result: StudyResult) -> list[ServerMeasurement]:
-    """Every config re-measured with llama-server (candidates and baselines), each distinct line once: the printed
-    one (:attr:`tuner.search.finish.Finish.winner`, as its verdict measured it) first, then the others in the
-    finish's own order, the score it selects by (:meth:`~tuner.search.finish.Finish.rank`, over the rounds every
-    arm was measured in); those that miss --min-tok-s after them, failed ones last. An arm whose own VRAM broke
-    the budget, or was never read under one, is not a line to launch: it is left out.
-
-    The winner is matched by label, not identity: after confirmation rounds it is the confirmation's copy, and its
-    selection copy must not come back as a runner-up. An arm that paged host RAM is left out too (a line that reads
-    its model back from disk is never printed)."""
-    fin = result.finish
-    winner = fin.winner
-    rest = [m for m in (*fin.candidates, *fin.baselines)
-            if (winner is None or m.label != winner.label) and not fin.over_budget(m) and not fin.vram_unknown(m)
-            and not m.paging]
-    rest.sort(key=lambda m: (not fin.eligible(m), fin.rank(m) is None, -(fin.rank(m) or 0.0)))
-    return _distinct([winner, *rest] if winner is not None else rest, lambda m: m.launch_line)
-
-
-@dataclass(frozen=True, slots=True)
-class Pick:
-    """A launchable config of a result and the figures it was chosen on."""
-
-    label: str
-    config: dict[str, Any]
-    figures: dict[str, Any]
-
-
-def session_paged(result: StudyResult) -> dict[str, str]:
-    """The launch lines the session stage saw page host RAM, with the evidence: never printed, whatever ranks them."""
-    stage = result.session or {}
-    return {a["launch_line"]: a["paging"] for a in [*stage.get("arms", []), *(stage.get("confirmation") or [])]
-            if a.get("paging")}
-
-
-def deciding_session(result: StudyResult) -> dict[str, Any] | None:
-    """The agent workload's session stage when it chose the config to launch (it ran and has a winner)."""
-    stage = result.session
-    return stage if stage and stage.get("winner") else None
 
 
 def picks(result: StudyResult) -> list[Pick]:
-    """What ``launch-line --rank N`` counts, the printed line first. Where the engines' head to head printed a line
-    of this result's engine (``auto-tune --engines``), that line comes first. The agent workload's session stage
-    scores whole sessions, so when it ran, its arms (its printed one, then by median session time, the confirmation's
-    figures where an arm was measured again; failed last; none that paged host RAM, broke the VRAM budget or was not
-    known to keep it) are the ranking; otherwise :func:`ranked`."""
-    own = _own_picks(result)
-    chosen = engines_pick(result)
-    if chosen is None:
-        return own
-    return _distinct([chosen, *own], lambda p: flags.launch_line(config_from_dict(p.config)))
-
-
-def engines_pick(result: StudyResult) -> Pick | None:
-    """The line the engines' head to head printed, when it is this result's engine's (None: no such head to head,
-    or another engine's line was printed)."""
-    block = result.engines or {}
-    if not block.get("chosen"):
-        return None
-    line = next((x for x in block.get("lines", []) if x.get("label") == block.get("printed")), None)
-    if line is None:
-        return None
-    return Pick(line["label"], line["config"], {"chosen_by": "the engines' head to head", "reason": block["reason"]})
-
-
-def _own_picks(result: StudyResult) -> list[Pick]:
-    stage = deciding_session(result)
-    paged = session_paged(result)
-    if stage is not None:
-        judged = {a["label"]: a for a in [*stage["arms"], *(stage.get("confirmation") or [])]
-                  if a.get("config") and a["launch_line"] not in paged and not a.get("over_budget")
-                  and a.get("vram_verdict") != "unknown"}
-        arms = sorted(judged.values(), key=lambda a: (a["label"] != stage["winner"], a["median_session_s"] is None,
-                                                     a["median_session_s"] or 0.0))
-        return _distinct([Pick(a["label"], a["config"], {"median_session_s": a["median_session_s"],
-                                                         "chosen_by": "agent session time"}) for a in arms],
-                         lambda p: flags.launch_line(config_from_dict(p.config)))
-    return [Pick(m.label, m.config, {"gen_tok_s": m.gen_tok_s, "gen_cv_pct": m.gen_cv_pct}) for m in ranked(result)
-            if m.launch_line not in paged]
-
-
-def _pick_at(result: StudyResult, rank: int) -> Pick:
-    cands = picks(result)
-    fin = result.finish
-    paged = [*session_paged(result).values(), *(m.host_paging_evidence or "" for m in (*fin.candidates,
-                                                                                          *fin.baselines) if m.paging)]
-    if not cands and paged:
-        raise UsageError(f"no line: every measured config paged host RAM ({paged[0]}); a line that reads its model "
-                         "back from disk is never printed: free RAM, or tune again with a smaller quant or context")
-    if not 1 <= rank <= len(cands):
-        raise UsageError(f"--rank {rank} is out of range: this result has {len(cands)} measured configs")
-    return cands[rank - 1]
-
-
-def _argv(pick: Pick, host: str | None, port: int | None, binary: str) -> list[str]:
-    return flags.server_argv(Path(binary), config_from_dict(pick.config)) + flags.address_argv(host, port)
-
-
-def launch_argv(result: StudyResult, *, rank: int = 1, host: str | None = None, port: int | None = None,
-                binary: str = "llama-server") -> list[str]:
-    """The measured command of the ``rank``-th config as an argument list (what ``--exec`` runs)."""
-    return _argv(_pick_at(result, rank), host, port, binary)
+    """What ``launch-line --rank N`` counts, the printed line first (:func:`tuner.report.handover.of`)."""
+    return handover.of(result).picks
 
 
 def engine_of(result: StudyResult, rank: int = 1) -> EngineKind:
     """Which kind of engine the ``rank``-th line is for (its config's ``engine``)."""
-    return kind_by_name(_pick_at(result, rank).config.get("engine"))
+    return handover.of(result).at(rank).kind
 
 
 def binary_for(result: StudyResult, rank: int = 1, llama_cpp_dir: Path | None = None) -> str:
-    """The llama-server a printed line names: plain ``llama-server`` for llama.cpp (the user's own, on PATH); for
-    another engine, whose server has the same name, the absolute path of that engine's build here (the one the
-    result was measured with when it is still there), so the line runs the engine that was measured."""
-    kind = engine_of(result, rank)
-    if kind.server_on_path:
-        return "llama-server"
-    measured = Path(str((result.engine or {}).get("bin_dir", ""))) / "llama-server"
-    try:
-        return str(build.locate_engine(llama_cpp_dir, kind).tool("llama-server"))
-    except TunerError:
-        if measured.is_file():
-            return str(measured)
-        raise
+    """The llama-server the ``rank``-th line names (:func:`tuner.report.handover.binary_for`)."""
+    return handover.binary_for(handover.of(result).at(rank), llama_cpp_dir)
+
+
+def launch_argv(result: StudyResult, *, rank: int = 1, host: str | None = None, port: int | None = None,
+                binary: str = "llama-server") -> list[str]:
+    """The measured command of the ``rank``-th line as an argument list (what ``--exec`` runs)."""
+    return handover.argv(handover.of(result).at(rank), host=host, port=port, binary=binary)
 
 
 def launch_env(result: StudyResult, *, rank: int = 1) -> dict[str, str]:
-    """What the ``rank``-th config's engine reads from its environment (:func:`tuner.engine.flags.server_env`)."""
-    return flags.server_env(config_from_dict(_pick_at(result, rank).config))
+    """What the ``rank``-th line's engine reads from its environment (:func:`tuner.engine.flags.server_env`)."""
+    return handover.env(handover.of(result).at(rank))
 
 
 def launch_line(result: StudyResult, *, rank: int = 1, fmt: str = "shell", host: str | None = None,
                 port: int | None = None, binary: str | None = None, env: Mapping[str, str] | None = None,
                 llama_cpp_dir: Path | None = None) -> str:
-    """The ``rank``-th measured config as ``fmt`` (one of :data:`tuner.report.deploy.FORMATS`; what a format cannot
-    carry is written into it). A service (llama-swap, systemd, compose) does not inherit the shell's environment,
-    so by default it gets the variables here that choose the card (:func:`tuner.report.deploy.line_env`); a
-    systemd unit runs the engine found here (``llama_cpp_dir``, LLAMA_CPP_DIR, PATH, the managed one) by its
-    absolute path. ``binary`` None: the line's own engine (:func:`binary_for`)."""
+    """The ``rank``-th line a run hands out as ``fmt`` (:func:`tuner.report.handover.render`): the printed line first,
+    one answer from either folder of a race across engines; a line its price refused is never one."""
     if fmt not in deploy.FORMATS:
         raise UsageError(f"unknown --format {fmt}: use {', '.join(deploy.FORMATS)}")
-    cand = _pick_at(result, rank)
-    if binary is None:
-        binary = binary_for(result, rank, llama_cpp_dir)
-    if fmt == "systemd" and not Path(binary).is_absolute():
-        binary = str(build.locate_engine(llama_cpp_dir, engine_of(result, rank)).tool("llama-server"))
-    if env is None:
-        env = deploy.line_env(os.environ) if fmt in deploy.SERVICE_FORMATS else {}
-    line = deploy.Line(config_from_dict(cand.config), cand.label, result.study, cand.config, cand.figures,
-                       result.engine)
-    return deploy.render(line, fmt, host=host, port=port, binary=binary, env=env).text
+    return handover.render(handover.of(result).at(rank), fmt, host=host, port=port, binary=binary, env=env,
+                           llama_cpp_dir=llama_cpp_dir)
 
 
 # ------------------------------------------------------------------------------------------- files

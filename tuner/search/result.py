@@ -3,19 +3,27 @@
 One convention for every record in it: ``to_dict()`` gives JSON-safe data, ``from_dict()`` reads it back and
 ``from_dict(x.to_dict()) == x``. A file from another schema version is refused with the fix, never half-read.
 The report (:mod:`tuner.report.study_report`) renders these values; it does not build them.
+
+A run across engines (``auto-tune`` with ik_llama.cpp installed) writes its race into each engine's result
+(``engines``); :func:`race_of` reads it back as one answer whichever folder is read: every line with its standing (the
+printed one, lines still in the running, lines never to hand out and why), in the rule's order, and
+:func:`race_result` finds the folder of the engine that measured a line. What each handover (launch-line, serve,
+share, the MCP tools) gives out is decided from these, here, once.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from tuner.core.errors import ResultVersionError, UsageError
+from tuner.core.errors import ResultVersionError, TunerError, UsageError
+from tuner.engine.kinds import DEFAULT_KIND
 from tuner.machine.fileio import atomic_write
 from tuner.search.finish import Finish, ServerMeasurement
 from tuner.search.trials import TrialRecord, pareto_front, records
+from tuner.search.verdict import BETTER, WORSE, Verdict, compare_quiet
 
 # 2: trials at the workload's depth, KV quality prices, slots, verdicts; 1: the first auto-tune.
 RESULT_VERSION = 2
@@ -69,6 +77,9 @@ class StudyResult:
     # Another engine tuned alone (`--engines ik`): its printed line priced as it runs against llama.cpp's f16 logits
     # (tuner.quality.engine_price.LinePrice.to_dict() with ``refused`` and ``note``); None: not priced.
     engine_price: dict[str, Any] | None = None
+    # The result.json this was read from (:func:`load_result`; None: built in memory): a run across engines finds its
+    # other engines' folders beside it. Not part of the record.
+    source: Path | None = field(default=None, compare=False, repr=False)
 
     def seed_story(self) -> str | None:
         """Which seed the printed line (or, when llama.cpp's own choice is printed, the best candidate) came from,
@@ -164,6 +175,195 @@ def load_result(path: Path) -> StudyResult:
     if data.get("version") != RESULT_VERSION:
         raise ResultVersionError(file, data.get("version"), RESULT_VERSION)
     try:
-        return StudyResult.from_dict(data, file)
+        return replace(StudyResult.from_dict(data, file), source=file)
     except (KeyError, TypeError, ValueError) as exc:
         raise UsageError(f"{file} is not a whole auto-tune result ({exc}): run auto-tune again") from None
+
+
+def refused_price(result: StudyResult) -> str | None:
+    """Why the line a single engine's auto-tune printed is not one to run: its price refused it (``--engines ik``
+    alone, :func:`tuner.versus.engine_run.price_single`); None when no price refused it."""
+    price = result.engine_price or {}
+    return str(price.get("note") or "refused by its price") if price.get("refused") else None
+
+
+# ------------------------------------------------------------------------------------ the engines' race
+
+
+REFERENCE = f"{DEFAULT_KIND.name} default"  # llama.cpp's bare launch: every line raced against it
+# Where the race left a line (``standing.state`` in each line of the ``engines`` block).
+PRINTED, IN, REFUSED, UNPRICED = "printed", "in", "refused", "unpriced"
+PAGED, OVER_BUDGET, FAILED, SLOWER, NOT_RACED = "paged", "over_budget", "failed", "slower", "not_raced"
+SCREENED = "screened"  # not raced: its search could not tell it from its engine's default
+# Never handed out, at any rank: its price refused it, it cannot run here, or the race decided it slower than another
+# line (out of the running).
+WITHHELD = frozenset({REFUSED, PAGED, OVER_BUDGET, FAILED, SLOWER})
+
+
+@dataclass(frozen=True, slots=True)
+class RaceLine:
+    """One line of the race as the result records it (``tuner.versus.engines.EngineLine.to_dict``) and where the race
+    left it (``state``, ``why``)."""
+
+    label: str  # "ik_llama.cpp tuned"
+    engine: str
+    config: dict[str, Any]
+    study: str  # the study (and folder name) of the engine's search
+    result_dir: str  # that folder, as the run named it
+    binary: str  # the llama-server it raced with
+    state: str
+    why: str
+    price: dict[str, Any] | None = None  # its quality price (tuner.quality.engine_price.LinePrice.to_dict)
+    figures: dict[str, Any] = field(default_factory=dict)  # the race's medians of it
+    against_default: dict[str, Any] | None = None  # its verdict against llama.cpp's default, from the race's rounds
+
+    @property
+    def withheld(self) -> bool:
+        return self.state in WITHHELD
+
+
+@dataclass(frozen=True, slots=True)
+class Race:
+    """The race a result records: its lines in the rule's order (the printed one first), what was printed and why."""
+
+    lines: tuple[RaceLine, ...]
+    printed: str | None  # the printed line's label; None: the run printed no line
+    reason: str
+    chosen: bool  # whether the result read is the printed engine's
+    metric: str | None = None
+
+    @property
+    def printed_line(self) -> RaceLine | None:
+        """The line the run printed, unless its price refused it (then none is)."""
+        line = next((x for x in self.lines if x.label == self.printed), None)
+        return None if line is None or line.withheld else line
+
+    @property
+    def why_none(self) -> str:
+        """Why the run hands out no line as its own (:attr:`printed_line` is None), in one clause."""
+        line = next((x for x in self.lines if x.label == self.printed), None)
+        if line is None:
+            return f"the run printed no line: {self.reason}"
+        return f"the run printed {line.label}, but {line.label} {line.why}: it is not a line to run"
+
+    @property
+    def engines(self) -> list[str]:
+        """The engines that raced, the printed line's first."""
+        first = self.printed_line
+        names = [x.engine for x in ([first] if first else []) + list(self.lines)]
+        return list(dict.fromkeys(names))
+
+    def engine_line(self, engine: str) -> RaceLine | None:
+        """A line of ``engine`` (its study and folder are the engine's search's)."""
+        return next((x for x in self.lines if x.engine == engine), None)
+
+
+def race_of(result: StudyResult) -> Race | None:
+    """The race recorded in ``result`` (None: one engine was tuned). Each line's standing as the run wrote it, or, in a
+    result written before standings, from its records: refused by its price where the run says so, paged, failed or
+    over the VRAM budget by its rounds, decided slower than another line that runs by their rounds."""
+    block = result.engines
+    if not block or not block.get("lines"):
+        return None
+    versus = block.get("head_to_head") or {}
+    arms = {a["label"]: a for a in versus.get("arms") or []}
+    notes = {x["label"]: why for x in block["lines"] for note in block.get("refused") or []
+             if note.startswith(f"{x['label']}: ") and (why := note[len(x["label"]) + 2:])}
+    vs_default = {v["a"]: v for v in block.get("verdicts_against_default") or [] if v.get("b") == REFERENCE}
+    if block.get("printed") and block.get("against_default"):
+        vs_default[block["printed"]] = block["against_default"]
+    budget = versus.get("vram_budget_bytes")
+    gone = {x["label"]: _left(x, block, arms.get(x["label"]), notes.get(x["label"]), budget)
+            for x in block["lines"]}
+    runs = [arms[k] for k, v in gone.items() if v is None and arms.get(k, {}).get("score") is not None]
+    lines = []
+    for x in block["lines"]:
+        arm = arms.get(x["label"], {})
+        state, why = _standing(x, block, gone[x["label"]], arm, runs)
+        lines.append(RaceLine(x["label"], x["engine"], x["config"], x["study"], x["result_dir"], x["binary"], state,
+                              why, x.get("price"), {k: arm.get(k) for k in ("gen_tok_s", "prompt_tok_s", "ttft_s",
+                                                                             "session_s")},
+                              vs_default.get(x["label"])))
+    return Race(tuple(_ordered(lines, block, arms)), block.get("printed"), block.get("reason") or "",
+                bool(block.get("chosen")), versus.get("metric"))
+
+
+def _left(x: dict[str, Any], block: dict[str, Any], arm: dict[str, Any] | None, note: str | None,
+          budget: int | None) -> tuple[str, str] | None:
+    """Why a line is out of the race on its own (refused, unpriced, not raced, paged, failed, over budget); None."""
+    price = x.get("price") or {}
+    if price.get("refused") or (note and "refused by its price" in note):
+        return REFUSED, note or "was refused by its price"
+    if note and "could not be priced" in note:
+        return UNPRICED, note
+    if arm is None:
+        return NOT_RACED, note or "was not raced"
+    if arm.get("host_paging"):
+        return PAGED, f"read its model back from disk while generating ({arm['host_paging']})"
+    if arm.get("score") is None:
+        return FAILED, f"failed ({arm['failure']})" if arm.get("failure") else "was not measured"
+    rounds = [r for r in (*arm.get("selection", []), *arm.get("rounds", [])) if r.get("score") is not None]
+    grew = [r["vram_growth_bytes"] for r in rounds if r.get("vram_growth_bytes") is not None]
+    if budget and (any(g > budget for g in grew) or len(grew) < len(rounds)):
+        return OVER_BUDGET, (f"used {max(grew) / 2**20:,.0f} MiB of VRAM, over the {budget / 2**20:,.0f} MiB budget"
+                             if grew and max(grew) > budget else "its VRAM was not read (not known to keep the budget)")
+    return None
+
+
+def _standing(x: dict[str, Any], block: dict[str, Any], left: tuple[str, str] | None, arm: dict[str, Any],
+              runs: list[dict[str, Any]]) -> tuple[str, str]:
+    if left is not None and left[0] == REFUSED:
+        return left  # a line its price refused is never one to run, whatever else was written of it
+    given = x.get("standing")
+    if isinstance(given, dict) and given.get("state"):
+        return str(given["state"]), str(given.get("why") or "")
+    if left is not None and x["label"] != block.get("printed"):
+        return left
+    if x["label"] == block.get("printed"):
+        return PRINTED, block.get("reason") or ""
+    if x["label"] != REFERENCE:  # as the race's out_of_running: every verdict is against llama.cpp's default
+        for other in runs:
+            v = _pair(arm, other)
+            if other["label"] != x["label"] and v.outcome == WORSE:
+                return SLOWER, (f"was decided slower than {other['label']} ({v.ratio:.2f}x, 99 % {v.low:.2f}-"
+                                f"{v.high:.2f}x over {v.rounds} rounds)")
+    return IN, "raced and was not decided slower than another line, but not printed"
+
+
+def _pair(a: dict[str, Any], b: dict[str, Any]) -> Verdict:
+    """``a`` against ``b`` on their rounds (as the race's ``HeadToHead.pair``, from their records)."""
+    def scores(arm: dict[str, Any], quiet: bool) -> list[float | None]:
+        return [None if quiet and r.get("noise") else r.get("score") for r in arm.get("rounds", [])]
+
+    return compare_quiet(a["label"], b["label"], scores(a, False), scores(b, False), scores(a, True), scores(b, True))
+
+
+def _ordered(lines: list[RaceLine], block: dict[str, Any], arms: dict[str, dict[str, Any]]) -> list[RaceLine]:
+    """The rule's order: the printed line, then lines decided faster than llama.cpp's default, then by median (the
+    run's own ``order`` where it wrote one)."""
+    if block.get("order"):
+        at = {label: i for i, label in enumerate(block["order"])}
+        return sorted(lines, key=lambda x: at.get(x.label, len(at)))
+
+    def key(x: RaceLine) -> tuple[bool, bool, bool, float]:
+        score = arms.get(x.label, {}).get("score")
+        faster = (x.against_default or {}).get("outcome") == BETTER
+        return x.state != PRINTED, not faster, score is None, -(score or 0.0)
+
+    return sorted(lines, key=key)
+
+
+def race_result(result: StudyResult, line: RaceLine) -> StudyResult | None:
+    """The result of the engine that measured ``line`` (``result`` itself where it is that engine's): its folder
+    beside the result read, or where the run wrote it; None when it cannot be read here."""
+    if line.study == result.study:
+        return result
+    folders = [result.source.parent.parent / line.study] if result.source is not None else []
+    for folder in [*folders, Path(line.result_dir)]:
+        try:
+            found = load_result(folder)
+        except TunerError:
+            continue
+        if found.study == line.study:
+            return found
+    return None

@@ -2,10 +2,12 @@
 
 What goes in (docs/sharing.md): the card, the host's size, the engine, the model by Hub id or fingerprint, the
 workload, every line the finish measured with its figures, spread, verdicts and spill, the printed line with why,
-and the sharer (this installation's random id, :mod:`tuner.share.sharer`). What never does: paths (a line names
-the model by its file name, rendered by the flag layer), the host name, the user, serial numbers, failure logs
-(their argv and stderr hold paths). Whether the Hub repo is named at all is the sharing step's to decide
-(:func:`tuner.share.store.share`: only a public repo, or one the user names).
+and the sharer (this installation's random id, :mod:`tuner.share.sharer`). A run that raced engines shares the line
+the race printed, from whichever engine's folder: the engine that ran it, its verdict against llama.cpp's default,
+and the race's lines of that engine (a record speaks one engine's flags). A line its price refused is never shared.
+What never does: paths (a line names the model by its file name, rendered by the flag layer), the host name, the
+user, serial numbers, failure logs (their argv and stderr hold paths). Whether the Hub repo is named at all is the
+sharing step's to decide (:func:`tuner.share.store.share`: only a public repo, or one the user names).
 
 A record is built to pass the reading gate (:mod:`tuner.share.gate`) whole: text is cut to the gate's bound, not
 refused, and the built record is read back through the gate before anything is sent.
@@ -27,8 +29,9 @@ from tuner.engine import flags
 from tuner.engine.identity import EngineIdentity
 from tuner.hub.repos import quant_name
 from tuner.search.finish import ServerMeasurement
-from tuner.search.result import StudyResult
+from tuner.search.result import Race, RaceLine, StudyResult, race_of, race_result, refused_price
 from tuner.search.trials import config_from_dict
+from tuner.search.verdict import Verdict
 from tuner.share.gate import (
     CPU_CARD,
     ENGINE,
@@ -98,19 +101,44 @@ def _line(m: ServerMeasurement, round_name: str) -> dict[str, Any]:
 
 def build_record(result: StudyResult, sharer: str | None) -> dict[str, Any]:
     """The record of ``result``: the schema's fields only, every value from the result (nothing probed here);
-    :class:`UsageError` in one line when it would not pass the reading gate."""
+    :class:`UsageError` in one line when it would not pass the reading gate, or has no line to run to share."""
+    refused = refused_price(result)
+    if refused is not None:
+        raise UsageError(f"result {result.study}'s printed line was refused by its price ({refused}): a line not to "
+                         "run is not shared; tune with --engines llama.cpp and share that result")
+    race = race_of(result)
+    if race is not None:
+        return _race_record(result, race, sharer)
     if result.model is None or result.finish.winner is None:
         raise UsageError(f"result {result.study} has no printed line to share: share a finished auto-tune result")
-    hw, eng, load = result.hardware or {}, result.engine or {}, result.workload or {}
     fin = result.finish
     decision = fin.decision
     shipped = decision.shipped or fin.winner
     assert shipped is not None  # checked above
+    record = _about(result, sharer) | {
+        "lines": [_line(m, "selection") for m in (*fin.baselines, *fin.candidates)]
+        + [_line(m, "confirmation") for m in fin.confirmation],
+        "verdicts": _verdicts(decision.verdicts),
+        "printed": {"label": fitted(shipped.label), "line": shared_line(shipped.config),
+                    "why": fitted(decision.reason)},
+        "speedup_vs_default": _ratio(result.speedup.get("default")),
+        "speedup_vs_fit": _ratio(result.speedup.get("fit")),
+    }
+    record["lines"] = record["lines"][:MAX_LINES]
+    return checked(record, result.study)
+
+
+def _about(result: StudyResult, sharer: str | None) -> dict[str, Any]:
+    """What a record says of where and how its lines were measured: the card, the host, the engine that ran the printed
+    line (``result``'s), the model and the workload."""
+    hw, eng, load = result.hardware or {}, result.engine or {}, result.workload or {}
     card = ({"name": fitted(hw.get("gpu") or "GPU"), "vram_total_bytes": int(hw.get("vram_total_bytes") or 0),
              "vram_budget_bytes": hw.get("vram_budget_bytes")} if hw.get("has_gpu")
             else {"name": CPU_CARD, "vram_total_bytes": 0, "vram_budget_bytes": None})
     card |= {"driver": fitted(hw.get("driver")), "pcie_link": fitted(hw.get("pcie_link"))}
-    record: dict[str, Any] = {
+    if result.model is None:
+        raise UsageError(f"result {result.study} names no model: share a finished auto-tune result")
+    return {
         "schema": SCHEMA, "version": SCHEMA_VERSION, "tool": f"moe-tune {__version__}", "sharer": sharer,
         "card": card,
         "host": {"ram_total_bytes": hw.get("ram_total_bytes"), "physical_cores": hw.get("physical_cores"),
@@ -119,19 +147,46 @@ def build_record(result: StudyResult, sharer: str | None) -> dict[str, Any]:
         "engine": {k: fitted(v) for k, v in EngineIdentity.from_dict(eng).to_dict().items() if k in ENGINE},
         "model": model_identity(Path(result.model), result.model_fingerprint),
         "workload": {k: fitted(load.get(k)) for k in WORKLOAD},
-        "lines": [_line(m, "selection") for m in (*fin.baselines, *fin.candidates)]
-        + [_line(m, "confirmation") for m in fin.confirmation],
-        "verdicts": [{k: fitted(getattr(v, k)) for k in VERDICT} for v in decision.verdicts
-                     if all(math.isfinite(x) and x >= 0 for x in (v.ratio, v.low, v.high, v.noise_pct))
-                     and _in_range(v.ratio) and v.low <= v.ratio <= v.high],
-        "printed": {"label": fitted(shipped.label), "line": shared_line(shipped.config),
-                    "why": fitted(decision.reason)},
-        "speedup_vs_default": _ratio(result.speedup.get("default")),
-        "speedup_vs_fit": _ratio(result.speedup.get("fit")),
     }
-    record["lines"] = record["lines"][:MAX_LINES]
-    record["verdicts"] = record["verdicts"][:MAX_LINES]
-    return checked(record, result.study)
+
+
+def _verdicts(verdicts: Any) -> list[dict[str, Any]]:
+    return [{k: fitted(getattr(v, k)) for k in VERDICT} for v in verdicts
+            if all(math.isfinite(x) and x >= 0 for x in (v.ratio, v.low, v.high, v.noise_pct))
+            and _in_range(v.ratio) and v.low <= v.ratio <= v.high][:MAX_LINES]
+
+
+def _race_record(result: StudyResult, race: Race, sharer: str | None) -> dict[str, Any]:
+    """The race's printed line as a record of the engine that ran it: that engine's folder gives the engine; its lines
+    in the race, with the race's figures, are the record's lines; its verdict against llama.cpp's default comes
+    first."""
+    printed = race.printed_line
+    if printed is None:
+        raise UsageError(f"{race.why_none}: nothing to share")
+    ran = race_result(result, printed)
+    if ran is None:
+        raise UsageError(f"the run printed {printed.engine}'s line ({printed.label}): its result is in "
+                         f"{printed.result_dir}, which cannot be read here: share that folder's result.json")
+    mine = [printed, *(x for x in race.lines if x.engine == printed.engine and not x.withheld and x is not printed)]
+    first = Verdict.from_dict(printed.against_default) if printed.against_default else None
+    record = _about(ran, sharer) | {
+        "lines": [_race_line(x) for x in mine][:MAX_LINES],
+        "verdicts": _verdicts([Verdict.from_dict(x.against_default) for x in mine if x.against_default]),
+        "printed": {"label": fitted(printed.label), "line": shared_line(printed.config), "why": fitted(race.reason)},
+        "speedup_vs_default": _ratio(first.ratio) if first is not None else None,
+        "speedup_vs_fit": None,
+    }
+    return checked(record, ran.study)
+
+
+def _race_line(x: RaceLine) -> dict[str, Any]:
+    """A race's line as a record's: the race's medians (one request alone), no spread (the race judges by verdicts)."""
+    f = x.figures
+    return {"label": fitted(x.label), "round": "race", "line": shared_line(x.config),
+            "slots": int(x.config.get("parallel") or 1), "gen_tok_s": f.get("gen_tok_s"), "gen_cv_pct": None,
+            "prompt_tok_s": f.get("prompt_tok_s"), "ttft_s": f.get("ttft_s"), "loaded_gen_tok_s": None,
+            "end_to_end_gen_tok_s": None, "vram_peak_bytes": None, "spill": None,
+            "kld_mean": (x.price or {}).get("kld_mean"), "failure": None}
 
 
 def _in_range(ratio: float) -> bool:
