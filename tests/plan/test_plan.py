@@ -132,7 +132,9 @@ def test_cli_plan_reads_a_hub_quant_header_only(demo_models, tmp_path):
         assert srv.body_bytes("Plan-Q4_K_M") < model.stat().st_size // 2  # the header, not the weights
     data = json.loads(res.stdout)
     assert "range requests" in data["model_source"]
-    assert len(data["rows"]) == gguf_reader.inspect_model(model).n_layer + 1
+    # One row per --n-cpu-moe where a card is planned for; one row on a machine with none (issue 67).
+    cpu_only = data["hardware"].startswith("CPU only")
+    assert len(data["rows"]) == (1 if cpu_only else gguf_reader.inspect_model(model).n_layer + 1)
     res = run_cli("plan", "no-such-model:Q4_K_M")
     assert res.returncode == 1 and "Qwen3-30B-A3B" in res.stderr and "Traceback" not in res.stderr
 

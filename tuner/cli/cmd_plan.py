@@ -122,8 +122,8 @@ def plan_cmd(
         out.print("add --engine-check to compare them with llama.cpp's own projection (llama-fit-params)",
                   highlight=False, markup=False, soft_wrap=True)
     if not hw.has_gpu:
-        err.print("no GPU: planned for the CPU backend; pass --gpu NAME to plan for a card", highlight=False,
-                  markup=False)
+        err.print("no GPU: planned for the CPU backend (one row: --n-cpu-moe changes nothing without a card); pass "
+                  "--gpu NAME to plan for a card", highlight=False, markup=False)
 
 
 # Verdicts as the 80-column table spells them (the JSON keeps the full words).
@@ -141,13 +141,12 @@ def _print_plan(model: str, info: ModelInfo, p: Plan, base: LaunchConfig, notes:
     from rich.table import Table
 
     from tuner.engine import flags
-    from tuner.plan.placement import offload_of
     from tuner.plan.ram import TIGHT_MARGIN_BYTES
     from tuner.report import plan_doc
 
     hw = p.hardware
     c = base.ctx or info.ctx_train
-    axis = offload_of(info)
+    axis = p.rows[0].offload  # one step where no GPU is there: --n-cpu-moe would change nothing
     kind = "dense" if axis.dense else f"{info.n_expert} experts"
     _say(f"{Path(model).name}: {info.arch}, {info.n_layer} layers, {kind}; {hw.describe()}")
     _say(f"-c {c} -ctk {base.cache_type_k.value} -ctv {base.cache_type_v.value} -fa {base.flash_attn.value} "
@@ -155,13 +154,13 @@ def _print_plan(model: str, info: ModelInfo, p: Plan, base: LaunchConfig, notes:
          f"host bandwidth {hw.host_bandwidth_bytes_s / 1e9:.1f} GB/s ({hw.host_bandwidth_source})")
     # Fits 80 columns: no vertical rules, units in the headers.
     table = Table(box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False, collapse_padding=True)
-    for col in (flags.spelled(axis.setting), "VRAM\nMiB", "RAM need\nMiB", "RAM left\nMiB", "page\ncache",
-                "verdict", "tg max\ntok/s", "pp max\ntok/s"):
+    for col in (flags.spelled(axis.setting) if axis.gpu else "weights\non", "VRAM\nMiB", "RAM need\nMiB",
+                "RAM left\nMiB", "page\ncache", "verdict", "tg max\ntok/s", "pp max\ntok/s"):
         table.add_column(col, justify="right", no_wrap=True)
     for r in p.rows:
         e, ram = r.estimate, plan_doc.row_ram(r, p, base)
         verdict = "tight" if ram.tight and e.verdict.value == "fits" else _SHORT.get(e.verdict.value, e.verdict.value)
-        table.add_row(str(axis.value(r.step)), _mib(e.gpu.total_bytes), _mib(e.host_need_bytes),
+        table.add_row(str(axis.value(r.step)) if axis.gpu else "CPU", _mib(e.gpu.total_bytes), _mib(e.host_need_bytes),
                       _mib(ram.headroom_bytes), _mib(e.reclaimable_bytes), verdict, _rate(r.roofline.gen_tok_s),
                       _rate(r.roofline.prompt_tok_s))
     out.print(table)

@@ -36,6 +36,9 @@ class Offload:
 
     dense: bool
     n_layer: int
+    # Whether a card is there to move weights from: without one every weight is on the CPU whatever the flag says, so
+    # the axis has one step (a plan prints one row, not one per --n-cpu-moe that changes nothing).
+    gpu: bool = True
 
     @property
     def setting(self) -> str:
@@ -45,6 +48,8 @@ class Offload:
     @property
     def steps(self) -> int:
         """Step 0 keeps everything on the GPU; the last moves every layer's (experts') weights to the host."""
+        if not self.gpu:
+            return 1
         return self.n_layer + (2 if self.dense else 1)
 
     def value(self, step: int) -> int:
@@ -64,6 +69,8 @@ class Offload:
 
     def span(self, lo: int, hi: int) -> str:
         """Steps ``lo..hi`` in words, the fastest first: ``--n-cpu-moe 3..7`` or ``-ngl 40..36``."""
+        if not self.gpu:
+            return "everything on the CPU"
         a, b = self.value(lo), self.value(hi)
         values = f"{a}" + ("" if a == b else f"..{b}")
         return f"-ngl {values}" if self.dense else f"--n-cpu-moe {values}"
@@ -71,6 +78,11 @@ class Offload:
 
 def offload_of(model: ModelInfo) -> Offload:
     return Offload(dense=not model.n_expert, n_layer=model.n_layer)
+
+
+def plan_axis(model: ModelInfo, hw: Hardware) -> Offload:
+    """The axis a plan's table walks on ``hw``: the model's offload axis, or its one step where no GPU is there."""
+    return Offload(dense=not model.n_expert, n_layer=model.n_layer, gpu=hw.has_gpu)
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,7 +336,7 @@ class Plan:
 
 def plan_rows(model: ModelInfo, base: LaunchConfig, hw: Hardware, price: Price | None = None
               ) -> tuple[PlanRow, ...]:
-    axis = offload_of(model)
+    axis = plan_axis(model, hw)
     priced = price or estimate
     rows = []
     for n in range(axis.steps):
@@ -380,23 +392,44 @@ def make_plan(model: ModelInfo, base: LaunchConfig, hw: Hardware, ctxs: Sequence
     kv = list(dict.fromkeys([(base.cache_type_k, base.cache_type_v), *kv_choices]))
     table = replace(base, ctx=ctxs[0])
     rows = plan_rows(model, table, hw, price)
+    axis = plan_axis(model, hw)
     n = len(rows)
     smallest = []
     for ctx in ctxs:
         for ctk, ctv in kv:
             cfg = _with_kv(replace(base, ctx=ctx), ctk, ctv)
             if cfg == table:  # the table's own ctx/KV pair: its rows are these estimates already
-                interval = interval_of([r.estimate for r in rows], hw, axis=offload_of(model))
+                interval = interval_of([r.estimate for r in rows], hw, axis=axis)
+            elif not axis.gpu:  # one step: the one estimate says it
+                interval = interval_of([(price or estimate)(model, cfg, hw)], hw, axis=axis)
             else:
                 interval = fit_interval(model, cfg, hw, price=price)
-                n += offload_of(model).steps
+            n += 0 if cfg == table else axis.steps
             smallest.append(SmallestFit(ctx, ctk, ctv, interval))
     largest = []
     for ctk, ctv in kv:
         ctx_max, n_cpu_moe = largest_fitting_ctx(model, _with_kv(base, ctk, ctv), hw, price)
         largest.append(LargestCtx(ctk, ctv, n_cpu_moe, ctx_max))
-        n += ((model.ctx_train // CTX_PAD).bit_length() + 2) * offload_of(model).steps
+        n += ((model.ctx_train // CTX_PAD).bit_length() + 2) * axis.steps
     return Plan(model, hw, base, rows, tuple(smallest), tuple(largest), n)
+
+
+# The least context llama.cpp's --fit shrinks an unset -c to (common/arg.cpp ``--fit-ctx``, default 4096).
+FIT_CTX_MIN = 4096
+
+
+def default_ctx(model: ModelInfo, base: LaunchConfig, hw: Hardware, price: Price | None = None) -> tuple[int, str]:
+    """The context a plan without ``-c`` is made for, and the sentence that says so. The model's trained context is
+    a ceiling, not a default: the largest context that fits ``base`` on ``hw`` (the trained one where it fits, as
+    llama.cpp's own --fit keeps an unset -c), else llama.cpp's least, 4096, where none fits."""
+    largest, _ = largest_fitting_ctx(model, replace(base, ctx=None), hw, price)
+    if largest >= model.ctx_train:
+        return model.ctx_train, f"no -c given: planned at the model's trained context, {model.ctx_train}, which fits"
+    if largest >= FIT_CTX_MIN:
+        return largest, (f"no -c given: planned at {largest}, the largest context that fits (the model's trained "
+                         f"context, {model.ctx_train}, is its ceiling); pass -c for the one you run")
+    return FIT_CTX_MIN, (f"no -c given: planned at {FIT_CTX_MIN}, the least llama.cpp's --fit would shrink it to; no "
+                         "context fits here (see the verdicts); pass -c for the one you run")
 
 
 def _with_kv(cfg: LaunchConfig, ctk: CacheType, ctv: CacheType) -> LaunchConfig:

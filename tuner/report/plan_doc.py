@@ -6,7 +6,7 @@ the model's header, the engine that decides, the plan, its notes and document; a
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,7 @@ from tuner.machine import hardware
 from tuner.measure.engine_memory import EngineMemory, Projection, engine_check
 from tuner.models import gguf_reader
 from tuner.plan.memory import Breakdown, HostBuffer
-from tuner.plan.placement import KV_CHOICES, Plan, PlanRow, load_mode_note, make_plan, offload_of
+from tuner.plan.placement import KV_CHOICES, Plan, PlanRow, default_ctx, load_mode_note, make_plan
 from tuner.plan.pricing import Price, decided_mib
 from tuner.plan.ram import TIGHT_MARGIN_BYTES, RamSide, holders_line, ram_side
 
@@ -90,11 +90,15 @@ def build(req: PlanRequest) -> PlanAnswer:
                         ctx=ctxs[0] if ctxs else None, mmap=req.mmap, no_host=req.no_host, repack=req.repack)
     mem = (EngineMemory.of(engine_build.locate_engine(req.llama_cpp_dir)) if req.engine_check
            else EngineMemory.find(req.llama_cpp_dir))
+    said: list[str] = []
+    if not ctxs:  # the trained context is a ceiling, not a default (262,144 for Qwen3.5: nobody plans that first)
+        ctx, why = default_ctx(info, base, hw, mem)
+        ctxs, base, said = [ctx], replace(base, ctx=ctx), [why]
     if mem is not None and hw.has_gpu:  # a card's plan asks a projection per row: prefetched, as the card allows
         p = mem.prefetched(lambda price: make_plan(info, base, hw, ctxs, KV_CHOICES, price=price))
-    else:  # without a GPU the offload axis places nothing: a handful of projections, asked as they come
+    else:  # without a GPU the offload axis places nothing: one row, a handful of projections asked as they come
         p = make_plan(info, base, hw, ctxs, KV_CHOICES, price=mem)
-    notes = plan_notes(info, p, base, holders=ram_holders_for(req.ram_gib is not None), price=mem)
+    notes = said + plan_notes(info, p, base, holders=ram_holders_for(req.ram_gib is not None), price=mem)
     check = engine_check(mem, info, base, hw) if req.engine_check and mem is not None else None
     return PlanAnswer(info, p, base, tuple(notes), req.model_source, mem, check)
 
@@ -150,7 +154,7 @@ def _row_json(row: PlanRow, ram: RamSide) -> dict[str, Any]:
 
 def plan_json(p: Plan, notes: list[str], base: LaunchConfig) -> dict[str, Any]:
     hw = p.hardware
-    axis = offload_of(p.model)
+    axis = p.rows[0].offload
 
     def at(step: int | None) -> dict[str, int | None]:
         value = None if step is None else axis.value(step)
@@ -194,13 +198,14 @@ def plan_notes(info: gguf_reader.ModelInfo, p: Plan, base: LaunchConfig,
     """What a reader needs beside the table: how the host side is held, and when the load mode matters (``price``:
     the figures that decided the plan, :mod:`tuner.plan.pricing`)."""
     notes = []
-    axis = offload_of(info)
+    axis = p.rows[0].offload  # the plan's own axis: one step where no GPU is there
     first = p.smallest_fits[0] if p.smallest_fits else None
     n = first.n_cpu_moe if first and first.n_cpu_moe is not None else axis.steps - 1
     est = next(r.estimate for r in p.rows if r.step == n)
     held = ", ".join(f"{_BUFFER_WORDS[name]} {b / 2**30:.1f} GiB" for name, b in est.host_buffers)
     if held:
-        notes.append(f"host weights at {axis.span(n, n)}: {held}")
+        notes.append(f"host weights at {axis.span(n, n)}: {held}" if axis.gpu else
+                     f"host weights (no GPU: every weight on the CPU): {held}")
     if axis.dense:
         notes.append("a dense model has no routed experts, so --n-cpu-moe moves nothing: -ngl (layers on the GPU, "
                      "the last ones, the output head counted as one) is its offload")

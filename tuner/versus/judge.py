@@ -11,17 +11,26 @@ undecided, with the selected model named.
 A model whose engine read its weights back from disk in any round (host paging: it does not fit this machine's RAM as
 tuned) is never selected nor declared faster, as auto-tune never prints such a line; the others are judged without
 it. Every round carries its paging verdict; paging while other programs' memory load pressed on it is theirs (the
-round is busy, :mod:`tuner.search.watched_round`), not the model's.
+round is busy, :mod:`tuner.search.watched_round`), not the model's. Paging rules a line out only when it repeats, or
+when one round pages and the plan says the line does not fit the RAM free (``pages_by_plan``): one round that paged
+after another arm had evicted the page cache is that round's noise (said, left out like a busy round). The race on
+the Qwen3-30B-A3B shape once marked llama.cpp's default "does not fit" for good from one round that read 373 MiB back
+at 0.1 % memory pressure, right after a resident line had taken the page cache.
+
+Rounds are paired by their number, not their position: a line that sat rounds out (out of the running, then back in
+when the line that displaced it left) is compared on the rounds both ran.
 """
 
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from tuner.core import activity
 from tuner.core.config import LaunchConfig
 from tuner.engine import flags
 from tuner.engine.build import Capabilities, EngineLocation
@@ -50,6 +59,7 @@ class Round:
     # How far the card's use grew over the sampler's first look, taken before the server started: the line's own
     # VRAM (None: no GPU sampled).
     vram_growth_bytes: int | None = None
+    number: int = 0  # the round it was measured in (1-based; 0: a record written before rounds were numbered)
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +69,9 @@ class Arm:
     rounds: tuple[Round, ...] = ()  # the confirmation rounds (every round when nothing was selected)
     failure: str | None = None
     selection: tuple[Round, ...] = ()  # the selection rounds: they chose, they decide nothing
+    # Why the plan says this line does not fit the RAM free (its model and prompt cache beside what it holds); None:
+    # it fits, and one round's paging is that round's noise.
+    plan_pages: str | None = None
 
     def _median(self, name: str) -> float | None:
         xs = [getattr(r, name) for r in (self.rounds or self.selection) if getattr(r, name) is not None]
@@ -69,12 +82,30 @@ class Arm:
         return [r.score for r in self.rounds]
 
     def quiet_scores(self) -> list[float | None]:
-        return [None if r.noise else r.score for r in self.rounds]
+        return [None if self.noise_of(r) else r.score for r in self.rounds]
+
+    def noise_of(self, r: Round) -> str | None:
+        """What disturbed round ``r``: the machine (busy), or a paging the line does not own (one round alone, the plan
+        saying it fits): left out of verdicts and medians like a busy round."""
+        if r.noise:
+            return r.noise
+        if r.host_paging and self.paging is None:
+            return f"paged in this round alone ({r.host_paging}): that round's noise, not the line's"
+        return None
+
+    @property
+    def paged_rounds(self) -> int:
+        return sum(1 for r in (*self.selection, *self.rounds) if r.host_paging)
 
     @property
     def paging(self) -> str | None:
-        """Host paging seen in any round (its evidence): the model does not fit this machine's RAM as tuned."""
-        return next((r.host_paging for r in (*self.selection, *self.rounds) if r.host_paging), None)
+        """Host paging that is the line's (its evidence): seen in two rounds or more, or in one where the plan says the
+        line does not fit this machine's RAM. None: it never paged, or paged once beside a plan that says it fits."""
+        every = (*self.selection, *self.rounds)
+        first = next((r.host_paging for r in every if r.host_paging), None)
+        if first is None or (self.paged_rounds < 2 and self.plan_pages is None):
+            return None
+        return first
 
     @property
     def vram_growth_bytes(self) -> int | None:
@@ -99,7 +130,7 @@ class Arm:
     @property
     def score(self) -> float | None:
         """The quiet median of the confirmation rounds (of the selection rounds when it had none)."""
-        return decide.quiet_median([(r.score, r.noise) for r in (self.rounds or self.selection)])
+        return decide.quiet_median([(r.score, self.noise_of(r)) for r in (self.rounds or self.selection)])
 
     def figures(self) -> dict[str, float | None]:
         return {name: self._median(name) for name in ("gen_tok_s", "prompt_tok_s", "ttft_s", "session_s")}
@@ -107,12 +138,13 @@ class Arm:
     def to_dict(self) -> dict[str, Any]:
         return {"label": self.label, "launch_line": self.launch_line, "failure": self.failure,
                 "selection": [asdict(r) for r in self.selection], "rounds": [asdict(r) for r in self.rounds],
-                "score": self.score, "host_paging": self.paging, **self.figures()}
+                "score": self.score, "host_paging": self.paging, "paged_rounds": self.paged_rounds,
+                "plan_pages": self.plan_pages, **self.figures()}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Arm:
         return cls(d["label"], d["launch_line"], tuple(Round(**r) for r in d.get("rounds", [])), d.get("failure"),
-                   tuple(Round(**r) for r in d.get("selection", [])))
+                   tuple(Round(**r) for r in d.get("selection", [])), d.get("plan_pages"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +172,7 @@ class HeadToHead:
         """``a`` against ``b`` on their confirmation rounds (the quiet ones where any was busy)."""
         x, y = self.arm(a), self.arm(b)
         assert x is not None and y is not None, (a, b)
-        return compare_quiet(a, b, x.scores, y.scores, x.quiet_scores(), y.quiet_scores())
+        return paired(x, y)
 
     @property
     def decided(self) -> bool:
@@ -207,8 +239,19 @@ def verdicts_of(arms: Sequence[Arm], selected: str | None = None, budget_bytes: 
     best = _best(arms, selected, budget_bytes)
     if len(ok) < 2 or best is None:
         return ()
-    return tuple(compare_quiet(best.label, a.label, best.scores, a.scores, best.quiet_scores(), a.quiet_scores())
-                 for a in ok if a is not best)
+    return tuple(paired(best, a) for a in ok if a is not best)
+
+
+def paired(x: Arm, y: Arm) -> Verdict:
+    """``x`` against ``y`` on the rounds both ran, paired by round number (by position for records written before
+    rounds were numbered), the rounds either found disturbed left out as busy."""
+    if any(r.number == 0 for r in (*x.rounds, *y.rounds)):
+        return compare_quiet(x.label, y.label, x.scores, y.scores, x.quiet_scores(), y.quiet_scores())
+    by_y = {r.number: r for r in y.rounds}
+    both = [(r, by_y[r.number]) for r in x.rounds if r.number in by_y]
+    return compare_quiet(x.label, y.label, [a.score for a, _ in both], [b.score for _, b in both],
+                         [None if x.noise_of(a) else a.score for a, _ in both],
+                         [None if y.noise_of(b) else b.score for _, b in both])
 
 
 def metric_of(load: Workload, agent: bool) -> str:
@@ -226,7 +269,9 @@ def head_to_head(loc: EngineLocation, lines: Sequence[tuple[str, LaunchConfig]],
                  engines: Mapping[str, tuple[EngineLocation, Capabilities | None]] | None = None,
                  vram_budget_bytes: int | None = None,
                  settled_by: Callable[[HeadToHead], bool] | None = None,
-                 out_by: Callable[[HeadToHead], Collection[str]] | None = None) -> HeadToHead:
+                 out_by: Callable[[HeadToHead], Collection[str]] | None = None,
+                 pages_by_plan: Mapping[str, str] | None = None, sent: Workload | None = None,
+                 on_round: Callable[[str, Round, float], None] | None = None) -> HeadToHead:
     """Every model's tuned line once per round, the order rotating: ``rounds.select`` selection rounds choose the
     best median, then ``rounds.min`` fresh rounds and more (up to ``rounds.max``) judge it against every other
     until decided. ``session`` (file, depth, gen tokens, agents): replay an agent session instead of single
@@ -235,14 +280,18 @@ def head_to_head(loc: EngineLocation, lines: Sequence[tuple[str, LaunchConfig]],
     it, or whose VRAM a round did not read, is never crowned. ``settled_by``: when the rounds may stop (asked after
     each confirmation round from ``rounds.min`` on, with the rounds so far); default: the best decided against every
     other. ``out_by``: the lines the rounds so far put out of the running (asked before each round after the first):
-    they are not measured again."""
+    they are not measured again (and measured again should a later round let them back). ``pages_by_plan``: why the
+    plan says a line does not fit the RAM free, by label (one paging round then rules it out). ``sent``: what each
+    round sends (default: the workload's request, :func:`tuner.search.finish.server_load`). ``on_round``: told each
+    line's round as it ends, with its seconds."""
     configs = dict(lines)
     labels = [label for label, _ in lines]
     n_select = rounds.select if len(labels) >= 2 else 0
     runs: dict[str, dict[str, list[Round]]] = {phase: {x: [] for x in labels} for phase in (SELECT, CONFIRM)}
     failed: dict[str, str] = {}
-    sent = server_load(load)
+    sent = sent or server_load(load)
     makers = session_mod.session_makers(*session) if session else None
+    what = "session" if session else f"request ({sent.prompt_tokens} prompt tokens, {sent.gen_tokens} generated)"
     chosen: list[str] = []
 
     def measure(label: str, r: int) -> decide.Obs:
@@ -252,17 +301,22 @@ def head_to_head(loc: EngineLocation, lines: Sequence[tuple[str, LaunchConfig]],
             which = f"round {r} ({phase})" if n_select else f"round {r} of {rounds.min}-{max(rounds.min, rounds.max)}"
             on_step(f"{which}: {label} ({flags.launch_line(cfg)})")
         where, its_caps = (engines or {}).get(label, (loc, caps))
-        w = watched_round(cfg, label, f"round {r}",
-                          lambda: _trial(where, cfg, sent, makers, session, log_dir / f"round{r}", its_caps), on_step)
+        t0 = time.monotonic()
+        with activity.while_doing(f"round {r}: {label}, its server loading then its {what}"):
+            w = watched_round(cfg, label, f"round {r}",
+                              lambda: _trial(where, cfg, sent, makers, session, log_dir / f"round{r}", its_caps),
+                              on_step)
         if w.failure is not None:
             failed[label] = w.failure.summary()
-        got = replace(_round(w.value, load) if w.value is not None else Round(None), noise=w.noise)
+        got = replace(_round(w.value, load) if w.value is not None else Round(None), noise=w.noise, number=r)
         runs[phase][label].append(got)
+        if on_round is not None:
+            on_round(label, got, time.monotonic() - t0)
         return got.score, got.noise
 
     def arms() -> list[Arm]:
         return [Arm(label, flags.launch_line(cfg), tuple(runs[CONFIRM][label]), failed.get(label),
-                    tuple(runs[SELECT][label])) for label, cfg in lines]
+                    tuple(runs[SELECT][label]), (pages_by_plan or {}).get(label)) for label, cfg in lines]
 
     def to_confirm(sel: dict[str, list[decide.Obs]]) -> list[str]:
         best = decide.best(sel, labels, lambda x: not any(r.host_paging for r in runs[SELECT][x]))
@@ -286,11 +340,16 @@ def head_to_head(loc: EngineLocation, lines: Sequence[tuple[str, LaunchConfig]],
     def out_of_it() -> Collection[str]:
         if out_by is None:
             return ()
-        gone = out_by(HeadToHead(tuple(arms()), metric_of(load, session is not None), (), None, vram_budget_bytes))
-        for label in sorted(set(gone) - said_out):
+        gone = set(out_by(HeadToHead(tuple(arms()), metric_of(load, session is not None), (), None,
+                                     vram_budget_bytes)))
+        for label in sorted(gone - said_out):
             if on_step:
                 on_step(f"{label} is out of the running: not measured again")
-            said_out.add(label)
+        for label in sorted(said_out - gone):
+            if on_step:
+                on_step(f"{label} is back in the running (the line it was decided slower than is out): measured again")
+        said_out.clear()
+        said_out.update(gone)
         return gone
 
     said_out: set[str] = set()

@@ -1,4 +1,4 @@
-"""Which line the engines' race prints (tuner.versus.engines.choose): one decided faster than llama.cpp's default in
+"""Which line the engines' race prints (tuner.versus.rule.choose): one decided faster than llama.cpp's default in
 the race's rounds and decided slower than no other line; the fastest such, or the simpler where undecided between
 them; never a line decided slower than another, one that paged host RAM or broke the VRAM budget, or one refused by
 its price; llama.cpp's default where nothing wins; nothing, said, where nothing can run.
@@ -15,7 +15,10 @@ import pytest
 from tuner.core.config import CacheType, FlashAttn, LaunchConfig
 from tuner.search.verdict import BETTER, UNDECIDED, WORSE
 from tuner.versus import judge
-from tuner.versus.engines import REFERENCE, EngineChoice, EngineLine, choose, settled
+from tuner.versus.engines import EngineChoice
+from tuner.versus.lines import REFERENCE, EngineLine, changed_settings
+from tuner.versus.rule import choose, out_of_running, settled
+from tuner.versus.standing import Gates
 
 M = Path("/m.gguf")
 LLAMA_TUNED, IK_DEFAULT, IK_TUNED = "llama.cpp tuned", "ik_llama.cpp default", "ik_llama.cpp tuned"
@@ -34,8 +37,11 @@ NOISY = (1.10, 1.60, 0.95, 1.45)
 
 
 def _lines(labels: list[str]) -> list[EngineLine]:
+    def base(x: str) -> LaunchConfig:
+        return CONFIGS[REFERENCE] if CONFIGS[x].engine == "llama.cpp" else CONFIGS[IK_DEFAULT]
+
     return [EngineLine(x, CONFIGS[x].engine, CONFIGS[x], "s", Path("r"), Path("b"), "default" if "default" in x
-                       else "tuned") for x in labels]
+                       else "tuned", changed=changed_settings(CONFIGS[x], base(x), 2)) for x in labels]
 
 
 def _race(scores: dict[str, tuple[float | None, ...]], paged: tuple[str, ...] = (), vram: dict[str, int] | None = None,
@@ -44,7 +50,7 @@ def _race(scores: dict[str, tuple[float | None, ...]], paged: tuple[str, ...] = 
     for label, xs in scores.items():
         rounds = tuple(judge.Round(s, noise="a browser took 0.6 cores" if i in (busy or {}).get(label, ()) else None,
                                    host_paging="read 900 MiB back from disk" if label in paged else None,
-                                   vram_growth_bytes=(vram or {}).get(label)) for i, s in enumerate(xs))
+                                   vram_growth_bytes=(vram or {}).get(label), number=i + 1) for i, s in enumerate(xs))
         arms.append(judge.Arm(label, "", rounds, None if any(s is not None for s in xs) else "it crashed"))
     return judge.HeadToHead(tuple(arms), "end-to-end request time", (), None, budget)
 
@@ -72,7 +78,7 @@ def test_a_line_decided_slower_than_another_is_never_printed():
     labels = [REFERENCE, IK_DEFAULT, IK_TUNED]
     race = _race({REFERENCE: STEADY, IK_DEFAULT: FAST, IK_TUNED: FASTER})
     assert choose(_lines(labels), race)[0] == IK_TUNED
-    printed, why, _ = choose(_lines(labels), race, {IK_TUNED: "was refused by its price (mean KLD 0.05)"})
+    printed, why, _ = choose(_lines(labels), race, Gates(refused={IK_TUNED: "was refused by its price (mean KLD 0.05)"}))
     assert printed == IK_DEFAULT  # with the faster line gone, nothing it is slower than remains
     # and llama.cpp's default, decided slower than ik's lines, is not printed while they can run
     race2 = _race({REFERENCE: STEADY, LLAMA_TUNED: FAST, IK_TUNED: FASTER})
@@ -91,7 +97,9 @@ def test_a_win_over_the_default_decided_slower_than_another_line_is_not_printed(
     assert race.pair(IK_TUNED, REFERENCE).outcome == UNDECIDED
     printed, why, v = choose(_lines([REFERENCE, LLAMA_TUNED, IK_TUNED]), race)
     assert printed == IK_TUNED and v is not None and v.outcome == UNDECIDED
-    assert why == (f"llama.cpp's default was decided slower than {LLAMA_TUNED}: {IK_TUNED} ({v.ratio:.2f}x "
+    slower = race.pair(REFERENCE, LLAMA_TUNED)
+    assert why == (f"llama.cpp's default was decided slower than {LLAMA_TUNED} ({slower.ratio:.2f}x, 99 % "
+                   f"{slower.low:.2f}-{slower.high:.2f}x over {slower.rounds} rounds): {IK_TUNED} ({v.ratio:.2f}x "
                    f"llama.cpp's default in the rounds both ran, 99 % {v.low:.2f}-{v.high:.2f}x) is the fastest line "
                    "decided slower than no other")
 
@@ -123,7 +131,8 @@ def test_the_simpler_line_where_two_winners_are_undecided_between_them():
     printed, why, _ = choose(_lines(labels), race)
     assert printed == IK_DEFAULT
     p = race.pair(IK_TUNED, IK_DEFAULT)
-    simpler = (f"the simpler line where the rounds left it undecided against the faster median of {IK_TUNED} "
+    simpler = (f"the simpler line (0 settings changed from its engine's default, 2 for the other) where the rounds "
+               f"left it undecided against the faster median of {IK_TUNED} "
                f"({p.ratio:.2f}x it, 99 % {p.low:.2f}-{p.high:.2f}x over 4 rounds both ran clean)")
     assert why.endswith(f"slower than no other line; of the lines that were, it is {simpler}"), why
     printed, why, _ = choose(_lines(labels), _race({REFERENCE: STEADY, IK_DEFAULT: FAST, IK_TUNED: FASTER}))
@@ -132,31 +141,53 @@ def test_the_simpler_line_where_two_winners_are_undecided_between_them():
     # never "the fastest" of a line whose median was not.
     printed, why, _ = choose(_lines(labels), _race({REFERENCE: STEADY, IK_DEFAULT: FAST, IK_TUNED: close},
                                                    paged=(REFERENCE,)))
-    assert printed == IK_DEFAULT and "fastest line" not in why
-    assert f": of the lines decided slower than no other, {IK_DEFAULT} (" in why and why.endswith(f"is {simpler}")
+    assert printed == IK_DEFAULT and "fastest line" not in why and why.endswith(f"it is {simpler}")
+
 
 
 def test_nothing_runnable_prints_no_line_and_says_why():
-    # llama.cpp's own default pages and every other line fails: no crash, no line, each cause named.
+    # every line fails, llama.cpp's default too: no crash, no line, each cause named.
     labels = [REFERENCE, IK_TUNED]
-    race = _race({REFERENCE: STEADY, IK_TUNED: (None, None, None)}, paged=(REFERENCE,))
+    race = _race({REFERENCE: (None, None, None), IK_TUNED: (None, None, None)})
     lines = _lines(labels)
     printed, why, _ = choose(lines, race)
     assert printed is None
-    assert why == ("no line can be run here: llama.cpp default read its model back from disk while generating in 4 of "
-                   "4 rounds (it does not fit this machine's RAM as it is); ik_llama.cpp tuned failed (it crashed)")
+    assert why == ("no line can be run here: llama.cpp default failed (it crashed); ik_llama.cpp tuned failed (it "
+                   "crashed)")
     choice = EngineChoice(tuple(lines), race, printed, why)
     assert choice.line is None and choice.to_dict()["printed_engine"] is None
 
 
-def test_when_the_default_cannot_run_the_fastest_clean_line_is_printed_and_said():
+def test_where_nothing_else_runs_llama_cpp_s_default_stays_though_it_paged_and_says_so():
+    # Issue 66: where nothing is decided faster, llama.cpp's default stays, said; a paging default is no exception.
+    race = _race({REFERENCE: STEADY, IK_TUNED: (None, None, None)}, paged=(REFERENCE,))
+    printed, why, _ = choose(_lines([REFERENCE, IK_TUNED]), race)
+    assert printed == REFERENCE
+    assert why == ("llama.cpp's default stays, though it read its model back from disk while generating in 4 of 4 "
+                   "rounds (it does not fit this machine's RAM as it is): no other line can be printed; left out: "
+                   "ik_llama.cpp tuned failed (it crashed)")
+
+
+def test_when_the_default_pages_a_line_decided_faster_is_printed_one_decided_slower_never():
     labels = [REFERENCE, LLAMA_TUNED, IK_TUNED]
     race = _race({REFERENCE: STEADY, LLAMA_TUNED: STEADY, IK_TUNED: FAST}, paged=(REFERENCE,))
     printed, why, v = choose(_lines(labels), race)
     assert printed == IK_TUNED and v is not None and v.outcome == BETTER  # its verdict against the default, kept
-    assert why.startswith("llama.cpp's default read its model back from disk while generating in 4 of 4 rounds")
     # per-round ratios to the default: 1.70/1.00, 1.75/1.02, 1.68/0.99, 1.73/1.01; the middle two 1.700 and 1.713
     assert v.ratio == pytest.approx((1.70 / 1.00 + 1.73 / 1.01) / 2, abs=1e-9)
+    assert why.startswith(f"{IK_TUNED} was decided faster than llama.cpp's default ({v.ratio:.2f}x")
+    # Issue 66: the old fallback printed the fastest line left whatever its verdict against the paging default (a line
+    # measured 0.8x it could be printed). Now a line decided slower than that default is never printed: it stays.
+    slow = tuple(0.8 * x for x in STEADY[::-1])
+    race = _race({REFERENCE: STEADY, IK_TUNED: slow}, paged=(REFERENCE,))
+    assert race.pair(IK_TUNED, REFERENCE).outcome == WORSE
+    printed, why, _ = choose(_lines([REFERENCE, IK_TUNED]), race)
+    assert printed == REFERENCE and "ik_llama.cpp tuned was decided slower than llama.cpp default (0.80x" in why
+    # undecided against the paging default: the line still in is printed, its verdict said
+    race = _race({REFERENCE: STEADY, IK_TUNED: NOISY}, paged=(REFERENCE,))
+    printed, why, v = choose(_lines([REFERENCE, IK_TUNED]), race)
+    assert printed == IK_TUNED and v is not None and v.outcome == UNDECIDED
+    assert why.startswith("llama.cpp's default read its model back from disk while generating in 4 of 4 rounds")
     assert why.endswith(f"{IK_TUNED} ({v.ratio:.2f}x llama.cpp's default in the rounds both ran, 99 % "
                         f"{v.low:.2f}-{v.high:.2f}x) is the fastest line decided slower than no other")
 
@@ -193,8 +224,6 @@ def test_the_race_stops_once_more_rounds_could_not_change_the_printed_line(score
 
 
 def test_a_line_decided_slower_than_another_or_that_paged_is_out_of_the_running_the_default_never():
-    from tuner.versus.engines import out_of_running
-
     race = _race({REFERENCE: STEADY, LLAMA_TUNED: STEADY[::-1], IK_DEFAULT: FAST, IK_TUNED: NOISY},
                  paged=(IK_TUNED,))
     # llama.cpp tuned is decided slower than ik's default, ik tuned paged; the default, slower too, stays measured
@@ -217,8 +246,9 @@ def test_the_race_measures_no_more_rounds_of_a_line_out_of_the_running(engine_lo
 
 
 @pytest.mark.parametrize(("trials", "time_s", "n", "want"), [
-    (10, None, 2, (5, None)), (10, None, 3, (4, None)), (None, 1200.0, 2, (None, 600.0)), (6, 600.0, 2, (4, 300.0))])
+    (10, None, 2, (5, None)), (10, None, 3, (4, None)), (None, 1200.0, 2, (5, 1200.0)), (6, 600.0, 2, (4, 600.0))])
 def test_the_default_budget_is_shared_between_the_engines(trials, time_s, n, want):
+    # trials are shared; a time budget stays whole: the run's clock keeps it across the engines (tuner.versus.clock)
     from tuner.search.study import Budget
     from tuner.versus.engine_run import split_budget
 
