@@ -24,13 +24,12 @@ from pathlib import Path
 import pytest
 
 import tuner
-from tests.conftest import REPO, run_cli
+from tests.conftest import run_cli
+from tests.machine.second_user import USER, python_for, root_only, second_user, user_env
 from tuner.core.errors import MachineBusyError
-from tuner.machine import processes, quiet
+from tuner.machine import quiet
 
-USER = "moetune-2nd"
 PROTECTED_REGULAR = Path("/proc/sys/fs/protected_regular")
-root_only = pytest.mark.skipif(os.geteuid() != 0, reason="a second user is made and run as with runuser: needs root")
 
 # What a run of the second user does: claim the machine (beside other load: only the lock is in question), say
 # what it got, and hold it until told to let go on stdin.
@@ -47,40 +46,14 @@ except MachineBusyError as exc:
 """
 
 
-def _second_user() -> pwd.struct_passwd:
-    with contextlib.suppress(KeyError):
-        return pwd.getpwnam(USER)
-    made = subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", USER],
-                          capture_output=True, text=True, timeout=30)
-    if made.returncode != 0:
-        pytest.skip(f"no second user could be made: {made.stderr.strip()}")
-    return pwd.getpwnam(USER)
-
-
-def _python_for(user: str) -> str:
-    """An interpreter the user may run (this venv's may live in root's home), with this venv's packages."""
-    for exe in (sys.executable, f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"):
-        ok = subprocess.run(["runuser", "-u", user, "--", exe, "-c", "import psutil"], capture_output=True,
-                            env=_user_env(), timeout=60)
-        if ok.returncode == 0:
-            return exe
-    pytest.skip(f"no Python {sys.version_info.major}.{sys.version_info.minor} that {user} may run")
-
-
-def _user_env() -> dict[str, str]:
-    site = next(p for p in sys.path if p.endswith("site-packages"))
-    env = {k: v for k, v in os.environ.items() if k in ("PATH", processes.SCOPE_ENV, "LANG")}
-    return env | {"PYTHONPATH": f"{REPO}{os.pathsep}{site}"}
-
-
 @contextlib.contextmanager
 def _as_user(command: str, wait_s: float = 0, home: Path | None = None) -> Iterator[subprocess.Popen[str]]:
     """The second user's run (a real process of that user) claiming the machine; let go when the block ends."""
-    user = _second_user()
+    user = second_user()
     home_env = [f"HOME={home}"] if home else []  # runuser sets the user's own HOME
-    proc = subprocess.Popen(["runuser", "-u", user.pw_name, "--", "env", *home_env, _python_for(user.pw_name), "-c",
+    proc = subprocess.Popen(["runuser", "-u", user.pw_name, "--", "env", *home_env, python_for(user.pw_name), "-c",
                              HOLD, command, str(wait_s)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=_user_env())
+                            stderr=subprocess.PIPE, text=True, env=user_env())
     try:
         yield proc
     finally:
@@ -125,13 +98,13 @@ def test_a_lock_file_another_user_made_serves_both_users_under_protected_regular
         with _as_user("auto-tune") as theirs:
             assert _said(theirs) == "held True None"
             st = lock_file.stat()
-            assert st.st_uid == _second_user().pw_uid and st.st_mode & 0o777 == 0o666  # theirs, usable by all
+            assert st.st_uid == second_user().pw_uid and st.st_mode & 0o777 == 0o666  # theirs, usable by all
             # Root opening it with O_CREAT is refused here (EACCES): the run must open it as it is, and wait.
             with pytest.raises(MachineBusyError, match=r"moe-tune auto-tune \(pid \d+\) is measuring"), \
                     quiet.claim_machine("bench", wait_s=1.0):
                 pass
         with quiet.claim_machine("bench", wait_s=0) as ours:  # their run ended: ours goes, on the same file
-            assert ours.locked and ours.note is None and lock_file.stat().st_uid == _second_user().pw_uid
+            assert ours.locked and ours.note is None and lock_file.stat().st_uid == second_user().pw_uid
             with _as_user("bench", wait_s=1.0) as second:  # and theirs waits for ours
                 said = _said(second)
                 assert said.startswith("refused") and f"moe-tune bench (pid {os.getpid()}) is measuring" in said
@@ -158,7 +131,7 @@ def test_a_lock_file_nobody_else_may_open_falls_back_to_the_users_own_and_says_s
     lock_file.chmod(0o600)
     home = Path(tempfile.mkdtemp(prefix="moe-tune-2nd-home-", dir="/tmp"))  # the suite's tmp_path is root's alone
     try:
-        shutil.chown(home, _second_user().pw_uid, _second_user().pw_gid)
+        shutil.chown(home, second_user().pw_uid, second_user().pw_gid)
         with _as_user("bench", home=home) as theirs:
             said = _said(theirs)
             assert said.startswith(f"held True {lock_file} cannot be opened (Permission denied): this run waits "
@@ -176,7 +149,7 @@ def test_bench_runs_as_root_on_a_lock_file_another_user_made(lock_file, demo_mod
     model = demo_models[("qwen3moe", "Q4_K_M")]
     with _as_user("auto-tune") as theirs:
         assert _said(theirs) == "held True None"
-    assert lock_file.stat().st_uid == _second_user().pw_uid
+    assert lock_file.stat().st_uid == second_user().pw_uid
     with _protected_regular():
         res = run_cli("bench", str(model), "--no-server", "-r", "1", "-p", "8", "-n", "8", "--busy-wait", "30s")
     assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
@@ -186,12 +159,12 @@ def test_bench_runs_as_root_on_a_lock_file_another_user_made(lock_file, demo_mod
 def _claim_elsewhere(home: Path) -> subprocess.CompletedProcess[str]:
     """A run of another user (root's tests) or of this one claiming the machine, let go at once; killed after 30 s,
     so a claim that waits on what sits at the lock path fails the test instead of hanging it."""
-    as_user = (["runuser", "-u", _second_user().pw_name, "--"] if os.geteuid() == 0 else [])
-    shutil.chown(home, *((_second_user().pw_uid, _second_user().pw_gid) if as_user else (os.getuid(), os.getgid())))
-    python = _python_for(_second_user().pw_name) if as_user else sys.executable
+    as_user = (["runuser", "-u", second_user().pw_name, "--"] if os.geteuid() == 0 else [])
+    shutil.chown(home, *((second_user().pw_uid, second_user().pw_gid) if as_user else (os.getuid(), os.getgid())))
+    python = python_for(second_user().pw_name) if as_user else sys.executable
     argv = [*as_user, "env", f"HOME={home}", "XDG_RUNTIME_DIR=", python, "-c", HOLD, "bench", "0"]
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=_user_env(), start_new_session=True)
+                            env=user_env(), start_new_session=True)
     try:
         out, err = proc.communicate(input="\n", timeout=30)
     except subprocess.TimeoutExpired:

@@ -20,6 +20,12 @@ is) go in; :func:`account` gives what happened between them.
   kernel reclaims, evicts our pages and shares the disk whatever little CPU it uses. Either makes a look busy, and a
   paging verdict measured beside it is blamed on that load (:meth:`tuner.machine.sampler.PagingVerdict.beside`):
   interference to measure again, not a property of the config.
+- **Others we cannot read**: another user's process's ``/proc/<pid>/io`` is not ours to read, and a process that
+  exits between the listing and the read has nothing to read. Its page-ins are unknown, not zero: counted as zero,
+  another user's program paging beside ours went unseen and the paging it caused was pinned on the config. What the
+  readable processes leave of the machine's page-ins bounds what the unread ones brought in
+  (:func:`unaccounted_page_ins`); where that could be paging under memory pressure, the look says so in ``memory``,
+  so a paging verdict measured beside it is theirs as well as it might be (:meth:`PagingVerdict.beside`).
 - **Whether others' CPU disturbed us** is judged by what it did to our threads while they ran: the run-queue wait
   ``/proc/<pid>/task/*/schedstat`` counts (our threads waited … s for a CPU per s they ran). On 2 cores half a core
   of a browser makes llama.cpp's threads wait and slows the figure; on 16 the scheduler puts it on an idle core and
@@ -32,8 +38,12 @@ is) go in; :func:`account` gives what happened between them.
 
 from __future__ import annotations
 
+import contextlib
+import json
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import psutil
 
@@ -41,6 +51,7 @@ from tuner.machine import pressure
 from tuner.machine.cpu_time import CpuTime
 
 MIB = 2**20
+BOOKS_LOG_ENV = "MOE_TUNE_BOOKS_LOG"  # a file: each look's page-ins, whose they were, and its verdict (diagnosis)
 MIN_CPU_WINDOW_S = 0.1  # a shorter look says nothing about CPU load
 # Others bringing pages in this fast while memory is under pressure: a program paging beside us, which evicts our
 # pages and shares the disk, whatever little CPU it uses while it waits for its reads.
@@ -121,9 +132,12 @@ class Look:
     ours_anon: Mapping[int, int]
     ours_traffic: Mapping[int, tuple[int, int]]  # our processes' (pages brought in, pages dirtied)
     ours_wait_ns: int
-    # Every other process's (pages brought in, pages dirtied): who pages beside us, by name.
+    # Every other process's (pages brought in, pages dirtied) we could read: who pages beside us, by name.
     others_traffic: Mapping[int, tuple[int, int]] = field(default_factory=dict)
     scoped: bool = False
+    unread: frozenset[int] = frozenset()  # other processes whose page traffic could not be read: unknown, not zero
+    # /proc/vmstat again, read after every process's counters (``vm`` is read before them): None, not read.
+    vm_after: Mapping[str, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +157,8 @@ class Books:
     steal_cores: float
     irq_cores: float
     cpus: int = field(default_factory=lambda: psutil.cpu_count(logical=True) or 1)  # the machine's logical CPUs
+    unread: int = 0  # other processes whose page-ins are unknown (their counters could not be read)
+    unaccounted_mib_s: float = 0.0  # the machine's page-ins no process we read brought in, at least
 
     @property
     def wait_per_run(self) -> float | None:
@@ -174,6 +190,22 @@ def _traffic(before: Mapping[int, tuple[int, int]], after: Mapping[int, tuple[in
     return Causes(ins, 0, dirtied)
 
 
+def unaccounted_page_ins(a: Look, b: Look) -> int:
+    """Pages the machine brought in between looks ``a`` and ``b`` that none of the processes we read did, at least.
+
+    The machine's counters are read before every process's (``vm``) and again after them (``vm_after``), so the
+    machine's window from ``a.vm_after`` to ``b.vm`` lies inside each process's: whatever order the reads fell in, a
+    process we read cannot have brought in more of it than its own counters say. Read at one moment beside ours at
+    another, a look whose engine read its model at 2 GB/s showed 8-32 MiB that were nobody's, in whole read-ahead
+    windows (results/benchmarks/which-engine-cpu/*-books.jsonl.gz): the engine's own, read a few ms apart. A new
+    process counts all it brought in, and a parent that reaps a child in the look all the child did (its ``io``
+    holds its reaped children's): both can only lower the figure. What is left is the unread processes', the
+    kernel's threads' and that of processes that came and went."""
+    machine = pressure.machine_page_ins(b.vm) - pressure.machine_page_ins(a.vm_after or a.vm)
+    read = _traffic(a.ours_traffic, b.ours_traffic).page_ins + _traffic(a.others_traffic, b.others_traffic).page_ins
+    return max(0, machine - read)
+
+
 def account(a: Look, b: Look, elapsed_s: float) -> Books:
     """The books between looks ``a`` and ``b``, ``elapsed_s`` apart (see the module's docstring)."""
     timed = elapsed_s >= MIN_CPU_WINDOW_S
@@ -202,12 +234,34 @@ def account(a: Look, b: Look, elapsed_s: float) -> Books:
     reclaimed = max(0, b.vm.get("pgsteal", 0) - a.vm.get("pgsteal", 0)) * page
     stalled = (b.psi["memory"][0] - a.psi["memory"][0]) / 1e4 / elapsed_s if timed and a.psi and b.psi else 0.0
     pagers = _paged_in(a.others_traffic, b.others_traffic)
+    # Under a scope the machine's page-ins hold other suites' too, which the scope exists not to see: what the
+    # scope's readable processes leave of them says nothing of its unread ones (a child that exited mid-read).
+    unread = 0 if b.scoped else len(a.unread | b.unread)
+    unaccounted = unaccounted_page_ins(a, b) * page / MIB * per_s if unread else 0.0
     memory = _memory_load(pagers, their_growth, b.others, reclaimed, stalled, elapsed_s) if timed else None
+    if timed and (unknown := _unknown_load(unread, unaccounted, stalled)):
+        memory = "; ".join(x for x in (memory, unknown) if x)
     return Books(elapsed_s, cores, {pid: s * per_s for pid, s in used.items()}, named,
                  max(0.0, cores - (sum(used.values()) + for_them) * per_s),
                  pressure.kernel_share(kernel_s, ours.pages, on_machine.pages) * per_s, for_them * per_s,
                  ours_cpu * per_s, max(0, b.ours_wait_ns - a.ours_wait_ns) / 1e9 * per_s, memory,
-                 max(0.0, machine.steal_s) * per_s, max(0.0, machine.interrupts_s) * per_s)
+                 max(0.0, machine.steal_s) * per_s, max(0.0, machine.interrupts_s) * per_s,
+                 unread=unread, unaccounted_mib_s=unaccounted)
+
+
+def _unknown_load(unread: int, unaccounted_mib_s: float, stalled_pct: float) -> str | None:
+    """Processes we could not read that could have paged beside ours, in words; None: they could not have.
+
+    The machine's page-ins that no process we read brought in (:func:`unaccounted_page_ins`) are at most theirs, and
+    they could be theirs where they pass the bar a named process's paging must pass (:data:`OTHERS_PAGING_MIB_S`
+    under :data:`MEMORY_PRESSURE_PCT`). Then a paging verdict measured beside them is not pinned on the line
+    (:meth:`tuner.machine.sampler.PagingVerdict.beside`): they are said, as a named pager is. Below the bar, or with
+    every process read, the remainder is nobody's (issue 61: the kernel's threads, processes that came and went)."""
+    if not unread or unaccounted_mib_s < OTHERS_PAGING_MIB_S or stalled_pct < MEMORY_PRESSURE_PCT:
+        return None
+    who = "1 process could not be read: its" if unread == 1 else f"{unread:,} processes could not be read: their"
+    return (f"{who} page-ins are unknown ({unaccounted_mib_s:,.0f} MiB/s of the machine's page-ins are no readable "
+            f"process's; memory pressure {stalled_pct:.0f} %)")
 
 
 def _paged_in(before: Mapping[int, tuple[int, int]], after: Mapping[int, tuple[int, int]]) -> dict[int, int]:
@@ -239,3 +293,24 @@ def _memory_load(pagers: Mapping[int, int], growth: Mapping[int, int], procs: Ma
         parts.append(f"other processes took {grown_mib:,.0f} MiB of RAM ({who}) while the kernel reclaimed "
                      f"{reclaim_mib:,.0f} MiB")
     return "; ".join(parts) or None
+
+
+def log_look(path: Path, a: Look, b: Look, ledger: Books) -> None:
+    """One JSON line per look: the machine's page-ins beside ours and each other process's, what no process we read
+    brought in and how many we could not read, the memory stall and what the books made of it (MOE_TUNE_BOOKS_LOG;
+    how issue 61's "others page in" on a quiet machine was traced)."""
+    mib = pressure.PAGE_BYTES / MIB
+    elapsed_s = ledger.elapsed_s
+    theirs = _paged_in(a.others_traffic, b.others_traffic)
+    ours = sum(max(0, n[0] - a.ours_traffic.get(pid, (0, 0))[0]) for pid, n in b.ours_traffic.items())
+    gone = [pid for pid in a.ours_traffic if pid not in b.ours_traffic]
+    row = {"t": round(time.time(), 2), "window_s": round(elapsed_s, 3),
+           "machine_page_ins_mib": round((pressure.machine_page_ins(b.vm) - pressure.machine_page_ins(a.vm)) * mib, 1),
+           "ours_mib": round(ours * mib, 1), "ours_gone": gone,
+           "others_mib": {f"{b.others[pid].name if pid in b.others else '?'}:{pid}": round(n * mib, 1)
+                          for pid, n in theirs.items()},
+           "unaccounted_mib": round(unaccounted_page_ins(a, b) * mib, 1), "unread": len(a.unread | b.unread),
+           "memory_stall_pct": round((b.psi["memory"][0] - a.psi["memory"][0]) / 1e4 / elapsed_s, 1)
+           if a.psi and b.psi else None, "memory_verdict": ledger.memory}
+    with contextlib.suppress(OSError), path.open("a") as f:
+        f.write(json.dumps(row) + "\n")

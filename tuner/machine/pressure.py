@@ -6,12 +6,18 @@
   ``pgscan_*`` / ``pgsteal_*`` (pages the kernel scanned and reclaimed), ``nr_dirtied`` (pages made dirty, which the
   flusher's kworkers write back).
 - ``/proc/<pid>/stat``: ``majflt`` and ``cmajflt`` (fields 12 and 13): a process's major faults and its reaped
-  children's; ``/proc/<pid>/io`` ``read_bytes``: what it made the kernel fetch from storage. One major fault on a
+  children's; ``/proc/<pid>/io`` ``read_bytes``: what it (and, like ``cmajflt``, the children it reaped:
+  ``wait_task_zombie`` adds their counts to its own) made the kernel fetch from storage. One major fault on a
   file read in order starts a read-ahead of megabytes whose pages then fault in as minor ones (measured here: 2
   major faults and 4.3 GB read in 3 s), so "page-ins" count both: major faults plus pages read from storage. Its
   ``write_bytes`` is charged to the process that dirties a page, when it dirties it (``folio_account_dirtied`` →
   ``task_io_account_write``), not to the kworker that later writes it back: who made the writeback work.
 - ``/proc/<pid>/task/*/schedstat``: per thread, time on a CPU and time waiting on a run queue (ns).
+
+Every process's files are read through :func:`proc_text`. ``stat`` is anyone's to read; ``io`` only the process's
+own user's (the kernel asks for ptrace access), so another user's page traffic cannot be read at all, and a process
+that exits between the listing and the read has none to read: :func:`read_traffic` raises for both, and the books
+count such a process's page-ins as unknown, never as zero (:mod:`tuner.machine.books`).
 
 Kernel threads (kthreadd, pid 2, and its children: ``kswapd*``, ``kcompactd*``, ``kdamond``, kworkers) work for
 whoever makes them: page-in I/O for the process that faults pages in, reclaim for whoever needs free pages (a page
@@ -47,29 +53,44 @@ def kernel_share(kernel_s: float, theirs: int, machine: int) -> float:
     return kernel_s * min(1.0, max(0.0, theirs / machine))
 
 
+def proc_text(pid: int, name: str) -> str:
+    """``/proc/<pid>/<name>``: every per-process file this package reads goes through here. Raises OSError: the
+    process is gone (FileNotFoundError, ProcessLookupError), or the file is not ours to read (PermissionError:
+    another user's ``io``)."""
+    return (PROC / str(pid) / name).read_text()
+
+
+def _stat_fields(pid: int) -> list[str]:
+    """``/proc/<pid>/stat`` from field 3 (state) on: ``fields[0]`` is field 3, so field N is ``fields[N - 3]``
+    (``man 5 proc``). Raises OSError (see :func:`proc_text`)."""
+    text = proc_text(pid, "stat")
+    return text[text.rfind(")") + 2:].split()  # the name may hold spaces and ")": split after its last ")"
+
+
 def majflt(pid: int) -> int:
     """Major faults of ``pid`` and of the children it reaped (0 when it is gone or unreadable)."""
     try:
-        text = (PROC / str(pid) / "stat").read_text()
-    except OSError:
+        fields = _stat_fields(pid)
+        return int(fields[9]) + int(fields[10])  # majflt (field 12) + cmajflt (field 13)
+    except (OSError, IndexError, ValueError):
         return 0
-    fields = text[text.rfind(")") + 2:].split()  # the name may hold spaces and ")": split after its last ")"
-    try:  # fields[0] is field 3 (state): majflt is field 12, cmajflt 13
-        return int(fields[9]) + int(fields[10])
-    except (IndexError, ValueError):
-        return 0
+
+
+def _io(text: str) -> tuple[int, int]:
+    found = {"read_bytes": 0, "write_bytes": 0}
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key in found:
+            found[key] = int(value)
+    return found["read_bytes"], found["write_bytes"]
 
 
 def io_bytes(pid: int) -> tuple[int, int]:
     """Bytes ``pid`` made the kernel read from storage and bytes it dirtied for writing back (``/proc/<pid>/io``
     ``read_bytes`` and ``write_bytes``; 0 when gone or not ours to read)."""
-    found = {"read_bytes": 0, "write_bytes": 0}
     with contextlib.suppress(OSError, ValueError):
-        for line in (PROC / str(pid) / "io").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key in found:
-                found[key] = int(value)
-    return found["read_bytes"], found["write_bytes"]
+        return _io(proc_text(pid, "io"))
+    return 0, 0
 
 
 def read_bytes(pid: int) -> int:
@@ -83,9 +104,18 @@ def page_ins(pid: int) -> int:
 
 
 def page_traffic(pid: int) -> tuple[int, int]:
-    """(pages ``pid`` brought in, pages it dirtied), read together."""
+    """(pages ``pid`` brought in, pages it dirtied), read together; 0 for what cannot be read (our own processes:
+    one that is gone brought nothing more in)."""
     read, written = io_bytes(pid)
     return majflt(pid) + read // PAGE_BYTES, written // PAGE_BYTES
+
+
+def read_traffic(pid: int) -> tuple[int, int]:
+    """:func:`page_traffic` of a process that is not ours, where what cannot be read is no zero: raises OSError
+    (gone, or another user's ``io``), ValueError or IndexError (a file cut short)."""
+    fields = _stat_fields(pid)
+    read, written = _io(proc_text(pid, "io"))
+    return int(fields[9]) + int(fields[10]) + read // PAGE_BYTES, written // PAGE_BYTES
 
 
 def machine_page_ins(vm: Mapping[str, int]) -> int:

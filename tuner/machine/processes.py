@@ -34,7 +34,6 @@ processes, with the children they reaped, instead of read machine-wide).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import threading
@@ -48,7 +47,7 @@ import psutil
 
 from tuner.core.errors import NvmlUnavailableError
 from tuner.machine import books, cpu_time, hardware, pressure
-from tuner.machine.books import NOTABLE_CORES, cpu_limit_cores  # noqa: F401 - re-exported: callers know them here
+from tuner.machine.books import BOOKS_LOG_ENV, NOTABLE_CORES, cpu_limit_cores  # noqa: F401 - re-exported
 from tuner.machine.owner import OWNER_ENV, owner_gone, owner_marker, waiting_owner  # noqa: F401 - re-exported
 
 SCOPE_ENV = "MOE_TUNE_MACHINE_SCOPE"
@@ -130,22 +129,37 @@ class _View:
         self.own = set(own() if callable(own) else own)
         self.root = scope_root()
         kernel = {p.pid: p.cpu_s for p in self.procs.values() if pressure.is_kernel_thread(p.pid, p.ppid)}
-        scoped = self.root is not None
-        # Read now, with the snapshot (a later read would mix two moments).
+        # Read now, with the snapshot (a later read would mix two moments). The machine's counters are read before
+        # every process's and again after them: the two bracket the processes' reads (books.unaccounted_page_ins).
+        vm = pressure.vmstat()
+        psi = pressure.psi_totals()
+        ours_traffic = {p: pressure.page_traffic(p) for p in self.ours}
+        wait_ns = pressure.run_wait_ns(self.ours)
+        theirs: dict[int, tuple[int, int]] = {}
+        unread: set[int] = set()  # their page-ins unknown, which is not none (books.account)
+        for p in self.others:
+            if p.pid not in kernel:
+                try:
+                    theirs[p.pid] = pressure.read_traffic(p.pid)
+                except (OSError, ValueError, IndexError):  # another user's io (permission), or gone since the list
+                    unread.add(p.pid)
         self.look = books.Look(
-            cpu, pressure.vmstat(), pressure.psi_totals(), kernel,
+            cpu, vm, psi, kernel,
             {p.pid: books.Proc(p.name, p.cpu_s, p.anon_bytes) for p in self.others if p.pid not in kernel},
             {p.pid: p.anon_bytes for p in self.procs.values() if p.pid not in kernel and not p.exited},
-            self.ours_cpu_s(), {p: self.procs[p].anon_bytes for p in self.ours if p in self.procs},
-            {p: pressure.page_traffic(p) for p in self.ours}, pressure.run_wait_ns(self.ours),
-            {p.pid: pressure.page_traffic(p.pid) for p in self.others if p.pid not in kernel}, scoped)
+            self.ours_cpu_s(), {p: self.procs[p].anon_bytes for p in self.ours if p in self.procs}, ours_traffic,
+            wait_ns, theirs, self.root is not None, frozenset(unread), pressure.vmstat())
+
+    @cached_property
+    def owner(self) -> int | None:
+        """The parent waiting on this process that said so (:func:`waiting_owner`), asked once per look."""
+        return waiting_owner()
 
     @cached_property
     def ours(self) -> set[int]:
         """This process, the runner's children and their descendants, and a parent waiting on it that said so."""
-        owner = waiting_owner()
         return ({self.me} | self.own | {p for p in self.procs if set(_ancestors(p, self.procs)) & self.own}
-                | ({owner} if owner is not None else set()))
+                | ({self.owner} if self.owner is not None else set()))
 
     def ours_cpu_s(self) -> float:
         return sum(self.procs[p].cpu_s for p in self.ours if p in self.procs)
@@ -389,28 +403,6 @@ def _grown(base: dict[int, int], now: dict[int, tuple[str, int]]) -> list[str]:
     return out
 
 
-BOOKS_LOG_ENV = "MOE_TUNE_BOOKS_LOG"  # a file: each look's page-ins, whose they were, and its verdict (diagnosis)
-
-
-def _log_books(path: Path, a: books.Look, b: books.Look, elapsed_s: float, ledger: books.Books) -> None:
-    """One JSON line per look: the machine's page-ins beside ours and each other process's, the memory stall and what
-    the books made of it (MOE_TUNE_BOOKS_LOG; how issue 61's "others page in" on a quiet machine was traced)."""
-    mib = pressure.PAGE_BYTES / 2**20
-    theirs = {pid: n[0] - a.others_traffic[pid][0] for pid, n in b.others_traffic.items()
-              if pid in a.others_traffic and n[0] > a.others_traffic[pid][0]}
-    ours = sum(max(0, n[0] - a.ours_traffic.get(pid, (0, 0))[0]) for pid, n in b.ours_traffic.items())
-    gone = [pid for pid in a.ours_traffic if pid not in b.ours_traffic]
-    row = {"t": round(time.time(), 2), "window_s": round(elapsed_s, 3),
-           "machine_page_ins_mib": round((pressure.machine_page_ins(b.vm) - pressure.machine_page_ins(a.vm)) * mib, 1),
-           "ours_mib": round(ours * mib, 1), "ours_gone": gone,
-           "others_mib": {f"{b.others[pid].name if pid in b.others else '?'}:{pid}": round(n * mib, 1)
-                          for pid, n in theirs.items()},
-           "memory_stall_pct": round((b.psi["memory"][0] - a.psi["memory"][0]) / 1e4 / elapsed_s, 1)
-           if a.psi and b.psi else None, "memory_verdict": ledger.memory}
-    with contextlib.suppress(OSError), path.open("a") as f:
-        f.write(json.dumps(row) + "\n")
-
-
 def observe(own: Collection[int] | Callable[[], Collection[int]] = (), interval_s: float = 0.5, nvml: object = None,
             wait: Callable[[float], object] = time.sleep, *, gpu: bool = True, threads: int | None = None,
             vram_base: dict[int, int] | None = None) -> Interference:
@@ -437,7 +429,7 @@ def observe(own: Collection[int] | Callable[[], Collection[int]] = (), interval_
     others = second.others
     ledger = books.account(first.look, second.look, elapsed)
     if os.environ.get(BOOKS_LOG_ENV):
-        _log_books(Path(os.environ[BOOKS_LOG_ENV]), first.look, second.look, elapsed, ledger)
+        books.log_look(Path(os.environ[BOOKS_LOG_ENV]), first.look, second.look, ledger)
     used = ledger.used
     limit = cpu_limit_cores(threads)
     # An engine is a rival while it works, not while it idles (its CPU time is exact, whatever else runs).

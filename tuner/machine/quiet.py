@@ -342,7 +342,8 @@ class Watch:
 
     @property
     def others_memory(self) -> str | None:
-        """Other programs' memory load seen (their paging, their growth while the kernel reclaimed); None: none."""
+        """Other programs' memory load seen (their paging, their growth while the kernel reclaimed, or paging no
+        process we could read accounts for, beside processes we could not); None: none."""
         return self._seen.others_memory
 
 

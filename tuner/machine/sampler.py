@@ -329,7 +329,8 @@ class PagingVerdict:
 
     def beside(self, others_memory: str | None) -> PagingVerdict:
         """This verdict with its cause judged: paging measured while a watch saw ``others_memory`` (other programs
-        paging, or taking RAM while the kernel reclaimed) is theirs, not the config's; else unchanged."""
+        paging, or taking RAM while the kernel reclaimed, or processes we could not read that could have paged:
+        :mod:`tuner.machine.books`) is theirs, not the config's; else unchanged."""
         if not self.paging or not others_memory:
             return self
         return PagingVerdict(PagingKind.BESIDE_OTHERS, f"{self.evidence}; meanwhile {others_memory}",
