@@ -137,31 +137,3 @@ def test_others_cpu_disturbs_a_run_by_what_it_did_to_our_threads():
     # Nothing of ours ran (the check before a measurement): the limit on others' cores stands in.
     before = books.account(_look(), _look(work_s=0.6, them=(0.6, 0)), 1.0)
     assert before.wait_per_run is None and before.cpu_busy(0.5) and not before.cpu_busy(1.0)
-
-
-def test_a_parent_that_says_it_waits_on_the_run_is_ours_and_only_it():
-    # The agent benchmark's harness polled /proc every second beside the `moe-tune auto-tune` it ran, and 4 of the
-    # race's arm-rounds were "busy" for 0.1-0.2 cores and 18 MiB/s of page-ins by "python pid <the harness>". A parent
-    # that sets MOE_TUNE_OWNER to its own marker in the command's environment is the run's; without it, it is other.
-    import json
-    import os
-    import subprocess
-    import sys
-
-    import psutil
-
-    from tuner.machine import processes
-
-    probe = ("import json, os; from tuner.machine import processes; v = processes._View(()); "
-             "print(json.dumps([os.getppid() in v.ours, processes.waiting_owner()]))")
-    env = {k: v for k, v in os.environ.items() if k != processes.OWNER_ENV}
-    said = subprocess.run([sys.executable, "-c", probe], env={**env, processes.OWNER_ENV: processes.owner_marker()},
-                          capture_output=True, text=True, check=True)
-    assert json.loads(said.stdout) == [True, os.getpid()]
-    unsaid = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
-    assert json.loads(unsaid.stdout) == [False, None]
-    # A marker naming a process that is not its parent (a stale or copied environment) makes nobody ours.
-    init = f"1:{psutil.Process(1).create_time():.2f}"
-    stale = subprocess.run([sys.executable, "-c", probe], env={**env, processes.OWNER_ENV: init}, capture_output=True,
-                           text=True, check=True)
-    assert json.loads(stale.stdout) == [False, None]

@@ -34,8 +34,9 @@ def owner_gone(marker: str) -> bool:
 def waiting_owner() -> int | None:
     """The process that started this one and waits on it, where it says so: a parent that set ``MOE_TUNE_OWNER`` to
     its own marker (:func:`owner_marker`) in this process's environment, as a benchmark harness running a moe-tune
-    command does. Its CPU and page-ins are this run's (the harness's own watch polling /proc beside the command once
-    made 4 of an agent race's rounds "busy"); its other children are not. None where no such parent is alive."""
+    command does. Its own CPU and page-ins are this run's (the harness's own watch polling /proc beside the command
+    once made 4 of an agent race's rounds "busy"); its other children are not, whether they run or it has reaped
+    them (:meth:`tuner.machine.processes._View.ours_cpu_s`). None where no such parent is alive."""
     marker = os.environ.get(OWNER_ENV, "")
     pid_text = marker.partition(":")[0]
     if not pid_text.isdigit() or int(pid_text) != os.getppid() or owner_gone(marker):

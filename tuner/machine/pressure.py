@@ -118,6 +118,22 @@ def read_traffic(pid: int) -> tuple[int, int]:
     return int(fields[9]) + int(fields[10]) + read // PAGE_BYTES, written // PAGE_BYTES
 
 
+def own_traffic(pid: int) -> tuple[int, int]:
+    """:func:`page_traffic` of ``pid`` alone, without the children it reaped (0 for what cannot be read): its own
+    ``majflt`` (field 12, not ``cmajflt``, field 13) and the ``io`` of its live threads
+    (``/proc/<pid>/task/<tid>/io`` holds one thread's own; the process's ``io`` adds its exited threads' and its
+    reaped children's). For a parent that is ours while its other children are not (:mod:`tuner.machine.owner`)."""
+    faults, read, written = 0, 0, 0
+    with contextlib.suppress(OSError, IndexError, ValueError):
+        faults = int(_stat_fields(pid)[9])
+    with contextlib.suppress(OSError):
+        for task in (PROC / str(pid) / "task").iterdir():
+            with contextlib.suppress(OSError, ValueError):
+                r, w = _io(proc_text(pid, f"task/{task.name}/io"))
+                read, written = read + r, written + w
+    return faults + read // PAGE_BYTES, written // PAGE_BYTES
+
+
 def machine_page_ins(vm: Mapping[str, int]) -> int:
     """The same for the whole machine, from /proc/vmstat (``pgpgin`` is in KiB)."""
     return vm["pgmajfault"] + vm["pgpgin"] * 1024 // PAGE_BYTES

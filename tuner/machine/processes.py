@@ -87,6 +87,7 @@ class _Proc:
     cpu_s: float  # its own CPU time and that of the children it reaped (a short-lived child counts too)
     exited: bool = False  # a zombie: no longer running, its CPU time not yet handed to its parent
     anon_bytes: int = 0  # resident anonymous memory (statm: resident minus file-backed and shared)
+    own_cpu_s: float = 0.0  # its own CPU time alone (utime + stime), without the children it reaped
 
 
 def scope_root() -> int | None:
@@ -102,11 +103,12 @@ def _snapshot() -> dict[int, _Proc]:
         # its whole CPU time out of our sum, and the machine-wide check then counted it as someone else's work
         # (a benchmark once read "other processes used 352.6 cores" on 2).
         t = info.get("cpu_times")
-        cpu = (t.user + t.system + t.children_user + t.children_system) if t else 0.0
+        own = (t.user + t.system) if t else 0.0
+        cpu = own + ((t.children_user + t.children_system) if t else 0.0)
         mem = info.get("memory_info")
         anon = max(0, mem.rss - getattr(mem, "shared", 0)) if mem else 0
         procs[info["pid"]] = _Proc(info["pid"], info.get("ppid") or 0, info.get("name") or "", cpu,
-                                   info.get("status") == psutil.STATUS_ZOMBIE, anon)
+                                   info.get("status") == psutil.STATUS_ZOMBIE, anon, own)
     return procs
 
 
@@ -133,7 +135,7 @@ class _View:
         # every process's and again after them: the two bracket the processes' reads (books.unaccounted_page_ins).
         vm = pressure.vmstat()
         psi = pressure.psi_totals()
-        ours_traffic = {p: pressure.page_traffic(p) for p in self.ours}
+        ours_traffic = {p: pressure.own_traffic(p) if p == self.owner else pressure.page_traffic(p) for p in self.ours}
         wait_ns = pressure.run_wait_ns(self.ours)
         theirs: dict[int, tuple[int, int]] = {}
         unread: set[int] = set()  # their page-ins unknown, which is not none (books.account)
@@ -162,7 +164,13 @@ class _View:
                 | ({self.owner} if self.owner is not None else set()))
 
     def ours_cpu_s(self) -> float:
-        return sum(self.procs[p].cpu_s for p in self.ours if p in self.procs)
+        """Our processes' CPU time, with the children they reaped, except the waiting parent's: a harness's other
+        children, run before this one or beside it, are not ours (``cutime``/``cstime``, fields 16 and 17 of
+        ``/proc/<pid>/stat`` in ``man 5 proc``, are the time of "this process's waited-for children"), so it counts
+        its own (``utime``/``stime``, fields 14 and 15), as its page-ins do (:func:`pressure.own_traffic`). This run
+        is its child too, reaped only once the run has ended."""
+        return sum(self.procs[p].own_cpu_s if p == self.owner else self.procs[p].cpu_s
+                   for p in self.ours if p in self.procs)
 
     @cached_property
     def others(self) -> list[_Proc]:
