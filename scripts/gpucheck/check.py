@@ -1,8 +1,10 @@
 """GPU truth in two commands of one lease: the GPU path of moe-tune on any NVIDIA Linux machine, offline, resumable.
 
-    scripts/gpu_check --pack .gpu-pack            # here (online): trimmed llama.cpp source + wheels, <= 60 MiB
+    scripts/gpu_check --pack .gpu-pack --engine 90     # here (online): trimmed source, wheels, llama.cpp's engine
+    scripts/gpu_check --pack-ik .gpu-pack-ik --engine 90   # here: ik_llama.cpp's engine, the 2nd command's carry
     scripts/gpu_check --dry-run                   # the first lease, command by command, on the estimates
     scripts/gpu_check --from .gpu-pack --out results/gpu-check --copy-to $OUT --time-limit N   # there; twice
+    scripts/rehearse_lease.py                     # here, no GPU: the lease's commands up to their first CUDA call
 
 On a GPU, ordered by what answers soonest: the card (its compute capability is the build's only CUDA
 architecture), the pinned engine built with CUDA (timed into the state), a real-scale model written there, then
@@ -25,22 +27,25 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO), str(REPO / "scripts")]
 
 from gpucheck import lease as gpu_lease  # noqa: E402
-from gpucheck.context import RESUMABLE_MIN_S, Check  # noqa: E402
+from gpucheck.context import RESUMABLE_MIN_S, Check, RehearsalStop  # noqa: E402
 from gpucheck.steps import (  # noqa: E402, F401 - parse_smi: the check's public name
     DEFAULT_MODEL,
+    IK_CARRY,
     LATER_BUDGETS_GIB,
     LONG_CTX,
     parse_smi,
     steps_for,
     use_site,
 )
-from tuner.core.errors import ProcessTimeoutError, TunerError  # noqa: E402
+from tuner.core.errors import ProcessTimeoutError, TunerError, UsageError  # noqa: E402
 from tuner.engine import build  # noqa: E402
+from tuner.engine.kinds import IK_LLAMA  # noqa: E402
 from tuner.machine import hardware  # noqa: E402
 
 EXIT_CONTINUE = 75  # stopped before the time limit: run the same command again
@@ -56,7 +61,7 @@ def dry_run(c: Check) -> int:
     c.planning = True
     gpu_steps = steps_for(_with_gpu(c, True))
     todo = [s for s in gpu_steps if (c.state["steps"].get(s.name) or {}).get("status") != "done"]
-    plan = gpu_lease.plan([gpu_lease.Planned(s.name, s.est_s, s.what, s.part, s.resumable) for s in todo])
+    plan = lease_plan(todo)
     line = f"scripts/gpu_check --from {c.args.from_dir or '.gpu-pack'} --out results/gpu-check --copy-to $OUT"
     if c.args.state is not None:  # a new lease from another's state: the first command names it (and --again)
         line += f" --state {c.args.state}" + (f" --again {','.join(c.args.again)}" if c.args.again else "")
@@ -67,10 +72,17 @@ def dry_run(c: Check) -> int:
           f"scripts/gpucheck/estimates.py; model {c.args.model}; {len(gpu_steps) - len(todo)} steps done):")
     engine = c.args.from_dir / "engine" / "engine.json" if c.args.from_dir else None
     if engine is None or not engine.is_file():
-        print("  prerequisite, here, before the first device call: the engine is built here and carried, so the lease "
-              "spends no time building it:\n    MOE_TUNE_CUDA_ARCHS=90 moe-tune engine install --backend cuda   "
-              "(27 min on 2 cores, results/benchmarks/cuda-build-2core.md)\n"
+        print("  prerequisite, here, before the first device call: the engine is built here, portable for the CPU, and "
+              "carried, so the lease spends no time building it:\n    MOE_TUNE_CPU_ISA=avx2 MOE_TUNE_CUDA_ARCHS=90 "
+              "moe-tune engine install --backend cuda   (27 min on 2 cores, results/benchmarks/cuda-build-2core.md)\n"
               f"    scripts/gpu_check --pack {c.args.from_dir or '.gpu-pack'} --engine 90   (carry it)")
+    ik = c.args.ik_from / "engine-ik" / "engine.json" if c.args.ik_from else None
+    if ik is None or not ik.is_file():
+        print("  prerequisite for (e): ik_llama.cpp's CUDA engine, built here the same way and carried by the second "
+              "command alone (the two engines do not fit one 64 MiB carry):\n    MOE_TUNE_CPU_ISA=avx2 "
+              "MOE_TUNE_CUDA_ARCHS=90 moe-tune engine install --engine ik --backend cuda   (not built yet; its CUDA "
+              "sources are ~1.5x llama.cpp's: 219 .cu files compiled vs 147)\n"
+              f"    scripts/gpu_check --pack-ik {c.args.ik_from or IK_CARRY} --engine 90   (carry it in command 2)")
     done_parts = [s.part for s in gpu_steps if s.part and s not in todo]
     print(gpu_lease.render(plan, line, done_parts), end="")
     p = power.power(c.args.rounds, power.TARGET_GAIN, power.TARGET_SIGMA)
@@ -84,6 +96,11 @@ def dry_run(c: Check) -> int:
     return 0
 
 
+def lease_plan(todo: list[Any]) -> gpu_lease.LeasePlan:
+    """The steps not done yet into the lease's commands (:func:`gpucheck.lease.plan`)."""
+    return gpu_lease.plan([gpu_lease.Planned(s.name, s.est_s, s.what, s.part, s.resumable, s.carry) for s in todo])
+
+
 def _with_gpu(c: Check, gpu: bool) -> Check:
     c.has_gpu = gpu
     return c
@@ -95,10 +112,20 @@ def run_steps(c: Check) -> int:
     use_site(c.out)
     for ended in gpu_procs.end_leftovers(c.out, c.engine_dir) if c.has_gpu else ():
         print(f"ended a leftover of an earlier run: {ended}", file=sys.stderr)
-    for step in steps_for(c):
-        done = c.state["steps"].get(step.name, {})
-        if done.get("status") == "done":
-            continue
+    steps = steps_for(c)
+    if c.args.start_at:  # a later command of the plan (a rehearsal of it: its earlier steps cannot run here)
+        names = [s.name for s in steps]
+        if c.args.start_at not in names:
+            raise UsageError(f"--start-at {c.args.start_at}: no such step; the steps are {', '.join(names)}")
+        steps = steps[names.index(c.args.start_at):]
+    todo = [s for s in steps if (c.state["steps"].get(s.name) or {}).get("status") != "done"]
+    print(f"[    0 s] {announce(todo, c.args.time_limit)}", file=sys.stderr, flush=True)
+    for ran, step in enumerate(todo):
+        if step.carry and ran:
+            print(f"stopping before {step.name}: its command carries {step.carry} (run the next command with that "
+                  "carry)", file=sys.stderr)
+            finish_command(c)
+            return EXIT_CONTINUE
         left = c.args.time_limit - (time.monotonic() - c.started)
         if step.est_s > left and not (step.resumable and left >= RESUMABLE_MIN_S):
             print(f"stopping before {step.name} (~{step.est_s:.0f} s, {left:.0f} s left of --time-limit): run the "
@@ -110,6 +137,14 @@ def run_steps(c: Check) -> int:
         try:
             result = step.run(c)
             entry = {"status": "done", "result": result, "note": result.pop("note", None) if result else None}
+        except RehearsalStop as exc:  # the lease's first CUDA call: what a machine without a GPU cannot do
+            took = round(time.monotonic() - t0, 1)
+            c.state.setdefault("rehearsal", []).append({"step": step.name, "first_cuda_call": str(exc),
+                                                        "after_s": round(time.monotonic() - c.started, 1),
+                                                        "step_ran_s": took})
+            print(f"rehearsal stops in {step.name} after {took} s of it: its first CUDA call is {exc}", file=sys.stderr)
+            finish_command(c)
+            return 0
         except ProcessTimeoutError as exc:  # stopped at the time limit: not failed, continue next run
             timeouts = c.state.setdefault("timeouts", {})
             timeouts[step.name] = timeouts.get(step.name, 0) + 1
@@ -130,6 +165,20 @@ def run_steps(c: Check) -> int:
     finish_command(c)
     failed = [n for n, s in c.state["steps"].items() if s.get("status") == "failed"]
     return 1 if failed else 0
+
+
+def announce(todo: list[Any], limit_s: float) -> str:
+    """What this command will spend, said on start: the steps it expects to run before its --time-limit (the stop
+    rule's, on the estimates) and their total."""
+    planned: list[Any] = []
+    for s in todo:
+        if (s.carry and planned) or sum(p.est_s for p in planned) + s.est_s > limit_s:
+            break
+        planned.append(s)
+    total = sum(p.est_s for p in planned)
+    rest = f"; then {len(todo) - len(planned)} steps for the next command" if len(planned) < len(todo) else ""
+    return (f"this command plans {', '.join(p.name for p in planned) or 'nothing'}: ~{total:.0f} s of its "
+            f"{limit_s:.0f} s --time-limit{rest}")
 
 
 def finish_command(c: Check) -> None:
@@ -177,6 +226,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--engine", metavar="ARCH", help="with --pack: carry the CUDA engine built here for ARCH (90: "
                    "H100/H200), so the lease restores it instead of building")
     p.add_argument("--engine-dir", type=Path, metavar="BIN", help="with --engine: that build's bin folder")
+    p.add_argument("--pack-ik", type=Path, metavar="DIR", help="with --engine ARCH: pack ik_llama.cpp's CUDA engine "
+                   "built here into DIR/engine-ik, the carry of the lease's second command")
+    p.add_argument("--ik-from", type=Path, metavar="DIR", default=Path(IK_CARRY),
+                   help=f"where ik_llama.cpp's carried engine is (DIR/engine-ik; default {IK_CARRY})")
+    p.add_argument("--stand-in", action="store_true", help="with --engine-dir: pack that build (a CPU one) in the "
+                   "CUDA engine's place, marked as a stand-in, for --rehearse")
+    p.add_argument("--rehearse", action="store_true", help="run as the lease would on a machine with no GPU (NVML "
+                   "from a stand-in): each command stops at its first CUDA call and says which")
+    p.add_argument("--start-at", metavar="STEP", help="begin at this step (with --rehearse: a later command)")
     p.add_argument("--from", dest="from_dir", type=Path, metavar="DIR",
                    help="use a pack: build the engine from it (or restore DIR/engine, brought back by a lease)")
     p.add_argument("--out", type=Path, help="state, logs and the table (default results/gpu-check)")
@@ -210,9 +268,19 @@ def main(argv: list[str] | None = None) -> int:
                                      wheel_dir=args.wheels_from)
             print(gpu_pack.describe(res), end="")
             if args.engine is not None:
-                packed = gpu_pack.pack_engine(args.pack, args.engine, args.engine_dir)
+                packed = gpu_pack.pack_engine(args.pack, args.engine, args.engine_dir, stand_in=args.stand_in)
                 print(f"  engine/ (arch {args.engine}): {packed.get('archive_mib')} MiB"
                       + ("" if packed.get("packed") else f" NOT PACKED: {packed.get('note')}"))
+            if not args.dry_run and args.out is None:
+                return 0
+        if args.pack_ik is not None:
+            from gpucheck import pack as gpu_pack
+
+            if args.engine is None:
+                raise UsageError("--pack-ik needs --engine ARCH (90 for an H100/H200): the card it is built for")
+            packed = gpu_pack.pack_engine(args.pack_ik, args.engine, args.engine_dir, IK_LLAMA, stand_in=args.stand_in)
+            print(f"{args.pack_ik}/engine-ik (arch {args.engine}): {packed.get('archive_mib')} MiB"
+                  + ("" if packed.get("packed") else f" NOT PACKED: {packed.get('note')}"))
             if not args.dry_run and args.out is None:
                 return 0
         if args.dry_run and args.state is None and args.pack is None:

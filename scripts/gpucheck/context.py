@@ -24,6 +24,11 @@ SPEED_STEP_PREFIXES = ("tune-", "budget-", "long-", "opoff-", "search-", "versus
 STOP_MARGIN_S = 15.0  # a step that measures in rounds stops this long before the time limit, to copy out
 
 
+class RehearsalStop(Exception):
+    """A rehearsal (``--rehearse``) reached the lease's first CUDA call, or a step that needs a CUDA build it does not
+    have: the command ends there, saying which."""
+
+
 class Check:
     """The state of one check run: options, OUT folder, state file, engine and model once known."""
 
@@ -47,6 +52,9 @@ class Check:
         self.started = time.monotonic()
         self.packing: threading.Thread | None = None
         self.planning = False  # the dry run: the lease as it is to be run (its engine carried)
+        # A rehearsal on a machine without a GPU (NVML answered by a stand-in): each command runs as the lease would
+        # and stops at its first CUDA call (``cuda_call``), which it cannot make.
+        self.rehearsing = bool(getattr(args, "rehearse", False))
 
     def _again(self, names: tuple[str, ...]) -> None:
         """Steps a new lease measures again (after a fix): their earlier results move to ``earlier``, kept in the
@@ -71,6 +79,7 @@ class Check:
         steps = self.state["steps"]
         checks = {"wheels": lambda r: (self.out / "site").is_dir() or not r.get("installed"),
                   "engine": lambda r: Path(r.get("bin", "/nonexistent")).is_dir(),
+                  "ik-engine": lambda r: Path(r.get("bin", "/nonexistent")).is_dir(),
                   "model": lambda r: Path(r.get("path", "/nonexistent")).is_file(),
                   "model-valid": lambda r: Path(r.get("path", "/nonexistent")).is_file(),
                   "gpu-info": lambda r: True}
@@ -91,6 +100,12 @@ class Check:
     def left_s(self) -> float:
         """Seconds left of --time-limit in this run (children get no more, so none outlives the command)."""
         return max(30.0, self.args.time_limit - (time.monotonic() - self.started))
+
+    def cuda_call(self, what: str) -> None:
+        """Where a step makes its first CUDA call (a CUDA build's first run, the ballast's cudaMalloc): a rehearsal
+        stops here, naming it; a lease goes on."""
+        if self.rehearsing:
+            raise RehearsalStop(what)
 
     def result(self, name: str) -> dict[str, Any]:
         return (self.state["steps"].get(name) or {}).get("result") or {}

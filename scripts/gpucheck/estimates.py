@@ -54,3 +54,15 @@ def versus_s(budget_gib: int, kind: str, rounds: int, *, turns: int, turn_tokens
     """Two loads, a warm-up per arm, then ``rounds`` rounds of one session (or request) per arm."""
     one = agent_session_s(budget_gib, turns, turn_tokens, gen_tokens) if kind == "agent" else chat_request_s(budget_gib)
     return 2 * LOAD_S + 2 * (rounds + 1) * one
+
+
+# The race's plan (gpucheck.race: `moe-tune plan` sizes ik's line; the CPU fallback's plans took ~10 s each).
+RACE_PLAN_S = 10.0
+
+
+def race_s(budget_gib: int, rounds: int, *, turns: int, turn_tokens: int, gen_tokens: int) -> float:
+    """ik_llama.cpp against llama.cpp's default (gpucheck.race): the plan that sizes ik's line, then a versus of agent
+    sessions, each session planned at llama.cpp's default speeds (ik has never run on a card here: no figure of its
+    own yet; users' side-by-sides put it within ±50 % either way)."""
+    return RACE_PLAN_S + versus_s(budget_gib, "agent", rounds, turns=turns, turn_tokens=turn_tokens,
+                                  gen_tokens=gen_tokens)

@@ -4,9 +4,13 @@ A lease is 15 minutes of device time with everything counted: the machine's star
 command (at most 10 minutes; planned at 9), the transfers around it and any idle wait. What is left after the
 start is shared by two back-to-back commands; each command stops itself before a step that would not finish
 inside its ``--time-limit`` and the next one continues from the state file. Steps are ordered by what answers
-the project's questions soonest, (a) the memory model against llama.cpp's CUDA breakdown, (c) an induced spill
-classified, (b) tuned vs ``--fit`` vs default; whatever does not fit the first lease is planned for the next,
-which starts from the state that came back (a measured build time replaces its estimate).
+the project's questions soonest: (b) the tuner's line vs llama.cpp's default on agent turns first, then (e)
+ik_llama.cpp against llama.cpp on the card, then (d), (a), (c); whatever does not fit the first lease is planned for
+the next, which starts from the state that came back (a measured build time replaces its estimate).
+
+Each device call carries at most 64 MiB beside the working tree, and a warm machine keeps what earlier calls left
+there: a step that needs another carry (ik_llama.cpp's engine, packed apart from llama.cpp's) opens a command of its
+own, whose call carries that folder alone.
 """
 
 from __future__ import annotations
@@ -23,7 +27,9 @@ TIMEOUT_MARGIN_S = 40.0  # the device call's timeout_s above the command's own -
 
 # What each question is, as the dry run and the table name it.
 PARTS = {"a": "memory model vs llama.cpp's CUDA breakdown", "b": "tuned vs llama.cpp's default (valid weights)",
-         "c": "induced spill classified", "d": "op offload on vs off on an agent turn"}
+         "c": "induced spill classified", "d": "op offload on vs off on an agent turn",
+         "e": "ik_llama.cpp vs llama.cpp on the card, experts in RAM"}
+MAIN_CARRY = ".gpu-pack"  # llama.cpp's engine, its trimmed source and the wheels (scripts/gpu_check --pack)
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +39,7 @@ class Planned:
     what: str
     part: str = ""  # "a", "b", "c" or "" (a step the answers need: info, wheels, engine, model)
     resumable: bool = False  # cut by a command's limit, the next command goes on from where it stopped (the build)
+    carry: str = ""  # a carry folder of its own: the step opens a command whose device call carries that folder
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +50,11 @@ class Command:
     @property
     def est_s(self) -> float:
         return sum(s.est_s for s in self.steps)
+
+    @property
+    def carry(self) -> str:
+        """What its device call carries: the folder its first step asks for, else the main pack."""
+        return self.steps[0].carry or MAIN_CARRY if self.steps else MAIN_CARRY
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,19 +77,20 @@ def plan(steps: Sequence[Planned], *, lease_s: float = LEASE_S, start_s: float =
          ) -> LeasePlan:
     """Steps in order into the first lease's commands: each command takes the next steps while their estimates
     fit its limit, and the commands' limits share what the lease leaves after the start and the transfers.
-    The first step that fits no command, and all after it, go to later leases (the order is kept)."""
+    The first step that fits no command, and all after it, go to later leases (the order is kept). A step with a carry
+    of its own opens a command (and a command's last step is before it)."""
     left = lease_s - start_s - commands * transfer_s
     out: list[Command] = []
     todo = list(steps)
     for _ in range(commands):
         limit = min(command_max_s, left)  # the command's --time-limit: what is left of the lease, at most 9 min
         taken: list[Planned] = []
-        while todo and sum(s.est_s for s in taken) + todo[0].est_s <= limit:
+        while todo and sum(s.est_s for s in taken) + todo[0].est_s <= limit and not (taken and todo[0].carry):
             taken.append(todo.pop(0))
         room = limit - sum(s.est_s for s in taken)
-        if todo and todo[0].resumable and room >= 1:  # the part that fits now; the rest opens the next command
+        if todo and todo[0].resumable and room >= 1 and not (taken and todo[0].carry):  # the part that fits now
             head = todo.pop(0)
-            taken.append(Planned(head.name, room, head.what, head.part, True))
+            taken.append(Planned(head.name, room, head.what, head.part, True, head.carry))
             todo.insert(0, Planned(head.name, head.est_s - room, "(continued) " + head.what.removeprefix(
                 "(continued) "), head.part, True))
         if not taken:
@@ -94,8 +107,10 @@ def render(p: LeasePlan, command_line: str, done_parts: Sequence[str] = ()) -> s
     lines = [f"first lease ({p.lease_s / 60:.0f} min of device time: a start of ~{p.start_s:.0f} s, then "
              f"{len(p.commands)} back-to-back commands and ~{p.transfer_s:.0f} s of transfers each):"]
     for n, cmd in enumerate(p.commands, 1):
+        kept = "" if n == 1 else ("; the warm machine keeps what the commands before it left (wheels, engine, model, "
+                                  "state)")
         lines.append(f"command {n}: {command_line} --time-limit {cmd.limit_s:.0f}   "
-                     f"(device timeout_s {min(600, cmd.limit_s + TIMEOUT_MARGIN_S):.0f})")
+                     f"(device timeout_s {min(600, cmd.limit_s + TIMEOUT_MARGIN_S):.0f}; carry {cmd.carry}{kept})")
         total = 0.0
         for s in cmd.steps:
             total += s.est_s

@@ -214,12 +214,13 @@ def describe(res: PackResult) -> str:
 
 
 def pack_engine(folder: Path, arch: str, bin_dir: Path | None = None,
-                kind: EngineKind = LLAMA_CPP) -> dict[str, Any]:
+                kind: EngineKind = LLAMA_CPP, stand_in: bool = False) -> dict[str, Any]:
     """The CUDA engine built here (``MOE_TUNE_CPU_ISA=avx2 MOE_TUNE_CUDA_ARCHS=arch moe-tune engine install --backend
     cuda``, with ``--engine ik`` for ik_llama.cpp's) into ``folder/engine`` (``folder/engine-ik``), as a lease brings
     one back: the lease restores it in seconds instead of building (lease 1: 263 s of its 900). Found among the
     managed builds by its identity (pin, flags built portable for the CPU, architecture, toolkit) unless ``bin_dir``
-    names it; the toolkit's runtime and cuBLAS stay behind (the GPU machine has its own)."""
+    names it; the toolkit's runtime and cuBLAS stay behind (the GPU machine has its own). ``stand_in``: the build at
+    ``bin_dir`` (a CPU one) takes the CUDA engine's place for a rehearsal (``--rehearse``), and its pack says so."""
     from gpucheck import engine as gpu_engine
 
     want = gpu_engine.identity(arch, kind)
@@ -238,4 +239,7 @@ def pack_engine(folder: Path, arch: str, bin_dir: Path | None = None,
     stamp = build.build_info(bin_dir)
     meta = {**want, "build": {"build_s": stamp.get("build_s"), "built_at": stamp.get("built_at"),
                               "where": "built before the lease (moe-tune engine install)"}}
+    if stand_in:
+        meta["stand_in"] = (f"the {stamp.get('backend', 'unknown')} build at {bin_dir} packed in the CUDA engine's "
+                            "place for a rehearsal: no CUDA in it")
     return gpu_engine.pack(bin_dir, folder / gpu_engine.PACK_DIRS[kind.name], meta)

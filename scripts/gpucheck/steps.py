@@ -14,7 +14,8 @@ from typing import Any
 from gpucheck.context import FIRST_BUDGET_GIB, Check
 from tuner.core.errors import NoGpuError, UsageError
 from tuner.engine import build, runner
-from tuner.machine import ballast, paths
+from tuner.engine.kinds import IK_LLAMA
+from tuner.machine import ballast, hardware, paths
 from tuner.search.trials import config_from_dict
 
 REPO = Path(__file__).resolve().parents[2]
@@ -22,6 +23,9 @@ REPO = Path(__file__).resolve().parents[2]
 # (b) as the lease decides it: the tuner's line vs llama.cpp's default on agent sessions at three budgets, and chat
 # at 12 GiB as the control; in this order (the agent at 12 GiB answers the question soonest).
 VERSUS_RUNS = ((12, "agent"), (8, "agent"), (16, "agent"), (12, "chat"))
+# (e) ik_llama.cpp vs llama.cpp on the card with experts in RAM (gpucheck.race): the budgets where they sit there.
+RACE_BUDGETS_GIB = (8, 16)
+IK_CARRY = ".gpu-pack-ik"  # ik's CUDA engine, packed apart: the lease's second command carries it alone
 LATER_BUDGETS_GIB = (24,)  # chat in later leases (lease 2: the default, everything on the card, was right)
 DEFAULT_MODEL = "qwen3-30b-a3b:Q4_K_M"
 CHAT_CTX = 8192
@@ -32,6 +36,8 @@ LONG_BUDGET_GIB = 16
 SPILL_SHORT_MIB = 2048  # the spill ballast leaves this much less than the config needs
 ENGINE_EST_S = 270.0  # a CUDA build there: 262.6 s on an H100 machine's 16 cores (gpu-lease-1/cmd1-engine.json)
 RESTORE_EST_S = 5.0  # lease 2 restored the carried engine in 5.0 s
+
+
 @dataclass(frozen=True, slots=True)
 class Step:
     name: str
@@ -41,13 +47,19 @@ class Step:
     what: str
     part: str = ""  # "a", "b", "c" (the questions) or "" (what they need)
     resumable: bool = False  # cut by a time limit, the next command goes on where it stopped (the build)
+    carry: str = ""  # a carry folder of its own (its command's device call carries that folder: lease.Planned)
 
 
 def step_gpu_info(c: Check) -> dict[str, Any]:
-    res = runner.run_process(["nvidia-smi", "--query-gpu=name,compute_cap,memory.total,memory.free,driver_version",
-                              "--format=csv,noheader,nounits"], timeout_s=60, what="nvidia-smi",
-                             fix="check the NVIDIA driver")
-    return parse_smi(res.stdout)
+    """The first card as NVML reports it (the owner of that boundary, tuner.machine.hardware: the same driver the
+    ballast and the tuner ask; a rehearsal's NVML stand-in answers it here)."""
+    probe = hardware.probe_gpus()
+    cc = hardware.compute_capability()
+    if not probe.gpus or cc is None:
+        raise NoGpuError(f"{probe.reason or 'NVML reports no compute capability'}: the GPU check needs an NVIDIA GPU")
+    g = probe.gpus[0]
+    return {"gpu_name": g.name, "compute_cap": f"{cc[0]}.{cc[1]}", "cuda_arch": f"{cc[0]}{cc[1]}",
+            "total_mib": g.total_bytes // 2**20, "free_mib": g.free_bytes // 2**20, "driver": g.driver_version}
 
 
 def parse_smi(text: str) -> dict[str, Any]:
@@ -93,9 +105,14 @@ def step_engine(c: Check) -> dict[str, Any]:
     bdir = c.out / "engine-build"
     restored = gpu_engine.restore(c.args.from_dir / "engine", bdir / "bin", gpu_engine.identity(arch))
     if restored is not None:
-        gpu_engine.link_runtime(bdir / "bin", gpu_engine.configure_argv(bdir, bdir, arch)[1])
-        how = {"restored": True, "built_in_lease_s": restored.get("build", {}).get("build_s")}
+        if not restored.get("stand_in"):  # a rehearsal's CPU build needs no CUDA runtime beside it
+            gpu_engine.link_runtime(bdir / "bin", gpu_engine.configure_argv(bdir, bdir, arch)[1])
+            c.cuda_call("llama-server --list-devices of the restored CUDA build (its first run on the card)")
+        how = {"restored": True, "built_in_lease_s": restored.get("build", {}).get("build_s"),
+               **({"stand_in": restored["stand_in"]} if restored.get("stand_in") else {})}
     else:
+        c.cuda_call("the CUDA build of llama.cpp: no engine carried (build it here first and pack it: "
+                    "scripts/gpu_check --pack .gpu-pack --engine ARCH)")
         src = c.out / "engine-src"
         if not (src / "CMakeLists.txt").is_file():
             gpu_pack.extract_tree(c.args.from_dir / gpu_pack.TREE_NAME, src)
@@ -118,6 +135,38 @@ def step_engine(c: Check) -> dict[str, Any]:
         c.packing.start()
     return {"bin": str(bdir / "bin"), "commit": caps.commit, "backend": caps.backend, "cuda_arch": arch,
             "fa_kernels": caps.fa_kernels.source, **how}
+
+
+def step_ik_engine(c: Check) -> dict[str, Any]:
+    """ik_llama.cpp's CUDA engine for this card, restored from the second command's carry (``--ik-from``, built here
+    before the lease: its build would take most of a lease there, and it does not fit beside llama.cpp's in one
+    64 MiB carry)."""
+    from gpucheck import engine as gpu_engine
+
+    arch = c.result("gpu-info")["cuda_arch"]
+    bdir = c.out / "ik-engine"
+    src = c.args.ik_from / gpu_engine.PACK_DIRS[IK_LLAMA.name] if c.args.ik_from else None
+    restored = gpu_engine.restore(src, bdir / "bin", gpu_engine.identity(arch, IK_LLAMA)) if src else None
+    if restored is None:
+        c.cuda_call("ik_llama.cpp's CUDA build: none carried")
+        raise UsageError(f"no ik_llama.cpp CUDA engine for arch {arch} was carried: build it before the lease "
+                         f"(MOE_TUNE_CPU_ISA=avx2 MOE_TUNE_CUDA_ARCHS={arch} moe-tune engine install --engine ik "
+                         f"--backend cuda), pack it (scripts/gpu_check --pack-ik {IK_CARRY} --engine {arch}) and carry "
+                         f"{IK_CARRY} in this command")
+    if not restored.get("stand_in"):
+        gpu_engine.link_runtime(bdir / "bin", gpu_engine.configure_argv(bdir, bdir, arch, IK_LLAMA)[1])
+        c.cuda_call("ik_llama.cpp's start-up on the card (the restored CUDA build's first run)")
+    caps = build.capabilities(build.locate_engine(bdir / "bin", IK_LLAMA), use_cache=False)
+    return {"bin": str(bdir / "bin"), "commit": caps.commit, "backend": caps.backend, "cuda_arch": arch,
+            "restored": True, **({"stand_in": restored["stand_in"]} if restored.get("stand_in") else {})}
+
+
+def _race_step(budget_gib: int) -> Callable[[Check], dict[str, Any]]:
+    def run(c: Check) -> dict[str, Any]:
+        from gpucheck import race as gpu_race
+
+        return gpu_race.race(c, budget_gib, model_path(c, "direct"), c.args.rounds)
+    return _on_model("direct", run)
 
 
 def _pack_engine(c: Check, bin_dir: Path, meta: dict[str, Any]) -> None:
@@ -169,6 +218,7 @@ def step_memory(c: Check) -> dict[str, Any]:
     from gpucheck import memory as gpu_memory
 
     assert c.engine_dir is not None
+    c.cuda_call("llama-fit-params of the CUDA build, then its llama-server loading the model")
     return gpu_memory.memory_check(c.engine_dir, model_path(c, "zero"), c.budget_mib, CHAT_CTX,
                                    c.out / "memory-logs")
 
@@ -178,6 +228,7 @@ def _search_step(budget_gib: int, kind: str) -> Callable[[Check], dict[str, Any]
         from gpucheck import tune as gpu_tune
 
         assert c.engine_dir is not None
+        c.cuda_call("the VRAM ballast (cudaMalloc) that leaves the budget free for auto-tune's search")
         ctx, prompt = (AGENT_CTX, AGENT_PROMPT) if kind == "agent" else (CHAT_CTX, None)
         return gpu_tune.search(c.engine_dir, model_path(c, "direct"), budget_gib * 1024, kind, ctx, prompt,
                                c.out / f"search-{budget_gib}g-{kind}", c.log, trials=c.args.trials)
@@ -189,6 +240,7 @@ def _versus_step(budget_gib: int, kind: str) -> Callable[[Check], dict[str, Any]
         from gpucheck import versus as gpu_versus
 
         assert c.engine_dir is not None
+        c.cuda_call("the VRAM ballast (cudaMalloc) before llama.cpp's default loads")
         found = c.result(f"search-{budget_gib}g-{kind}")
         if not found.get("best"):
             return {"kind": kind, "budget_mib": budget_gib * 1024, "verdict": None,
@@ -203,6 +255,7 @@ def step_opoff(c: Check) -> dict[str, Any]:
     from gpucheck import opoff as gpu_opoff
 
     assert c.engine_dir is not None
+    c.cuda_call("the VRAM ballast (cudaMalloc) before the op-offload lines load")
     return gpu_opoff.opoff_run(c.engine_dir, c.result(f"search-{FIRST_BUDGET_GIB}g-agent"), c.budget_mib,
                                c.out / "opoff-logs")
 
@@ -215,6 +268,7 @@ def _spill_step(tries: int, unified: bool = False) -> Callable[[Check], dict[str
             return {"runs": [], "note": "skipped: pass --unified-spill (managed memory asked beyond the free VRAM "
                                         "can hang a GPU; run it only on a machine you may reset)"}
         need_mib = int(_plan(c, CHAT_CTX)["rows"][0]["vram_bytes"] / 2**20)
+        c.cuda_call("the VRAM ballast (cudaMalloc) that induces the spill")
         return gpu_spill.spill_run(model_path(c, "direct"), c.engine_dir, c.out / "spill-logs", need_mib,
                                    unified=unified, ctx=CHAT_CTX, tries=tries, short_mib=SPILL_SHORT_MIB)
     return _on_model("direct", run)
@@ -287,24 +341,38 @@ def steps_for(c: Check) -> list[Step]:
                 Step("ballast", False, 1.0, step_ballast_cpu, "VRAM ballast (reports that no GPU is here)")]
     engine_s, engine_what = engine_est_s(c)
     g = FIRST_BUDGET_GIB
-    steps = [Step("gpu-info", True, est.GPU_INFO_S, step_gpu_info, "card, compute capability, free VRAM (nvidia-smi)"),
+    steps = [Step("gpu-info", True, est.GPU_INFO_S, step_gpu_info, "card, compute capability, free VRAM (NVML)"),
              Step("wheels", True, est.WHEELS_S, step_wheels, "install the carried wheels (optuna, gguf)"),
              Step("engine", True, engine_s, step_engine, engine_what, resumable=True),
              Step("model-valid", True, est.MODEL_VALID_S, _model_step("direct"), f"write {c.args.model} at real "
                   "scale with valid weights drawn directly (every speed step below measures on it)")]
+    pairs: dict[tuple[int, str], list[Step]] = {}
     for budget, kind in VERSUS_RUNS:
         ctx = AGENT_CTX if kind == "agent" else CHAT_CTX
         what = "chat requests (512 + 128 tokens)" if kind == "chat" else (
             f"agent sessions ({gpu_versus.TURNS} turns of {gpu_versus.TURN_TOKENS} new tokens and a "
             f"{gpu_versus.AGENT_GEN_TOKENS}-token reply)")
-        steps += [Step(f"search-{budget}g-{kind}", True, est.SEARCH_S[kind], _search_step(budget, kind),
-                       f"{budget} GiB free, {kind} -c {ctx}: auto-tune's search ({c.args.trials} trials, no finish)"
-                       + TAG["direct"], "b"),
-                  Step(f"versus-{budget}g-{kind}", True,
-                       est.versus_s(budget, kind, c.args.rounds, turns=gpu_versus.TURNS,
-                                    turn_tokens=gpu_versus.TURN_TOKENS, gen_tokens=gpu_versus.AGENT_GEN_TOKENS),
-                       _versus_step(budget, kind), f"{budget} GiB free: its best line vs llama.cpp's default, both "
-                       f"loaded, {c.args.rounds} interleaved rounds of {what}" + TAG["direct"], "b")]
+        pairs[(budget, kind)] = [
+            Step(f"search-{budget}g-{kind}", True, est.SEARCH_S[kind], _search_step(budget, kind),
+                 f"{budget} GiB free, {kind} -c {ctx}: auto-tune's search ({c.args.trials} trials, no finish)"
+                 + TAG["direct"], "b"),
+            Step(f"versus-{budget}g-{kind}", True,
+                 est.versus_s(budget, kind, c.args.rounds, turns=gpu_versus.TURNS,
+                              turn_tokens=gpu_versus.TURN_TOKENS, gen_tokens=gpu_versus.AGENT_GEN_TOKENS),
+                 _versus_step(budget, kind), f"{budget} GiB free: its best line vs llama.cpp's default, both "
+                 f"loaded, {c.args.rounds} interleaved rounds of {what}" + TAG["direct"], "b")]
+    # (b) on agent turns answers the project's question: first. Then (e), the second engine on a card, which no lease
+    # has measured; its engine comes in the second command's carry. Then the rest, as the lease leaves room.
+    steps += [s for (b, kind), pair in pairs.items() if kind == "agent" for s in pair]
+    steps += [Step("ik-engine", True, RESTORE_EST_S, step_ik_engine, f"restore ik_llama.cpp's CUDA engine carried in "
+                   f"{IK_CARRY} (built here before the lease, portable for the CPU)", "e", carry=IK_CARRY)]
+    steps += [Step(f"race-{b}g-agent", True,
+                   est.race_s(b, c.args.rounds, turns=gpu_versus.TURNS, turn_tokens=gpu_versus.TURN_TOKENS,
+                              gen_tokens=gpu_versus.AGENT_GEN_TOKENS),
+                   _race_step(b), f"{b} GiB free, agent -c {AGENT_CTX}: ik_llama.cpp (every layer on the card, the "
+                   "experts of the first layers in RAM, as many as the plan needs + 2) vs llama.cpp's default, both "
+                   f"loaded, {c.args.rounds} interleaved rounds of agent sessions" + TAG["direct"], "e")
+              for b in RACE_BUDGETS_GIB]
     steps += [Step("model", True, est.MODEL_ZERO_S, _model_step("zero"), f"write {c.args.model} at real scale, "
                    "zero weights (sparse): for the memory check only"),
               Step(f"memory-{g}g", True, est.MEMORY_S, _on_model("zero", step_memory), f"{g} GiB free: the model's "
@@ -313,8 +381,9 @@ def steps_for(c: Check) -> list[Step]:
               Step("spill-oom", True, est.SPILL_S, _spill_step(1), f"a ballast leaves {SPILL_SHORT_MIB} MiB less "
                    "than every expert on the card needs: the OOM at load classified" + TAG["direct"], "c"),
               Step(f"opoff-{g}g-agent", True, est.OPOFF_S, _on_model("direct", step_opoff), f"{g} GiB free: the "
-                   "agent search's best line and the default with op offload on and off" + TAG["direct"], "d"),
-              Step("spill-oom-more", True, 2 * est.SPILL_S, _spill_step(2), "the OOM spill twice more: every time?"
+                   "agent search's best line and the default with op offload on and off" + TAG["direct"], "d")]
+    steps += [s for (b, kind), pair in pairs.items() if kind != "agent" for s in pair]
+    steps += [Step("spill-oom-more", True, 2 * est.SPILL_S, _spill_step(2), "the OOM spill twice more: every time?"
                    + TAG["direct"], "c")]
     steps.append(Step("spill-unified", True, 240.0 if c.args.unified_spill else 1,
                       _spill_step(1, unified=True), "GGML_CUDA_ENABLE_UNIFIED_MEMORY=1: spill and the tok/s collapse "

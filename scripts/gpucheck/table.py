@@ -123,10 +123,13 @@ def render(state: dict[str, Any]) -> tuple[str, dict[str, Any]]:
                            "steps": {k: {"status": v.get("status"), "took_s": v.get("took_s"),
                                          "weights": (v.get("result") or {}).get("model_weights"),
                                          "note": v.get("note")} for k, v in state.get("steps", {}).items()}}
+    from gpucheck import race as gpu_race
     from gpucheck import versus as gpu_versus
 
     doc["versus"] = gpu_versus.rows(state)
     lines += gpu_versus.markdown(state)
+    doc["race"] = gpu_race.rows(state)
+    lines += gpu_race.markdown(state)
     zero = model.get("weights") == "zero"
     if doc["tune"]:
         lines += ["## (b) auto-tune vs llama.cpp default vs --fit (one run each, arms interleaved; --max-kld off)", "",

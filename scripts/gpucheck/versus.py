@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -72,12 +72,14 @@ def _chat_round(load: workload.Workload) -> Callable[[runner.ServerProcess, int]
 
 def versus(engine_dir: Path, tuned: LaunchConfig, default: LaunchConfig, budget_mib: int, kind: str, *,
            rounds: int, log_dir: Path, deadline_s: float, log: Callable[[str], None],
-           hold: Callable[[int, Any], contextlib.AbstractContextManager[Any]] = ballast.hold_vram) -> dict[str, Any]:
+           hold: Callable[[int, Any], contextlib.AbstractContextManager[Any]] = ballast.hold_vram,
+           engines: Mapping[str, Path] | None = None) -> dict[str, Any]:
     """Load ``default`` then ``tuned`` each at ``budget_mib`` free, and measure ``rounds`` interleaved rounds (fewer
     when the monotonic clock reaches ``deadline_s``). Returns the verdict and every round's figures. ``hold``:
-    what holds the rest of the card (the VRAM ballast; a test without a GPU passes a stand-in)."""
-    loc = build.locate_engine(engine_dir)
-    caps = build.capabilities(loc)
+    what holds the rest of the card (the VRAM ballast; a test without a GPU passes a stand-in). ``engines``: another
+    engine's build for an arm (``{"tuned": ik_bin}``: the race of two engines), else ``engine_dir`` runs both."""
+    locs = {label: build.locate_engine((engines or {}).get(label, engine_dir)) for label in ("default", "tuned")}
+    caps = {label: build.capabilities(loc) for label, loc in locs.items()}
     one = _agent_round if kind == "agent" else _chat_round(workload.preset(workload.WorkloadKind.CHAT))
     arms = {"default": default, "tuned": tuned}
     servers: dict[str, runner.ServerProcess] = {}
@@ -91,7 +93,7 @@ def versus(engine_dir: Path, tuned: LaunchConfig, default: LaunchConfig, budget_
             t0 = time.monotonic()
             cfg = arms[label]
             servers[label] = stack.enter_context(runner.serve(
-                flags.server_argv(loc.tool("llama-server"), cfg, caps), log_dir=log_dir / label,
+                flags.server_argv(locs[label].tool("llama-server"), cfg, caps[label]), log_dir=log_dir / label,
                 load_timeout_s=LOAD_TIMEOUT_S, env=flags.server_env(cfg), log_jsonl=True))
             held[label] = {"free_mib": b.free_mib, "ballast_mib": b.held_mib, "load_s": round(time.monotonic() - t0, 1),
                            "launch_line": flags.launch_line(cfg)}

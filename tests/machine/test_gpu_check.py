@@ -92,7 +92,7 @@ def _dry_run_commands(stdout: str) -> list[dict[str, object]]:
     for line in stdout.splitlines():
         if m := re.match(r"command (\d): .* --time-limit (\d+) ", line):
             commands.append({"limit": int(m.group(2)), "steps": [], "total": None})
-        elif commands and (m := re.match(r"  (\(([abcd])\) |    )(\S+) +~ *(\d+) s +(\d+) s  ", line)):
+        elif commands and (m := re.match(r"  (\(([a-e])\) |    )(\S+) +~ *(\d+) s +(\d+) s  ", line)):
             commands[-1]["steps"].append((m.group(2) or "", m.group(3), int(m.group(4))))  # type: ignore[union-attr]
         elif commands and (m := re.match(r"  = ~(\d+) s of its (\d+) s", line)):
             commands[-1]["total"] = int(m.group(1))
@@ -104,40 +104,61 @@ def _dry_run_commands(stdout: str) -> list[dict[str, object]]:
 def test_dry_run_with_no_options_plans_the_next_lease_that_decides_agents(tmp_path):
     """Issue 53: with no options the dry run plans the next lease from the state the last one brought back: the
     engine restored (built here before the lease: 0 s of building there), valid weights, then the tuner's line
-    against llama.cpp's default on agent sessions at 12, 8 and 16 GiB and chat at 12 GiB, every step estimated
-    from lease 2's measured steps, the whole lease inside 900 s of device time."""
+    against llama.cpp's default on agent sessions at 12, 8 and 16 GiB, every step estimated from lease 2's measured
+    steps. Issue 67: then ik_llama.cpp on the card, raced against llama.cpp's default with experts in RAM at 8 and
+    16 GiB, its engine restored from the second command's own carry; the whole lease, ik in it, inside 900 s."""
     res = _run("--dry-run", cache=tmp_path / "cache")
     assert res.returncode == 0, res.stderr
     state = "results/benchmarks/gpu-nvidia-h100-80gb-hbm3.json"
     assert res.stdout.startswith(f"the next lease, from the state {state} came back with")
     packed = (REPO / ".gpu-pack" / "engine" / "engine.json").is_file()  # the engine built here and packed
     assert ("prerequisite, here, before the first device call" in res.stdout) is not packed
+    assert "MOE_TUNE_CPU_ISA=avx2 MOE_TUNE_CUDA_ARCHS=90 moe-tune engine install --engine ik --backend cuda" \
+        in res.stdout or (REPO / ".gpu-pack-ik" / "engine-ik" / "engine.json").is_file()
     commands = _dry_run_commands(res.stdout)
     assert len(commands) == 2  # two back-to-back commands
     names = [[name for _, name, _ in c["steps"]] for c in commands]  # type: ignore[union-attr]
     assert names[0][:4] == ["gpu-info", "wheels", "engine", "model-valid"]  # what the answers need, first
     steps = {n: est for c in commands for _, n, est in c["steps"]}  # type: ignore[union-attr]
-    assert steps["engine"] == 5  # restored, not built
+    assert steps["engine"] == 5 and steps["ik-engine"] == 5  # both restored, neither built there
     assert "valid weights drawn directly" in res.stdout.split("command 1:")[1].split(" model-valid ")[1].splitlines()[0]
     order = [n for c in names for n in c]
-    runs = ["12g-agent", "8g-agent", "16g-agent", "12g-chat"]
+    runs = ["12g-agent", "8g-agent", "16g-agent"]
     for run in runs:
         assert order.index(f"search-{run}") + 1 == order.index(f"versus-{run}"), run  # its line, then the verdict
     assert [order.index(f"versus-{r}") for r in runs] == sorted(order.index(f"versus-{r}") for r in runs)
-    # Lease 2's speed steps ran on zero weights: the op-offload step is planned again; memory and spill are not.
-    assert "opoff-12g-agent" in order and "memory-12g" not in order and "spill-oom" not in order
+    # (e) after what matters most: ik's engine opens the second command (its own carry), then the two races.
+    assert names[1][:3] == ["ik-engine", "race-8g-agent", "race-16g-agent"]
+    assert max(order.index(f"versus-{r}") for r in runs) < order.index("ik-engine")
+    assert "carry .gpu-pack-ik" in res.stdout.split("command 2:")[1].splitlines()[0]
+    assert "carry .gpu-pack)" in res.stdout.split("command 1:")[1].splitlines()[0]
+    # Lease 2's speed steps ran on zero weights: op offload is planned again (now after ik); memory and spill are not.
+    later = res.stdout.split("later leases")[1]
+    assert "opoff-12g-agent" in later and "memory-12g" not in res.stdout and "spill-oom " not in res.stdout
     lease = 0.0
     for c in commands:
         total = sum(est for _, _, est in c["steps"])  # type: ignore[union-attr]
         assert total == c["total"] and total <= c["limit"] <= 540  # each command fits its own limit, <= 9 min
         lease += total + 10  # its transfers
-    assert lease + 120 <= 900  # the machine's start (1-2 min) and both commands fit 15 minutes of device time
+    assert lease + 120 <= 900  # the machine's start (1-2 min), both commands, ik's race among them: 15 minutes
+    m = re.search(r"first lease on the estimates: ~(\d+) s of 900 s; reaches .*\(e\) ik_llama.cpp vs", res.stdout)
+    assert m and abs(int(m.group(1)) - (lease + 120)) <= 2  # the sum it says is the sum of its commands
     m = re.search(r"6 interleaved rounds decide a 1.14x gain at 4 % round-to-round noise with P = (\d\.\d+)",
                   res.stdout)
     assert m and float(m.group(1)) >= 0.9
     assert "without a GPU (this machine: no NVIDIA GPU found" in res.stdout
     for step in ("model", "plan-budgets", "ballast"):
         assert f"  {step} " in res.stdout.split("without a GPU")[1], step
+
+
+def test_a_step_with_a_carry_of_its_own_opens_a_command():
+    from gpucheck import lease as gpu_lease
+
+    steps = [gpu_lease.Planned("a", 100, "x", "b"), gpu_lease.Planned("ik", 5, "x", "e", carry=".gpu-pack-ik"),
+             gpu_lease.Planned("race", 100, "x", "e")]
+    plan = gpu_lease.plan(steps)
+    assert [[s.name for s in c.steps] for c in plan.commands] == [["a"], ["ik", "race"]]  # room left in the first
+    assert [c.carry for c in plan.commands] == [".gpu-pack", ".gpu-pack-ik"]
 
 
 def test_a_measured_build_time_from_the_state_that_came_back_is_what_a_run_without_a_carried_engine_expects(
@@ -236,7 +257,8 @@ def test_an_engine_comes_back_in_parts_and_is_restored_only_for_the_same_build(t
     pack = tmp_path / "pack"
     shutil.copytree(back, pack / "engine")
     res2 = _run("--dry-run", "--from", str(pack), cache=tmp_path / "cache")
-    assert "restore the engine carried in the pack" in res2.stdout and "prerequisite" not in res2.stdout
+    assert "restore the engine carried in the pack" in res2.stdout
+    assert "prerequisite, here, before the first device call" not in res2.stdout  # ik's is another carry's
     assert next(est for c in _dry_run_commands(res2.stdout) for _, n, est in c["steps"]  # type: ignore[union-attr]
                 if n == "engine") == 5
 
@@ -443,7 +465,9 @@ def test_a_new_lease_measures_again_the_steps_it_names_from_a_carried_state(tmp_
                cache=tmp_path / "cache")
     assert res.returncode == 0, res.stderr
     planned = [n for c in _dry_run_commands(res.stdout) for _, n, _ in c["steps"]]  # type: ignore[union-attr]
-    assert {"memory-12g", "spill-oom"} <= set(planned)
+    later = [ln.split()[1] if ln.startswith("  (") else ln.split()[0] for ln in
+             res.stdout.split("later leases")[1].split("each versus step")[0].splitlines()[1:] if ln.strip()]
+    assert "memory-12g" in planned and {"memory-12g", "spill-oom"} <= set(planned + later)  # as the lease leaves room
     assert f"--state {state} --again {again}" in res.stdout.split("command 1: ")[1].splitlines()[0]
     c = gpu_check.Check(gpu_check.parse_args(["--state", str(state), "--out", str(tmp_path / "c")]))
     assert {"tune-12g-agent", "opoff-12g-agent", "budget-8g"} <= set(c.state["earlier"])
@@ -518,3 +542,75 @@ def test_speed_steps_measure_on_valid_weights_and_memory_on_zero_weights(tmp_pat
     md, doc = gpu_table.render(state)
     assert "| memory-12g | done | 3 | zero weights |" in md and "| versus-12g-agent | done | 3 | valid weights |" in md
     assert "- model for speed: q:Q4_K_M (valid (y)), /v.gguf" in md and doc["model_valid"]["path"] == "/v.gguf"
+
+
+def test_a_rehearsal_says_what_it_will_spend_and_stops_at_the_first_cuda_call(tmp_path, monkeypatch, capsys):
+    """Issue 67: `--rehearse` runs a command as the lease would and ends at its first CUDA call, which a machine
+    without a GPU cannot make, recording where; on start the command says which steps it plans and their seconds.
+    A step with a carry of its own is left for the next command (its device call carries that folder)."""
+    from gpucheck import check as gpu_check
+    from gpucheck.steps import Step
+
+    ran: list[str] = []
+
+    def plain(name: str):
+        def run(c):
+            ran.append(name)
+            return {}
+        return run
+
+    def first_cuda(c):
+        ran.append("search")
+        c.cuda_call("the VRAM ballast (cudaMalloc)")
+        ran.append("after the CUDA call")
+        return {}
+
+    steps = [Step("gpu-info", True, 1, plain("gpu-info"), "card"), Step("wheels", True, 2, plain("wheels"), "wheels"),
+             Step("search-12g-agent", True, 51, first_cuda, "search", "b"), Step("versus", True, 105, plain("v"), "v")]
+    monkeypatch.setattr(gpu_check, "steps_for", lambda c: steps)
+    c = gpu_check.Check(gpu_check.parse_args(["--rehearse", "--out", str(tmp_path / "out"), "--time-limit", "540"]))
+    c.has_gpu = True
+    assert gpu_check.run_steps(c) == 0
+    assert ran == ["gpu-info", "wheels", "search"]
+    err = capsys.readouterr().err
+    assert "this command plans gpu-info, wheels, search-12g-agent, versus: ~159 s of its 540 s --time-limit" in err
+    assert "rehearsal stops in search-12g-agent after" in err and "the VRAM ballast (cudaMalloc)" in err
+    (stop,) = c.state["rehearsal"]
+    assert stop["step"] == "search-12g-agent" and stop["first_cuda_call"] == "the VRAM ballast (cudaMalloc)"
+    assert [n for n, s in c.state["steps"].items() if s["status"] == "done"] == ["gpu-info", "wheels"]
+
+    ran.clear()
+    steps[:] = [Step("race", True, 5, plain("race"), "r", "e"),
+                Step("ik-engine", True, 5, plain("ik-engine"), "ik", "e", carry=".gpu-pack-ik")]
+    c2 = gpu_check.Check(gpu_check.parse_args(["--out", str(tmp_path / "out2"), "--time-limit", "540"]))
+    c2.has_gpu = True
+    assert gpu_check.run_steps(c2) == gpu_check.EXIT_CONTINUE and ran == ["race"]
+    assert "stopping before ik-engine: its command carries .gpu-pack-ik" in capsys.readouterr().err
+
+
+def test_the_race_sizes_ik_by_the_plan_with_a_margin_and_says_when_nothing_fits(tmp_path):
+    """(e): ik_llama.cpp's line at a budget is every layer on the card and the experts of the fewest first layers the
+    plan fits in RAM, plus IK_MARGIN_LAYERS; where nothing fits, no line and why."""
+    from types import SimpleNamespace
+
+    from gpucheck import race as gpu_race
+
+    from tuner.engine.kinds import IK_LLAMA
+
+    rows = [{"n_cpu_moe": n, "verdict": "fits" if n >= 30 else "needs spill"} for n in range(49)]
+    asked: list[tuple[str, ...]] = []
+    c = SimpleNamespace(cli=lambda *argv: asked.append(argv) or {"rows": rows})
+    line, sized = gpu_race.ik_line(c, tmp_path / "m.gguf", 8)  # type: ignore[arg-type]
+    assert asked == [("plan", str(tmp_path / "m.gguf"), "-c", "32768", "-np", "1", "-fa", "on", "--vram-budget",
+                      "8192")]
+    assert line is not None and line.engine == IK_LLAMA.name and line.n_gpu_layers == 999
+    assert line.n_cpu_moe == 30 + gpu_race.IK_MARGIN_LAYERS and sized == {"planned_n_cpu_moe": 30, "n_cpu_moe": 32}
+    c = SimpleNamespace(cli=lambda *argv: {"rows": [{"n_cpu_moe": 0, "verdict": "needs spill"}]})
+    line, sized = gpu_race.ik_line(c, tmp_path / "m.gguf", 8)  # type: ignore[arg-type]
+    assert line is None and "nothing fits 8 GiB" in sized["note"]
+    state = {"steps": {"race-8g-agent": {"status": "done", "result": {
+        "budget_mib": 8192, "verdict": {"rounds": 6, "ratio": 1.2, "low": 1.1, "high": 1.3, "outcome": "better"},
+        "scores": {"tuned": [0.2] * 6, "default": [0.1] * 6},
+        "arms": {"tuned": {"launch_line": "ik-server -ngl 999"}, "default": {"launch_line": "llama-server"}}}}}}
+    md = "\n".join(gpu_race.markdown(state))
+    assert "| race-8g-agent | 6 | 5.00 | 10.00 | 1.20x | 1.10-1.30x | better |" in md
