@@ -63,7 +63,8 @@ psi = a.look.psi or {"cpu": (0, 0), "memory": (0, 0), "io": (0, 0)}
 stalled = {**psi, "memory": (psi["memory"][0] + int(float(sys.argv[3]) / 100 * elapsed * 1e6), psi["memory"][1])}
 ledger = books.account(a.look, replace(b.look, psi=stalled), elapsed)
 print(json.dumps({"unread": [reader in a.look.unread, reader in b.look.unread], "read": reader in b.look.others_traffic,
-                  "n": ledger.unread, "unaccounted_mib": ledger.unaccounted_mib_s * elapsed, "memory": ledger.memory}),
+                  "n": ledger.unread, "unaccounted_mib": ledger.unaccounted_mib_s * elapsed, "memory": ledger.memory,
+                  "pid": a.me}),
       flush=True)
 """
 UNKNOWN = re.compile(r"(1 process could not be read: its|[\d,]+ processes could not be read: their) page-ins are "
@@ -119,6 +120,7 @@ def _looked_beside_reader(cold: Path, observer: list[str], env: dict[str, str], 
             _tell(looker)
             said = json.loads(_line(looker))
         _tell(reader)
+    assert not psutil.pid_exists(said["pid"])  # the looks' own process too (runuser's child)
     return said
 
 
