@@ -111,6 +111,32 @@ def _stop_group_now(proc: subprocess.Popen[Any], grace_s: float) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
 
 
+def stop(pid: int, grace_s: float = TERM_GRACE_S) -> bool:
+    """Stop a child started here before it ends, its caller having read all it needs (a price whose verdict is
+    clear): TERM its process group now, KILL it after ``grace_s`` if it is still ours. The call that runs it
+    (:func:`run_process`, with ``check=False``) then returns as for any exit. False where ``pid`` is no child of
+    ours that still runs. Safe from a line callback: it does not wait."""
+    with _LIVE_LOCK:
+        if pid not in _LIVE:
+            return False
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        return False
+
+    def kill_if_left() -> None:
+        with _LIVE_LOCK:
+            left = pid in _LIVE
+        if left:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+
+    timer = threading.Timer(grace_s, kill_if_left)
+    timer.daemon = True
+    timer.start()
+    return True
+
+
 def _exited(proc: subprocess.Popen[Any], deadline: float, poll_s: float = 0.02) -> bool:
     """Wait until the child has exited without reaping it (``waitid`` with ``WNOWAIT``), so what the kernel counted
     for it is still readable; False where the platform cannot wait so (the caller then reaps it as usual).

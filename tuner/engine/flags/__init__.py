@@ -30,6 +30,7 @@ from tuner.engine.flags.render import (
     address_argv,
     api_key_file_argv,
     batched_bench_argv,
+    chunk_rows_argv,
     file_log_argv,
     fit_params_argv,
     launch_line,
@@ -51,7 +52,7 @@ from tuner.engine.flags.tokenize import TOKENIZE, parse_token_ids, tokenize_argv
 __all__ = [
     "BATCHED_BENCH", "BENCH", "FIT_PARAMS", "PERPLEXITY", "SERVER", "ParsedCommand",
     "CONFIG_ENV", "OP_OFFLOAD_MIN_BATCH_DEFAULT", "OP_OFFLOAD_MIN_BATCH_ENV", "server_env",
-    "address_argv", "api_key_file_argv", "file_log_argv",
+    "address_argv", "api_key_file_argv", "chunk_rows_argv", "file_log_argv",
     "batched_bench_argv", "bench_argv", "bench_group_argv", "fit_choice_line", "fit_params_argv",
     "launch_line", "listen_argv", "parse_command", "parse_fit_line", "parse_spec_types", "perplexity_argv",
     "server_accepts", "server_argv", "server_logs_jsonl", "spelled", "takes_value", "trace_argv", "validate",

@@ -296,6 +296,12 @@ def file_log_argv(kind: EngineKind, folder: Path) -> list[str]:
     return ["--log-file", str(folder / "ik-common")] if kind.writes_file_log else []
 
 
+def chunk_rows_argv() -> list[str]:
+    """llama-perplexity writing a reference prints each chunk's running PPL on a line of its own (``[1]8.93,[2]…``
+    otherwise, one line at the end: perplexity.cpp ``perplexity``), so a caller can read it as each chunk ends."""
+    return ["--ppl-output-type", "1"]
+
+
 def api_key_file_argv(path: Path) -> list[str]:
     """The server's key file by path (ik_llama.cpp reads no key from its environment): the key stays in the file."""
     return ["--api-key-file", str(path)]
