@@ -1,10 +1,14 @@
 """A line priced as it runs (tuner.quality.engine_price.price_line): the perplexity run carries the printed line's KV
 types, flash attention, placement, ubatch and engine levers; the reference logits are llama.cpp's bare launch at f16,
 whichever engine's line is priced (issue 61: ik's -rtr once reached llama.cpp's reference run, which refused it); a line
-that loads its weights into RAM is refused before any run where the model does not fit the RAM free."""
+that loads its weights into RAM is refused before any run where the model does not fit the RAM free. A price stops once
+its verdict is clear (issue 65): a model that predicts no text after the reference's first chunk, then no line run at
+all; a line far above or below the floor after a few chunks. A price that fails says why in one line (issue 66)."""
 
 from __future__ import annotations
 
+import errno
+import json
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -13,8 +17,10 @@ import pytest
 
 from tuner.core.config import CacheType, FlashAttn, LaunchConfig
 from tuner.core.errors import QualityError
+from tuner.engine import runner
 from tuner.engine.kinds import IK_LLAMA
-from tuner.quality import engine_price, perplexity
+from tuner.machine import paths
+from tuner.quality import engine_price, kv_price, perplexity, store
 
 M = Path("/m.gguf")
 IK_LINE = LaunchConfig(model=M, ctx=8192, parallel=2, engine=IK_LLAMA.name, cache_type_k=CacheType.Q8_0,
@@ -87,3 +93,127 @@ def test_a_price_against_a_model_that_predicts_no_text_says_nothing_and_refuses_
                                        says_nothing=why)
     trained = replace(untrained, reference_ppl=18.8, says_nothing=None)
     assert not untrained.refused_by(0.01) and trained.refused_by(0.01) and not trained.refused_by(None)
+
+
+@pytest.mark.fast
+def test_a_price_with_no_line_run_is_said_and_json_safe():
+    why = engine_price.says_nothing(12_383.0, 8192, "the first 1 of 4 chunks of the corpus")
+    assert why is not None and why.startswith("the model predicts no text (its perplexity on the first 1 of 4 chunks "
+                                              "of the corpus, 12,383, ")
+    none = engine_price.LinePrice("llama.cpp", "llama.cpp", None, 0.0, None, None, 12_383.0, 512, 4, "-ctk q8_0",
+                                  says_nothing=why, chunks_used=0)
+    assert none.describe() == f"llama.cpp (-ctk q8_0) not priced against llama.cpp's f16 logits: {why}"
+    assert not none.refused_by(0.01) and json.loads(json.dumps(none.to_dict()))["kld_mean"] is None
+    stopped = replace(none, kld_mean=17.8, kld_mean_error=0.3, ppl=2e8, reference_ppl=17.8, says_nothing=None,
+                      chunks_used=1, stopped="refused: their KL-divergence alone puts the mean over all 4 at 4.45")
+    assert stopped.refused_by(0.01)
+    assert "(stopped after 1 of 4 chunks of 512 tokens, refused: their" in stopped.describe()
+
+
+@pytest.mark.fast
+def test_a_cache_that_cannot_be_written_is_one_line_naming_the_fix(monkeypatch, tmp_path):
+    monkeypatch.setenv("MOE_TUNE_CACHE", str(tmp_path))
+    store.quality_dir().mkdir(parents=True)
+    store.logits_dir().write_text("not a folder")  # a file where the reference logits' folder goes
+    with pytest.raises(FileExistsError) as exc:
+        store.logits_dir().mkdir(parents=True, exist_ok=True)
+    said = str(store.unwritable(exc.value))
+    assert said == (f"the reference logits cannot be written to {store.logits_dir()} (a file is in the way: "
+                    f"{store.logits_dir()}): remove it, or set MOE_TUNE_CACHE to another folder")
+    with pytest.raises(NotADirectoryError) as under:  # a file where a folder above it goes
+        (store.logits_dir() / "x.lock").open("a")
+    assert f"(a file is in the way: {store.logits_dir()})" in str(store.unwritable(under.value))
+    full = OSError(errno.ENOSPC, "No space left on device", str(store.results_dir() / "k.json"))
+    assert str(store.unwritable(full)) == (f"the quality figures cannot be written to {store.results_dir() / 'k.json'} "
+                                           "(the disk is full): free space, or set MOE_TUNE_CACHE to another folder")
+    assert paths.cache_root() == tmp_path  # the folder the fix names is the one MOE_TUNE_CACHE chose
+
+
+# ------------------------------------------------------------------------------------ with the engines
+
+
+def untrained_model(folder: Path) -> Path:
+    """A model that predicts no text, as the real shapes with drawn weights do: Qwen3-30B-A3B's layout at its width
+    (2048) over 2 layers and an 8,192-token vocabulary (tuner.models.shape_model). Its logits spread as the real
+    shape's, so its perplexity is ~1.5x its vocabulary (12,383 on the first chunk), as the real one's is (230,547 over
+    151,936). 100 MB, written in a second."""
+    from tuner.models import shape_model
+
+    spec = replace(shape_model.small_spec("qwen3moe"), n_embd=2048, n_layer=2)
+    return shape_model.write_shape_model(spec, "Q8_0", folder / "untrained.gguf", weights="direct", seed=0).path
+
+
+@pytest.fixture
+def perplexity_runs(monkeypatch) -> list[list[str]]:
+    """Every llama-perplexity run over a model the runner starts from here on (the runner's own spawn, counted and
+    passed through; the capability probe's ``--help`` is no run)."""
+    started: list[list[str]] = []
+    spawn = runner._popen
+
+    def counted(argv, **kwargs):
+        if Path(str(argv[0])).name == "llama-perplexity" and "-m" in argv:
+            started.append([str(a) for a in argv])
+        return spawn(argv, **kwargs)
+
+    monkeypatch.setattr(runner, "_popen", counted)
+    return started
+
+
+def test_a_model_that_predicts_no_text_is_known_after_one_chunk_and_never_priced_again(engine_loc, tmp_path,
+                                                                                       monkeypatch, perplexity_runs):
+    model = untrained_model(tmp_path)
+    monkeypatch.setenv("MOE_TUNE_CACHE", str(tmp_path / "cache"))
+    said: list[str] = []
+    verdict = engine_price.reference_says(model, engine_loc, ctx=512, chunks=4, on_step=said.append)
+    assert verdict.says_nothing is not None and verdict.says_nothing.startswith(
+        "the model predicts no text (its perplexity on the first 1 of 4 chunks of the corpus, ")
+    assert (verdict.chunks_read, verdict.complete, verdict.from_cache) == (1, False, False)
+    assert [s for s in said if " done" in s] == ["  chunk 1 of 4 done"], said
+    assert len(perplexity_runs) == 1 and "--ppl-output-type" in perplexity_runs[0]
+    assert not [p.name for p in store.logits_dir().iterdir() if ".logits" in p.name]  # the cut file is not kept
+
+    perplexity_runs.clear()
+    start = time.monotonic()
+    again = engine_price.reference_says(model, engine_loc, ctx=512, chunks=4)
+    line = LaunchConfig(model=model, cache_type_k=CacheType.Q8_0, cache_type_v=CacheType.Q8_0, flash_attn=FlashAttn.ON)
+    price = engine_price.price_line(line, engine_loc, engine_loc, ctx=512, chunks=4, max_kld=kv_price.DEFAULT_MAX_KLD)
+    other_chunks = engine_price.price_line(line, engine_loc, engine_loc, ctx=512, chunks=8)
+    assert time.monotonic() - start < 2.0 and perplexity_runs == []  # answered from the kept read: no process
+    assert again.from_cache and again.says_nothing == verdict.says_nothing
+    for got in (price, other_chunks):
+        assert got.says_nothing == verdict.says_nothing and got.kld_mean is None and got.chunks_used == 0
+        assert not got.refused_by(kv_price.DEFAULT_MAX_KLD) and got.argv == () and "-ctk q8_0" in got.priced_as
+    assert json.loads(json.dumps(price.to_dict()))["says_nothing"] == verdict.says_nothing
+
+
+def test_a_reference_that_predicts_text_is_written_whole_for_the_price_to_read(engine_loc, trained_model, tmp_path,
+                                                                               monkeypatch, perplexity_runs):
+    monkeypatch.setenv("MOE_TUNE_CACHE", str(tmp_path))
+    verdict = engine_price.reference_says(trained_model, engine_loc, ctx=256, chunks=2)
+    assert verdict.says_nothing is None and verdict.complete and verdict.chunks_read == 2
+    assert 5.0 < verdict.reference_ppl < 60.0, verdict
+    assert perplexity.cached_logits_path(engine_loc, trained_model, ctx=256, chunks=2) is not None
+    line = LaunchConfig(model=trained_model, cache_type_k=CacheType.Q8_0, cache_type_v=CacheType.Q8_0,
+                        flash_attn=FlashAttn.ON)
+    got = engine_price.price_line(line, engine_loc, engine_loc, ctx=256, chunks=2)
+    assert len(perplexity_runs) == 2 and "--kl-divergence" in perplexity_runs[1]  # the reference is not written again
+    assert got.reference_ppl == verdict.reference_ppl and got.kld_mean is not None and got.chunks_used == 2
+
+
+@pytest.mark.parametrize("in_the_way", ["quality/logits", "quality"])
+def test_reference_logits_that_cannot_be_written_fail_the_price_in_one_line(engine_loc, demo_models, tmp_path,
+                                                                            monkeypatch, in_the_way):
+    """Issue 66: a file where the reference logits' folder goes (a full disk does the same) ended a 36-75 minute
+    auto-tune in a FileExistsError traceback from file_lock's mkdir; it is one QualityError line naming the fix."""
+    monkeypatch.setenv("MOE_TUNE_CACHE", str(tmp_path))
+    blocker = tmp_path / in_the_way
+    blocker.parent.mkdir(parents=True, exist_ok=True)
+    blocker.write_text("in the way")
+    line = LaunchConfig(model=demo_models[("qwen3moe", "Q8_0")], engine=IK_LLAMA.name)
+    with pytest.raises(QualityError) as exc:
+        engine_price.price_line(line, engine_loc, engine_loc, ctx=128, chunks=2, max_kld=kv_price.DEFAULT_MAX_KLD)
+    said = str(exc.value)
+    assert "\n" not in said and said.startswith(f"the reference logits cannot be written to {store.logits_dir()}")
+    assert said.endswith(f"(a file is in the way: {blocker}): remove it, or set MOE_TUNE_CACHE to another folder")
+    with pytest.raises(QualityError, match="a file is in the way"):
+        engine_price.reference_says(line.model, engine_loc, ctx=128, chunks=2)

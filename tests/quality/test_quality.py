@@ -14,7 +14,7 @@ from tests.conftest import run_cli
 from tuner.core.config import CacheType
 from tuner.core.errors import OutputCutError, QualityError, TextTooShortError, UsageError
 from tuner.models import gguf_reader
-from tuner.quality import kld, kv_price, perplexity
+from tuner.quality import kld, kv_price, perplexity, store
 
 CTX = 256
 CHUNKS = 4  # 4 × 127 scored tokens: above the 100 llama-perplexity needs for statistics, in one batch
@@ -155,7 +155,7 @@ def test_a_run_reads_and_hashes_each_file_once(engine_loc, demo_models, cache_en
     a run inspected the reference 3 times and hashed it twice, and pricing hashed the model 3 times per KV pair."""
     reads, hashes, inspects = Counter(), Counter(), Counter()
     read_part, inspect = gguf_reader._read_part, gguf_reader.inspect_model
-    hash_parts = perplexity._hash_parts.__wrapped__  # the hashing itself, under its memo
+    hash_parts = store._hash_parts.__wrapped__  # the hashing itself, under its memo
 
     def counted_read(path):
         reads[Path(path).name] += 1
@@ -171,7 +171,7 @@ def test_a_run_reads_and_hashes_each_file_once(engine_loc, demo_models, cache_en
 
     monkeypatch.setattr(gguf_reader, "_read_part", counted_read)
     monkeypatch.setattr(gguf_reader, "inspect_model", counted_inspect)
-    monkeypatch.setattr(perplexity, "_hash_parts", functools.lru_cache(maxsize=64)(counted_hash))
+    monkeypatch.setattr(store, "_hash_parts", functools.lru_cache(maxsize=64)(counted_hash))
     gguf_reader._inspect_parts.cache_clear()  # headers read earlier in this process are read again, and counted
     q4, q8, f16 = (demo_models[("qwen3moe", q)] for q in ("Q4_K_M", "Q8_0", "F16"))
 
@@ -184,7 +184,7 @@ def test_a_run_reads_and_hashes_each_file_once(engine_loc, demo_models, cache_en
     for counter in (reads, hashes, inspects):
         counter.clear()
     gguf_reader._inspect_parts.cache_clear()
-    perplexity._hash_parts.cache_clear()
+    store._hash_parts.cache_clear()
     pairs = [(CacheType.Q8_0, CacheType.Q8_0), (CacheType.Q4_0, CacheType.Q4_0)]
     prices = [kv_price.price(engine_loc, q4, k, v, ctx=CTX, chunks=CHUNKS) for k, v in pairs]
     assert [(p.cache_type_k, p.cache_type_v) for p in prices] == [(k.value, v.value) for k, v in pairs]

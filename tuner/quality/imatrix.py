@@ -17,7 +17,7 @@ import numpy as np
 from tuner.core.errors import UsageError
 from tuner.engine import build, flags, runner
 from tuner.machine.fileio import atomic_path, file_lock
-from tuner.quality import corpus, perplexity
+from tuner.quality import corpus, store
 
 DEFAULT_CTX = 512
 DEFAULT_CHUNKS = 16
@@ -25,7 +25,7 @@ TIMEOUT_S = 6 * 3600.0
 
 
 def imatrix_dir() -> Path:
-    return perplexity.quality_dir() / "imatrix"
+    return store.quality_dir() / "imatrix"
 
 
 def _require_imatrix(loc: build.EngineLocation, alternative: str = "") -> None:
@@ -41,8 +41,8 @@ def importance_matrix(loc: build.EngineLocation, source: Path, *, ctx: int = DEF
     text_file, text_sha = corpus.text_file(), corpus.sha256()
     if text_file.stat().st_size < 2 * ctx:
         raise UsageError(f"the bundled corpus is too short for -c {ctx}: lower it")
-    key = perplexity._key(model=perplexity.model_identity(source), text=text_sha, ctx=ctx, chunks=chunks,
-                          engine=perplexity.engine_identity(loc), tool=flags.IMATRIX)
+    key = store.key(model=store.model_identity(source), text=text_sha, ctx=ctx, chunks=chunks,
+                    engine=store.engine_identity(loc), tool=flags.IMATRIX)
     path = imatrix_dir() / f"{key}.imatrix.gguf"
     imatrix_dir().mkdir(parents=True, exist_ok=True)
     with file_lock(imatrix_dir() / f"{key}.lock"):

@@ -41,8 +41,8 @@ class KldFigures:
     ppl_base_error: float
     kld_mean: float
     kld_mean_error: float  # standard error from the per-chunk means (see the module docstring)
-    kld_p99: float
-    kld_max: float
+    kld_p99: float | None  # None: a run stopped before its summary (:func:`parse_kld_rows`)
+    kld_max: float | None
     same_top_pct: float
     same_top_pct_error: float  # likewise, in percentage points
     n_chunks: int
@@ -70,12 +70,17 @@ _KLD_LINES = {
 _CHUNK_ROW = re.compile(
     rf"^\s*(\d+)\s+{_NUM}{_PM}{_NUM}\s+{_NUM}{_PM}{_NUM}\s+{_NUM}{_PM}{_NUM}\s+{_NUM}{_PM}{_NUM}\s*%"
     rf"\s+{_NUM}{_PM}{_NUM}\s*%", re.IGNORECASE | re.MULTILINE)
+# A reference run's chunk row with --ppl-output-type 1 (perplexity.cpp ``perplexity``; ik_llama.cpp's the same): the
+# chunk's first token, then over every chunk so far the running PPL, the mean negative log-likelihood per scored token
+# and the engine's per-token standard error of that mean.
+_PPL_ROW = re.compile(rf"^\s*(\d+)\s+{_NUM}\s+{_NUM}\s+{_NUM}\s*$", re.IGNORECASE)
 _ENGINE_COMPLAINTS = (
     ("inconsistent vocabulary", "the reference is another model (its vocabulary differs): name one with --reference"),
     ("does not look like a file containing log-probabilities", "the reference logits file is damaged: delete it"),
     ("failed reading", "the reference logits file is truncated: delete it and measure again"),
     ("failed to decode", "the engine could not evaluate a batch: check memory and flags"),
-    ("failed to open", "the logits file could not be opened: check the cache folder"),
+    ("failed to open", "the logits file could not be opened: check the cache folder, or set MOE_TUNE_CACHE to "
+                       "another"),
 )
 
 
@@ -191,6 +196,64 @@ def parse_kld(text: str, want_chunks: int | None = None, ctx: int = 0) -> KldFig
         top_se = max(top_err, 100.0 * (chunk_standard_error(per_chunk_means(rows[1])) or 0.0))
     return KldFigures(ppl, ppl_err, base, base_err, max(kld, 0.0), kld_se, one("kld_p99"), one("kld_max"),
                       top, top_se, n_chunks, kld_err, tuple(kld_chunks))
+
+
+@dataclass(frozen=True, slots=True)
+class PplRow:
+    """A reference run after some chunks (--ppl-output-type 1): running figures over every chunk so far."""
+
+    ppl: float
+    nll_mean: float  # mean negative log-likelihood per scored token: ln(ppl)
+    nll_error: float  # the engine's per-token standard error of that mean (0 or less: not yet known)
+
+
+def ppl_row(line: str) -> PplRow | None:
+    """A reference run's chunk row, or None for any other line."""
+    m = _PPL_ROW.match(line)
+    return PplRow(float(m.group(2)), float(m.group(3)), float(m.group(4))) if m else None
+
+
+def parse_ppl_rows(text: str) -> PerplexityFigures:
+    """Figures of a reference run (--ppl-output-type 1) stopped after some chunks: its last chunk row's running PPL,
+    with the engine's own ± (the final estimate's formula, perplexity.cpp: per-token error of ln PPL, times PPL)."""
+    _check_engine_complaints(text)
+    rows = [row for line in text.splitlines() if (row := ppl_row(line)) is not None]
+    if not rows:
+        raise QualityError("the reference run stopped before its first chunk ended: run it again")
+    last = rows[-1]
+    ppl = _finite("PPL", last.ppl)
+    return PerplexityFigures(ppl, ppl * max(last.nll_error, 0.0), len(rows))
+
+
+def kld_row(line: str) -> tuple[int, float] | None:
+    """A KL-divergence run's chunk row as (chunk number, running mean KLD over chunks 1..it), or None."""
+    m = _CHUNK_ROW.match(line)
+    return (int(m.group(1)), float(m.group(6))) if m else None
+
+
+def parse_kld_rows(text: str, ctx: int) -> KldFigures:
+    """Figures of a ``--kl-divergence`` run stopped after some chunks, from its chunk rows alone (the summary, with
+    the percentiles, is printed only at the end): the running figures of the last row, the ± from the per-chunk
+    means as :func:`parse_kld` has it."""
+    _check_engine_complaints(text)
+    rows = {int(m.group(1)): m for m in _CHUNK_ROW.finditer(text)}
+    n_chunks = max(rows, default=0)
+    if not n_chunks or any(i not in rows for i in range(1, n_chunks + 1)) or n_chunks * (ctx - 1 - ctx // 2) < \
+            MIN_SCORED_TOKENS:
+        raise QualityError(f"the KL-divergence run stopped after {n_chunks} chunks without a row for each: run it "
+                           "again without the early stop (--max-kld off prices every chunk)")
+    last = rows[n_chunks]
+    ppl, ppl_err = _finite("PPL", float(last.group(2))), _finite("PPL error", float(last.group(3)))
+    base = ppl / math.exp(_finite("ln(PPL(Q)/PPL(base))", float(last.group(4))))
+    running_kld, running_top = _chunk_rows(text, n_chunks) or ([], [])
+    chunk_kld = per_chunk_means(running_kld)
+    kld, kld_token_err = _finite("KLD", float(last.group(6))), float(last.group(7))
+    top, top_token_err = float(last.group(10)), float(last.group(11))
+    kld_se = max(kld_token_err, chunk_standard_error(chunk_kld) or 0.0)
+    top_se = max(top_token_err, 100.0 * (chunk_standard_error(per_chunk_means(running_top)) or 0.0))
+    # The rows give the reference's PPL only through the ratio, not its ±: 0 here (no caller reads it).
+    return KldFigures(ppl, ppl_err, base, 0.0, max(kld, 0.0), kld_se, None, None, top, top_se, n_chunks,
+                      kld_token_err, tuple(chunk_kld))
 
 
 # ------------------------------------------------------------------------------------ reference logits

@@ -4,16 +4,15 @@ One call, :func:`measure`, answers "how much does this file at these KV types di
 the same model?": the reference (the highest-precision sibling file, or one named) writes its logits once
 to a cached file bounded by a chunk count and a disk budget; each (model, KV types) pair is then compared
 against it in one llama-perplexity run. Results are cached by model identity, reference identity, text
-hash, ctx, chunks, KV types and engine, so a study asks as often as it likes and pays once.
+hash, ctx, chunks, KV types and engine, so a study asks as often as it likes and pays once. Given a floor
+(``max_kld``), the KL-divergence run stops once its verdict against it is clear (:mod:`tuner.quality.stopping`).
+
+The reference's logits are :mod:`tuner.quality.reference`'s; where figures are kept, :mod:`tuner.quality.store`'s.
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import hashlib
 import json
-import os
 import re
 import time
 from collections.abc import Callable
@@ -22,11 +21,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tuner.core.config import CacheType, FlashAttn, LaunchConfig
-from tuner.core.errors import DiskSpaceError, QualityError, TextTooShortError, UsageError
+from tuner.core.errors import TextTooShortError, UsageError
 from tuner.engine import flags
-from tuner.machine import paths
-from tuner.machine.fileio import atomic_path, atomic_write, file_lock
-from tuner.quality import corpus, kld, ppl_run
+from tuner.machine.fileio import atomic_write, file_lock
+from tuner.quality import corpus, kld, ppl_run, stopping, store
+from tuner.quality.reference import DEFAULT_DISK_BUDGET_BYTES, DEFAULT_TIMEOUT_S, reference_logits
+
+# Read here by other packages (tuner.quants.compare, scripts): where the reference logits are kept.
+from tuner.quality.reference import cached_logits_path as cached_logits_path
+from tuner.quality.store import logits_dir as logits_dir
 
 if TYPE_CHECKING:  # these load when a model is read or measured, not when a command names a default
     from tuner.engine import build
@@ -34,9 +37,6 @@ if TYPE_CHECKING:  # these load when a model is read or measured, not when a com
 
 DEFAULT_CTX = 512
 DEFAULT_CHUNKS = 32
-DEFAULT_DISK_BUDGET_BYTES = 8 * 2**30
-DEFAULT_TIMEOUT_S = 6 * 3600.0
-DISK_MARGIN_BYTES = 512 * 2**20
 RESULT_VERSION = 2  # 2: kld_mean_error from per-chunk means (tuner.quality.kld), kld_token_error added
 # Reference precision, best first, by GGUF general.file_type (llama_ftype): F32, BF16, F16, Q8_0.
 REFERENCE_FILE_TYPES = (0, 32, 1, 7)
@@ -69,6 +69,8 @@ class QualityResult:
     argv: tuple[str, ...]
     kld_token_error: float | None = None  # the engine's per-token standard error (too small; kept to compare)
     from_cache: bool = False
+    chunks_used: int | None = None  # chunks the KL-divergence run read (None: all ``chunks``)
+    stopped: str | None = None  # why that run stopped before its last chunk (its verdict was clear); None: it did not
 
     @property
     def is_reference(self) -> bool:
@@ -77,71 +79,6 @@ class QualityResult:
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
-
-
-@dataclass(frozen=True, slots=True)
-class ReferenceLogits:
-    path: Path
-    size_bytes: int
-    ppl: float
-    ppl_error: float
-    created: bool
-
-
-# ------------------------------------------------------------------------------------------ identities
-
-
-def model_identity(model: Path) -> str:
-    """Content identity of a model file (all split parts): size plus hashes of its head and tail.
-
-    Hashing a 20 GB file whole would cost minutes; the head holds the GGUF header (every tensor's name, type
-    and offset) and the start of the data, so a re-quantized or re-converted file differs there. Hashed once per
-    process: a file seen again (same parts, sizes and modification times) is served from memory, so a pricing
-    pass over many KV types, or a model that is its own reference, reads it once.
-    """
-    from tuner.models import gguf_reader
-
-    parts = gguf_reader.split_parts(model)
-    return _hash_parts(tuple((str(p.resolve()), st.st_size, st.st_mtime_ns) for p in parts for st in (p.stat(),)))
-
-
-@functools.lru_cache(maxsize=64)
-def _hash_parts(stamp: tuple[tuple[str, int, int], ...]) -> str:
-    """The hash itself, keyed by each part's (resolved path, size, mtime): a rewritten file is hashed again."""
-    digest = hashlib.sha256()
-    for part, size, _ in stamp:
-        digest.update(f"{size}|".encode())
-        with Path(part).open("rb") as fh:
-            digest.update(fh.read(4 * 2**20))
-            if size > 5 * 2**20:
-                fh.seek(size - 2**20)
-                digest.update(fh.read())
-    return digest.hexdigest()[:32]
-
-
-def _file_log(loc: build.EngineLocation) -> list[str]:
-    """Where an engine that writes a log file of its own (ik_llama.cpp) puts it: beside moe-tune's logs."""
-    from tuner.engine import build
-
-    return flags.file_log_argv(build.capabilities(loc).kind, paths.logs_dir())
-
-
-def _kind_name(loc: build.EngineLocation) -> str:
-    """Which kind of engine ``loc`` is (its lines are spelled in that engine's dialect)."""
-    from tuner.engine import build
-
-    return build.capabilities(loc).kind.name
-
-
-def engine_identity(loc: build.EngineLocation) -> str:
-    """The engine commit; a build that does not know its commit is named by its binary instead."""
-    from tuner.engine import build
-
-    engine = build.capabilities(loc).identity
-    if engine.known:
-        return engine.commit
-    st = loc.tool("llama-perplexity").stat()
-    return "binary-" + hashlib.sha256(f"{loc.bin_dir}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:12]
 
 
 def _base_name(path: Path) -> str:
@@ -190,22 +127,6 @@ def _reference_near(model: Path, info: gguf_reader.ModelInfo) -> tuple[Path, ggu
 # -------------------------------------------------------------------------------------------- storage
 
 
-def quality_dir() -> Path:
-    return paths.cache_root() / "quality"
-
-
-def logits_dir() -> Path:
-    return quality_dir() / "logits"
-
-
-def results_dir() -> Path:
-    return quality_dir() / "results"
-
-
-def _key(**parts: object) -> str:
-    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
-
-
 def _load_result(path: Path) -> QualityResult | None:
     try:
         raw = json.loads(path.read_text())
@@ -222,87 +143,7 @@ def _store_result(path: Path, result: QualityResult) -> None:
     atomic_write(path, json.dumps({"version": RESULT_VERSION, **result.to_json()}, indent=1))
 
 
-def _make_room(need_bytes: int, budget_bytes: int, keep: Path) -> None:
-    """Keep the reference logits cache within the budget: refuse what cannot fit, evict the least recently used."""
-    from tuner.machine import hardware
-
-    if need_bytes > budget_bytes:
-        raise UsageError(
-            f"the reference logits would take {need_bytes / 2**30:.2f} GiB, over the {budget_bytes / 2**30:.2f} GiB "
-            "disk budget: lower --chunks (or -c) or raise --disk-budget-gib"
-        )
-    folder = logits_dir()
-    folder.mkdir(parents=True, exist_ok=True)
-    others = sorted((p for p in folder.glob("*.logits") if p != keep), key=lambda p: p.stat().st_mtime)
-    total = sum(p.stat().st_size for p in others)
-    while others and total + need_bytes > budget_bytes:
-        victim = others.pop(0)
-        total -= victim.stat().st_size
-        victim.unlink(missing_ok=True)
-    free = hardware.free_disk_bytes(folder)
-    if free < need_bytes + DISK_MARGIN_BYTES:
-        raise DiskSpaceError(folder, need_bytes + DISK_MARGIN_BYTES, free)
-
-
 # ------------------------------------------------------------------------------------------ measuring
-
-
-def _logits_path(loc: build.EngineLocation, reference: Path, text_sha256: str, ctx: int, chunks: int) -> Path:
-    key = _key(ref=model_identity(reference), text=text_sha256, ctx=ctx, chunks=chunks, engine=engine_identity(loc))
-    return logits_dir() / f"{key}.logits"
-
-
-def cached_logits_path(loc: build.EngineLocation, reference: Path, *, ctx: int, chunks: int) -> Path | None:
-    """The reference logits over the bundled corpus, when they are cached (a disk budget counts them)."""
-    path = _logits_path(loc, reference, corpus.sha256(), ctx, chunks)
-    return path if path.is_file() else None
-
-
-def reference_logits(
-    loc: build.EngineLocation,
-    reference: Path,
-    *,
-    text_file: Path,
-    text_sha256: str,
-    ctx: int,
-    chunks: int,
-    disk_budget_bytes: int = DEFAULT_DISK_BUDGET_BYTES,
-    cfg: LaunchConfig | None = None,
-    timeout_s: float = DEFAULT_TIMEOUT_S,
-    on_step: Callable[[str], None] | None = None,
-    reference_info: gguf_reader.ModelInfo | None = None,
-) -> ReferenceLogits:
-    """The reference's logits over ``chunks`` chunks, written once (f16 KV) and reused while they fit the budget.
-
-    ``reference_info``: the reference's header when the caller has read it already (it is not read again)."""
-    from tuner.models import gguf_reader
-
-    n_vocab = (reference_info or gguf_reader.inspect_model(reference)).n_vocab
-    path = _logits_path(loc, reference, text_sha256, ctx, chunks)
-    key = path.stem
-    meta = path.with_suffix(".json")
-    with file_lock(logits_dir() / f"{key}.lock"):
-        if path.is_file() and meta.is_file():
-            with contextlib.suppress(QualityError, OSError, ValueError, KeyError):
-                size = kld.check_logits_file(path, ctx=ctx, n_chunks=chunks, n_vocab=n_vocab)
-                saved = json.loads(meta.read_text())
-                os.utime(path)  # most recently used: evicted last
-                return ReferenceLogits(path, size, float(saved["ppl"]), float(saved["ppl_error"]), False)
-        need = kld.logits_bytes(n_vocab, ctx, chunks)
-        _make_room(need, disk_budget_bytes, keep=path)
-        if on_step:
-            on_step(f"writing reference logits of {reference.name} ({need / 2**20:,.1f} MiB, {chunks} chunks)")
-        base_cfg = replace(cfg, model=reference) if cfg else LaunchConfig(model=reference)
-        base_cfg = replace(base_cfg, cache_type_k=CacheType.F16, cache_type_v=CacheType.F16)
-        with atomic_path(path) as tmp:
-            argv = flags.perplexity_argv(loc.tool("llama-perplexity"), base_cfg, text_file=text_file, ctx=ctx,
-                                         chunks=chunks, kld_base=tmp) + _file_log(loc)
-            figures = ppl_run.run(argv, lambda out: kld.parse_perplexity(out, want_chunks=chunks), timeout_s,
-                                  on_step, chunks)
-            size = kld.check_logits_file(tmp, ctx=ctx, n_chunks=chunks, n_vocab=n_vocab)
-        meta.write_text(json.dumps({"reference": str(reference), "ppl": figures.ppl, "ppl_error": figures.ppl_error,
-                                    "ctx": ctx, "chunks": chunks, "text_sha256": text_sha256}))
-        return ReferenceLogits(path, size, figures.ppl, figures.ppl_error, True)
 
 
 def measure(
@@ -325,6 +166,7 @@ def measure(
     base_loc: build.EngineLocation | None = None,
     levers: dict[str, Any] | None = None,
     line: LaunchConfig | None = None,
+    max_kld: float | None = None,
 ) -> QualityResult:
     """Perplexity of ``model`` at these KV types and, with a reference, KL-divergence against it.
 
@@ -335,6 +177,8 @@ def measure(
     ``line``: a launch line priced as it runs (:func:`as_run`: its KV types, flash attention, placement, ubatch and
     engine levers replace the arguments). The reference's logits are always the reference engine's bare launch at
     f16 KV, never the priced line's settings (another engine's levers are not the reference engine's to read).
+    ``max_kld``: the floor the KL-divergence is held to; its run stops once the verdict is clear
+    (:func:`tuner.quality.stopping.kld_clear`), the result then says after how many chunks and why. None: every chunk.
     """
     from tuner.models import gguf_reader
 
@@ -345,10 +189,10 @@ def measure(
         if path is not None and not path.is_file():
             raise UsageError(f"{what} {path} not found: check the path")
     cfg = LaunchConfig(model=model, cache_type_k=cache_type_k, cache_type_v=cache_type_v, flash_attn=flash_attn,
-                       threads=threads, engine=_kind_name(loc))
+                       threads=threads, engine=store.kind_name(loc))
     cfg = replace(cfg, **(levers or {}))
     if line is not None:
-        cfg = as_run(line, model, _kind_name(loc), ctx)
+        cfg = as_run(line, model, store.kind_name(loc), ctx)
         cache_type_k, cache_type_v, flash_attn = cfg.cache_type_k, cfg.cache_type_v, cfg.flash_attn
     flags.validate(cfg)
     base_loc = base_loc or loc
@@ -375,19 +219,22 @@ def measure(
         if m_vocab != r_vocab:
             raise UsageError(f"reference {reference.name} has a {r_vocab}-token vocabulary and {model.name} "
                              f"{m_vocab}: name a reference of the same model with --reference")
-    commit = engine_identity(loc)
+    commit = store.engine_identity(loc)
     kv = (cache_type_k.value, cache_type_v.value)
-    model_id = model_identity(model)
-    ref_id = model_identity(reference) if reference is not None else None
-    base = engine_identity(base_loc) if base_loc != loc else None
-    key = _key(model=model_id, ref=ref_id, text=text_sha, ctx=ctx, chunks=chunks, kv=kv, engine=commit,
+    model_id = store.model_identity(model)
+    ref_id = store.model_identity(reference) if reference is not None else None
+    base = store.engine_identity(base_loc) if base_loc != loc else None
+    key = store.key(model=model_id, ref=ref_id, text=text_sha, ctx=ctx, chunks=chunks, kv=kv, engine=commit,
                fa=flash_attn.value, **({"base": base} if base else {}),
                **({"levers": sorted((levers or {}).items())} if levers else {}),
                **({"line": _run_words(cfg)} if line is not None else {}))
-    cached_path = results_dir() / f"{key}.json"
-    if use_cache and (hit := _load_result(cached_path)) is not None:
-        return replace(hit, model=str(model), reference=str(reference) if reference else None,
-                       elapsed_s=time.monotonic() - start)
+    cached_path = store.results_dir() / f"{key}.json"
+    # A run stopped early answers only for its floor; one that read every chunk answers for any.
+    stopped_path = store.results_dir() / f"{store.key(full=key, stop_at=max_kld)}.json"
+    for path in (cached_path, stopped_path) if max_kld is not None else (cached_path,):
+        if use_cache and (hit := _load_result(path)) is not None:
+            return replace(hit, model=str(model), reference=str(reference) if reference else None,
+                           elapsed_s=time.monotonic() - start)
 
     binary = loc.tool("llama-perplexity")
     result = QualityResult(
@@ -399,11 +246,11 @@ def measure(
     if reference is None:
         if on_step:
             on_step(f"perplexity of {model.name} (no reference found: PPL only)")
-        argv = flags.perplexity_argv(binary, cfg, text_file=text_file, ctx=ctx, chunks=chunks) + _file_log(loc)
+        argv = flags.perplexity_argv(binary, cfg, text_file=text_file, ctx=ctx, chunks=chunks) + store.file_log(loc)
         ppl = ppl_run.run(argv, lambda out: kld.parse_perplexity(out, want_chunks=chunks), timeout_s)
         result = replace(result, ppl=ppl.ppl, ppl_error=ppl.ppl_error, argv=tuple(argv))
     else:
-        bare = LaunchConfig(model=reference, threads=threads, device=cfg.device, engine=_kind_name(base_loc))
+        bare = LaunchConfig(model=reference, threads=threads, device=cfg.device, engine=store.kind_name(base_loc))
         ref = reference_logits(base_loc, reference, text_file=text_file, text_sha256=text_sha, ctx=ctx,
                                chunks=chunks, disk_budget_bytes=disk_budget_bytes, cfg=bare, timeout_s=timeout_s,
                                on_step=on_step, reference_info=ref_info)
@@ -416,17 +263,27 @@ def measure(
         else:
             if on_step:
                 on_step(f"KL-divergence of {model.name} at KV {kv[0]}/{kv[1]} against {reference.name}")
-            argv = flags.perplexity_argv(binary, cfg, text_file=text_file, ctx=ctx, chunks=chunks,
-                                         kld_base=ref.path, kld=True) + _file_log(loc)
-            fig = ppl_run.run(argv, lambda out: kld.parse_kld(out, want_chunks=chunks, ctx=ctx), timeout_s,
-                              on_step, chunks)
+            # Held to a floor, one chunk per pass (the default batch of 2048 evaluates 4 chunks of 512 at once and
+            # prints their rows together), so the run can stop after any chunk; the figures are the same bytes.
+            run_cfg = replace(cfg, batch=ctx) if max_kld is not None else cfg
+            argv = flags.perplexity_argv(binary, run_cfg, text_file=text_file, ctx=ctx, chunks=chunks,
+                                         kld_base=ref.path, kld=True) + store.file_log(loc)
+            watch = stopping.KldWatch(max_kld, chunks).see if max_kld is not None else None
+            fig, stopped = ppl_run.run_until(argv, lambda out: kld.parse_kld(out, want_chunks=chunks, ctx=ctx),
+                                             timeout_s, on_step, chunks, stop_when=watch,
+                                             parse_cut=lambda out: kld.parse_kld_rows(out, ctx))
             result = replace(result, ppl=fig.ppl, ppl_error=fig.ppl_error, kld_mean=fig.kld_mean,
                              kld_mean_error=fig.kld_mean_error, kld_p99=fig.kld_p99, same_top_pct=fig.same_top_pct,
                              same_top_pct_error=fig.same_top_pct_error, argv=tuple(argv),
-                             kld_token_error=fig.kld_token_error)
+                             kld_token_error=fig.kld_token_error, chunks_used=fig.n_chunks, stopped=stopped)
     result = replace(result, elapsed_s=time.monotonic() - start)
-    with file_lock(results_dir() / f"{key}.lock"):
-        _store_result(cached_path, result)
+    path = stopped_path if result.stopped else cached_path
+    try:
+        with file_lock(path.with_suffix(".lock")):
+            _store_result(path, result)
+    except OSError as exc:  # the figure stands; only the next ask pays again
+        if on_step:
+            on_step(f"  not cached: {store.unwritable(exc, 'the quality figure')}")
     return result
 
 
