@@ -87,15 +87,19 @@ def cold_file(tmp_path) -> Path:
 
 @contextlib.contextmanager
 def _started(argv: list[str], env: dict[str, str] | None = None) -> Iterator[subprocess.Popen[str]]:
-    """A process of this test in a group of its own; the group killed on the way out, and the process proved gone."""
+    """A process of this test in a group of its own, waited for on the way out (its group killed where it does not
+    end), and proved gone."""
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
                             start_new_session=True)
     try:
         yield proc
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate(timeout=30)
+        try:
+            proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate(timeout=30)
         assert not psutil.pid_exists(proc.pid), f"pid {proc.pid} left running"
 
 
