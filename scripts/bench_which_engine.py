@@ -20,6 +20,7 @@ import os
 import shlex
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,37 @@ def summary(run: dict[str, Any]) -> list[str]:
     return lines
 
 
+def stamped(argv: list[str], env: dict[str, str], log: Any, t0: float) -> subprocess.CompletedProcess[str]:
+    """Run ``argv``: its stdout kept, each stderr line written to ``log`` behind the seconds since ``t0`` when it came
+    ("[  123.4] trial 2/4: ..."), so the longest silence can be read back from the log (:func:`longest_gap`)."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    out: list[str] = []
+    reader = threading.Thread(target=lambda: out.append(proc.stdout.read() if proc.stdout else ""), daemon=True)
+    reader.start()
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        log.write(f"[{time.time() - t0:7.1f}] {line}")
+        log.flush()
+    code = proc.wait()
+    reader.join()
+    return subprocess.CompletedProcess(argv, code, "".join(out), "")
+
+
+def longest_gap(log: Path, wall_s: float) -> tuple[float, float]:
+    """The longest time between two stamped lines of ``log`` (the start and the end count as lines), and where it
+    began (seconds from the start)."""
+    stamps = [0.0]
+    for line in log.read_text().splitlines():
+        if line.startswith("[") and "]" in line:
+            try:
+                stamps.append(float(line[1:line.index("]")]))
+            except ValueError:
+                continue
+    stamps.append(wall_s)
+    gaps = [(b - a, a) for a, b in zip(stamps, stamps[1:], strict=False)]
+    return max(gaps) if gaps else (wall_s, 0.0)
+
+
 @harness.bench("bench_which_engine", children_claim=True)  # auto-tune takes the machine lock itself
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -83,22 +115,24 @@ def main() -> int:
         # MOE_TUNE_OWNER: this script waits on the command, so its own watch's polling is the run's, not a rival's
         # (tuner.machine.owner.waiting_owner).
         env = {**os.environ, processes.OWNER_ENV: processes.owner_marker()}
-        done, noise = harness.watched(lambda: subprocess.run(argv, stdout=subprocess.PIPE, stderr=log, text=True,
-                                                             check=False, env=env))
+        done, noise = harness.watched(lambda: stamped(argv, env, log, t0))
     wall = time.time() - t0
     load_end = os.getloadavg()
     try:
         run = json.loads(done.stdout)
     except json.JSONDecodeError:
         run = {"stdout": done.stdout[-4000:]}
+    gap, gap_at = longest_gap(a.out.with_suffix(".log"), wall)
     record = {"command": shown, "returncode": done.returncode, "wall_s": round(wall, 1),
+              "longest_silence_s": round(gap, 1), "longest_silence_at_s": round(gap_at, 1),
               "load": {"start_1min": load_start[0], "end_1min": load_end[0], "cores": os.cpu_count(),
                        "watch": noise or "quiet"},
               "machine": {"cpu_flags_granted": sorted(cpu_isa.granted())},
               "engines_built": engines_here(), "run": run, "summary": summary(run) if "engines" in run else None,
               "measured_at": time.strftime("%Y-%m-%d %H:%M")}
     a.out.write_text(json.dumps(record, indent=2) + "\n")
-    print(f"exit {done.returncode} after {wall:,.0f} s; load {load_start[0]:.2f} -> {load_end[0]:.2f}")
+    print(f"exit {done.returncode} after {wall:,.0f} s; load {load_start[0]:.2f} -> {load_end[0]:.2f}; longest "
+          f"silence on stderr {gap:,.1f} s (from {gap_at:,.0f} s)")
     for line in record["summary"] or [done.stdout[-2000:]]:
         print(line)
     return done.returncode

@@ -78,7 +78,8 @@ def test_a_line_decided_slower_than_another_is_never_printed():
     labels = [REFERENCE, IK_DEFAULT, IK_TUNED]
     race = _race({REFERENCE: STEADY, IK_DEFAULT: FAST, IK_TUNED: FASTER})
     assert choose(_lines(labels), race)[0] == IK_TUNED
-    printed, why, _ = choose(_lines(labels), race, Gates(refused={IK_TUNED: "was refused by its price (mean KLD 0.05)"}))
+    gates = Gates(refused={IK_TUNED: "was refused by its price (mean KLD 0.05)"})
+    printed, why, _ = choose(_lines(labels), race, gates)
     assert printed == IK_DEFAULT  # with the faster line gone, nothing it is slower than remains
     # and llama.cpp's default, decided slower than ik's lines, is not printed while they can run
     race2 = _race({REFERENCE: STEADY, LLAMA_TUNED: FAST, IK_TUNED: FASTER})

@@ -75,11 +75,16 @@ def test_a_model_that_paged_is_never_the_winner_however_fast():
     """Issue 51: auto-tune never prints a line that pages host RAM, and compare-models never crowns one: a model 3x
     faster whose round read its weights back from disk is neither the best nor judged against; selected, then
     paging in its confirmation rounds, it is no winner either. Paging beside others' memory load is theirs: that
-    round is busy and the model stays in."""
+    round is busy and the model stays in. Issue 66: paging is the model's where it repeats (or the plan says it does not
+    fit): one round alone is that round's noise."""
     from tuner.versus.judge import Arm, HeadToHead, Round, verdicts_of
 
     evidence = "host_paging (the engine read its model back from disk while generating: 9.7 per generated token)"
-    fast = Arm("moe", "llama-server # moe", (Round(3.0), Round(3.1, host_paging=evidence), Round(2.9)))
+    fast = Arm("moe", "llama-server # moe", (Round(3.0), Round(3.1, host_paging=evidence),
+                                             Round(2.9, host_paging=evidence)))
+    once = Arm("moe", "llama-server # moe", (Round(3.0), Round(3.1, host_paging=evidence), Round(2.9)))
+    assert once.paging is None and once.quiet_scores() == [3.0, None, 2.9]
+    assert Arm("moe", "", once.rounds, plan_pages="its 17 GiB do not fit beside 16 GiB free").paging == evidence
     slow = Arm("dense", "llama-server # dense", (Round(1.0), Round(1.02), Round(0.98)))
     h = HeadToHead((fast, slow), "m", verdicts_of([fast, slow]))
     assert h.best is slow and not h.verdicts and not h.decided
@@ -238,7 +243,8 @@ def test_a_model_that_paged_host_ram_says_so_in_its_arm_and_result():
     from tuner.versus.judge import Arm, Round
 
     evidence = "host_paging (the engine read its model back from disk while generating: 9.7 per generated token)"
-    paged = Arm("moe", "llama-server # moe", (Round(1.0), Round(0.4, host_paging=evidence), Round(1.1)))
+    paged = Arm("moe", "llama-server # moe", (Round(1.0), Round(0.4, host_paging=evidence),
+                                              Round(0.5, host_paging=evidence)))
     assert paged.paging == evidence
     back = Arm.from_dict(json.loads(json.dumps(paged.to_dict())))
     assert back.paging == evidence and back.to_dict()["host_paging"] == evidence

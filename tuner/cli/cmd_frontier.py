@@ -58,13 +58,27 @@ def outcome(last: study.TrialRecord) -> str:
     return reason + ("; the next run measures it" if last.status in AGAIN else "")
 
 
-def trial_line(p: study.Progress, elapsed_s: float, time_s: float | None) -> str:
-    """One line per finished trial, for logs and pipes (a terminal gets the bar instead)."""
-    c = p.last.config
-    what = (f"-c {c.get('ctx')}" + (f" -np {c.get('parallel')}" if (c.get("parallel") or 1) > 1 else "")
-            + f" {c.get('cache_type_k')}/{c.get('cache_type_v')}" + (f" -t {c['threads']}" if c.get("threads") else ""))
-    return (f"trial {p.done}/{p.total or '?'}: {what}: {outcome(p.last)}; {_clock(elapsed_s)} elapsed, "
-            f"about {_clock(eta_s(p.done, p.total, elapsed_s, time_s))} left")
+def trial_line(p: study.Progress, elapsed_s: float, time_s: float | None, left_s: float | None = None) -> str:
+    """One line per finished trial, for logs and pipes (a terminal gets the bar instead): the trial's settings as its
+    launch line spells them (every setting two trials may differ by: flash attention, load mode, an engine's own
+    levers), what came of it, and the time left (``left_s``: the run's own estimate, where it knows more than this
+    search's pace)."""
+    left = eta_s(p.done, p.total, elapsed_s, time_s) if left_s is None else left_s
+    return (f"trial {p.done}/{p.total or '?'}: {settings_words(p.last.config)}: {outcome(p.last)}; "
+            f"{_clock(elapsed_s)} elapsed, about {_clock(left)} left")
+
+
+def settings_words(config: dict[str, object]) -> str:
+    """A trial's config as its launch line's flags after the model ("-c 4096 -np 1 -t 2 -fa on -lm none")."""
+    from tuner.core.errors import TunerError
+    from tuner.engine import flags
+    from tuner.search.trials import config_from_dict
+
+    try:
+        words = flags.launch_line(config_from_dict(dict(config))).split()
+    except (TunerError, KeyError, TypeError, ValueError):
+        return str(config)
+    return " ".join(words[3:]) if len(words) > 3 and words[1] == "-m" else " ".join(words[1:])
 
 
 def _to_stderr(msg: str) -> None:

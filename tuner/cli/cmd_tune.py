@@ -27,6 +27,7 @@ from tuner.cli.app import (
     out,
     say_fitted,
 )
+from tuner.cli.heartbeat import beating
 from tuner.core.errors import UsageError
 from tuner.measure import workload
 from tuner.quality import kv_price
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
     from tuner.search import study
     from tuner.search.session_stage import SessionRequest, SessionStage
     from tuner.search.speculation import SpeculationRequest
+    from tuner.versus.engine_run import SearchHooks
 
 
 
@@ -156,10 +158,15 @@ def auto_tune_cmd(
         raise UsageError("--seed-from seeds the single-winner search: drop --frontier")
     shown: set[str] = set()  # launch lines the steps already showed whole
 
+    beat: list[Callable[[str], None]] = []  # the heartbeat's say while the machine is held (tuner.cli.heartbeat)
+
     def say(msg: str) -> None:
         # Steps go to stderr whatever the output: with --json the JSON alone is on stdout, and a run of an hour is
         # followed by its steps all the same.
-        say_fitted(err, msg, shown)
+        if beat:
+            beat[0](msg)
+        else:
+            say_fitted(err, msg, shown)
 
     load = workload.preset(workload_kind, n_prompt, n_gen, depth_tokens=depth)
     sessions = _sessions(workload_kind, session_file, depth, n_gen, session_rounds, parallel or 1, say)
@@ -191,7 +198,8 @@ def auto_tune_cmd(
         # The bundled session in the model's own tokens (its header's vocabulary), before the machine is held.
         session.check_room(depth, sessions.gen_tokens, tokenizer.model_tokenizer(loc, path), path.name)
     with measuring("auto-tune", allow_busy=allow_busy, busy_wait=busy_wait, quiet_output=as_json,
-                   device=req.device):
+                   device=req.device), beating(lambda m: say_fitted(err, m, shown)) as beat_say:
+        beat.append(beat_say)
         if path is None:
             req = replace(req, model=demo.default_model(loc, on_step=say))
         hw = hardware.with_ram_budget(
@@ -208,7 +216,8 @@ def auto_tune_cmd(
         if len(locs) > 1:
             from tuner.cli.engines_out import tune_engines
 
-            tune_engines(req, locs, hw, as_json, say, lambda r, where: _search(r, where, hw, as_json, say))
+            tune_engines(req, locs, hw, as_json, say,
+                         lambda r, where, hooks, left: _search(r, where, hw, as_json, say, hooks, left))
             return
         result = _search(req, loc, hw, as_json, say)
         if not build.capabilities(loc).kind.numerics_reference and not result.search.interrupted:
@@ -270,7 +279,10 @@ def _refuse_priced(result: autotune.TuneResult) -> None:
 
 
 def _search(req: autotune.TuneRequest, loc: build.EngineLocation, hw: hardware.Hardware, as_json: bool,
-            say: Callable[[str], None]) -> autotune.TuneResult:
+            say: Callable[[str], None], hooks: SearchHooks | None = None,
+            left_s: Callable[[], float | None] | None = None) -> autotune.TuneResult:
+    """One engine's search with its bar (a terminal) or a line per trial (a log, a pipe, --json). ``hooks``: the
+    engines' run's (its time budget, its clock fed each trial); ``left_s``: the run's own estimate of the time left."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from tuner.cli.cmd_frontier import trial_line
@@ -285,12 +297,15 @@ def _search(req: autotune.TuneRequest, loc: build.EngineLocation, hw: hardware.H
         task = bar.add_task("search", total=req.budget.trials)  # this engine's share where several are searched
 
         def on_progress(p: study.Progress) -> None:
+            if hooks is not None:
+                hooks.on_trial(p)
             best = "n/a" if p.best_request_s is None else f"{p.best_request_s:,.2f} s/request"
             bar.update(task, completed=p.done, description=f"search (best {best}; last: {p.last.status})")
             if not live:
-                say(trial_line(p, time.monotonic() - start, req.budget.time_s))
+                say(trial_line(p, time.monotonic() - start, req.budget.time_s, left_s() if left_s else None))
 
-        return autotune.auto_tune(req, loc, hw, on_progress=on_progress, on_step=say)
+        return autotune.auto_tune(req, loc, hw, on_progress=on_progress, on_step=say,
+                                  should_stop=hooks.should_stop if hooks is not None else None)
 
 
 def _kept(kept: dict[str, int]) -> str:

@@ -24,13 +24,22 @@ if TYPE_CHECKING:
 
 
 def tune_engines(req: autotune.TuneRequest, locs: list[EngineLocation], hw: Hardware, as_json: bool,
-                 say: Callable[[str], None],
-                 search: Callable[[autotune.TuneRequest, EngineLocation], autotune.TuneResult]) -> None:
+                 say: Callable[[str], None], search: Callable[..., autotune.TuneResult]) -> None:
+    """``search(req, loc, hooks, left_s)``: one engine's search as the command draws it (:func:`tuner.cli.cmd_tune.
+    _search`), fed the run's hooks and its estimate of the time left."""
+    from tuner.engine import build
     from tuner.report import study_report
-    from tuner.versus import engine_run
+    from tuner.search.finish import server_load
+    from tuner.versus import engine_run, protocol
+    from tuner.versus.clock import RunClock
 
-    def tune(r: autotune.TuneRequest, loc: EngineLocation) -> autotune.TuneResult:
-        res = search(r, loc)
+    sent = protocol.race_request(req.workload) or server_load(req.workload)
+    clock = RunClock(tuple(build.capabilities(loc).kind.name for loc in locs), req.budget.trials,
+                     engine_run.RACE_ROUNDS, sent.prompt_tokens, sent.gen_tokens, req.kld_ctx,
+                     engine_run.price_chunks(req), req.budget.time_s)
+
+    def tune(r: autotune.TuneRequest, loc: EngineLocation, hooks: engine_run.SearchHooks) -> autotune.TuneResult:
+        res = search(r, loc, hooks, clock.left_s)
         if not res.search.interrupted:
             best = res.candidates[0] if res.candidates else None
             from tuner.engine import flags
@@ -39,7 +48,7 @@ def tune_engines(req: autotune.TuneRequest, locs: list[EngineLocation], hw: Hard
                 + (flags.launch_line(best) if best is not None else "none beyond the default"))
         return res
 
-    run = engine_run.tune_engines(req, locs, hw, tune=tune, on_step=say)
+    run = engine_run.tune_engines(req, locs, hw, tune=tune, on_step=say, clock=clock)
     if run.choice is None:
         last = run.tunes[-1]
         study = last.result.study_name if last.result else "?"
@@ -90,9 +99,13 @@ def _print(choice: EngineChoice, run: EnginesRun) -> None:
     for v in choice.verdicts():
         say_fitted(out, v.describe())
     for note in choice.refused:
-        say_fitted(out, note)
+        if "refused by its price" not in note:
+            say_fitted(out, note)
+    for label, s in choice.standings().items():
+        if label != choice.printed and s.state not in ("in", "not_raced") or label in choice.gates.screened:
+            say_fitted(out, f"{label}: {s.why}")
     stages = ", ".join(f"{k} {v / 60:,.1f} min" for k, v in run.stages_s.items())
-    say_fitted(out, f"time: {run.elapsed_s / 60:,.1f} min ({stages})")
+    say_fitted(out, f"time: {run.elapsed_s / 60:,.1f} min ({stages}); {run.clock}")
     line = choice.line
     if line is None:
         say_fitted(out, f"printed: none ({choice.reason})")

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from tuner.core import activity
 from tuner.core.config import FlashAttn, LaunchConfig
 from tuner.core.errors import EngineNotFoundError, ProcessFailedError, TrialFailedError, TunerError, UsageError
 from tuner.engine import breakdown, build, flags, runner
@@ -190,9 +191,40 @@ def check_fa_kernels(engine: EngineLocation, cfgs: Sequence[LaunchConfig], log_t
                 c.cache_type_k.value, c.cache_type_v.value)))
 
 
+RowFn = Callable[[BenchRow], None]
+
+
+class _Streamed:
+    """llama-bench's stdout as it comes: each test's row handed on once its object is whole (llama.cpp writes a jsonl
+    line per test as it ends, ik_llama.cpp a json object per test as it ends), its stderr progress kept as the run's
+    activity (:mod:`tuner.core.activity`)."""
+
+    def __init__(self, on_row: RowFn | None) -> None:
+        self._on_row = on_row
+        self._text: list[str] = []
+        self._told = 0
+
+    def stdout(self, line: str) -> None:
+        self._text.append(line)
+        if self._on_row is None or "}" not in line:
+            return
+        rows = parse_rows("\n".join(self._text))
+        for row in rows[self._told:]:
+            self._on_row(row)
+        self._told = len(rows)
+
+
+def _activity(line: str) -> None:
+    """llama-bench's progress ("llama-bench: benchmark 1/2: warmup prompt run") as the run's activity."""
+    text = line.strip()
+    if text.startswith("llama-bench: benchmark "):
+        activity.doing(text.removeprefix("llama-bench: "))
+
+
 def _bench_once(engine: EngineLocation, cfgs: Sequence[LaunchConfig], *, tests: Sequence[_Test],
                 repetitions: int, timeout_s: float, caps: Capabilities | None,
-                sampler: Sampler | None) -> tuple[tuple[str, ...], tuple[BenchRow, ...], float]:
+                sampler: Sampler | None, on_row: RowFn | None = None
+                ) -> tuple[tuple[str, ...], tuple[BenchRow, ...], float]:
     check_fa_kernels(engine, cfgs)
     argvs: list[str] = []
     rows: tuple[BenchRow, ...] = ()
@@ -208,12 +240,16 @@ def _bench_once(engine: EngineLocation, cfgs: Sequence[LaunchConfig], *, tests: 
                 sampler.attach(pid)
 
         def progress(line: str, windows: phases.Windows = windows) -> bool:
+            _activity(line)
             return phases.bench_line(windows, line)
 
+        streamed = _Streamed(on_row)
+        activity.doing("llama-bench: loading the model")
         try:
             result = runner.run_process(
                 argv, timeout_s=timeout_s, what="llama-bench", fix="check the model file and flags",
                 on_start=started, on_stderr=progress, on_exit=windows.exited, env=flags.server_env(cfgs[0]),
+                on_stdout=streamed.stdout,
             )
         except TunerError as exc:
             raise TrialFailedError("llama-bench", failures.from_error(exc)) from None
@@ -265,6 +301,7 @@ def run_bench_group(
     timeout_s: float = 1800.0,
     caps: Capabilities | None = None,
     sampler: Sampler | None = None,
+    on_row: RowFn | None = None,
 ) -> list[BenchResult]:
     """llama-bench for configs sharing a model load, one result per config.
 
@@ -277,13 +314,13 @@ def run_bench_group(
     tests = _tests(n_prompt, n_gen, depths, gen_depth)
     reps = repetitions or MIN_REPETITIONS
     argv, rows, elapsed = _bench_once(engine, cfgs, tests=tests, repetitions=reps, timeout_s=timeout_s,
-                                      caps=caps, sampler=sampler)
+                                      caps=caps, sampler=sampler, on_row=on_row)
     runs, done = 1, reps
     while repetitions is None and done < max_repetitions and any(
             r.spread.rse_pct > rse_target_pct for r in rows):
         more = min(MIN_REPETITIONS, max_repetitions - done)
         _, extra, took = _bench_once(engine, cfgs, tests=tests, repetitions=more, timeout_s=timeout_s, caps=caps,
-                                     sampler=sampler)
+                                     sampler=sampler, on_row=on_row)
         rows, runs, done, elapsed = _merge(rows, extra), runs + 1, done + more, elapsed + took
     memory = sampler.report() if sampler else None
     return [BenchResult(argv, rows_for(cfg, rows) if len(cfgs) > 1 else rows, elapsed, cfg, runs, memory)
@@ -310,24 +347,34 @@ def run_bench(
                            max_repetitions=max_repetitions)[0]
 
 
-def run_bench_many(engine: EngineLocation, cfgs: Sequence[LaunchConfig], **kwargs: Any
-                   ) -> list[BenchResult | failures.Failure]:
-    """Every config, grouped by model load; a failed group is retried one config at a time to find the culprit."""
+def run_bench_many(engine: EngineLocation, cfgs: Sequence[LaunchConfig], *,
+                   on_done: Callable[[LaunchConfig, BenchResult | failures.Failure], None] | None = None,
+                   **kwargs: Any) -> list[BenchResult | failures.Failure]:
+    """Every config, grouped by model load; a failed group is retried one config at a time to find the culprit.
+    ``on_done``: told each config's result as its group ends (a search tells its trials as they end, not together)."""
     out: dict[LaunchConfig, BenchResult | failures.Failure] = {}
+
+    def done(cfg: LaunchConfig, got: BenchResult | failures.Failure) -> None:
+        out[cfg] = got
+        if on_done is not None:
+            on_done(cfg, got)
+
     for group in group_configs(cfgs):
         try:
-            for res in run_bench_group(engine, group, **kwargs):
-                assert res.config is not None
-                out[res.config] = res
+            results = run_bench_group(engine, group, **kwargs)
         except TrialFailedError as exc:
             if len(group) == 1:
-                out[group[0]] = exc.failure
+                done(group[0], exc.failure)
                 continue
             for cfg in group:
                 try:
-                    out[cfg] = run_bench_group(engine, [cfg], **kwargs)[0]
+                    done(cfg, run_bench_group(engine, [cfg], **kwargs)[0])
                 except TrialFailedError as one:
-                    out[cfg] = one.failure
+                    done(cfg, one.failure)
+            continue
+        for res in results:
+            assert res.config is not None
+            done(res.config, res)
     return [out[c] for c in cfgs]
 
 

@@ -75,6 +75,9 @@ class TuneRequest:
     # --max-kld before it is measured). False: the search measures speed only and the caller prices the lines it
     # would print (the engines' race: tuner.versus.engine_run), one price per printed pair, not one per pair tried.
     price_kv_in_search: bool = True
+    # Trials asked and measured together (configs sharing a model load share a llama-bench process); None: the
+    # study's batch. The engines' run asks one at a time: each trial told as it ends, its time budget kept per trial.
+    batch_trials: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,12 +136,14 @@ def kv_pricer(loc: build.EngineLocation, req: TuneRequest, st: Any, on_step: Cal
 @sigterm_as_ctrl_c()  # a run stopped by SIGTERM tells its trials as Ctrl-C does
 def auto_tune(req: TuneRequest, loc: build.EngineLocation, hw: Hardware, *,
               on_progress: Callable[[study.Progress], None] | None = None,
-              on_step: Callable[[str], None] | None = None) -> TuneResult:
+              on_step: Callable[[str], None] | None = None,
+              should_stop: Callable[[], str | None] | None = None) -> TuneResult:
     """The whole tune; every memory verdict in it (the space's --n-cpu-moe range, the gate before each trial, the
-    seeds) follows the engine's own projection (:mod:`tuner.measure.engine_memory`), the replay its first guess."""
+    seeds) follows the engine's own projection (:mod:`tuner.measure.engine_memory`), the replay its first guess.
+    ``should_stop``: asked before each trial batch (:func:`tuner.search.study.run_search`)."""
     mem = EngineMemory.of(loc)
     with engine_memory.deciding(mem):
-        return _auto_tune(req, loc, hw, mem, on_progress, on_step)
+        return _auto_tune(req, loc, hw, mem, on_progress, on_step, should_stop)
 
 
 def _memory_steps(mem: EngineMemory, said: set[str], on_step: Callable[[str], None] | None) -> None:
@@ -152,7 +157,8 @@ def _memory_steps(mem: EngineMemory, said: set[str], on_step: Callable[[str], No
 
 def _auto_tune(req: TuneRequest, loc: build.EngineLocation, hw: Hardware, mem: EngineMemory,
                on_progress: Callable[[study.Progress], None] | None,
-               on_step: Callable[[str], None] | None) -> TuneResult:
+               on_step: Callable[[str], None] | None,
+               should_stop: Callable[[], str | None] | None = None) -> TuneResult:
     hw = gpu_use.preflight(loc, hw, req.device)  # a GPU rig measured on the CPU stops here, not after
     caps = build.capabilities(loc)
     info = inspect_model(req.model)
@@ -240,7 +246,10 @@ def _auto_tune(req: TuneRequest, loc: build.EngineLocation, hw: Hardware, mem: E
         outcome = study.run_search(st, sp, info, hw, loc, budget=req.budget, measure=measure, objective=objective,
                                    caps=caps, vram_margin_mib=req.vram_margin_mib,
                                    kld_of=kld_of if req.price_kv_in_search else None,
-                                   on_progress=on_progress)
+                                   on_progress=on_progress, should_stop=should_stop, on_test=on_step,
+                                   **({"batch_trials": req.batch_trials} if req.batch_trials else {}))
+        if on_step and outcome.cut:
+            on_step(f"search stopped after {outcome.trials_this_run} trials: {outcome.cut}")
         if on_step and outcome.exhausted:
             on_step("every config of the search space is in the study: the search stopped early")
         if on_step and outcome.drift:

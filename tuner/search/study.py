@@ -312,6 +312,7 @@ class SearchOutcome:
     kept: dict[str, int] = field(default_factory=dict)  # this run's trials left in the study, by status
     exhausted: bool = False  # every config of the space was tried: the search stopped early
     drift: str | None = None  # the anchor's thermal drift in words (GPU runs); None: it held, or was not measured
+    cut: str | None = None  # why the search stopped before its budget (a run's time kept across engines)
 
 
 def _tell_measured(study: optuna.Study, trial: optuna.Trial, result: bench.BenchResult, paging: PagingVerdict,
@@ -360,6 +361,8 @@ def run_search(
     on_progress: Callable[[Progress], None] | None = None,
     batch_trials: int = BATCH_TRIALS,
     anchor_every: int | None = None,
+    should_stop: Callable[[], str | None] | None = None,
+    on_test: Callable[[str], None] | None = None,
 ) -> SearchOutcome:
     """Ask, gate by memory (and quality), measure in grouped llama-bench runs, tell — until the budget ends.
 
@@ -371,8 +374,13 @@ def run_search(
     (:mod:`tuner.search.anchor`; default :data:`~tuner.search.anchor.ANCHOR_EVERY`, 0: off, the default on CPU
     runs) and name a thermal drift on the trials it touched (user attr ``drift``), on the study (``anchor``) and
     in the outcome.
+
+    ``should_stop``: asked before each batch (a run's time budget kept across engines: tuner.versus.clock); a reason
+    ends the search there, kept in the outcome's ``cut``. ``on_test``: a line as each llama-bench test ends, naming the
+    trial and its settings (a trial on a 12-17 GiB model takes minutes on a CPU; its tests end every minute or so).
     """
     start = time.monotonic()
+    cut: str | None = None
     done = 0
     best = best_measured(records(study))
     study.set_user_attr("space", sp.describe())
@@ -399,6 +407,8 @@ def run_search(
         while ((n_left := left()) is None or n_left > 0) and not seen.exhausted and (
                 budget.time_s is None or time.monotonic() - start < budget.time_s):
             check_interrupt()  # a SIGTERM lost in a hook (tuner.search.interrupt) stops the search here
+            if should_stop is not None and (cut := should_stop()) is not None:
+                break
             want = batch_trials if left() is None else min(batch_trials, left() or 0)
             if anchor.due:
                 _read_anchor(study, anchor, loc, measure, caps, start)
@@ -431,26 +441,42 @@ def run_search(
                     report(trial)
             if pending:
                 reps = repetitions_now(records(study), measure)
-                with quiet.watch_for([c for _, c in pending], runner.own_pids) as watch:  # kept with the figures
-                    results = bench.run_bench_many(loc, [c for _, c in pending], n_prompt=measure.n_prompt,
-                                                   n_gen=measure.n_gen, depth=measure.prompt_depth,
-                                                   gen_depth=measure.gen_depth, repetitions=reps,
-                                                   timeout_s=measure.timeout_s, caps=caps)
-                for (trial, cfg), res in zip(list(pending), results, strict=True):
-                    trial.set_user_attr("interference", watch.noise)
-                    with deferred():
-                        if isinstance(res, failures.Failure):
-                            tell_status(study, trial, "failed", {"failure": failure_attr(res)})
-                        else:
-                            paging = res.host_paging.beside(watch.others_memory)
-                            if paging.kind is PagingKind.NONE:  # paging: no anchor, its figures are the disk's
-                                anchor.measured(cfg, AnchorReading.of(res, anchor.trials_measured,
-                                                                      time.monotonic() - start, watch.noise))
-                            if anchor.on:
-                                trial.set_user_attr("drift", anchor.noise)
-                            _tell_measured(study, trial, res, paging, measure, objective, reps)
-                        pending.remove((trial, cfg))
-                    report(trial)
+                batch = list(pending)
+                numbers = {cfg: done + 1 + i for i, (_, cfg) in enumerate(batch)}
+                with quiet.watch_for([c for _, c in batch], runner.own_pids) as watch:  # kept with the figures
+
+                    def tell(cfg: LaunchConfig, res: bench.BenchResult | failures.Failure, batch: list[Any] = batch,
+                             reps: int = reps, watch: Any = watch) -> None:
+                        trial = next(t for t, c in batch if c == cfg)
+                        trial.set_user_attr("interference", watch.noise)
+                        with deferred():
+                            if isinstance(res, failures.Failure):
+                                tell_status(study, trial, "failed", {"failure": failure_attr(res)})
+                            else:
+                                trial.set_user_attr("elapsed_s", round(res.elapsed_s, 2))
+                                paging = res.host_paging.beside(watch.others_memory)
+                                if paging.kind is PagingKind.NONE:  # paging: no anchor, its figures are the disk's
+                                    anchor.measured(cfg, AnchorReading.of(res, anchor.trials_measured,
+                                                                          time.monotonic() - start, watch.noise))
+                                if anchor.on:
+                                    trial.set_user_attr("drift", anchor.noise)
+                                _tell_measured(study, trial, res, paging, measure, objective, reps)
+                            pending.remove((trial, cfg))
+                        report(trial)
+
+                    def row(r: bench.BenchRow, batch: list[Any] = batch,
+                            numbers: dict[LaunchConfig, int] = numbers) -> None:
+                        if on_test is None:
+                            return
+                        mine = [c for _, c in batch if bench.rows_for(c, [r])]
+                        which = f"trial {numbers[mine[0]]}" if len(mine) == 1 else "trials " + ", ".join(
+                            str(numbers[c]) for c in mine)
+                        of = f"/{budget.trials}" if budget.trials else ""
+                        on_test(f"  {which}{of}: {test_words(r)}")
+
+                    bench.run_bench_many(loc, [c for _, c in batch], n_prompt=measure.n_prompt, n_gen=measure.n_gen,
+                                         depth=measure.prompt_depth, gen_depth=measure.gen_depth, repetitions=reps,
+                                         timeout_s=measure.timeout_s, caps=caps, on_done=tell, on_row=row)
                 hold(study, seen)  # a config that paged beside others' load is queued again: not exhausted
     except KeyboardInterrupt:
         interrupt_handled()
@@ -463,7 +489,14 @@ def run_search(
     if anchor.on and anchor.config is not None:
         study.set_user_attr("anchor", anchor.to_dict())
     return SearchOutcome(study.study_name, done, interrupted, time.monotonic() - start,
-                         seen.kept(records(study)), seen.exhausted, anchor.noise)
+                         seen.kept(records(study)), seen.exhausted, anchor.noise, cut)
+
+
+def test_words(r: bench.BenchRow) -> str:
+    """One llama-bench test as it ended, in words: "prompt 256 tokens at depth 0: 29.8 tok/s"."""
+    what = f"prompt {r.n_prompt} tokens" if r.kind == "pp" else f"generation {r.n_gen} tokens"
+    return f"{what} at depth {r.n_depth}: {r.avg_tok_s:,.1f} tok/s"
+
 
 
 def _read_anchor(study: optuna.Study, anchor: Anchor, loc: EngineLocation, measure: Measure,

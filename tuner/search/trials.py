@@ -57,6 +57,7 @@ class TrialRecord:
     same_top_pct: float | None = None
     # Host RAM over the timed generation (tuner.machine.sampler.PagingVerdict.to_dict); None: stored before it was.
     host_paging: dict[str, Any] | None = None
+    elapsed_s: float | None = None  # the llama-bench process's wall time, its model load included (None: not kept)
 
     @classmethod
     def from_trial(cls, t: Any) -> TrialRecord:
@@ -67,7 +68,7 @@ class TrialRecord:
                    a.get("gen_cv_pct"), a.get("prompt_cv_pct"), a.get(CONSTRAINTS_ATTR, {}), a.get("failure"),
                    a.get("argv", []), a.get("worker"), a.get("request_s"), a.get("prompt_depth"),
                    a.get("gen_depth"), a.get("repetitions"), a.get("kld"), a.get("same_top_pct"),
-                   a.get("host_paging"))
+                   a.get("host_paging"), a.get("elapsed_s"))
 
     @property
     def score(self) -> float | None:

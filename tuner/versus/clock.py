@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 
 from tuner.search import decide
 
-SERVER_FIXED_S = 5.0  # a server trial's own cost beside its load and tokens: start, tokenizing, the warm-up request
+SERVER_FIXED_S = 2.0  # a server trial's own cost beside its load and tokens (start, tokenizing, the warm-up request;
+# the tiny demo model's whole server trial took 0.6-2.7 s here): the race's first rounds replace it with their own
 MIN_TRIALS_IN_BUDGET = 1  # each engine's default seed: the line it races with
 
 

@@ -42,7 +42,7 @@ from tuner.search.result import write_result
 from tuner.versus import judge, protocol, rule
 from tuner.versus.clock import RunClock, clock_words, trial_tokens
 from tuner.versus.engines import EngineChoice, EngineLine, EngineTune, record
-from tuner.versus.lines import REFERENCE, RESERVE, TUNED, lines_of, with_price
+from tuner.versus.lines import RESERVE, TUNED, lines_of, with_price
 from tuner.versus.standing import Gates
 
 StepFn = Callable[[str], None]
@@ -193,7 +193,7 @@ def tune_engines(req: autotune.TuneRequest, locs: Sequence[build.EngineLocation]
     t0 = time.monotonic()
     versus = None
     if len(racing) >= 2:
-        versus = _race(racing, lines, gates, where, req, rounds, tunes, clock, on_step, hw.vram_budget_bytes or None)
+        versus = _race(racing, lines, gates, where, req, rounds, tunes, clock, on_step, hw)
     stages["race"] = time.monotonic() - t0
     printed, reason, against = rule.choose(lines, versus, gates)
     if printed is not None and printed in gates.unpriced:
@@ -235,8 +235,12 @@ def _scorer(cores: int) -> Callable[[EngineTune, LaunchConfig], float | None]:
 def _race(racing: Sequence[EngineLine], lines: Sequence[EngineLine], gates: Gates,
           where: dict[str, tuple[build.EngineLocation, build.Capabilities]], req: autotune.TuneRequest,
           rounds: decide.Rounds, tunes: Sequence[EngineTune], clock: RunClock, on_step: StepFn,
-          vram_budget_bytes: int | None) -> judge.HeadToHead:
+          hw: Hardware) -> judge.HeadToHead:
     on_step(f"race: {', '.join(x.label for x in racing)}, in {rounds.min}-{rounds.max} fresh interleaved rounds")
+    info = inspect_model(req.model)
+    pages = {x.label: why for x in racing if (why := protocol.plan_pages(info, x.config, hw)) is not None}
+    for label, why in pages.items():
+        on_step(f"{label}: the plan says it pages ({why}): one round that reads its model back from disk rules it out")
     stop = rule.settled(lines, max(rounds.min, rounds.max), gates)
     out = rule.out_of_running(lines, gates)
 
@@ -259,8 +263,8 @@ def _race(racing: Sequence[EngineLine], lines: Sequence[EngineLine], gates: Gate
     return judge.head_to_head(
         where[racing[0].engine][0], [(x.label, x.config) for x in racing], req.workload, log_dir=_log_dir(tunes),
         rounds=rounds, session=session_of(req), on_step=on_step, engines={x.label: where[x.engine] for x in racing},
-        vram_budget_bytes=vram_budget_bytes, settled_by=settled, out_by=out, sent=protocol.race_request(req.workload),
-        on_round=on_round)
+        vram_budget_bytes=hw.vram_budget_bytes or None, settled_by=settled, out_by=out,
+        sent=protocol.race_request(req.workload), on_round=on_round, pages_by_plan=pages)
 
 
 def _log_dir(tunes: Sequence[EngineTune]) -> Path:

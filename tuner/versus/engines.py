@@ -22,7 +22,7 @@ from tuner.versus.lines import (  # noqa: F401 - the race's public names since t
     lines_of,
 )
 from tuner.versus.rule import choose, out_of_running, settled  # noqa: F401 - as above
-from tuner.versus.standing import PRINTED, UNPRICED, Gates, Standing, standings
+from tuner.versus.standing import NO_GATES, PRINTED, UNPRICED, Gates, Standing, standings
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +33,7 @@ class EngineChoice:
     reason: str  # one sentence: why the printed line won, or why llama.cpp's default stays, or why nothing is printed
     refused: tuple[str, ...] = ()  # lines and engines left out, each with why
     against_default: Verdict | None = None  # the printed line against llama.cpp's default, from the race's rounds
-    gates: Gates = Gates()  # what kept lines out before the race, or marks them (unpriced)
+    gates: Gates = NO_GATES  # what kept lines out before the race, or marks them (unpriced)
 
     @property
     def line(self) -> EngineLine | None:

@@ -24,9 +24,11 @@ from dataclasses import replace
 
 from tuner.core.config import LaunchConfig
 from tuner.machine.hardware import Hardware
+from tuner.measure.engine_memory import price
 from tuner.measure.workload import Workload
 from tuner.models.gguf_reader import ModelInfo
 from tuner.plan.memory import DEFAULT_UBATCH, effective_config
+from tuner.plan.ram import ram_side
 from tuner.plan.roofline import roofline
 from tuner.search import study
 from tuner.search.finish import server_load
@@ -127,6 +129,18 @@ def screen(lines: Sequence[EngineLine], max_rounds: int) -> dict[str, str]:
                             f"that {max_rounds} rounds could decide at this machine's noise: the race could only "
                             "leave it undecided")
     return out
+
+
+def plan_pages(info: ModelInfo, cfg: LaunchConfig, hw: Hardware) -> str | None:
+    """Why the plan says ``cfg`` does not fit the RAM free (its resident host need and the prompt cache it can reach,
+    :func:`tuner.plan.ram.ram_side`), or None: then one race round that pages is that round's noise
+    (:attr:`tuner.versus.judge.Arm.paging`)."""
+    side = ram_side(price(info, cfg, hw), cfg, hw)
+    if side.headroom_bytes >= 0:
+        return None
+    cache = side.cache_ram_fit_mib * 2**20 if side.cache_ram_fit_mib is not None else side.cache_reach_bytes or 0
+    return (f"its host need ({side.need_bytes / 2**30:.1f} GiB) and prompt cache ({cache / 2**30:.1f} GiB) exceed the "
+            f"{side.available_bytes / 2**30:.1f} GiB of RAM free")
 
 
 def reserves(lines: Sequence[EngineLine]) -> dict[str, str]:

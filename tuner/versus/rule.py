@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from tuner.search.verdict import BETTER, WORSE, Verdict, decidable
 from tuner.versus import judge
 from tuner.versus.lines import REFERENCE, EngineLine
-from tuner.versus.standing import IN, PAGED, SLOWER, Gates, Standing, left_out_words, standings
+from tuner.versus.standing import IN, NO_GATES, PAGED, SLOWER, Gates, Standing, left_out_words, standings
 
 
 def _fastest(pool: Sequence[EngineLine], v: judge.HeadToHead) -> tuple[EngineLine, str | None]:
@@ -42,7 +42,7 @@ def _fastest(pool: Sequence[EngineLine], v: judge.HeadToHead) -> tuple[EngineLin
                  "clean)")
 
 
-def choose(lines: Sequence[EngineLine], versus: judge.HeadToHead | None, gates: Gates = Gates()
+def choose(lines: Sequence[EngineLine], versus: judge.HeadToHead | None, gates: Gates = NO_GATES
            ) -> tuple[str | None, str, Verdict | None]:
     """The line to print, one sentence on why, and its verdict against llama.cpp's default (module docstring)."""
     stand = standings(lines, versus, gates)
@@ -103,7 +103,7 @@ def _why_default_stays(lines: Sequence[EngineLine], versus: judge.HeadToHead, st
             f"{v.high:.2f}x, {word})")
 
 
-def settled(lines: Sequence[EngineLine], max_rounds: int, gates: Gates = Gates()
+def settled(lines: Sequence[EngineLine], max_rounds: int, gates: Gates = NO_GATES
             ) -> Callable[[judge.HeadToHead], bool]:
     """When the race may stop (asked after each round from the third): no line still in could become the printed one
     in the rounds left, up to ``max_rounds``. Every line still in is decided, or hopeless (undecided and, as noisy as
@@ -136,7 +136,7 @@ def rounds_so_far(versus: judge.HeadToHead) -> int:
     return max((max((r.number for r in a.rounds), default=0) or len(a.rounds) for a in versus.arms), default=0)
 
 
-def out_of_running(lines: Sequence[EngineLine], gates: Gates = Gates()
+def out_of_running(lines: Sequence[EngineLine], gates: Gates = NO_GATES
                    ) -> Callable[[judge.HeadToHead], set[str]]:
     """The lines the rounds so far put out of the running, not measured again: decided slower than another line still
     in, or unable to run here (paged, over the VRAM budget). llama.cpp's default is never out: every verdict is

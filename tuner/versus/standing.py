@@ -38,8 +38,11 @@ class Gates:
 
     refused: Mapping[str, str] = field(default_factory=dict)  # by its price: never raced, never printed
     unpriced: Mapping[str, str] = field(default_factory=dict)  # its price failed: raced, printed with the reason
-    screened: Mapping[str, str] = field(default_factory=dict)  # not raced: the search could not tell it from its default
+    screened: Mapping[str, str] = field(default_factory=dict)  # not raced: its search could not tell it apart
     held: Mapping[str, str] = field(default_factory=dict)  # not raced: a reserve while its engine's best races
+
+
+NO_GATES = Gates()
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +91,7 @@ def _alone(x: EngineLine, versus: judge.HeadToHead | None, gates: Gates) -> Stan
     return Standing(x.label, IN, gates.unpriced.get(x.label, ""))
 
 
-def standings(lines: Sequence[EngineLine], versus: judge.HeadToHead | None, gates: Gates = Gates()
+def standings(lines: Sequence[EngineLine], versus: judge.HeadToHead | None, gates: Gates = NO_GATES
               ) -> dict[str, Standing]:
     """Every line's standing after the rounds so far (module docstring)."""
     out = {x.label: _alone(x, versus, gates) for x in lines}
