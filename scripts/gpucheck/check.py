@@ -186,7 +186,8 @@ def finish_command(c: Check) -> None:
         c.packing.join(timeout=max(1.0, c.args.time_limit - (time.monotonic() - c.started)))
     _describe_machine(c)
     c.save()
-    for path in copy_out(c, REPO / "results" / "benchmarks" if c.has_gpu else None):
+    keep = c.has_gpu and not c.rehearsing  # a rehearsal's NVML stand-in is no card to keep figures of
+    for path in copy_out(c, REPO / "results" / "benchmarks" if keep else None):
         print(f"wrote {path}", file=sys.stderr)
 
 

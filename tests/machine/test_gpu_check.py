@@ -582,10 +582,11 @@ def test_a_rehearsal_says_what_it_will_spend_and_stops_at_the_first_cuda_call(tm
     ran.clear()
     steps[:] = [Step("race", True, 5, plain("race"), "r", "e"),
                 Step("ik-engine", True, 5, plain("ik-engine"), "ik", "e", carry=".gpu-pack-ik")]
-    c2 = gpu_check.Check(gpu_check.parse_args(["--out", str(tmp_path / "out2"), "--time-limit", "540"]))
+    c2 = gpu_check.Check(gpu_check.parse_args(["--rehearse", "--out", str(tmp_path / "out2"), "--time-limit", "540"]))
     c2.has_gpu = True
     assert gpu_check.run_steps(c2) == gpu_check.EXIT_CONTINUE and ran == ["race"]
     assert "stopping before ik-engine: its command carries .gpu-pack-ik" in capsys.readouterr().err
+    assert not list((REPO / "results" / "benchmarks").glob("gpu-cpu.*"))  # a rehearsal keeps no card's figures
 
 
 def test_the_race_sizes_ik_by_the_plan_with_a_margin_and_says_when_nothing_fits(tmp_path):
