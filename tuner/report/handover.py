@@ -4,7 +4,8 @@ reads the same race (:func:`tuner.search.result.race_of`).
 
 - **One engine tuned**: rank 1 is the printed line (the finish's winner, or the agent session stage's), then the other
   re-measured lines by the finish's score (:func:`ranked`). A line its price refused (``--engines ik`` alone, priced
-  against llama.cpp's logits) is never handed out: rank 1 then says why, in one line.
+  against llama.cpp's logits) is never handed out: rank 1 then says why, in one line; nor are the engine's other lines
+  that would need a price (they compute the numbers the price refused, unpriced).
 - **A race across engines**: rank 1 is the line the race printed, with its engine's server; then the race's other lines
   in the rule's order (decided faster than llama.cpp's default first, then by median); then each engine's search's
   measured configs, the printed engine's first. A line its price refused, that cannot run here or that the race
@@ -23,10 +24,11 @@ from typing import Any, TypeVar
 from tuner.core.errors import TunerError, UsageError
 from tuner.engine import build, flags
 from tuner.engine.kinds import EngineKind, kind_by_name
+from tuner.quality import engine_price
 from tuner.report import deploy
 from tuner.search.finish import ServerMeasurement
 from tuner.search.result import Race, RaceLine, StudyResult, race_of, race_result, refused_price
-from tuner.search.trials import config_from_dict
+from tuner.search.trials import TrialRecord, config_from_dict
 
 T = TypeVar("T")
 
@@ -96,9 +98,13 @@ def of(result: StudyResult) -> Handover:
     if refused is not None and own:
         label = own[0].label
         kind = own[0].kind.name
+        # The price refused this engine's numbers on this model: its other lines compute them too, unpriced.
+        kept = [p for p in own[1:] if not engine_price.needs_price(config_from_dict(p.config))]
+        held = [f"{p.label}: not priced, and the line this result printed was refused by its price"
+                for p in own[1:] if p not in kept]
         return Handover(None, f"{label}, the line this result printed, was refused by its price ({refused}): it is "
                               f"not a line to run; tune with --engines llama.cpp, or pass --max-kld off to take "
-                              f"{kind}'s numbers as they are", tuple(own[1:]), (f"{label}: refused by its price",))
+                              f"{kind}'s numbers as they are", tuple(kept), (f"{label}: refused by its price", *held))
     if not own:
         return Handover(None, _why_no_line(result))
     return Handover(own[0], "", tuple(own[1:]))
@@ -222,9 +228,15 @@ def _searched(result: StudyResult) -> list[Pick]:
     trials = sorted((t for t in result.trials if t.status == "measured" and t.score is not None),
                     key=lambda t: t.score or 0.0, reverse=True)
     model = {"model": result.model} if result.model else {}
-    picks = [Pick(f"search trial {t.number}", t.config | model,
-                  {"chosen_by": "its search (llama-bench), not raced", "gen_tok_s": t.gen_tok_s,
-                   "prompt_tok_s": t.prompt_tok_s, "request_s": t.request_s}, result) for t in trials]
+
+    def figures(t: TrialRecord) -> dict[str, Any]:
+        unpriced = engine_price.needs_price(config_from_dict(t.config)) and t.kld is None
+        return {"chosen_by": "its search (llama-bench), not raced", "gen_tok_s": t.gen_tok_s,
+                "prompt_tok_s": t.prompt_tok_s, "request_s": t.request_s, "kld": t.kld,
+                **({"price": "not priced: it computes other numbers than llama.cpp's bare launch, and its search "
+                             "priced none"} if unpriced else {})}
+
+    picks = [Pick(f"search trial {t.number}", t.config | model, figures(t), result) for t in trials]
     return _distinct(picks, lambda p: p.line)
 
 

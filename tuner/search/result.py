@@ -184,7 +184,13 @@ def refused_price(result: StudyResult) -> str | None:
     """Why the line a single engine's auto-tune printed is not one to run: its price refused it (``--engines ik``
     alone, :func:`tuner.versus.engine_run.price_single`); None when no price refused it."""
     price = result.engine_price or {}
-    return str(price.get("note") or "refused by its price") if price.get("refused") else None
+    if not price.get("refused"):
+        return None
+    kld, floor = price.get("kld_mean"), (result.objective or {}).get("max_kld")
+    if kld is None:
+        return str(price.get("note") or "refused by its price")
+    return (f"mean KLD {kld:.4g} against {price.get('reference') or 'llama.cpp'}'s f16 logits"
+            + (f", above --max-kld {floor:g}" if floor is not None else ""))
 
 
 # ------------------------------------------------------------------------------------ the engines' race

@@ -158,8 +158,8 @@ def _verdicts(verdicts: Any) -> list[dict[str, Any]]:
 
 def _race_record(result: StudyResult, race: Race, sharer: str | None) -> dict[str, Any]:
     """The race's printed line as a record of the engine that ran it: that engine's folder gives the engine; its lines
-    in the race, with the race's figures, are the record's lines; its verdict against llama.cpp's default comes
-    first."""
+    that raced and are still in, with the race's figures, are the record's lines; its verdict against llama.cpp's
+    default comes first."""
     printed = race.printed_line
     if printed is None:
         raise UsageError(f"{race.why_none}: nothing to share")
@@ -167,7 +167,9 @@ def _race_record(result: StudyResult, race: Race, sharer: str | None) -> dict[st
     if ran is None:
         raise UsageError(f"the run printed {printed.engine}'s line ({printed.label}): its result is in "
                          f"{printed.result_dir}, which cannot be read here: share that folder's result.json")
-    mine = [printed, *(x for x in race.lines if x.engine == printed.engine and not x.withheld and x is not printed)]
+    raced = [x for x in race.lines if x.engine == printed.engine and not x.withheld and x is not printed
+             and any(v is not None for v in x.figures.values())]  # a line never raced has no figures to share
+    mine = [printed, *raced]
     first = Verdict.from_dict(printed.against_default) if printed.against_default else None
     record = _about(ran, sharer) | {
         "lines": [_race_line(x) for x in mine][:MAX_LINES],
