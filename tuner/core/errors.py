@@ -6,7 +6,6 @@ Every message names the fix. The CLI prints ``str(error)`` on one line and exits
 
 from __future__ import annotations
 
-import signal
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Generic, Protocol, TypeVar
@@ -66,9 +65,11 @@ class DiskSpaceError(EngineError, OSError):
         )
 
 
-# A process killed by SIGILL ran an instruction this CPU lacks or the kernel withholds: its build was made for
-# another CPU (-march=native read elsewhere, AVX-512 or AMX code). 128 + 4 is how a shell wrapper reports it.
-ILLEGAL_INSTRUCTION_CODES = (-int(signal.SIGILL), 128 + int(signal.SIGILL))
+# A process killed by SIGILL (4 on every system moe-tune runs on; core stays free of the signal module) ran an
+# instruction this CPU lacks or the kernel withholds: its build was made for another CPU (-march=native read
+# elsewhere, AVX-512 or AMX code). 128 + 4 is how a shell wrapper reports it.
+SIGILL = 4
+ILLEGAL_INSTRUCTION_CODES = (-SIGILL, 128 + SIGILL)
 WRONG_CPU_FIX = ("rebuild it here with `moe-tune engine install --force` (ik_llama.cpp's: add --engine ik), or set "
                  "MOE_TUNE_CPU_ISA=avx2 for a portable build; a build of your own (LLAMA_CPP_DIR, PATH): build it on "
                  "this machine")

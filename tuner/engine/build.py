@@ -222,9 +222,8 @@ def resolve_backend(requested: Backend) -> Backend:
 
 
 def cmake_flags(backend: Backend, kind: EngineKind = LLAMA_CPP, isa: str | None = None) -> tuple[str, ...]:
-    """The flags that make a build what it is (its cache key). The CUDA build adds, at configure time, where
-    this machine's toolkit and cuBLAS are (:func:`tuner.engine.cuda_toolkit.cmake_flags`). ``isa``: ``avx2`` for a
-    build that travels (:mod:`tuner.engine.cpu_isa`), else ``MOE_TUNE_CPU_ISA``'s choice."""
+    """The flags that make a build what it is (its cache key; ``isa``: :mod:`tuner.engine.cpu_isa`'s mode). The CUDA
+    build adds, at configure time, this machine's toolkit and cuBLAS (:func:`tuner.engine.cuda_toolkit.cmake_flags`)."""
     if kind is IK_LLAMA:
         return _ik_cmake_flags(backend, isa)
     flags = [
@@ -255,9 +254,8 @@ IK_FA_ALL_QUANTS = True
 
 def _ik_cmake_flags(backend: Backend, isa: str | None = None) -> tuple[str, ...]:
     """ik_llama.cpp's tree: its examples folder holds llama-bench and the server (both off unless asked for); built
-    for this CPU's granted instruction sets (:func:`tuner.engine.cpu_isa.ik_flags`), as the fork's speed comes from
-    the host's own SIMD (AVX2, AVX512, VNNI) and the build runs where it is used. Shared libraries go beside the
-    binaries (``$ORIGIN``): the install step gathers them from the tree."""
+    for this CPU's granted instruction sets (:func:`tuner.engine.cpu_isa.ik_flags`: the fork's speed is the host's
+    own SIMD). Shared libraries go beside the binaries (``$ORIGIN``): the install step gathers them from the tree."""
     flags = [
         "-DCMAKE_BUILD_TYPE=Release",
         *cpu_isa.ik_flags(isa),
@@ -275,9 +273,8 @@ def _ik_cmake_flags(backend: Backend, isa: str | None = None) -> tuple[str, ...]
 
 
 def build_identity(backend: Backend, kind: EngineKind = LLAMA_CPP, isa: str | None = None) -> tuple[str, ...]:
-    """What makes two builds the same: the flags, the CPU a build for this CPU alone was made for (ik's, on every
-    architecture; llama.cpp's flags name it on x86 and it is portable elsewhere), and for CUDA the toolkit that
-    compiles them (an installed 13.0 and the wheels' 13.5 are two builds)."""
+    """What makes two builds the same: the flags, the CPU a build for this CPU alone was made for (ik's; llama.cpp's
+    flags name it), for CUDA the toolkit (an installed 13.0 and the wheels' 13.5 are two builds)."""
     flags = cmake_flags(backend, kind, isa)
     if kind is not LLAMA_CPP and cpu_isa.made_for_this_cpu(isa):
         flags = (*flags, cpu_isa.identity())

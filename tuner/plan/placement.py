@@ -36,9 +36,7 @@ class Offload:
 
     dense: bool
     n_layer: int
-    # Whether a card is there to move weights from: without one every weight is on the CPU whatever the flag says, so
-    # the axis has one step (a plan prints one row, not one per --n-cpu-moe that changes nothing).
-    gpu: bool = True
+    gpu: bool = True  # no card: every weight on the CPU whatever the flag says, so one step (a plan prints one row)
 
     @property
     def setting(self) -> str:
@@ -412,24 +410,6 @@ def make_plan(model: ModelInfo, base: LaunchConfig, hw: Hardware, ctxs: Sequence
         largest.append(LargestCtx(ctk, ctv, n_cpu_moe, ctx_max))
         n += ((model.ctx_train // CTX_PAD).bit_length() + 2) * axis.steps
     return Plan(model, hw, base, rows, tuple(smallest), tuple(largest), n)
-
-
-# The least context llama.cpp's --fit shrinks an unset -c to (common/arg.cpp ``--fit-ctx``, default 4096).
-FIT_CTX_MIN = 4096
-
-
-def default_ctx(model: ModelInfo, base: LaunchConfig, hw: Hardware, price: Price | None = None) -> tuple[int, str]:
-    """The context a plan without ``-c`` is made for, and the sentence that says so. The model's trained context is
-    a ceiling, not a default: the largest context that fits ``base`` on ``hw`` (the trained one where it fits, as
-    llama.cpp's own --fit keeps an unset -c), else llama.cpp's least, 4096, where none fits."""
-    largest, _ = largest_fitting_ctx(model, replace(base, ctx=None), hw, price)
-    if largest >= model.ctx_train:
-        return model.ctx_train, f"no -c given: planned at the model's trained context, {model.ctx_train}, which fits"
-    if largest >= FIT_CTX_MIN:
-        return largest, (f"no -c given: planned at {largest}, the largest context that fits (the model's trained "
-                         f"context, {model.ctx_train}, is its ceiling); pass -c for the one you run")
-    return FIT_CTX_MIN, (f"no -c given: planned at {FIT_CTX_MIN}, the least llama.cpp's --fit would shrink it to; no "
-                         "context fits here (see the verdicts); pass -c for the one you run")
 
 
 def _with_kv(cfg: LaunchConfig, ctk: CacheType, ctv: CacheType) -> LaunchConfig:

@@ -19,8 +19,9 @@ from tuner.engine.identity import REPLAY_COMMIT, EngineIdentity, replay_note
 from tuner.machine import hardware
 from tuner.measure.engine_memory import EngineMemory, Projection, engine_check
 from tuner.models import gguf_reader
+from tuner.plan.default_ctx import default_ctx
 from tuner.plan.memory import Breakdown, HostBuffer
-from tuner.plan.placement import KV_CHOICES, Plan, PlanRow, default_ctx, load_mode_note, make_plan
+from tuner.plan.placement import KV_CHOICES, Plan, PlanRow, load_mode_note, make_plan
 from tuner.plan.pricing import Price, decided_mib
 from tuner.plan.ram import TIGHT_MARGIN_BYTES, RamSide, holders_line, ram_side
 
