@@ -28,12 +28,12 @@ from tuner.quality import kld
 _T_995 = (63.657, 9.925, 5.841, 4.604, 4.032, 3.707, 3.499, 3.355, 3.250, 3.169, 3.106, 3.055, 3.012, 2.977, 2.947,
           2.921, 2.898, 2.878, 2.861, 2.845, 2.831, 2.819, 2.807, 2.797, 2.787, 2.779, 2.771, 2.763, 2.756, 2.750)
 # The reference's bound: a 99 % normal bound (2.576 errors) on the chunk's mean log-likelihood, whose error is the
-# engine's per-token figure doubled. Tokens of one chunk share their context, so the per-token error understates how
-# far one chunk's mean lies from the corpus's: on untrained shapes the spread of the chunk means was 0.9-2.0x the
-# per-token error of the first chunk (results/benchmarks/early-stop-price.md). Near the line (a model that predicts
-# about as well as a uniform guess) the run is not cut, and its whole perplexity decides as before.
+# engine's per-token figure times 2.5. Tokens of one chunk share their context, so the per-token error understates how
+# far one chunk's mean lies from the corpus's: on untrained models the spread of the chunk means was 0.87-2.21x the
+# first chunk's per-token error (results/benchmarks/early-stop-price.md). Near the line (a model that predicts about as
+# well as a uniform guess) the run is not cut, and its whole perplexity decides as before.
 _Z_99 = 2.576
-_CHUNK_SPREAD = 2.0
+_CHUNK_SPREAD = 2.5
 
 
 def t_995(df: int) -> float:
@@ -56,34 +56,35 @@ def predicts_no_text(row: kld.PplRow, n_vocab: int) -> str | None:
 
 def kld_clear(chunk_kld: Sequence[float], max_kld: float, chunks: int) -> str | None:
     """Why a KL-divergence run of ``chunks`` chunks can stop after the chunks whose own mean KLDs are ``chunk_kld``:
-    its verdict against ``max_kld`` is clear (the line's price refuses it, or passes it); or None, to read on.
+    the verdict the whole run would give against ``max_kld`` is clear (its price refuses the line, or passes it);
+    or None, to read on.
 
-    - Refused for certain once the chunks so far hold more than ``chunks`` x ``max_kld`` between them: a KL-divergence
-      is never negative, so the mean over all chunks can only be higher (no statistics; ik_llama.cpp's 18 nats stop
-      after the first chunk).
-    - Otherwise, from two chunks on, a two-sided 99 % Student-t bound on the mean of the per-chunk means (the ±
-      :mod:`tuner.quality.kld` keeps: tokens of one chunk err together) lying wholly above or below ``max_kld``. Two
-      sided, and Student's t with its few degrees of freedom (t = 63.7 at two chunks, 5.8 at four), so that the up to
-      seven looks of an 8-chunk price keep a wrong stop rare; a line near its floor reads on to the last chunk and its
-      whole mean decides as before.
+    The whole run's figure is the mean of all ``chunks`` chunk means: the ones read are known, the rest predicted from
+    them. From two chunks on, a two-sided 99 % Student-t prediction interval bounds the mean of the chunks to come
+    (their spread is the per-chunk means' spread, as :mod:`tuner.quality.kld` computes the ±: tokens of one chunk err
+    together), and the run stops when the whole mean's bound lies wholly above or below ``max_kld``. Student's t at few
+    degrees of freedom (63.7 at two chunks, 9.9 at three) and two-sided, so that the up to seven looks of an 8-chunk
+    price keep a changed verdict rare; a line near its floor reads on, and its whole mean decides as before. With one
+    chunk there is no spread, and the chunks to come are bounded only below, by zero (a KL-divergence is never
+    negative): a first chunk above ``chunks`` x ``max_kld`` refuses the line for certain (ik_llama.cpp's 18 nats stop
+    there), and nothing passes on one chunk.
     """
     n = len(chunk_kld)
     if n == 0 or n >= chunks:
         return None
-    total = sum(chunk_kld)
-    if total > chunks * max_kld:
-        return (f"refused: their KL-divergence alone puts the mean over all {chunks} at {total / chunks:.3g} or more, "
-                f"above --max-kld {max_kld:g}")
-    if n < 2:
-        return None
-    mean = total / n
-    half = t_995(n - 1) * statistics.stdev(chunk_kld) / math.sqrt(n)
-    if mean - half > max_kld:
-        return (f"refused: mean KLD {mean:.3g}, its 99 % bound {mean - half:.3g}-{mean + half:.3g} above --max-kld "
-                f"{max_kld:g}")
-    if mean + half < max_kld:
-        return (f"passes: mean KLD {mean:.3g}, its 99 % bound {max(mean - half, 0.0):.3g}-{mean + half:.3g} below "
-                f"--max-kld {max_kld:g}")
+    seen, rest = sum(chunk_kld), chunks - n
+    mean = seen / n
+    half = (t_995(n - 1) * statistics.stdev(chunk_kld) * math.sqrt(1 / n + 1 / rest)) if n >= 2 else math.inf
+    lowest = (seen + rest * max(mean - half, 0.0)) / chunks
+    highest = (seen + rest * (mean + half)) / chunks
+    how = (f"(99 % bound from the {n} chunks read, their mean {mean:.3g})" if n >= 2 and mean - half > 0 else
+           f"(the {n} chunk{'s' if n > 1 else ''} read alone: a KL-divergence is never negative)")
+    if lowest > max_kld:
+        return f"refused: the mean over all {chunks} chunks would read {lowest:.3g} or more {how}, above --max-kld " \
+               f"{max_kld:g}"
+    if highest < max_kld:
+        return (f"passes: the mean over all {chunks} chunks would read {highest:.3g} at most (99 % bound from the {n} "
+                f"chunks read, their mean {mean:.3g}), below --max-kld {max_kld:g}")
     return None
 
 
