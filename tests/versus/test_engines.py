@@ -6,6 +6,8 @@ the key (ik reads no key from its environment: it gets a key file of its own).""
 from __future__ import annotations
 
 import json
+import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -80,6 +82,54 @@ def test_each_engine_is_searched_and_raced_and_the_printed_line_names_its_engine
     chosen_file = next(p for p in out.glob("*/result.json") if load_result(p).engines["chosen"])
     shown = run_cli("launch-line", str(chosen_file))
     assert shown.returncode == 0 and shown.stdout.strip() == line
+
+
+def test_every_handover_gives_the_race_s_printed_line_from_either_folder(two_engines, tmp_path):
+    """Issue 68: launch-line's ranks 1-3 (one answer, the printed line first, distinct), serve's command line (what the
+    server runs, as ps reads it), share's record (the printed line, its engine and its verdict against llama.cpp's
+    default) and the MCP tool, from each engine's folder of the same run."""
+    from tests.test_mcp import ask
+
+    res, out = two_engines
+    assert res.returncode == 0, res.stderr[-3000:]
+    *_, printed_line = res.stdout.strip().splitlines()
+    folders = sorted(p.parent for p in out.glob("*/result.json"))
+    block = load_result(folders[0]).engines
+    assert len(folders) == 2 and block is not None
+    ranks = []
+    for folder in folders:
+        got = [run_cli("launch-line", str(folder), "--rank", str(k)) for k in (1, 2, 3)]
+        assert [g.returncode for g in got] == [0, 0, 0], [g.stderr for g in got]
+        ranks.append([g.stdout.strip() for g in got])
+    assert ranks[0] == ranks[1] and ranks[0][0] == printed_line and len(set(ranks[0])) == 3
+    _, tools = ask([("launch_line", {"result": str(f), "rank": k}) for f in folders for k in (1, 2, 3)])
+    assert [t.content[0].text.strip() for t in tools] == ranks[0] + ranks[1]
+    for folder in folders:
+        shared = run_cli("share", str(folder), "--repo", "alice/moe-tune-results", "--dry-run",
+                         env={"MOE_TUNE_CONFIG": str(tmp_path / "config")})
+        assert shared.returncode == 0, shared.stderr
+        record = json.loads(shared.stdout)
+        assert record["printed"]["label"] == block["printed"] and record["printed"]["why"] == block["reason"]
+        assert record["engine"]["engine"] == block["printed_engine"]
+        if block["against_default"] is not None:
+            assert record["verdicts"][0] == {k: block["against_default"][k] for k in record["verdicts"][0]}
+    # serve, from the folder of the engine that did not print the line: the server runs the printed line
+    other = next(f for f in folders if not load_result(f).engines["chosen"])
+    dry = run_cli("serve", str(other), "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    words = shlex.split(dry.stdout)  # the variables the engine reads, then its command
+    argv = words[next(i for i, w in enumerate(words) if not re.match(r"[A-Z_][A-Z0-9_]*=", w)):]
+    assert argv[1:] == shlex.split(printed_line)[1:] and Path(argv[0]).name == "llama-server"
+    proc = start(str(other))
+    try:
+        _, pid, said = ready(proc)
+        ran = psutil.Process(pid).cmdline()
+        assert ran[:len(argv)] == argv, said
+        assert f"{block['printed']} of " in said
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=30)
+    assert gone(pid)
 
 
 @pytest.fixture(scope="module")
