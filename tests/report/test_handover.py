@@ -28,6 +28,7 @@ from tests.test_mcp import ask
 from tuner.engine.kinds import IK_LLAMA, LLAMA_CPP
 from tuner.report import handover
 from tuner.search.result import load_result, write_result
+from tuner.share.record import fitted  # a reason as a record holds it (cut to the gate's bound)
 
 RACE = {REFERENCE: STEADY, LLAMA_TUNED: WIDE, IK_DEFAULT: FAST, IK_TUNED: FASTER}
 
@@ -98,7 +99,7 @@ def test_share_records_the_printed_line_its_engine_and_its_verdict(run, tmp_path
         res = run_cli("share", str(folder), "--repo", "alice/moe-tune-results", "--dry-run", env=env)
         assert res.returncode == 0, res.stderr
         record = json.loads(res.stdout)
-        assert record["printed"]["label"] == IK_TUNED and record["printed"]["why"] == block["reason"]
+        assert record["printed"]["label"] == IK_TUNED and record["printed"]["why"] == fitted(block["reason"])
         # the line as others run it: by the model's file name, the server on their PATH
         assert record["printed"]["line"] == "llama-server " + _tail(_line(folder)).replace(str(run.model),
                                                                                            run.model.name)
