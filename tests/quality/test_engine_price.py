@@ -198,6 +198,10 @@ def test_a_reference_that_predicts_text_is_written_whole_for_the_price_to_read(e
     got = engine_price.price_line(line, engine_loc, engine_loc, ctx=256, chunks=2)
     assert len(perplexity_runs) == 2 and "--kl-divergence" in perplexity_runs[1]  # the reference is not written again
     assert got.reference_ppl == verdict.reference_ppl and got.kld_mean is not None and got.chunks_used == 2
+    # Asked at another chunk count, the kept read says the model predicts text: its logits are written there now.
+    other = engine_price.reference_says(trained_model, engine_loc, ctx=256, chunks=3)
+    assert other.says_nothing is None and other.complete and not other.from_cache and len(perplexity_runs) == 3
+    assert perplexity.cached_logits_path(engine_loc, trained_model, ctx=256, chunks=3) is not None
 
 
 @pytest.mark.parametrize("in_the_way", ["quality/logits", "quality"])

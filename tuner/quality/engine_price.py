@@ -129,28 +129,34 @@ def check_room(line: LaunchConfig, model: Path, available_bytes: int) -> None:
 def reference_says(model: Path, reference_loc: build.EngineLocation, *, ctx: int = kv_price.PRICE_CTX,
                    chunks: int = kv_price.PRICE_CHUNKS,
                    on_step: Callable[[str], None] | None = None) -> ReferenceVerdict:
-    """Whether a KL-divergence on ``model`` says anything, from ``reference_loc``'s perplexity of it at f16 KV: the
+    """Whether a KL-divergence on ``model`` says anything, from ``reference_loc``'s perplexity of it at f16 KV. The
     reference's run over ``chunks`` chunks writes the logits every price of the model reads, and stops after the
     chunk where the model clearly predicts no text (:func:`tuner.quality.stopping.predicts_no_text`; its cut logits
-    are not kept). Kept per model: the next call, and every :func:`price_line` of the model, answers at once."""
+    are not kept). On return the model says nothing, or its logits over ``chunks`` are written (``complete``), so a
+    price after a race reads them at once. What the run read is kept per model: the next call, and every
+    :func:`price_line` of a model that says nothing, answers at once."""
     with _one_line("the reference's perplexity"):
         n_vocab = gguf_reader.inspect_model(model).n_vocab
         read = kept_read(reference_loc, model, ctx=ctx)
         from_cache = read is not None
+        cfg = LaunchConfig(model=model, engine=store.kind_name(reference_loc))
         if read is None:
             if on_step:
                 on_step(f"the reference's perplexity of {model.name}: does the model predict text?")
-            ref = reference_logits(
-                reference_loc, model, text_file=corpus.text_file(), text_sha256=corpus.sha256(), ctx=ctx,
-                chunks=chunks, cfg=LaunchConfig(model=model, engine=store.kind_name(reference_loc)), on_step=on_step,
-                stop_when=stopping.ReferenceWatch(n_vocab, chunks).see)
+            ref = reference_logits(reference_loc, model, text_file=corpus.text_file(), text_sha256=corpus.sha256(),
+                                   ctx=ctx, chunks=chunks, cfg=cfg, on_step=on_step,
+                                   stop_when=stopping.ReferenceWatch(n_vocab, chunks).see)
             read = ReferenceRead(ref.ppl, ref.chunks_read, chunks, ref.stopped)
             keep_read(reference_loc, model, ctx=ctx, read=read)
         over = ("the corpus" if read.stopped is None else
                 f"the first {read.chunks_read} of {read.chunks} chunks of the corpus")
+        why = says_nothing(read.ppl, n_vocab, over)
         complete = cached_logits_path(reference_loc, model, ctx=ctx, chunks=chunks) is not None
-        return ReferenceVerdict(says_nothing(read.ppl, n_vocab, over), read.ppl, read.chunks_read, read.chunks,
-                                complete, read.stopped, from_cache)
+        if why is None and not complete:  # read before at another chunk count, or evicted since: written now
+            reference_logits(reference_loc, model, text_file=corpus.text_file(), text_sha256=corpus.sha256(), ctx=ctx,
+                             chunks=chunks, cfg=cfg, on_step=on_step)
+            complete, from_cache = True, False
+        return ReferenceVerdict(why, read.ppl, read.chunks_read, read.chunks, complete, read.stopped, from_cache)
 
 
 def price_line(line: LaunchConfig, loc: build.EngineLocation, reference: build.EngineLocation, *,
