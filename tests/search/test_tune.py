@@ -13,7 +13,7 @@ import pytest
 from rich.console import Console
 
 from tests.conftest import run_cli
-from tuner.cli import cmd_tune
+from tuner.cli import tune_out
 from tuner.engine import build, runner
 from tuner.machine import hardware
 from tuner.measure import workload
@@ -59,8 +59,8 @@ def test_auto_tune_ends_with_a_launch_line_that_reproduces_its_speed(demo_models
     # At 80 columns the re-measure table keeps every config name and figure whole (the table is drawn from
     # result.json by the same function the command uses).
     narrow = io.StringIO()
-    monkeypatch.setattr(cmd_tune, "out", Console(file=narrow, width=80))
-    cmd_tune._summary(autotune.TuneResult(result["study"], "s", result_file.parent, rebuilt, study.SearchOutcome(
+    monkeypatch.setattr(tune_out, "out", Console(file=narrow, width=80))
+    tune_out.summary(autotune.TuneResult(result["study"], "s", result_file.parent, rebuilt, study.SearchOutcome(
         result["study"], 3, False, 1.0)))
     table = narrow.getvalue()
     assert "…" not in table and all(len(line) <= 80 for line in table.splitlines() if "│" in line or "tok/s" in line)

@@ -17,7 +17,7 @@ from rich.console import Console
 from tests.conftest import run_cli
 from tests.demo_result import tune_demo, variant
 from tests.hub_server import HubServer
-from tuner.cli import cmd_tune
+from tuner.cli import tune_out
 from tuner.hub.repos import HubOptions
 from tuner.machine import hardware
 from tuner.measure import workload
@@ -170,8 +170,8 @@ def test_a_shared_line_is_measured_again_as_a_seed(tuned, hub, engine_loc, tmp_p
     story = res.result.seed_story()
     assert story is not None and (seed.label in story or "not from a shared line" in story)
     printed = io.StringIO()
-    monkeypatch.setattr(cmd_tune, "out", Console(file=printed, width=200))
-    cmd_tune._summary(res)
+    monkeypatch.setattr(tune_out, "out", Console(file=printed, width=200))
+    tune_out.summary(res)
     assert f"seed: {story}" in " ".join(printed.getvalue().split())  # wrapped to the console's width: as words
     assert json.loads((res.result_dir / "result.json").read_text())["seed_origins"] == {seed.label: seed.origin}
     study_report.write(res.result, res.result_dir)

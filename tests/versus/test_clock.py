@@ -24,11 +24,12 @@ def test_nothing_is_estimated_before_a_trial_then_every_stage_from_it():
     c.trial("llama.cpp", 80.0, 30.0, 10.0, tokens)
     load = 80.0 - 512 / 30 - 33 / 10  # what the trial did beside its tokens: the model's load
     assert c.trials[0].load_s == pytest.approx(load)
-    round_s = load + 512 / 30 + 32 / 10 + 2.0  # a race round: the load, the request at the trial's rates, a server
+    round_s = load + 517 / 30 + 36 / 10 + 0.2  # a race round: the load, the request and its warm-up at the trial's
+    # rates, a server's own fixed cost
     assert c.round_estimate_s() == pytest.approx(round_s)
     search = 3 * 80.0 + 4 * 80.0  # ik's trials priced at llama.cpp's until one of its own is measured
     price = 512 / 30 * (1 + 2 * 1)  # the reference's first chunk, then two chunks of ik's line
-    assert c.left_s() == pytest.approx(search + 3 * 4 * round_s + price)
+    assert c.left_s() == pytest.approx(search + 3 * 4 * round_s + price + 1.0)  # and 1 s to write the results
     c.trial("ik_llama.cpp", 50.0, 60.0, 17.0, tokens)
     assert c.trial_s("ik_llama.cpp") == 50.0 and c.trial_s("llama.cpp") == 80.0
     c.search_ends("llama.cpp")

@@ -7,10 +7,9 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.table import Table
 
 from tuner.cli.app import (
     AllowBusy,
@@ -28,6 +27,7 @@ from tuner.cli.app import (
     say_fitted,
 )
 from tuner.cli.heartbeat import beating
+from tuner.cli.tune_out import session_summary, summary
 from tuner.core.errors import UsageError
 from tuner.measure import workload
 from tuner.quality import kv_price
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from tuner.engine import build
     from tuner.machine import hardware
     from tuner.search import study
-    from tuner.search.session_stage import SessionRequest, SessionStage
+    from tuner.search.session_stage import SessionRequest
     from tuner.search.speculation import SpeculationRequest
     from tuner.versus.engine_run import SearchHooks
 
@@ -137,6 +137,7 @@ def auto_tune_cmd(
     Which engine (llama.cpp or ik_llama.cpp) for this rig and workload:
       moe-tune auto-tune MODEL --engines llama.cpp,ik
     """
+    started = time.monotonic()  # --time counts the whole command
     from tuner.cli.cmd_frontier import run as run_frontier
     from tuner.engine import build, tokenizer
     from tuner.machine import hardware
@@ -217,7 +218,7 @@ def auto_tune_cmd(
             from tuner.cli.engines_out import tune_engines
 
             tune_engines(req, locs, hw, as_json, say,
-                         lambda r, where, hooks, left: _search(r, where, hw, as_json, say, hooks, left))
+                         lambda r, where, hooks, left: _search(r, where, hw, as_json, say, hooks, left), started)
             return
         result = _search(req, loc, hw, as_json, say)
         if not build.capabilities(loc).kind.numerics_reference and not result.search.interrupted:
@@ -231,17 +232,17 @@ def auto_tune_cmd(
         out.print_json(json.dumps(result.result.to_dict() | {"result_dir": str(result.result_dir)}))
         _refuse_priced(result)
         return
-    _summary(result)
+    summary(result)
     if result.session is not None:
-        _session_summary(result.session)
+        session_summary(result.session)
     chosen = " (chosen by agent session time)" if study_report.deciding_session(result.result) else ""
+    if result.result.engine_price:
+        say_fitted(out, f"engine price: {result.result.engine_price['note']}")
+    _refuse_priced(result)  # before the handover, which refuses such a line in its own words
     named = study_report.launch_line(result.result)
     kind = study_report.engine_of(result.result)
     if not kind.server_on_path:
         chosen += f" ({kind.name}: its own llama-server, by path)"
-    if result.result.engine_price:
-        say_fitted(out, f"engine price: {result.result.engine_price['note']}")
-    _refuse_priced(result)
     out.print(f"launch line{chosen}:", highlight=False, markup=False, soft_wrap=True)
     out.print(named, highlight=False, markup=False, soft_wrap=True)  # whole, on a line of its own, to copy
 
@@ -344,46 +345,6 @@ def _sessions(kind: workload.WorkloadKind, path: Path | None, depth: int | None,
     return SessionRequest(session_file=path, depth_tokens=depth, gen_tokens=gen, rounds=rounds, agents=agents)
 
 
-def _session_summary(stage: SessionStage) -> None:
-    """Per arm: median session time; the default's and the winner's per-turn tables; the verdict; findings."""
-    from rich import box
-
-    from tuner.cli.cmd_bench import print_session
-
-    together = f", {stage.agents} agents at once" if stage.agents > 1 else ""
-    table = Table(title=f"agent sessions ({stage.source}{together}), by session time", box=box.SIMPLE_HEAD)
-    for col in ("arm", "session s", "median TTFT ms", "re-processed %", "full re-processes"):
-        table.add_column(col, justify="left" if col == "arm" else "right")
-    for arm in (*stage.arms, *stage.confirmation):
-        if stage.confirmation and arm is stage.confirmation[0]:
-            table.add_section()
-            table.add_row("confirmation", "", "", "", "")
-        typical = arm.typical
-        if typical is None:
-            table.add_row(arm.label, "failed", "", "", arm.failure or "")
-            continue
-        table.add_row(arm.label + (" (RAM paging)" if arm.paging else ""), f"{arm.median_session_s:.2f}",
-                      f"{1000 * typical.median_ttft_s:,.0f}", f"{100 * typical.reprocessed_share:.0f}",
-                      str(len(typical.full_reprocess_turns)))
-    out.print(table)
-    for label in dict.fromkeys(a.label for a in (*stage.arms, *stage.confirmation) if a.paging):
-        paged = next(a.paging for a in (*stage.confirmation, *stage.arms) if a.label == label and a.paging)
-        if paged is not None:
-            say_fitted(out, f"{label}: host paging, never the line: {paged.describe()}")
-    for label, note in stage.notes.items():
-        say_fitted(out, f"{label}: {note}")
-    for label in dict.fromkeys(["default", stage.winner or "default"]):
-        shown = stage.arm(label)
-        if shown is not None and shown.typical is not None:
-            print_session(shown.typical, f"{label}: per turn (a typical round)")
-            if shown.finding is not None:
-                say_fitted(out, f"{label}: {shown.finding.describe()}")
-    if stage.verdict is not None:
-        say_fitted(out, f"by session time: {stage.verdict.describe()}")
-    if stage.reason:
-        say_fitted(out, f"session stage: {stage.reason}")
-
-
 def _speculation(on: bool, draft: str | None, prompts: Path | None) -> SpeculationRequest | None:
     from tuner.measure import speculation as spec_measure
     from tuner.search.speculation import SpeculationRequest
@@ -395,80 +356,13 @@ def _speculation(on: bool, draft: str | None, prompts: Path | None) -> Speculati
     return SpeculationRequest(draft_model=model_path(draft) if draft else None, prompts_file=prompts)
 
 
-def _spill_cell(m: dict[str, Any]) -> str:
-    """VRAM spill and host paging in one cell: a row that paged host RAM says so (it is never the printed line)."""
-    vram = m.get("spill") or ""
-    if m.get("host_paging") != "host_paging":
-        return vram
-    return "RAM paging" if vram in ("", "none") else f"{vram}, RAM paging"
-
-
-def _summary(res: autotune.TuneResult) -> None:
-    from rich import box
-
-    from tuner.report import frontier_report
-    from tuner.search import finish, verdict
-
-    r = res.result.to_dict()
-    w = r["workload"]
-    table = Table(title=f"llama-server re-measure ({w['kind']}, P={w['prompt_tokens']}, G={w['gen_tokens']}, "
-                        f"depth {w.get('depth_tokens', w['prompt_tokens'])})", box=box.SIMPLE_HEAD,
-                  padding=(0, 1), pad_edge=False, collapse_padding=True)
-    # Short headers, no vertical rules, and cells fold rather than being cut: at 80 columns every name and
-    # figure stays whole.
-    table.caption = ("gen/pp: one request alone; loaded: per request with every slot in use; e2e: generated "
-                     "tok/s of wall time, prompts and all slots included")
-    for col in ("config", "slots", "gen tok/s", "CV %", "pp tok/s", "loaded", "e2e", "KLD", "spill"):
-        table.add_column(col, justify="left" if col == "config" else "right", overflow="fold",
-                         no_wrap=col == "config")
-    fin = r["finish"]
-
-    def num(v: float | None, spec: str = ",.1f") -> str:
-        if v is not None and spec == ",.1f" and v >= 1000:
-            spec = ",.0f"  # five digits and a decimal would fold the column at 80
-        return "" if v is None else format(v, spec)
-
-    confirmed = fin.get("confirmation") or []
-    if confirmed:
-        table.title = f"{table.title}: selection rounds (they decide nothing)"
-    rows = [*fin["baselines"], *fin["candidates"]]
-    for m in rows + confirmed:
-        gen = "failed" if m["gen_tok_s"] is None else num(m["gen_tok_s"])
-        if confirmed and m is confirmed[0]:
-            table.add_section()
-            table.add_row("confirmation", *[""] * 8)  # the rounds below decide; the ones above chose
-        table.add_row(m["label"], str(m.get("slots", 1)), gen, num(m["gen_cv_pct"]), num(m["prompt_tok_s"]),
-                      num(m.get("loaded_gen_tok_s")), num(m.get("end_to_end_gen_tok_s")),
-                      num(m.get("kld_mean"), ".2g"), _spill_cell(m))
-    out.print(table)
-    n = len(r["trials"])
-    say_fitted(out, f"study {res.study_name}: {n} trials stored ({res.search.trials_this_run} this run) in "
-                    f"{res.storage}")
-    winner = r.get("winner")
-    decision = fin.get("decision") or {}
-    if winner:
-        say_fitted(out, f"printed: {winner['label']} ({decision.get('reason', '')})")
-    if story := res.result.seed_story():
-        say_fitted(out, f"seed: {story}")
-    sp = r["speedup"]
-    parts = [f"{k}: {v:.2f}x" for k, v in sp.items() if v is not None and not (winner and winner["label"] == k)]
-    if parts:
-        metric = finish.Finish.from_dict(r["finish"]).metric
-        say_fitted(out, f"{winner['label'] if winner else 'printed'} vs {', '.join(parts)} (by {metric})")
-    for v in fin.get("verdicts", []):
-        say_fitted(out, verdict.Verdict.from_dict(v).describe())
-    say_fitted(out, f"report: {res.result_dir / 'report.md'}")
-    where = frontier_report.winner_on_frontier(res.result, res.result_dir.parent)
-    if where:
-        say_fitted(out, where)
-
-
 @app.command("launch-line", short_help="Print the measured llama-server line of a result.")
 @friendly
 def launch_line_cmd(
     result: Annotated[Path, typer.Argument(help="results/<study>/result.json (or the folder).")],
     rank: Annotated[int, typer.Option(
-        "--rank", help="1 = the printed line, 2 = the next distinct line by the finish's score, ...")] = 1,
+        "--rank", help="1 = the printed line, 2 = the next distinct line: after a race across engines, the race's "
+        "other lines in the rule's order, then each search's measured configs; else by the finish's score.")] = 1,
     fmt: Annotated[str, typer.Option(
         "--format", help="shell, llama-swap, systemd (a user unit), compose (the llama.cpp server image), preset "
         "(an INI section for llama-server's router, --models-preset) or json; "

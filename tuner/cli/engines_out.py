@@ -24,9 +24,11 @@ if TYPE_CHECKING:
 
 
 def tune_engines(req: autotune.TuneRequest, locs: list[EngineLocation], hw: Hardware, as_json: bool,
-                 say: Callable[[str], None], search: Callable[..., autotune.TuneResult]) -> None:
+                 say: Callable[[str], None], search: Callable[..., autotune.TuneResult],
+                 started: float | None = None) -> None:
     """``search(req, loc, hooks, left_s)``: one engine's search as the command draws it (:func:`tuner.cli.cmd_tune.
-    _search`), fed the run's hooks and its estimate of the time left."""
+    _search`), fed the run's hooks and its estimate of the time left; ``started``: when the command began (its
+    --time counts from there)."""
     from tuner.engine import build
     from tuner.report import study_report
     from tuner.search.finish import server_load
@@ -37,6 +39,8 @@ def tune_engines(req: autotune.TuneRequest, locs: list[EngineLocation], hw: Hard
     clock = RunClock(tuple(build.capabilities(loc).kind.name for loc in locs), req.budget.trials,
                      engine_run.RACE_ROUNDS, sent.prompt_tokens, sent.gen_tokens, req.kld_ctx,
                      engine_run.price_chunks(req), req.budget.time_s)
+    if started is not None:
+        clock.start = started
 
     def tune(r: autotune.TuneRequest, loc: EngineLocation, hooks: engine_run.SearchHooks) -> autotune.TuneResult:
         res = search(r, loc, hooks, clock.left_s)
@@ -83,6 +87,8 @@ def _print(choice: EngineChoice, run: EnginesRun) -> None:
 
     for x in choice.lines:
         arm = versus.arm(x.label) if versus else None
+        if arm is None and x.label in choice.gates.held:
+            continue  # a reserve that did not race: nothing to show
         fig = arm.figures() if arm else {}
         v = verdicts.get(x.label)
         cells = [num(fig.get("gen_tok_s")), num(fig.get("prompt_tok_s")), num(fig.get("ttft_s"), ".2f"),
@@ -102,7 +108,7 @@ def _print(choice: EngineChoice, run: EnginesRun) -> None:
         if "refused by its price" not in note:
             say_fitted(out, note)
     for label, s in choice.standings().items():
-        if label != choice.printed and s.state not in ("in", "not_raced") or label in choice.gates.screened:
+        if label != choice.printed and s.state not in ("in", "held") or label in choice.gates.screened:
             say_fitted(out, f"{label}: {s.why}")
     stages = ", ".join(f"{k} {v / 60:,.1f} min" for k, v in run.stages_s.items())
     say_fitted(out, f"time: {run.elapsed_s / 60:,.1f} min ({stages}); {run.clock}")

@@ -1,5 +1,5 @@
 """A line at least every :data:`HEARTBEAT_S` seconds while a command waits on an engine, in a terminal and in a pipe:
-what the run is doing (:mod:`tuner.core.activity`: "llama-bench: benchmark 1/1: warmup prompt run") and for how long.
+what the run is doing (:mod:`tuner.machine.activity`: "llama-bench: benchmark 1/1: warmup prompt run") and for how long.
 Every line the command says itself puts the next heartbeat off: a run that speaks often never shows one.
 
 A trial on a 12-17 GiB model loads for up to a minute and runs a warm-up prompt for another on a 2-core CPU; the
@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
-from tuner.core import activity
+from tuner.machine import activity
 
 HEARTBEAT_S = 45.0  # under the minute a user waits before wondering
 

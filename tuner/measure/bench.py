@@ -15,7 +15,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from tuner.core import activity
 from tuner.core.config import FlashAttn, LaunchConfig
 from tuner.core.errors import EngineNotFoundError, ProcessFailedError, TrialFailedError, TunerError, UsageError
 from tuner.engine import breakdown, build, flags, runner
@@ -23,7 +22,7 @@ from tuner.engine.breakdown import MemoryBreakdown
 from tuner.engine.build import Capabilities, EngineLocation
 from tuner.engine.flags import dialect
 from tuner.engine.kinds import KINDS
-from tuner.machine import pressure
+from tuner.machine import activity, pressure
 from tuner.machine.sampler import (
     NOT_MEASURED,
     MemoryReport,
@@ -197,7 +196,7 @@ RowFn = Callable[[BenchRow], None]
 class _Streamed:
     """llama-bench's stdout as it comes: each test's row handed on once its object is whole (llama.cpp writes a jsonl
     line per test as it ends, ik_llama.cpp a json object per test as it ends), its stderr progress kept as the run's
-    activity (:mod:`tuner.core.activity`)."""
+    activity (:mod:`tuner.machine.activity`)."""
 
     def __init__(self, on_row: RowFn | None) -> None:
         self._on_row = on_row

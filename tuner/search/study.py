@@ -20,7 +20,7 @@ import statistics
 import time
 import warnings
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,7 @@ from tuner.search.dedup import STALE_RUNNING_S, worker_alive  # noqa: F401 - as 
 from tuner.search.interrupt import check as check_interrupt
 from tuner.search.interrupt import deferred, sigterm_as_ctrl_c
 from tuner.search.interrupt import handled as interrupt_handled
+from tuner.search.progress import Progress, SearchOutcome, test_words  # noqa: F401 - the study's public names
 from tuner.search.trials import (  # noqa: F401 - the study's public names since the start
     CONSTRAINTS_ATTR,
     TrialRecord,
@@ -285,36 +286,6 @@ def enqueue_seeds(study: optuna.Study, sp: space.SearchSpace, seeds: Sequence[tu
 # -------------------------------------------------------------------------------------------- search
 
 
-@dataclass(frozen=True, slots=True)
-class Progress:
-    done: int  # trials finished in this run
-    total: int | None
-    best_gen_tok_s: float | None  # generation tok/s of the best-scoring trial
-    last: TrialRecord
-    best_request_s: float | None = None  # one workload request at the best trial's speeds
-
-    def describe(self) -> str:
-        """One line per trial, for the commands that tune several models in turn (no bar of their own)."""
-        of = f"/{self.total}" if self.total else ""
-        last = self.last
-        got = (f": {last.request_s:,.2f} s/request (gen {last.gen_tok_s:,.1f}, prompt {last.prompt_tok_s:,.1f} tok/s)"
-               if last.status == "measured" and last.request_s and last.gen_tok_s and last.prompt_tok_s else "")
-        best = "" if self.best_request_s is None else f"; best {self.best_request_s:,.2f} s/request"
-        return f"trial {self.done}{of} {last.status}{got}{best}"
-
-
-@dataclass(frozen=True, slots=True)
-class SearchOutcome:
-    study_name: str
-    trials_this_run: int
-    interrupted: bool
-    elapsed_s: float
-    kept: dict[str, int] = field(default_factory=dict)  # this run's trials left in the study, by status
-    exhausted: bool = False  # every config of the space was tried: the search stopped early
-    drift: str | None = None  # the anchor's thermal drift in words (GPU runs); None: it held, or was not measured
-    cut: str | None = None  # why the search stopped before its budget (a run's time kept across engines)
-
-
 def _tell_measured(study: optuna.Study, trial: optuna.Trial, result: bench.BenchResult, paging: PagingVerdict,
                    measure: Measure, objective: Objective, reps: int) -> None:
     """``paging``: the result's paging verdict judged against what the watch saw (PagingVerdict.beside)."""
@@ -490,13 +461,6 @@ def run_search(
         study.set_user_attr("anchor", anchor.to_dict())
     return SearchOutcome(study.study_name, done, interrupted, time.monotonic() - start,
                          seen.kept(records(study)), seen.exhausted, anchor.noise, cut)
-
-
-def test_words(r: bench.BenchRow) -> str:
-    """One llama-bench test as it ended, in words: "prompt 256 tokens at depth 0: 29.8 tok/s"."""
-    what = f"prompt {r.n_prompt} tokens" if r.kind == "pp" else f"generation {r.n_gen} tokens"
-    return f"{what} at depth {r.n_depth}: {r.avg_tok_s:,.1f} tok/s"
-
 
 
 def _read_anchor(study: optuna.Study, anchor: Anchor, loc: EngineLocation, measure: Measure,

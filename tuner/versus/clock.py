@@ -25,8 +25,12 @@ from dataclasses import dataclass, field
 
 from tuner.search import decide
 
-SERVER_FIXED_S = 2.0  # a server trial's own cost beside its load and tokens (start, tokenizing, the warm-up request;
-# the tiny demo model's whole server trial took 0.6-2.7 s here): the race's first rounds replace it with their own
+# A server trial's own cost beside its load and its tokens (the process, its HTTP, tokenizing): the tiny demo model's
+# whole round took 0.17 s here on a quiet machine. Its warm-up request (a few tokens each way) is counted at the
+# line's rates; the race's first rounds replace the whole estimate with their own seconds.
+SERVER_FIXED_S = 0.2
+WARM_UP_TOKENS = (5, 4)  # tuner.measure.workload.warm_up: "Warm up the engine." and 4 generated
+END_S = 1.0  # after the race: each engine's result and report written (0.5-1 s here on the demo model)
 MIN_TRIALS_IN_BUDGET = 1  # each engine's default seed: the line it races with
 
 
@@ -56,6 +60,7 @@ class RunClock:
     rounds_done: int = 0
     searched: set[str] = field(default_factory=set)  # engines whose search ended
     search_started: dict[str, float] = field(default_factory=dict)
+    setup_s: dict[str, float] = field(default_factory=dict)  # each search's own start before its first trial
     prices_left: int | None = None  # lines still to price (None: not known: one an engine beyond llama.cpp)
     price_chunk_s: float | None = None
     cuts: list[str] = field(default_factory=list)
@@ -69,6 +74,8 @@ class RunClock:
         and depth included."""
         timed = (tokens[0] / prompt_tok_s if prompt_tok_s else 0.0) + (tokens[1] / gen_tok_s if gen_tok_s else 0.0)
         with self._lock:
+            if engine in self.search_started and engine not in self.setup_s:  # its space, projections, seeds
+                self.setup_s[engine] = max(0.0, time.monotonic() - self.search_started[engine] - elapsed_s)
             self.trials.append(TrialCost(engine, elapsed_s, max(0.0, elapsed_s - timed), prompt_tok_s, gen_tok_s))
 
     def race_round(self, seconds: float) -> None:
@@ -102,7 +109,8 @@ class RunClock:
             load = statistics.mean(t.load_s for t in mine)
             pp = statistics.median(t.prompt_tok_s for t in mine if t.prompt_tok_s)
             tg = statistics.median(t.gen_tok_s for t in mine if t.gen_tok_s)
-            per.append(load + self.prompt_tokens / pp + self.gen_tokens / tg + SERVER_FIXED_S)
+            per.append(load + (self.prompt_tokens + WARM_UP_TOKENS[0]) / pp
+                       + (self.gen_tokens + WARM_UP_TOKENS[1]) / tg + SERVER_FIXED_S)
         return statistics.mean(per) if per else None
 
     def _arms(self) -> int:
@@ -120,13 +128,16 @@ class RunClock:
                 return None
             done = sum(1 for t in self.trials if t.engine == engine)
             total += max(0, self.trials_each - done) * per
+            if engine not in self.search_started and self.setup_s:  # its own start, as the searches so far took
+                total += statistics.mean(self.setup_s.values())
         return total
 
     def race_left_s(self) -> float | None:
         per = self.round_estimate_s()
         if per is None:
             return None
-        left_rounds = max(0, self.rounds.min - self.rounds_done)
+        # the least rounds, or, past them, one more while the race goes on (it stops once decided)
+        left_rounds = max(self.rounds.min - self.rounds_done, 1 if self.rounds_done < self.rounds.max else 0)
         return left_rounds * self._arms() * per
 
     def price_left_s(self) -> float:
@@ -143,7 +154,7 @@ class RunClock:
         parts = [self.search_left_s(), self.race_left_s()]
         if any(p is None for p in parts):
             return None
-        return sum(p for p in parts if p is not None) + self.price_left_s()
+        return sum(p for p in parts if p is not None) + self.price_left_s() + END_S
 
     def elapsed_s(self) -> float:
         return time.monotonic() - self.start
@@ -154,7 +165,7 @@ class RunClock:
         if search is None or race is None:
             return None
         price = self.price_left_s()
-        total = search + race + price
+        total = search + race + price + END_S
         within = ""
         if self.budget_s is not None:
             within = f" (--time {_minutes(self.budget_s)}: {_minutes(self.budget_s - self.elapsed_s())} left)"

@@ -30,10 +30,10 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from tuner.core import activity
 from tuner.core.config import LaunchConfig
 from tuner.engine import flags
 from tuner.engine.build import Capabilities, EngineLocation
+from tuner.machine import activity
 from tuner.machine.sampler import NOT_MEASURED_WORDS
 from tuner.measure import bench, session_run
 from tuner.measure import session as session_mod

@@ -8,7 +8,8 @@ States, in the order they are judged:
 - **screened**: not raced: its search measured it too close to its engine's default for the race's rounds to tell
   them apart (:mod:`tuner.versus.screen`);
 - **refused**: its quality price refused it (priced before it raced: it never pushes another line out);
-- **not raced**: held back (an engine's reserve candidate while its best one races) or never measured;
+- **held**: an engine's second candidate, held back while its best one can race (it races where its best is
+  refused); **not raced**: never measured;
 - **paged**: it read its model back from disk in two rounds or more, or in one where the plan says it does not fit
   the RAM free (:attr:`tuner.versus.judge.Arm.paging`);
 - **failed**; **over budget** (it grew the card's use past the VRAM budget, or its VRAM was not read);
@@ -29,6 +30,7 @@ from tuner.versus.lines import REFERENCE, EngineLine
 
 IN, SLOWER, PAGED, FAILED, OVER_BUDGET = "in", "slower", "paged", "failed", "over_budget"
 REFUSED, SCREENED, NOT_RACED = "refused", "screened", "not_raced"
+HELD = "held"  # an engine's reserve candidate, not raced while its best one could be
 PRINTED, UNPRICED = "printed", "unpriced"  # record-only words (tuner.versus.engines.record)
 
 
@@ -76,7 +78,7 @@ def _alone(x: EngineLine, versus: judge.HeadToHead | None, gates: Gates) -> Stan
     if x.label in gates.refused:
         return Standing(x.label, REFUSED, gates.refused[x.label])
     if x.label in gates.held:
-        return Standing(x.label, NOT_RACED, gates.held[x.label])
+        return Standing(x.label, HELD, gates.held[x.label])
     arm = versus.arm(x.label) if versus is not None else None
     if arm is None or not (arm.rounds or arm.selection or arm.failure):
         return Standing(x.label, NOT_RACED, "was not raced")
@@ -117,7 +119,7 @@ def left_out_words(lines: Sequence[EngineLine], stand: Mapping[str, Standing], *
                    but: str | None = None) -> str:
     """The lines that could not race for the print (not raced, refused, paged, failed, over budget; ``slower``: and
     those decided slower than another), ``but`` one, in a clause (empty when none)."""
-    skip = (IN,) if slower else (IN, SLOWER)
+    skip = (IN, HELD) if slower else (IN, SLOWER, HELD)
     gone = [f"{x.label} {stand[x.label].why}" for x in lines
             if stand[x.label].state not in skip and x.label != but]
     return f"; left out: {'; '.join(gone)}" if gone else ""
