@@ -79,7 +79,8 @@ def main() -> int:
         saved_total = 0.0
         for chunks in (int(c) for c in args.chunks.split(",")):
             said, ref_s, _ = timed(lambda chunks=chunks: engine_price.reference_says(model, ref, chunks=chunks))
-            log(f"reference ({chunks} chunks, written whole: PPL {said.reference_ppl:.2f}) | {ref_s:.1f} s")
+            log(f"reference ({chunks} chunks, written whole before the prices: PPL {said.reference_ppl:.2f} over "
+                f"{said.chunks_read} chunks) | {ref_s:.1f} s")
             for name, line, loc in lines:
                 full, full_s, n1 = timed(lambda line=line, loc=loc, c=chunks: engine_price.price_line(
                     line, loc, ref, chunks=c, use_cache=False))
