@@ -43,7 +43,11 @@ def test_a_chat_trial_is_one_short_process_an_agent_s_long_history_keeps_its_dep
     growth = protocol.reply_growth(info, cfg, CPU, 0, 512)
     assert 0.01 < growth < protocol.ONE_PROCESS_GROWTH
     assert (chat.n_prompt, chat.n_gen, chat.repetitions, chat.prompt_depth, chat.gen_depth) == (256, 32, 1, 0, 0)
-    assert chat.request_gen_tokens == 128  # the score still charges the whole reply
+    # the score still charges the whole request: its 512-token prompt at the rate 256 tokens measured, its 128-token
+    # reply at the rate 32 measured (the first run of this protocol charged 256: ik's -rtr line read 15.1 s a request
+    # in its search and 20-23 s in the race, whose request is the workload's)
+    assert (chat.request_gen_tokens, chat.request.prompt_tokens) == (128, 512)
+    assert chat.score(44.4, 13.7) == pytest.approx(1 / (512 / 44.4 + 128 / 13.7))
     # a 512-token prompt at a 32K history: the reply adds 512 tokens to 32K already read: one process too
     deep = protocol.search_measure(_measure(workload.WorkloadKind.CHAT, depth_tokens=32768), info,
                                    LaunchConfig(model=qwen, ctx=40960, parallel=1), CPU)
@@ -93,3 +97,18 @@ def test_a_candidate_the_search_could_not_tell_from_its_default_does_not_race():
     assert protocol.screen([lines[0], _line("llama.cpp tuned", "tuned", None)], 5) == {}
     assert protocol.reserves(lines) == {"ik_llama.cpp second": "held back: its engine's best candidate races in its "
                                                                "place"}
+
+
+def test_a_line_far_behind_the_best_search_figure_does_not_race_llama_cpp_s_default_always_does():
+    # this turn's first Qwen3-30B-A3B chat run, its search figures charged the whole 512-token request:
+    # llama.cpp default 36.0 s, llama.cpp tuned (-lm none) 29.5 s, ik default 34.2 s, ik tuned (-rtr) 20.8 s
+    from tuner.versus.standing import Gates
+
+    lines = [_line("llama.cpp default", "default", 1 / 36.0), _line("llama.cpp tuned", "tuned", 1 / 29.5),
+             _line("ik_llama.cpp default", "default", 1 / 34.2), _line("ik_llama.cpp tuned", "tuned", 1 / 20.8)]
+    out = protocol.screen_behind(lines, Gates())
+    assert sorted(out) == ["ik_llama.cpp default", "llama.cpp tuned"]  # 0.61x and 0.71x of ik tuned; the default races
+    assert out["llama.cpp tuned"].startswith("not raced: its search measured it 0.71x ik_llama.cpp tuned")
+    # the best refused by its price is no best: the others are judged against what can race
+    refused = Gates(refused={"ik_llama.cpp tuned": "was refused by its price"})
+    assert protocol.screen_behind(lines, refused) == {}

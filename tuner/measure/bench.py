@@ -57,6 +57,7 @@ class BenchResult:
     config: LaunchConfig | None = None
     runs: int = 1  # llama-bench processes merged into these rows
     memory: MemoryReport | None = None
+    group: int = 1  # configs measured in the same llama-bench processes (they shared the model's load)
 
     def row(self, kind: str, depth: int | None = None) -> BenchRow:
         for row in self.rows:
@@ -322,7 +323,7 @@ def run_bench_group(
                                      sampler=sampler, on_row=on_row)
         rows, runs, done, elapsed = _merge(rows, extra), runs + 1, done + more, elapsed + took
     memory = sampler.report() if sampler else None
-    return [BenchResult(argv, rows_for(cfg, rows) if len(cfgs) > 1 else rows, elapsed, cfg, runs, memory)
+    return [BenchResult(argv, rows_for(cfg, rows) if len(cfgs) > 1 else rows, elapsed, cfg, runs, memory, len(cfgs))
             for cfg in cfgs]
 
 

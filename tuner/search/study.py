@@ -102,6 +102,9 @@ class Measure:
     # Once the machine's noise is known to be small (median CV of the measured trials below QUIET_CV_PCT),
     # trials take this many repetitions instead: on a real model each one costs a prompt at depth.
     quiet_repetitions: int | None = 2
+    # The prompt the score charges where the test times a shorter one (the engines' searches time 256 tokens of a
+    # 512-token request: the rate is the same, the request's time is not); None: n_prompt.
+    request_prompt_tokens: int | None = None
 
     @classmethod
     def for_workload(cls, load: Workload, *, max_gen_tokens: int = 64, repetitions: int = 3,
@@ -113,8 +116,9 @@ class Measure:
     @property
     def request(self) -> Workload:
         """The request the score times."""
-        return Workload(WorkloadKind.CUSTOM, self.n_prompt, self.request_gen_tokens or self.n_gen,
-                        depth_tokens=self.prompt_depth + self.n_prompt)
+        prompt = self.request_prompt_tokens or self.n_prompt
+        return Workload(WorkloadKind.CUSTOM, prompt, self.request_gen_tokens or self.n_gen,
+                        depth_tokens=self.prompt_depth + prompt)
 
     def score(self, prompt_tok_s: float | None, gen_tok_s: float | None) -> float | None:
         return self.request.score(prompt_tok_s, gen_tok_s)
@@ -130,7 +134,8 @@ def study_name(model_path: Path, hw: Hardware, caps: Capabilities, sp: space.Sea
     """model + card + engine, plus a short hash of what else makes two studies incomparable."""
     card = _slug(hw.gpu_name) if hw.has_gpu else "cpu"
     size = model_path.stat().st_size if model_path.exists() else 0
-    inputs = {"size": size, "space": sp.describe() | {"model": model_path.name}, "measure": asdict(measure),
+    measured = {k: v for k, v in asdict(measure).items() if v is not None or k != "request_prompt_tokens"}
+    inputs = {"size": size, "space": sp.describe() | {"model": model_path.name}, "measure": measured,
               "objective": asdict(objective)}
     if hw.vram_budget_override_bytes is not None:  # --vram-budget: a smaller card, another study
         inputs["vram_budget_bytes"] = hw.vram_budget_override_bytes
@@ -424,7 +429,8 @@ def run_search(
                             if isinstance(res, failures.Failure):
                                 tell_status(study, trial, "failed", {"failure": failure_attr(res)})
                             else:
-                                trial.set_user_attr("elapsed_s", round(res.elapsed_s, 2))
+                                # its share of the process (configs sharing a load share its seconds)
+                                trial.set_user_attr("elapsed_s", round(res.elapsed_s / res.group, 2))
                                 paging = res.host_paging.beside(watch.others_memory)
                                 if paging.kind is PagingKind.NONE:  # paging: no anchor, its figures are the disk's
                                     anchor.measured(cfg, AnchorReading.of(res, anchor.trials_measured,

@@ -145,8 +145,12 @@ def tune_engines(req: autotune.TuneRequest, locs: Sequence[build.EngineLocation]
         on_step(f"search trials: one llama-bench process each, the reply timed at the prompt's depth "
                 f"({smeasure.prompt_depth}): {measure.gen_depth - measure.prompt_depth} more tokens of context add "
                 f"under {protocol.ONE_PROCESS_GROWTH:.0%} to what a token reads")
+    # Trials sharing a model load share a llama-bench process (a load of a 17 GiB model with llama.cpp's CPU repack
+    # took 45-75 s here, its tests 20): asked in the study's batches; under --time one at a time, so that the budget is
+    # asked before each.
     search_req = replace(req, search_only=True, price_kv_in_search=False, top_candidates=CANDIDATES, session=None,
-                         measure=smeasure, batch_trials=1, budget=study.Budget(trials=req.budget.trials))
+                         measure=smeasure, batch_trials=1 if req.budget.time_s is not None else None,
+                         budget=study.Budget(trials=req.budget.trials))
     tunes: list[EngineTune] = []
     for i, loc in enumerate(locs):
         caps = build.capabilities(loc)
@@ -186,6 +190,10 @@ def tune_engines(req: autotune.TuneRequest, locs: Sequence[build.EngineLocation]
     t0 = time.monotonic()
     gates, prices = price_gate(lines, gates, req, tunes, on_step, clock)
     stages["prices"] = time.monotonic() - t0
+    behind = protocol.screen_behind(lines, gates)
+    for label, why in behind.items():
+        on_step(f"{label} {why}")
+    gates = replace(gates, screened={**gates.screened, **behind})
     lines = list(with_price(lines, prices))
     racing = [x for x in lines if x.label not in {**gates.screened, **gates.refused, **gates.held}]
     clock.arms = len(racing)

@@ -34,7 +34,8 @@ from tuner.search import study
 from tuner.search.finish import server_load
 from tuner.search.trials import TrialRecord, config_from_dict
 from tuner.search.verdict import MIN_ROUNDS, t995
-from tuner.versus.lines import DEFAULT, RESERVE, TUNED, EngineLine
+from tuner.versus.lines import DEFAULT, REFERENCE, RESERVE, TUNED, EngineLine
+from tuner.versus.standing import Gates
 
 SEARCH_PROMPT_TOKENS = 256
 SEARCH_GEN_TOKENS = 32
@@ -47,8 +48,14 @@ RACE_GEN_TOKENS = 32
 # (results/benchmarks/which-engine-cpu.md, run3): a per-round spread of ln(2.16/1.43)/2 * sqrt(3) / t995(2) = 3.6 %.
 NOISE_PRIOR_PCT = 3.6
 # How far one llama-bench repetition of a trial may stray from the line's figure (a 1-repetition ratio of two trials
-# carries both errors).
+# in one engine's search carries both errors).
 SEARCH_ERROR_PCT = 2.0
+# How far a line's search figure may trail the best line's before the race is spared it. Searches' figures come from
+# separate processes, one repetition each, the page cache as the trial before left it: on the Qwen3-30B-A3B shape
+# (results/benchmarks/which-engine-cpu.md, this turn's first chat run) they were 0.78-1.29x the race's medians of the
+# same lines (ik's default, the first trial after llama.cpp's resident lines, the most pessimistic). A line 1.3x behind
+# the best is left out: the race's answer changes only if both figures strayed to the ends of that spread.
+CROSS_MARGIN = 1.3
 
 
 def search_measure(req_measure: study.Measure, info: ModelInfo, cfg: LaunchConfig, hw: Hardware) -> study.Measure:
@@ -59,7 +66,8 @@ def search_measure(req_measure: study.Measure, info: ModelInfo, cfg: LaunchConfi
         else m.gen_depth
     return replace(m, n_prompt=n_prompt, n_gen=min(m.n_gen, SEARCH_GEN_TOKENS), repetitions=SEARCH_REPETITIONS,
                    quiet_repetitions=SEARCH_REPETITIONS, gen_depth=gen_depth,
-                   request_gen_tokens=m.request_gen_tokens or m.n_gen)
+                   request_gen_tokens=m.request_gen_tokens or m.n_gen,
+                   request_prompt_tokens=m.request_prompt_tokens or m.n_prompt)
 
 
 def reply_growth(info: ModelInfo, cfg: LaunchConfig, hw: Hardware, prompt_depth: int, gen_depth: int) -> float:
@@ -128,6 +136,25 @@ def screen(lines: Sequence[EngineLine], max_rounds: int) -> dict[str, str]:
             out[x.label] = (f"not raced: its search measured it {ratio:.2f}x {base.label}, within the {margin:.3f}x "
                             f"that {max_rounds} rounds could decide at this machine's noise: the race could only "
                             "leave it undecided")
+    return out
+
+
+def screen_behind(lines: Sequence[EngineLine], gates: Gates) -> dict[str, str]:
+    """The lines (llama.cpp's default aside: every verdict is against it) whose search figure trails the best line's
+    still able to race by more than :data:`CROSS_MARGIN`, label → why: the race would decide them slower than that
+    line, so it is spared their rounds. Asked after the prices (a refused line is no best)."""
+    out_of = {**gates.screened, **gates.refused, **gates.held}
+    able = [x for x in lines if x.label not in out_of and x.search_score]
+    if len(able) < 2:
+        return {}
+    best = max(able, key=lambda x: x.search_score or 0.0)
+    out: dict[str, str] = {}
+    for x in able:
+        ratio = (x.search_score or 0.0) / (best.search_score or 1.0)
+        if x is not best and x.label != REFERENCE and ratio < 1 / CROSS_MARGIN:
+            out[x.label] = (f"not raced: its search measured it {ratio:.2f}x {best.label}, further behind than a "
+                            f"search's figure strays from the race's ({1 / CROSS_MARGIN:.2f}x): its rounds would be "
+                            "spent on a line that trails")
     return out
 
 
