@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tuner.core.config import CacheType, FlashAttn
-from tuner.quality import perplexity
+from tuner.quality import perplexity, store
 
 if TYPE_CHECKING:
     from tuner.engine import build
@@ -83,8 +83,11 @@ def price(loc: build.EngineLocation, model: Path, cache_type_k: CacheType, cache
     """The quality cost of running ``model`` with this K/V pair instead of f16/f16 (cached)."""
     if cache_type_k is CacheType.F16 and cache_type_v is CacheType.F16:
         return KvPrice("f16", "f16", 0.0, 0.0, 100.0, ctx, chunks, True)
-    q = perplexity.measure(loc, model, reference=model, cache_type_k=cache_type_k, cache_type_v=cache_type_v,
-                           flash_attn=flash_attn_for(cache_type_v), ctx=ctx, chunks=chunks, on_step=on_step)
+    try:
+        q = perplexity.measure(loc, model, reference=model, cache_type_k=cache_type_k, cache_type_v=cache_type_v,
+                               flash_attn=flash_attn_for(cache_type_v), ctx=ctx, chunks=chunks, on_step=on_step)
+    except OSError as exc:  # an unwritable cache (a file in the way, a full disk): one line naming the path
+        raise store.unwritable(exc) from exc
     assert q.kld_mean is not None and q.same_top_pct is not None  # a reference was given
     return KvPrice(cache_type_k.value, cache_type_v.value, q.kld_mean, q.kld_mean_error or 0.0, q.same_top_pct,
                    ctx, chunks, q.from_cache)
