@@ -184,6 +184,8 @@ class FakeCardClock:
                              "fake"),
                     BenchRow(0, kw["n_gen"], kw["gen_depth"], gen, 0.1, (gen * 0.998, gen, gen * 1.002), "fake"))
             out.append(BenchResult(("fake-llama-bench",), rows, 0.1, cfg))
+            if kw.get("on_done") is not None:  # the real one tells each config as its group ends
+                kw["on_done"](cfg, out[-1])
         return out
 
 
