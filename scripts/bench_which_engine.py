@@ -30,6 +30,7 @@ import harness
 from tuner.engine import build, cpu_isa
 from tuner.engine.kinds import KINDS
 from tuner.machine import processes
+from tuner.search.verdict import Verdict
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -55,8 +56,8 @@ def summary(run: dict[str, Any]) -> list[str]:
     lines = [f"printed: {eng.get('printed')} ({eng.get('printed_engine')})", f"why: {eng.get('reason')}"]
     for v in eng.get("verdicts_against_default") or []:
         busy = f", {v['busy_rounds']} busy left out" if v.get("busy_rounds") else ""
-        lines.append(f"{v['a']} vs {v['b']}: {v['ratio']:.2f}x (99 % {v['low']:.2f}-{v['high']:.2f}), "
-                     f"{v['outcome']} over {v['rounds']} rounds{busy}")
+        lines.append(f"{v['a']} vs {v['b']}: {v['ratio']:.2f}x ({Verdict.from_dict(v).interval_words()}), "
+                     f"{v['outcome']}{busy}")
     for note in eng.get("refused") or []:
         lines.append(f"left out: {note}")
     lines.append(f"time: {run.get('elapsed_s')} s " + json.dumps(run.get("stages_s")))

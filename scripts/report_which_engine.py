@@ -13,6 +13,10 @@ import json
 import shlex
 from pathlib import Path
 
+import harness  # noqa: F401  (the repository on the path)
+
+from tuner.search.verdict import Verdict
+
 PREFACE = """# Which engine on this CPU, as `auto-tune` answers it
 
 Each section below is one run of the command a user runs, `moe-tune auto-tune MODEL` with llama.cpp and
@@ -65,7 +69,7 @@ def section(path: Path, note: str) -> list[str]:
         words = shlex.split(arm.get("launch_line", line["launch_line"]))
         launch = " ".join(words[3:]) or "—"
         v = v_by.get(line["label"])
-        verdict = f"{v['ratio']:.2f}x ({v['low']:.2f}-{v['high']:.2f}), {v['outcome']}" if v else "—"
+        verdict = f"{v['ratio']:.2f}x ({Verdict.from_dict(v).interval_words()}), {v['outcome']}" if v else "—"
         price = line.get("price")
         priced = "—" if not price else (f"KLD {price['kld_mean']:.3g}" + (" (says nothing: untrained weights)"
                                                                            if price.get("says_nothing") else ""))

@@ -60,6 +60,18 @@ def test_a_verdict_always_needs_three_rounds():
     assert verdict.Verdict.from_dict(v.to_dict()) == v
 
 
+def test_an_interval_from_too_few_rounds_is_not_printed():
+    """Two rounds 1.69x and 2.06x apart (a Qwen3-30B-A3B race here) bound the ratio at 0.00-1015.76x: noise, said as
+    too few rounds; three rounds print their bound."""
+    two = verdict.compare("ik", "llama", [1 / 24.1, 1 / 24.7], [1 / 40.7, 1 / 50.8])
+    assert two.high > 100 and two.interval_words() == "over 2 rounds: too few to bound (a verdict needs 3)"
+    assert "0.00" not in two.describe() and "too few to bound" in two.describe()
+    three = verdict.compare("a", "b", [1.10, 1.101, 1.099], [1.0, 1.0, 1.0])
+    # log SD 0.000909, half width t995(2) 9.925 x SD / sqrt(3) = 0.0052: 1.1 x exp(-+0.0052) = 1.094-1.106
+    assert three.interval_words() == "99 % 1.09-1.11x over 3 rounds"
+    assert three.describe() == "a vs b: better (1.10x, 99 % interval 1.09-1.11x over 3 rounds)"
+
+
 def _hog() -> list[subprocess.Popen[bytes]]:
     """Two busy processes: on this two-core machine they halve whatever runs beside them."""
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]

@@ -191,7 +191,7 @@ def check_fa_kernels(engine: EngineLocation, cfgs: Sequence[LaunchConfig], log_t
                 c.cache_type_k.value, c.cache_type_v.value)))
 
 
-RowFn = Callable[[BenchRow], None]
+RowFn = Callable[[BenchRow, Sequence[LaunchConfig]], None]  # a test's row, the configs of the process that wrote it
 
 
 class _Streamed:
@@ -199,8 +199,9 @@ class _Streamed:
     line per test as it ends, ik_llama.cpp a json object per test as it ends), its stderr progress kept as the run's
     activity (:mod:`tuner.machine.activity`)."""
 
-    def __init__(self, on_row: RowFn | None) -> None:
+    def __init__(self, on_row: RowFn | None, cfgs: Sequence[LaunchConfig]) -> None:
         self._on_row = on_row
+        self._cfgs = cfgs
         self._text: list[str] = []
         self._told = 0
 
@@ -210,7 +211,7 @@ class _Streamed:
             return
         rows = parse_rows("\n".join(self._text))
         for row in rows[self._told:]:
-            self._on_row(row)
+            self._on_row(row, self._cfgs)
         self._told = len(rows)
 
 
@@ -243,7 +244,7 @@ def _bench_once(engine: EngineLocation, cfgs: Sequence[LaunchConfig], *, tests: 
             _activity(line)
             return phases.bench_line(windows, line)
 
-        streamed = _Streamed(on_row)
+        streamed = _Streamed(on_row, cfgs)
         activity.doing("llama-bench: loading the model")
         try:
             result = runner.run_process(

@@ -418,7 +418,9 @@ def run_search(
             if pending:
                 reps = repetitions_now(records(study), measure)
                 batch = list(pending)
-                numbers = {cfg: done + 1 + i for i, (_, cfg) in enumerate(batch)}
+                # numbered as they will be told: group by group, in the order llama-bench runs them
+                order = [c for group in bench.group_configs([c for _, c in batch]) for c in group]
+                numbers = {cfg: done + 1 + i for i, cfg in enumerate(order)}
                 with quiet.watch_for([c for _, c in batch], runner.own_pids) as watch:  # kept with the figures
 
                     def tell(cfg: LaunchConfig, res: bench.BenchResult | failures.Failure, batch: list[Any] = batch,
@@ -441,11 +443,12 @@ def run_search(
                             pending.remove((trial, cfg))
                         report(trial)
 
-                    def row(r: bench.BenchRow, batch: list[Any] = batch,
+                    def row(r: bench.BenchRow, group: Sequence[LaunchConfig],
                             numbers: dict[LaunchConfig, int] = numbers) -> None:
                         if on_test is None:
                             return
-                        mine = [c for _, c in batch if bench.rows_for(c, [r])]
+                        # the process's own configs: a row names no load setting, so another group's would match
+                        mine = [c for c in group if bench.rows_for(c, [r])]
                         which = f"trial {numbers[mine[0]]}" if len(mine) == 1 else "trials " + ", ".join(
                             str(numbers[c]) for c in mine)
                         of = f"/{budget.trials}" if budget.trials else ""

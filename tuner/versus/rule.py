@@ -76,7 +76,7 @@ def choose(lines: Sequence[EngineLine], versus: judge.HeadToHead | None, gates: 
     if rest:
         won, simpler = _fastest(rest, versus)
         raw = against(won)
-        vs = f" ({raw.ratio:.2f}x llama.cpp's default in the rounds both ran, 99 % {raw.low:.2f}-{raw.high:.2f}x)" \
+        vs = f" ({raw.ratio:.2f}x llama.cpp's default in the rounds both ran, {raw.interval_words()})" \
             if raw is not None and raw.rounds else ""
         pick = (f"of the lines decided slower than no other, {won.label}{vs} is {simpler}" if simpler else
                 f"{won.label}{vs} is the fastest line decided slower than no other")
@@ -99,8 +99,7 @@ def _why_default_stays(lines: Sequence[EngineLine], versus: judge.HeadToHead, st
     if v.outcome == BETTER:  # decided faster than the default, but slower than another line
         return f"{x.label} was decided faster than it ({v.ratio:.2f}x) but {stand[x.label].why}"
     word = "undecided" if v.outcome != WORSE else "decided slower"
-    return (f"no line was decided faster than it (the closest, {x.label}: {v.ratio:.2f}x, 99 % {v.low:.2f}-"
-            f"{v.high:.2f}x, {word})")
+    return f"no line was decided faster than it (the closest, {x.label}: {v.ratio:.2f}x, {v.interval_words()}, {word})"
 
 
 def settled(lines: Sequence[EngineLine], max_rounds: int, gates: Gates = NO_GATES
