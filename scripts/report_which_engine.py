@@ -46,7 +46,8 @@ def section(path: Path, note: str) -> list[str]:
     eng = run["engines"]
     h2h = eng["head_to_head"]
     v_by = {v["a"]: v for v in eng.get("verdicts_against_default") or []}
-    lines = [f"## {path.stem}", "", note, "", "```", d["command"], "```", ""]
+    name = path.stem if path.parent.name == "which-engine-cpu" else f"{path.parent.name}/{path.stem}"
+    lines = [f"## {name}", "", note, "", "```", d["command"], "```", ""]
     load = d["load"]
     silence = (f" The longest time between two lines on stderr: {d['longest_silence_s']:,.1f} s (from "
                f"{d['longest_silence_at_s']:,.0f} s; each line's time is in the .log beside the JSON)."
@@ -71,8 +72,13 @@ def section(path: Path, note: str) -> list[str]:
         v = v_by.get(line["label"])
         verdict = f"{v['ratio']:.2f}x ({Verdict.from_dict(v).interval_words()}), {v['outcome']}" if v else "—"
         price = line.get("price")
-        priced = "—" if not price else (f"KLD {price['kld_mean']:.3g}" + (" (says nothing: untrained weights)"
-                                                                           if price.get("says_nothing") else ""))
+        if not price:
+            priced = "—"
+        elif price.get("kld_mean") is None:  # a reference that predicts no text: no line was run to price it
+            priced = "none run (untrained weights)" if price.get("says_nothing") else "unpriced"
+        else:
+            priced = f"KLD {price['kld_mean']:.3g}" + (" (says nothing: untrained weights)"
+                                                        if price.get("says_nothing") else "")
         paged = " (paged)" if arm.get("host_paging") else ""
         cells = [_fmt(arm.get("gen_tok_s")), _fmt(arm.get("prompt_tok_s")), _fmt(arm.get("ttft_s")),
                  _fmt(arm.get("session_s"), ".1f"), verdict, priced]
