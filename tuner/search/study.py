@@ -448,7 +448,7 @@ def run_search(
                         if on_test is None:
                             return
                         # the process's own configs: a row names no load setting, so another group's would match
-                        mine = [c for c in group if bench.rows_for(c, [r])]
+                        mine = [c for c in group if bench.rows_for(c, [r])] or list(group)
                         which = f"trial {numbers[mine[0]]}" if len(mine) == 1 else "trials " + ", ".join(
                             str(numbers[c]) for c in mine)
                         of = f"/{budget.trials}" if budget.trials else ""
