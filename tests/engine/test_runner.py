@@ -216,3 +216,34 @@ def test_a_new_run_names_llama_processes_left_by_an_earlier_one(engine_loc, demo
         while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE \
                 and time.monotonic() < deadline:
             time.sleep(0.05)
+
+
+def test_a_stop_signal_during_a_child_start_waits_until_the_child_is_counted(monkeypatch):
+    """A SIGTERM that lands while a child starts (in the fork's hooks CI once printed "Exception ignored" and a
+    traceback) is raised once the child is started and counted as ours, so the stop path can stop it: here the
+    signal is sent just before the real Popen forks, under the CLI's handlers."""
+    import subprocess as sp
+
+    from tuner.search import interrupt
+
+    real = sp.Popen
+    before = runner.own_pids()
+
+    def popen_with_a_signal(*a, **kw):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)  # the handler runs at once in the main thread, unless held
+        return real(*a, **kw)
+
+    monkeypatch.setattr(runner.subprocess, "Popen", popen_with_a_signal)
+    started: set[int] = set()
+    with interrupt.sigterm_as_ctrl_c(), pytest.raises(KeyboardInterrupt):
+        try:
+            runner._popen(["sleep", "30"])
+        finally:
+            started = set(runner.own_pids() - before)
+            interrupt.handled()
+    assert len(started) == 1  # the child started and was counted before the interrupt was raised
+    for pid in started:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        runner._LIVE.discard(pid)
