@@ -224,7 +224,7 @@ def test_a_stop_signal_during_a_child_start_waits_until_the_child_is_counted(mon
     signal is sent just before the real Popen forks, under the CLI's handlers."""
     import subprocess as sp
 
-    from tuner.search import interrupt
+    from tuner.machine import interrupt
 
     real = sp.Popen
     before = runner.own_pids()

@@ -9,7 +9,7 @@ import signal
 
 import pytest
 
-from tuner.search import interrupt
+from tuner.machine import interrupt
 
 _state: list[str] = []
 

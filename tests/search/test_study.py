@@ -139,7 +139,7 @@ def test_a_sigint_ignored_on_purpose_stays_ignored_and_sigterm_still_ends_the_ru
     (and puts every handler back), while SIGTERM is still Ctrl-C for it."""
     import signal
 
-    from tuner.search import interrupt
+    from tuner.machine import interrupt
 
     before = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:

@@ -151,8 +151,8 @@ def serve_cmd(
     race printed, on its engine's server.
     """
     from tuner.engine import build
+    from tuner.machine import interrupt
     from tuner.report import handover, line_check
-    from tuner.search import interrupt
 
     if api_key_in_argv is not None:
         raise _key_in_argv()

@@ -29,8 +29,7 @@ from typing import Any
 from tuner.core.errors import EngineError, ProcessFailedError, ProcessTimeoutError
 from tuner.engine import flags
 from tuner.engine.server_client import ServerClient, StreamedCompletion  # noqa: F401 - StreamedCompletion for callers
-from tuner.machine import processes
-from tuner.search import interrupt
+from tuner.machine import interrupt, processes
 
 STDERR_TAIL_LINES = 40
 TERM_GRACE_S = 5.0
@@ -71,7 +70,7 @@ def _popen(argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[Any]:
     """Every child starts here: its own session and process group, dying with us, counted as ours.
 
     In the main thread (where Python runs its signal handlers) a Ctrl-C or SIGTERM waits until the child is started
-    and counted (:func:`tuner.search.interrupt.deferred`): one raised in the fork's hooks (logging's ``_releaseLock``,
+    and counted (:func:`tuner.machine.interrupt.deferred`): one raised in the fork's hooks (logging's ``_releaseLock``,
     run around ``preexec_fn``) can only be printed there ("Exception ignored" and a traceback on the user's stderr,
     seen once in CI's SIGTERM test), and a child started then was not yet counted as ours to stop."""
     hold = interrupt.deferred() if threading.current_thread() is threading.main_thread() else contextlib.nullcontext()

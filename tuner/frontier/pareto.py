@@ -50,14 +50,15 @@ from tuner.frontier.result import (
     paged_trial,
     unmeasured_reason,
 )
+from tuner.machine import interrupt
 from tuner.machine.hardware import Hardware
+from tuner.machine.interrupt import deferred, sigterm_as_ctrl_c
 from tuner.machine.sampler import NOT_MEASURED, PagingVerdict
 from tuner.measure import failures
 from tuner.measure.workload import Workload
 from tuner.models.gguf_reader import ModelInfo
 from tuner.quality.kv_price import KvPrice
-from tuner.search import dedup, interrupt, space, study
-from tuner.search.interrupt import deferred, sigterm_as_ctrl_c
+from tuner.search import dedup, space, study
 
 LADDER_STEPS = 4  # contexts on the ladder from --min-ctx to the model's trained context
 TRIALS_PER_POINT = 3  # default budget: this many trials per (context, slot count) of the space
@@ -305,7 +306,7 @@ def run_frontier(st: optuna.Study, fs: FrontierSpace, info: ModelInfo, hw: Hardw
 
     try:
         while (budget.trials is None or done < budget.trials) and (budget.time_s is None or left_s() > 0):
-            interrupt.check()  # a SIGTERM lost in a hook (tuner.search.interrupt) stops the search here
+            interrupt.check()  # a SIGTERM lost in a hook (tuner.machine.interrupt) stops the search here
             want = batch_trials if budget.trials is None else min(batch_trials, budget.trials - done)
             if budget.time_s is not None and not pace.ops:
                 want = 1  # learn the pace on one trial (the seeds come smallest context first) before batching

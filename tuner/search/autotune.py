@@ -15,6 +15,7 @@ from tuner.core.errors import UsageError
 from tuner.engine import build
 from tuner.engine.identity import REPLAY_COMMIT, replay_note
 from tuner.machine.hardware import Hardware
+from tuner.machine.interrupt import sigterm_as_ctrl_c
 from tuner.measure import engine_memory, failures, gpu_use
 from tuner.measure.engine_memory import EngineMemory
 from tuner.measure.workload import Workload
@@ -29,7 +30,6 @@ from tuner.quality.kv_price import KvPrice
 from tuner.search import finish, proposals, session_stage, space, speculation, study
 from tuner.search import result as study_result
 from tuner.search.budget import DEFAULT_TRIALS
-from tuner.search.interrupt import sigterm_as_ctrl_c
 
 DEFAULT_CTX = 4096
 UNSUPPORTED = failures.FailureKind.UNSUPPORTED_MODEL.value

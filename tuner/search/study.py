@@ -33,6 +33,9 @@ from tuner.engine import runner
 from tuner.engine.build import Capabilities, EngineLocation
 from tuner.machine import quiet
 from tuner.machine.hardware import Hardware
+from tuner.machine.interrupt import check as check_interrupt
+from tuner.machine.interrupt import deferred, sigterm_as_ctrl_c
+from tuner.machine.interrupt import handled as interrupt_handled
 from tuner.machine.sampler import PagingKind, PagingVerdict
 from tuner.measure import bench, failures
 from tuner.measure.workload import Workload, WorkloadKind
@@ -42,9 +45,6 @@ from tuner.search import dedup, space
 from tuner.search.anchor import ANCHOR_EVERY, Anchor, AnchorReading
 from tuner.search.budget import Budget, parse_duration  # noqa: F401 - the study's public names since the start
 from tuner.search.dedup import STALE_RUNNING_S, worker_alive  # noqa: F401 - as above
-from tuner.search.interrupt import check as check_interrupt
-from tuner.search.interrupt import deferred, sigterm_as_ctrl_c
-from tuner.search.interrupt import handled as interrupt_handled
 from tuner.search.progress import Progress, SearchOutcome, test_words  # noqa: F401 - the study's public names
 from tuner.search.trials import (  # noqa: F401 - the study's public names since the start
     CONSTRAINTS_ATTR,
@@ -382,7 +382,7 @@ def run_search(
     try:
         while ((n_left := left()) is None or n_left > 0) and not seen.exhausted and (
                 budget.time_s is None or time.monotonic() - start < budget.time_s):
-            check_interrupt()  # a SIGTERM lost in a hook (tuner.search.interrupt) stops the search here
+            check_interrupt()  # a SIGTERM lost in a hook (tuner.machine.interrupt) stops the search here
             if should_stop is not None and (cut := should_stop()) is not None:
                 break
             want = batch_trials if left() is None else min(batch_trials, left() or 0)
