@@ -82,17 +82,17 @@ class Verdict:
             return f"{self.a} vs {self.b}: undecided (every round was measured on a busy machine)"
         return self._describe() + (busy and f" [{busy[2:]}]")
 
-    def interval_words(self) -> str:
-        """"99 % 1.43-2.16x over 3 rounds"; under MIN_ROUNDS rounds the bound is not worth reading (one degree of
-        freedom made it 0.00-1015.76x on a Qwen3-30B-A3B race), so it is not printed."""
+    def interval_words(self, noun: str = "") -> str:
+        """"99 % 1.43-2.16x over 3 rounds" (``noun``: "99 % interval …"); under MIN_ROUNDS rounds the bound is not
+        worth reading (one degree of freedom made it 0.00-1015.76x on a Qwen3-30B-A3B race), so it is not printed."""
         if self.rounds < MIN_ROUNDS:
             return (f"over {self.rounds} round{'' if self.rounds == 1 else 's'}: too few to bound "
                     f"(a verdict needs {MIN_ROUNDS})")
-        return f"{self.confidence_pct:.0f} % {self.low:.2f}-{self.high:.2f}x over {self.rounds} rounds"
+        return f"{self.confidence_pct:.0f} % {noun + ' ' if noun else ''}{self.low:.2f}-{self.high:.2f}x over " \
+               f"{self.rounds} rounds"
 
     def _describe(self) -> str:
-        bound = f"{self.confidence_pct:.0f} % interval {self.low:.2f}-{self.high:.2f}x over {self.rounds} rounds" \
-            if self.rounds >= MIN_ROUNDS else self.interval_words()
+        bound = self.interval_words("interval")
         if self.outcome == UNDECIDED:
             return (f"{self.a} vs {self.b}: undecided ({self.ratio:.2f}x, {bound}; "
                     f"this machine's round-to-round noise is {self.noise_pct:.1f} %)")

@@ -264,8 +264,12 @@ def _race(racing: Sequence[EngineLine], lines: Sequence[EngineLine], gates: Gate
 
     def on_round(label: str, got: judge.Round, seconds: float) -> None:
         clock.race_round(seconds)
-        score = "failed" if not got.score else f"{1 / got.score:,.1f} s a request" if req.session is None else \
-            f"{got.session_s:,.1f} s a session" if got.session_s else f"score {got.score:,.4g}"
+        if not got.score:
+            score = "failed"
+        elif req.session is None:
+            score = f"{1 / got.score:,.1f} s a request"
+        else:
+            score = f"{got.session_s:,.1f} s a session" if got.session_s else f"score {got.score:,.4g}"
         on_step(f"  {label}: {score} in a {seconds:,.0f} s round; about {clock_words(clock.left_s())} left")
 
     return judge.head_to_head(
